@@ -1,0 +1,179 @@
+"""Built-in models and texts that need no download: ``builtin:NAME`` anywhere a model path is taken.
+
+Every machine has the Python standard library's own source: a few MB of real code with long-range
+structure (names defined early, used much later). ctxext trains its tokenizers on it and uses it as
+built-in long documents. Built models are cached under ``$CTXEXT_CACHE`` (default
+``~/.cache/ctxext``) and built once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sysconfig
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+BUILTIN_PREFIX = "builtin:"
+BuildFn = Callable[[Path], None]
+BUILTIN_MODELS: dict[str, tuple[str, BuildFn]] = {}
+
+
+def cache_dir() -> Path:
+    """The ctxext cache folder (``$CTXEXT_CACHE`` or ``~/.cache/ctxext``)."""
+    root = os.environ.get("CTXEXT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ctxext"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def register_builtin_model(name: str, summary: str) -> Callable[[BuildFn], BuildFn]:
+    """Register a function that builds a model folder for ``builtin:NAME``.
+
+    Args:
+        name: the name after ``builtin:``.
+        summary: one line for listings.
+
+    Returns:
+        A decorator that registers the builder unchanged.
+    """
+
+    def decorator(fn: BuildFn) -> BuildFn:
+        BUILTIN_MODELS[name] = (summary, fn)
+        return fn
+
+    return decorator
+
+
+def stdlib_files(min_bytes: int = 0) -> list[Path]:
+    """The standard library's ``.py`` files, sorted by path (deterministic), tests excluded.
+
+    Args:
+        min_bytes: skip files smaller than this.
+
+    Returns:
+        Paths of real source files present on every machine with Python.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = ("test", "tests", "idle_test", "site-packages", "lib2to3", "__pycache__", "turtledemo")
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).parts
+        if any(part in skip for part in rel):
+            continue
+        try:
+            if path.stat().st_size >= min_bytes:
+                files.append(path)
+        except OSError:
+            continue
+    return files
+
+
+def train_code_tokenizer(vocab_size: int, max_bytes: int = 3_000_000):
+    """Train a byte-level BPE tokenizer on standard-library source, wrapped for transformers.
+
+    Args:
+        vocab_size: vocabulary size, special tokens included.
+        max_bytes: how much source text to train on (deterministic: files in path order).
+
+    Returns:
+        A ``PreTrainedTokenizerFast`` that adds ``<s>`` (BOS) like a Llama tokenizer does.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    texts: list[str] = []
+    total = 0
+    for path in stdlib_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        texts.append(text)
+        total += len(text)
+        if total >= max_bytes:
+            break
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", add_bos_token=True
+    )
+
+
+@register_builtin_model("tiny-llama", "a random 2-layer Llama (hidden 64, context 256) with a code tokenizer")
+def build_tiny_llama(out: Path) -> None:
+    """Write a tiny random Llama (context 256) and its tokenizer: for smoke tests and the quick demo.
+
+    Args:
+        out: the folder to write.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = train_code_tokenizer(vocab_size=512, max_bytes=400_000)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def resolve_builtin(name: str) -> Path:
+    """The cached folder of ``builtin:NAME``, building it on first use.
+
+    Args:
+        name: the name after ``builtin:``.
+
+    Returns:
+        The model folder.
+
+    Raises:
+        KeyError: an unknown name (message lists the known ones).
+    """
+    if name not in BUILTIN_MODELS:
+        raise KeyError(f"unknown built-in model {name!r}; known: {', '.join(BUILTIN_MODELS)}")
+    _, build = BUILTIN_MODELS[name]
+    tag = hashlib.sha1(build.__code__.co_code).hexdigest()[:8]
+    target = cache_dir() / "models" / f"{name}-{tag}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Built in a temporary folder and renamed, so a crash never leaves a half model in the cache.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            # Another process built it meanwhile.
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

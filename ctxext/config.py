@@ -1,0 +1,322 @@
+"""The recipe schema: one YAML file, validated by typed pydantic models that forbid unknown keys.
+
+A recipe has one section per topic (model, rope, quantization, lora, data, train, eval, hub,
+output). ``key=value`` arguments override any field by its dotted path. Every problem is reported
+at once, each naming its YAML key; a misspelt key is an error, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ctxext.rope import METHODS
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used; ``problems`` lists ``(key, message)`` pairs."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        body = "\n".join(f"  {key}: {msg}" for key, msg in problems)
+        super().__init__(f"{source}: {len(problems)} problem(s)\n{body}")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(_Section):
+    """Which base model to load, and how."""
+
+    path: str = Field(description="local folder, Hub id, or a built-in name such as 'builtin:tiny-llama'")
+    revision: str | None = None
+    trust_remote_code: bool = False
+    attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = "auto"
+    original_length: int | None = Field(
+        default=None, gt=0, description="pretraining context, when the config cannot tell it"
+    )
+
+
+class RopeSection(_Section):
+    """The context-extension method; options only where the method takes them."""
+
+    method: str = Field(description="one of: none, " + ", ".join(METHODS))
+    target_length: int | None = Field(default=None, gt=0)
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    attention_factor: float | None = None
+    truncate: bool | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    rope_theta: float | None = None
+    factor: float | None = None
+    alpha: float | None = None
+    short_factor: list[float] | None = None
+    long_factor: list[float] | None = None
+    factors_file: str | None = None
+
+    def options(self) -> dict[str, Any]:
+        """The method options that are set."""
+        return {
+            k: v
+            for k, v in self.model_dump().items()
+            if k not in ("method", "target_length") and v is not None
+        }
+
+    @model_validator(mode="after")
+    def _check(self) -> RopeSection:
+        if self.method != "none" and self.method not in METHODS:
+            raise ValueError(f"method: unknown method {self.method!r}; choose one of: none, {', '.join(METHODS)}")
+        if self.method != "none":
+            if self.target_length is None:
+                raise ValueError("target_length: required when a rope method is set")
+            allowed = METHODS[self.method].options
+            stray = sorted(set(self.options()) - allowed)
+            if stray:
+                raise ValueError(
+                    f"{', '.join(stray)}: not an option of method {self.method!r} "
+                    f"(its options: {', '.join(sorted(allowed)) or 'none'})"
+                )
+        return self
+
+
+class QuantizationSection(_Section):
+    """How the frozen base weights are stored during training."""
+
+    mode: Literal["nf4", "int8", "none"] = "nf4"
+    double_quant: bool = True
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="auto: bfloat16 on GPU, float32 on CPU"
+    )
+
+
+class LoraSection(_Section):
+    """LoRA adapters and the modules trained in full beside them."""
+
+    r: int = Field(default=16, gt=0)
+    alpha: float = Field(default=32, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    extra_trainable: list[str] = Field(
+        default_factory=lambda: ["embed_tokens", "norm"],
+        description="module name suffixes trained in full (LongLoRA: embeddings and norms)",
+    )
+
+
+class DataSection(_Section):
+    """Long documents to train on."""
+
+    path: str = Field(description="local jsonl/json/parquet/txt file or folder, a Hub data set, or 'builtin:stdlib'")
+    text_field: str = "text"
+    split: str = "train"
+    name: str | None = Field(default=None, description="Hub data set configuration name")
+    packing: bool = True
+    min_tokens: int | None = Field(default=None, gt=0, description="without packing: keep documents this long")
+    validation_fraction: float = Field(default=0.05, ge=0, lt=1)
+    max_documents: int | None = Field(default=None, gt=0)
+    num_proc: int = Field(default=2, gt=0)
+
+
+class TrainSection(_Section):
+    """The optimisation loop."""
+
+    seq_len: int | None = Field(default=None, gt=0, description="defaults to rope.target_length")
+    micro_batch_size: int = Field(default=1, gt=0)
+    gradient_accumulation_steps: int = Field(default=1, gt=0)
+    max_steps: int = Field(default=100, gt=0)
+    learning_rate: float = Field(default=2e-4, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    scheduler: Literal["cosine", "linear", "constant"] = "cosine"
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    optimizer: Literal["auto", "adamw", "paged_adamw_8bit"] = "auto"
+    seed: int = 42
+    gradient_checkpointing: bool = True
+    loss_chunk_size: int = Field(default=1024, gt=0, description="tokens per chunk of the chunked cross-entropy")
+    log_every: int = Field(default=1, gt=0)
+    eval_every: int | None = Field(default=None, gt=0)
+    eval_batches: int = Field(default=4, gt=0)
+    save_every: int | None = Field(default=None, gt=0)
+    tracker: Literal["none", "tensorboard", "wandb"] = "none"
+    context_parallel_size: int = Field(default=1, gt=0, description="accelerate context parallelism (CUDA + FSDP2)")
+
+
+class EvalSection(_Section):
+    """Evaluation run at the end of training."""
+
+    suite: str | None = Field(default=None, description="path to an eval suite YAML (eval/*.yaml)")
+    compare_base: bool = False
+
+
+class HubSection(_Section):
+    """Publishing to the Hugging Face Hub."""
+
+    repo_id: str | None = None
+    private: bool = True
+    push: bool = False
+    revision: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> HubSection:
+        if self.push and not self.repo_id:
+            raise ValueError("repo_id: required when hub.push is true")
+        return self
+
+
+class OutputSection(_Section):
+    """Where the run is written."""
+
+    dir: str = "runs/ctxext"
+
+
+class Recipe(_Section):
+    """A whole recipe."""
+
+    model: ModelSection
+    rope: RopeSection
+    quantization: QuantizationSection = Field(default_factory=QuantizationSection)
+    lora: LoraSection = Field(default_factory=LoraSection)
+    data: DataSection
+    train: TrainSection = Field(default_factory=TrainSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    hub: HubSection = Field(default_factory=HubSection)
+    output: OutputSection = Field(default_factory=OutputSection)
+
+    @model_validator(mode="after")
+    def _cross(self) -> Recipe:
+        seq = self.train.seq_len or self.rope.target_length
+        if seq is None:
+            raise ValueError("train.seq_len: required when rope.method is none")
+        if self.rope.target_length is not None and seq > self.rope.target_length:
+            raise ValueError(
+                f"train.seq_len: {seq} is longer than rope.target_length ({self.rope.target_length}); "
+                "train at most at the target length"
+            )
+        return self
+
+    @property
+    def seq_len(self) -> int:
+        """The training sequence length (``train.seq_len`` or ``rope.target_length``)."""
+        return int(self.train.seq_len or self.rope.target_length)  # type: ignore[arg-type]
+
+
+def _parse_value(text: str) -> Any:
+    # YAML scalars, so that train.max_steps=10 is an int and lora.target_modules=[q_proj] a list.
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted ``key=value`` overrides to a recipe dict.
+
+    Args:
+        data: the parsed YAML (modified and returned).
+        overrides: strings such as ``train.max_steps=10``.
+
+    Returns:
+        The updated dict.
+
+    Raises:
+        RecipeError: an override that is not ``key=value``.
+    """
+    problems: list[tuple[str, str]] = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            problems.append((item, "an override must look like section.key=value, e.g. train.max_steps=10"))
+            continue
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                problems.append((key, f"{part} is not a section"))
+                break
+            node = child
+        else:
+            node[parts[-1]] = _parse_value(value)
+    if problems:
+        raise RecipeError("command line", problems)
+    return data
+
+
+def _format_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (misspelt? see `ctxext validate --schema`)"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+            # Our validators name the field first ("target_length: ..."); fold it into the location.
+            head, sep, rest = msg.partition(": ")
+            if sep and " " not in head.strip() and head.replace(",", "").replace("_", "").replace(" ", "").isalnum():
+                loc = ".".join(filter(None, [loc, head])) if loc else head
+                msg = rest
+        problems.append((loc or "(recipe)", msg))
+    return problems
+
+
+def parse_recipe(data: dict[str, Any], source: str = "recipe") -> Recipe:
+    """Validate a recipe dict.
+
+    Args:
+        data: the parsed YAML.
+        source: the file name, for messages.
+
+    Returns:
+        The validated :class:`Recipe`.
+
+    Raises:
+        RecipeError: with every problem, each naming its key.
+    """
+    if not isinstance(data, dict):
+        raise RecipeError(source, [("(recipe)", "a recipe must be a YAML mapping of sections")])
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(source, _format_errors(exc)) from None
+
+
+def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
+    """Read, override and validate a recipe file.
+
+    Args:
+        path: the YAML file.
+        overrides: dotted ``key=value`` strings.
+
+    Returns:
+        The validated :class:`Recipe`.
+
+    Raises:
+        RecipeError: a missing file, bad YAML, or invalid content.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(str(path), [("(file)", "does not exist")])
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise RecipeError(str(path), [("(yaml)", str(exc))]) from None
+    if not isinstance(data, dict):
+        raise RecipeError(str(path), [("(recipe)", "a recipe must be a YAML mapping of sections")])
+    apply_overrides(data, overrides or [])
+    return parse_recipe(data, str(path))
+
+
+def dump_recipe(recipe: Recipe) -> str:
+    """The fully resolved recipe as YAML (defaults included), for a run folder."""
+    return yaml.safe_dump(json.loads(recipe.model_dump_json()), sort_keys=False)

@@ -1,0 +1,24 @@
+"""The base of errors that the command line reports as a message, without a traceback."""
+
+from __future__ import annotations
+
+
+class CtxextError(RuntimeError):
+    """A failure a user can act on; the message says what is wrong and what to do.
+
+    Attributes:
+        exit_code: the process exit status the CLI uses (2: bad input, 1: failed while working).
+    """
+
+    exit_code: int = 1
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class InputError(CtxextError):
+    """Bad input: a data file, option or folder that cannot be used as given."""
+
+    exit_code = 2

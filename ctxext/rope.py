@@ -1,0 +1,1004 @@
+"""RoPE context-extension methods, an independent frequency reference, and runtime verification.
+
+Three jobs live here, because they must agree with each other:
+
+1. **Reading** a model config's RoPE, in the transformers-5 form (``rope_parameters``) or the
+   legacy form (``rope_theta`` + ``rope_scaling`` with ``type`` or ``rope_type``), into a
+   :class:`RopeState` that says what the model *is*: base theta, scaling, original and current
+   context.
+2. **Extending**: a registry of methods, each turning (state, target length, options) into standard
+   ``rope_parameters`` + ``max_position_embeddings`` that vanilla transformers loads correctly.
+3. **Verifying**: ctxext's own reference of every method's inverse frequencies and attention
+   scaling, written from the papers' formulas, compared with what the model's rotary modules
+   actually compute at run time. Silently unscaled RoPE is the most reported failure in this
+   field; this check is what catches it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Rope types whose frequencies depend on the length of the sequence being processed. For every
+# other type, one forward pass at the longest length gives every shorter length's scores.
+LENGTH_DEPENDENT_TYPES = frozenset({"dynamic", "longrope"})
+
+# Keys of ``rope_parameters`` that transformers reads for each rope type (besides rope_type,
+# rope_theta and partial_rotary_factor). Anything else triggers an "Unrecognized keys" warning.
+_TYPE_KEYS: dict[str, set[str]] = {
+    "default": set(),
+    "linear": {"factor"},
+    "dynamic": {"factor"},
+    "yarn": {
+        "factor",
+        "original_max_position_embeddings",
+        "attention_factor",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "truncate",
+    },
+    "longrope": {"factor", "original_max_position_embeddings", "short_factor", "long_factor", "attention_factor"},
+    "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+}
+
+# Absolute and relative tolerance between ctxext's float64 reference and the runtime float32 values.
+_RTOL = 1e-4
+_ATOL = 1e-9
+
+
+class RopeError(ValueError):
+    """A RoPE problem the user can fix: the message says what is wrong and what to do."""
+
+
+class RopeConfigError(RopeError):
+    """One or more invalid RoPE values; ``problems`` maps each field to what is wrong with it."""
+
+    def __init__(self, problems: dict[str, str]):
+        self.problems = problems
+        lines = [f"  {key}: {msg}" for key, msg in problems.items()]
+        super().__init__("invalid RoPE settings:\n" + "\n".join(lines))
+
+
+class RopeMismatchError(RopeError):
+    """The model's runtime RoPE differs from what its config says it should be."""
+
+
+@dataclass
+class RopeState:
+    """What a config says about its rotary position embedding.
+
+    Attributes:
+        model_type: ``config.model_type`` (``llama``, ``mistral`` …).
+        rope_type: transformers rope type (``default``, ``linear``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``).
+        rope_theta: the base ``b`` of ``inv_freq_i = b^(-2i/d)``.
+        head_dim: attention head dimension.
+        rotary_dim: dimensions that rotate (``head_dim × partial_rotary_factor``).
+        original_length: the pretraining context ``L`` that scaling factors are relative to.
+        current_length: the context the model is configured for now.
+        max_position_embeddings: ``config.max_position_embeddings`` as written.
+        parameters: the normalised ``rope_parameters`` dict (``type`` folded into ``rope_type``).
+    """
+
+    model_type: str
+    rope_type: str
+    rope_theta: float
+    head_dim: int
+    rotary_dim: int
+    original_length: int
+    current_length: int
+    max_position_embeddings: int
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def factor(self) -> float:
+        """The configured scaling factor (1.0 for unscaled RoPE)."""
+        return float(self.parameters.get("factor") or 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a config
+# ---------------------------------------------------------------------------------------------
+
+
+def _text_config(config: Any) -> Any:
+    # Multimodal configs nest the language model's settings; RoPE lives there.
+    getter = getattr(config, "get_text_config", None)
+    return getter() if callable(getter) else config
+
+
+def _head_dim(config: Any) -> int:
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim:
+        return int(head_dim)
+    return int(config.hidden_size // config.num_attention_heads)
+
+
+def normalize_rope_parameters(config: Any) -> dict[str, Any]:
+    """Return the config's RoPE parameters as one flat dict with ``rope_type`` and ``rope_theta``.
+
+    Accepts transformers-5 ``rope_parameters`` and legacy ``rope_scaling`` / ``rope_theta`` (with
+    ``type`` or ``rope_type``).
+
+    Args:
+        config: a transformers ``PretrainedConfig``.
+
+    Returns:
+        A new dict; the config is not modified.
+
+    Raises:
+        RopeError: the model has no rotary position embedding, or uses per-layer RoPE settings.
+    """
+    config = _text_config(config)
+    params = getattr(config, "rope_parameters", None)
+    legacy = getattr(config, "rope_scaling", None)
+    theta = getattr(config, "rope_theta", None)
+    if not params and not legacy and theta is None:
+        model_type = getattr(config, "model_type", "this model")
+        raise RopeError(
+            f"{model_type} has no rotary position embedding (no rope_parameters, rope_scaling or rope_theta in "
+            "its config); ctxext extends RoPE models only (Llama, Mistral, Qwen2, Gemma, Phi-3 …). A model with "
+            "learned absolute positions (GPT-2, OPT) cannot be extended by rescaling RoPE."
+        )
+    merged: dict[str, Any] = dict(params or {})
+    if legacy and legacy is not params:
+        merged.update(legacy)
+    if any(isinstance(v, dict) for v in merged.values()):
+        raise RopeError(
+            "this model sets RoPE per layer type (nested rope_parameters, e.g. Gemma 3); ctxext supports one "
+            "global RoPE setting per model for now."
+        )
+    rope_type = merged.pop("rope_type", None) or merged.pop("type", None) or "default"
+    merged.pop("type", None)
+    merged["rope_type"] = rope_type
+    if merged.get("rope_theta") is None:
+        merged["rope_theta"] = float(theta if theta is not None else getattr(config, "default_theta", 10000.0))
+    prf = getattr(config, "partial_rotary_factor", None)
+    if prf is not None and "partial_rotary_factor" not in merged:
+        merged["partial_rotary_factor"] = prf
+    top_level_original = getattr(config, "original_max_position_embeddings", None)
+    if rope_type in ("yarn", "llama3", "longrope") and "original_max_position_embeddings" not in merged:
+        merged["original_max_position_embeddings"] = int(top_level_original or config.max_position_embeddings)
+    return merged
+
+
+def read_rope(config: Any, original_length: int | None = None) -> RopeState:
+    """Describe a config's RoPE: type, base, original and current context.
+
+    How the original (pretraining) length is found, by rope type:
+
+    - ``yarn``, ``llama3``, ``longrope``: ``rope_parameters.original_max_position_embeddings``.
+    - ``dynamic``: ``max_position_embeddings`` (transformers starts scaling there); the current
+      context is ``factor × max_position_embeddings``.
+    - ``linear``: ``max_position_embeddings / factor`` (the common convention; pass
+      ``original_length`` when a checkpoint kept the original length in ``max_position_embeddings``).
+    - ``default`` (incl. raised theta, e.g. Code Llama): ``max_position_embeddings``.
+
+    A folder written by ``ctxext extend`` records both lengths under ``config.ctxext``, which wins.
+
+    Args:
+        config: a transformers ``PretrainedConfig``.
+        original_length: overrides the pretraining length when the config cannot tell it.
+
+    Returns:
+        The :class:`RopeState`.
+    """
+    text = _text_config(config)
+    params = normalize_rope_parameters(text)
+    rope_type = params["rope_type"]
+    max_pos = int(text.max_position_embeddings)
+    factor = float(params.get("factor") or 1.0)
+    meta = getattr(text, "ctxext", None) or {}
+    if rope_type in ("yarn", "llama3", "longrope"):
+        original = int(params["original_max_position_embeddings"])
+        current = max_pos
+    elif rope_type == "dynamic":
+        original = max_pos
+        current = int(round(max_pos * factor))
+    elif rope_type == "linear":
+        original = int(round(max_pos / factor))
+        current = max_pos
+    else:
+        original = max_pos
+        current = max_pos
+    if isinstance(meta, dict):
+        original = int(meta.get("original_length", original))
+        current = int(meta.get("target_length", current))
+    if original_length is not None:
+        original = int(original_length)
+    head_dim = _head_dim(text)
+    rotary_dim = int(head_dim * float(params.get("partial_rotary_factor") or 1.0))
+    return RopeState(
+        model_type=str(getattr(text, "model_type", "unknown")),
+        rope_type=rope_type,
+        rope_theta=float(params["rope_theta"]),
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        original_length=original,
+        current_length=current,
+        max_position_embeddings=max_pos,
+        parameters=params,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking values that transformers only warns about
+# ---------------------------------------------------------------------------------------------
+
+
+def check_rope_parameters(params: dict[str, Any], rotary_dim: int, max_position_embeddings: int) -> None:
+    """Reject RoPE values that transformers accepts with a mere warning.
+
+    Args:
+        params: normalised rope parameters (see :func:`normalize_rope_parameters`).
+        rotary_dim: the rotary dimension ``d``.
+        max_position_embeddings: the config's ``max_position_embeddings``.
+
+    Raises:
+        RopeConfigError: naming every bad field at once.
+    """
+    problems: dict[str, str] = {}
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in _TYPE_KEYS:
+        problems["rope_parameters.rope_type"] = (
+            f"unknown rope type {rope_type!r}; known: {', '.join(sorted(_TYPE_KEYS))}"
+        )
+        raise RopeConfigError(problems)
+    theta = params.get("rope_theta")
+    if not isinstance(theta, (int, float)) or theta <= 1:
+        problems["rope_parameters.rope_theta"] = f"must be a number > 1, got {theta!r}"
+    if rotary_dim < 2 or rotary_dim % 2:
+        problems["rotary_dim"] = f"the rotary dimension must be even and ≥ 2, got {rotary_dim}"
+    factor = params.get("factor")
+    if "factor" in _TYPE_KEYS[rope_type] and factor is not None:
+        if not isinstance(factor, (int, float)) or factor < 1:
+            problems["rope_parameters.factor"] = f"must be a number ≥ 1 (target length / original length), got {factor!r}"
+    if rope_type in ("linear", "dynamic") and factor is None:
+        problems["rope_parameters.factor"] = f"rope type {rope_type!r} needs a factor"
+    if rope_type == "yarn":
+        fast = params.get("beta_fast") or 32
+        slow = params.get("beta_slow") or 1
+        if fast <= slow:
+            problems["rope_parameters.beta_fast"] = f"must be greater than beta_slow, got beta_fast={fast}, beta_slow={slow}"
+        att = params.get("attention_factor")
+        if att is not None and (not isinstance(att, (int, float)) or att <= 0):
+            problems["rope_parameters.attention_factor"] = f"must be a number > 0, got {att!r}"
+    if rope_type == "llama3":
+        low, high = params.get("low_freq_factor"), params.get("high_freq_factor")
+        if low is None or high is None:
+            problems["rope_parameters.low_freq_factor"] = "llama3 needs low_freq_factor and high_freq_factor"
+        elif low >= high:
+            problems["rope_parameters.low_freq_factor"] = (
+                f"must be smaller than high_freq_factor, got low_freq_factor={low}, high_freq_factor={high}"
+            )
+    if rope_type == "longrope":
+        for key in ("short_factor", "long_factor"):
+            values = params.get(key)
+            if not isinstance(values, (list, tuple)) or not all(isinstance(v, (int, float)) for v in values):
+                problems[f"rope_parameters.{key}"] = f"must be a list of {rotary_dim // 2} numbers, got {values!r}"
+            elif len(values) != rotary_dim // 2:
+                problems[f"rope_parameters.{key}"] = (
+                    f"must have rotary_dim/2 = {rotary_dim // 2} entries, got {len(values)}"
+                )
+            elif any(v <= 0 for v in values):
+                problems[f"rope_parameters.{key}"] = "every rescale factor must be > 0"
+    if rope_type in ("yarn", "llama3", "longrope"):
+        original = params.get("original_max_position_embeddings")
+        if not isinstance(original, int) or original <= 0:
+            problems["rope_parameters.original_max_position_embeddings"] = (
+                f"must be a positive integer, got {original!r}"
+            )
+        elif original > max_position_embeddings or (rope_type == "llama3" and original >= max_position_embeddings):
+            problems["rope_parameters.original_max_position_embeddings"] = (
+                f"the original length ({original}) must be smaller than max_position_embeddings "
+                f"({max_position_embeddings}); an extension cannot be shorter than the original context"
+            )
+    if problems:
+        raise RopeConfigError(problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# The independent reference: inverse frequencies and attention scaling, from the papers
+# ---------------------------------------------------------------------------------------------
+
+
+def _base_inv_freq(theta: float, dim: int) -> torch.Tensor:
+    # inv_freq_i = b^(-2i/d), i = 0 .. d/2-1, computed in float64 as the ground truth.
+    i = torch.arange(dim // 2, dtype=torch.float64)
+    return theta ** (-2.0 * i / dim)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    # YaRN §3.4: sqrt(1/t) = 0.1 ln(s) + 1 (the DeepSeek variant scales the log term by mscale).
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def reference_rope(
+    params: dict[str, Any], rotary_dim: int, max_position_embeddings: int, seq_len: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """ctxext's own computation of ``inv_freq`` and the attention scaling of a RoPE setting.
+
+    Written from the papers (REFERENCES.md), not from transformers, so a disagreement between the
+    two is caught instead of copied.
+
+    Args:
+        params: normalised rope parameters.
+        rotary_dim: rotary dimension ``d``.
+        max_position_embeddings: the config's ``max_position_embeddings``.
+        seq_len: the length of the sequence being processed; matters only for ``dynamic`` and ``longrope``.
+
+    Returns:
+        ``(inv_freq, attention_scaling)``: a float64 tensor of ``d/2`` frequencies and the factor
+        that cos/sin are multiplied by.
+    """
+    rope_type = params["rope_type"]
+    d = rotary_dim
+    b = float(params["rope_theta"])
+    base = _base_inv_freq(b, d)
+    if rope_type == "default":
+        return base, 1.0
+    if rope_type == "linear":
+        # Position interpolation (Chen et al. 2023): positions divided by s ⇔ frequencies divided by s.
+        return base / float(params["factor"]), 1.0
+    if rope_type == "dynamic":
+        # Dynamic NTK: base' = b·((s·T/M) − (s−1))^(d/(d−2)) for T > M, the NTK-aware base with s
+        # recomputed from the current length; M is where transformers starts scaling.
+        s = float(params["factor"])
+        t = max(int(seq_len or 0), max_position_embeddings)
+        new_base = b * ((s * t / max_position_embeddings) - (s - 1)) ** (d / (d - 2))
+        return _base_inv_freq(new_base, d), 1.0
+    if rope_type == "yarn":
+        return _reference_yarn(params, d, base)
+    if rope_type == "llama3":
+        return _reference_llama3(params, base)
+    if rope_type == "longrope":
+        original = int(params["original_max_position_embeddings"])
+        factor = params.get("factor") or max_position_embeddings / original
+        use_long = seq_len is not None and seq_len > original
+        rescale = torch.tensor(params["long_factor" if use_long else "short_factor"], dtype=torch.float64)
+        att = params.get("attention_factor")
+        if att is None:
+            # LongRoPE / Phi-3: sqrt(1 + ln(s) / ln(L)).
+            att = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+        return base / rescale, float(att)
+    raise RopeError(f"no reference for rope type {rope_type!r}")
+
+
+def _reference_yarn(params: dict[str, Any], d: int, base: torch.Tensor) -> tuple[torch.Tensor, float]:
+    # YaRN "NTK-by-parts" (Peng et al. 2023 §3.2): each dimension's wavelength λ_i = 2π/θ_i and
+    # r_i = L/λ_i rotations within the original context. Dimensions that rotate more than β times
+    # keep their frequency (extrapolation), fewer than α times are interpolated (÷ s), and a linear
+    # ramp joins them. The reference implementation (and transformers) places the ramp linearly in
+    # the dimension index between the dimensions where r = β and r = α (rounded outward unless
+    # ``truncate`` is false); we express exactly that, through r.
+    s = float(params["factor"])
+    original = int(params["original_max_position_embeddings"])
+    alpha = float(params.get("beta_slow") or 1.0)
+    beta = float(params.get("beta_fast") or 32.0)
+    theta = float(params["rope_theta"])
+
+    def dim_where_rotations_equal(r: float) -> float:
+        # Solve L·θ^(-2i/d) / (2π) = r for i.
+        return d * math.log(original / (2 * math.pi * r)) / (2 * math.log(theta))
+
+    lo, hi = dim_where_rotations_equal(beta), dim_where_rotations_equal(alpha)
+    if params.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, d - 1)
+    if lo == hi:
+        hi += 0.001
+    idx = torch.arange(d // 2, dtype=torch.float64)
+    interpolate_weight = ((idx - lo) / (hi - lo)).clamp(0, 1)  # 0: keep, 1: divide by s
+    inv_freq = base * (1 - interpolate_weight) + (base / s) * interpolate_weight
+    att = params.get("attention_factor")
+    if att is None:
+        mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
+        if mscale and mscale_all:
+            att = _yarn_mscale(s, mscale) / _yarn_mscale(s, mscale_all)
+        else:
+            att = _yarn_mscale(s)
+    return inv_freq, float(att)
+
+
+def _reference_llama3(params: dict[str, Any], base: torch.Tensor) -> tuple[torch.Tensor, float]:
+    # Llama 3.1: wavelengths longer than L/low_freq_factor are divided by s, shorter than
+    # L/high_freq_factor kept, and in between a smooth mix by (L/λ − low)/(high − low).
+    s = float(params["factor"])
+    low, high = float(params["low_freq_factor"]), float(params["high_freq_factor"])
+    original = float(params["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / base
+    smooth = ((original / wavelength - low) / (high - low)).clamp(0, 1)
+    inv_freq = (1 - smooth) * base / s + smooth * base
+    inv_freq = torch.where(wavelength < original / high, base, inv_freq)
+    inv_freq = torch.where(wavelength > original / low, base / s, inv_freq)
+    return inv_freq, 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The methods registry
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RopePlan:
+    """The result of an extension: what to write into the config.
+
+    Attributes:
+        method: ctxext method name.
+        rope_parameters: the new standard ``rope_parameters``.
+        max_position_embeddings: the new ``max_position_embeddings``.
+        original_length: pretraining length the factor is relative to.
+        target_length: the context the model is extended to.
+        factor: target / original.
+        notes: facts a user should know about this method in transformers.
+    """
+
+    method: str
+    rope_parameters: dict[str, Any]
+    max_position_embeddings: int
+    original_length: int
+    target_length: int
+    factor: float
+    notes: list[str] = field(default_factory=list)
+
+
+MethodFn = Callable[[RopeState, int, float, dict[str, Any]], RopePlan]
+
+
+@dataclass(frozen=True)
+class RopeMethod:
+    """A registered extension method.
+
+    Attributes:
+        name: the CLI / recipe name.
+        summary: one line for help texts.
+        options: the option names the method accepts.
+        build: the function that makes the plan.
+    """
+
+    name: str
+    summary: str
+    options: frozenset[str]
+    build: MethodFn
+
+
+METHODS: dict[str, RopeMethod] = {}
+
+
+def register_method(name: str, summary: str, options: tuple[str, ...] = ()) -> Callable[[MethodFn], MethodFn]:
+    """Register a scaling method under ``name`` (adding a method touches only its own function).
+
+    Args:
+        name: the method's name in recipes and on the command line.
+        summary: a one-line description.
+        options: names of the keyword options it accepts.
+
+    Returns:
+        A decorator that registers the function unchanged.
+    """
+
+    def decorator(fn: MethodFn) -> MethodFn:
+        METHODS[name] = RopeMethod(name=name, summary=summary, options=frozenset(options), build=fn)
+        return fn
+
+    return decorator
+
+
+def _base_params(state: RopeState) -> dict[str, Any]:
+    params: dict[str, Any] = {"rope_theta": state.rope_theta}
+    prf = state.parameters.get("partial_rotary_factor")
+    if prf is not None:
+        params["partial_rotary_factor"] = prf
+    return params
+
+
+def _plan(state: RopeState, method: str, target: int, s: float, params: dict[str, Any], max_pos: int) -> RopePlan:
+    return RopePlan(
+        method=method,
+        rope_parameters=params,
+        max_position_embeddings=max_pos,
+        original_length=state.original_length,
+        target_length=target,
+        factor=s,
+    )
+
+
+@register_method("linear", "position interpolation (Chen et al. 2023): every frequency divided by s")
+def _linear(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
+    return _plan(state, "linear", target, s, {"rope_type": "linear", "factor": s, **_base_params(state)}, target)
+
+
+@register_method("ntk", "static NTK-aware: rope_theta raised to b·s^(d/(d−2))", ("alpha",))
+def _ntk(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
+    # NTK-aware scaling is a pure change of base, so it is written as a default-type RoPE with a new
+    # theta: every consumer (vLLM, llama.cpp, older transformers) understands it.
+    alpha = float(opts.get("alpha") or s)
+    d = state.rotary_dim
+    params = {"rope_type": "default", **_base_params(state)}
+    params["rope_theta"] = state.rope_theta * alpha ** (d / (d - 2))
+    return _plan(state, "ntk", target, s, params, target)
+
+
+@register_method("dynamic", "dynamic NTK: NTK base recomputed from the current sequence length", ("factor",))
+def _dynamic(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
+    factor = float(opts.get("factor") or s)
+    plan = _plan(
+        state, "dynamic", target, s, {"rope_type": "dynamic", "factor": factor, **_base_params(state)}, state.original_length
+    )
+    # transformers starts dynamic scaling at config.max_position_embeddings (the rotary module's
+    # original_max_seq_len), so it must stay at the pretraining length: a config that says the
+    # target length there would run unscaled, i.e. extrapolate, all the way up to the target.
+    plan.notes.append(
+        f"max_position_embeddings stays {state.original_length}: transformers' dynamic NTK scales only beyond it; "
+        f"the target length {target} is recorded under config.ctxext"
+    )
+    return plan
+
+
+@register_method(
+    "yarn",
+    "YaRN (Peng et al. 2023): NTK-by-parts interpolation + attention temperature",
+    ("beta_fast", "beta_slow", "attention_factor", "truncate"),
+)
+def _yarn(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
+    params = {
+        "rope_type": "yarn",
+        "factor": s,
+        "original_max_position_embeddings": state.original_length,
+        "beta_fast": float(opts.get("beta_fast") if opts.get("beta_fast") is not None else 32.0),
+        "beta_slow": float(opts.get("beta_slow") if opts.get("beta_slow") is not None else 1.0),
+        **_base_params(state),
+    }
+    if opts.get("attention_factor") is not None:
+        params["attention_factor"] = float(opts["attention_factor"])
+    if opts.get("truncate") is not None:
+        params["truncate"] = bool(opts["truncate"])
+    return _plan(state, "yarn", target, s, params, target)
+
+
+@register_method(
+    "llama3",
+    "Llama 3.1 style: low frequencies ÷ s, high kept, smooth in between",
+    ("low_freq_factor", "high_freq_factor"),
+)
+def _llama3(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
+    params = {
+        "rope_type": "llama3",
+        "factor": s,
+        "low_freq_factor": float(opts.get("low_freq_factor") if opts.get("low_freq_factor") is not None else 1.0),
+        "high_freq_factor": float(opts.get("high_freq_factor") if opts.get("high_freq_factor") is not None else 4.0),
+        "original_max_position_embeddings": state.original_length,
+        **_base_params(state),
+    }
+    return _plan(state, "llama3", target, s, params, target)
+
+
+@register_method("theta", "ABF / Code Llama: set rope_theta directly (needs --rope-theta)", ("rope_theta",))
+def _theta(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
+    theta = opts.get("rope_theta")
+    if theta is None:
+        raise RopeConfigError({"rope_theta": "method 'theta' needs the new base, e.g. --rope-theta 1000000"})
+    theta = float(theta)
+    if theta <= state.rope_theta:
+        raise RopeConfigError(
+            {
+                "rope_theta": f"must be larger than the model's current rope_theta ({state.rope_theta:g}) to lengthen "
+                f"wavelengths, got {theta:g}"
+            }
+        )
+    params = {"rope_type": "default", **_base_params(state)}
+    params["rope_theta"] = theta
+    return _plan(state, "theta", target, s, params, target)
+
+
+@register_method(
+    "longrope",
+    "LongRoPE (Ding et al. 2024): per-dimension short/long rescale factors",
+    ("short_factor", "long_factor", "factors_file", "attention_factor"),
+)
+def _longrope(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
+    short, long_ = opts.get("short_factor"), opts.get("long_factor")
+    if opts.get("factors_file"):
+        short, long_ = load_factors_file(opts["factors_file"])
+    if short is None or long_ is None:
+        raise RopeConfigError(
+            {
+                "long_factor": "longrope needs short_factor and long_factor lists "
+                f"({state.rotary_dim // 2} numbers each), e.g. --factors-file factors.json"
+            }
+        )
+    params = {
+        "rope_type": "longrope",
+        "factor": s,
+        "short_factor": [float(v) for v in short],
+        "long_factor": [float(v) for v in long_],
+        "original_max_position_embeddings": state.original_length,
+        **_base_params(state),
+    }
+    if opts.get("attention_factor") is not None:
+        params["attention_factor"] = float(opts["attention_factor"])
+    return _plan(state, "longrope", target, s, params, target)
+
+
+def load_factors_file(path: str | Path) -> tuple[list[float], list[float]]:
+    """Read LongRoPE rescale factors from a JSON file ``{"short_factor": [...], "long_factor": [...]}``.
+
+    Args:
+        path: the JSON file.
+
+    Returns:
+        ``(short_factor, long_factor)``.
+
+    Raises:
+        RopeConfigError: the file is missing, not JSON, or lacks a key.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RopeConfigError({"factors_file": f"{path} does not exist"}) from None
+    except json.JSONDecodeError as exc:
+        raise RopeConfigError({"factors_file": f"{path} is not valid JSON: {exc}"}) from None
+    missing = [k for k in ("short_factor", "long_factor") if k not in data]
+    if missing:
+        raise RopeConfigError({"factors_file": f"{path} lacks {', '.join(missing)}"})
+    return list(data["short_factor"]), list(data["long_factor"])
+
+
+def plan_extension(
+    config: Any,
+    method: str,
+    target_length: int,
+    options: dict[str, Any] | None = None,
+    original_length: int | None = None,
+) -> RopePlan:
+    """Compute the RoPE settings that extend ``config`` to ``target_length`` with ``method``.
+
+    The factor is ``target_length / original_length``, relative to the model's *pretraining*
+    length, also for models that are already extended (Llama 3.1: relative to 8192 on the base
+    theta, replacing its llama3 scaling).
+
+    Args:
+        config: the model's config (not modified).
+        method: a name in :data:`METHODS`.
+        target_length: the new context length.
+        options: method options (``beta_fast``, ``low_freq_factor``, ``rope_theta``, ``factors_file`` …).
+        original_length: overrides the pretraining length read from the config.
+
+    Returns:
+        The :class:`RopePlan`.
+
+    Raises:
+        RopeError: unknown method, unknown option, a target not above the current context, or bad values.
+    """
+    if method not in METHODS:
+        raise RopeError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    spec = METHODS[method]
+    options = {k: v for k, v in (options or {}).items() if v is not None}
+    unknown = set(options) - spec.options
+    if unknown:
+        allowed = ", ".join(sorted(spec.options)) or "none"
+        raise RopeConfigError({k: f"not an option of method {method!r} (its options: {allowed})" for k in sorted(unknown)})
+    state = read_rope(config, original_length=original_length)
+    check_rope_parameters(state.parameters, state.rotary_dim, state.max_position_embeddings)
+    if target_length <= state.current_length:
+        raise RopeError(
+            f"target length {target_length} is not above the model's current context ({state.current_length}); "
+            f"choose a target longer than {state.current_length} (the model's original length is "
+            f"{state.original_length})."
+        )
+    s = target_length / state.original_length
+    plan = spec.build(state, target_length, s, options)
+    check_rope_parameters(plan.rope_parameters, state.rotary_dim, plan.max_position_embeddings)
+    if plan.rope_parameters["rope_type"] not in ("default", "dynamic") and plan.original_length >= plan.max_position_embeddings:
+        raise RopeConfigError(
+            {"original_max_position_embeddings": f"original length {plan.original_length} ≥ new max {plan.max_position_embeddings}"}
+        )
+    return plan
+
+
+def apply_plan(config: Any, plan: RopePlan) -> None:
+    """Write a plan into a config in place (standard fields, plus ``config.ctxext`` metadata).
+
+    Args:
+        config: the config to modify.
+        plan: from :func:`plan_extension`.
+    """
+    text = _text_config(config)
+    text.rope_parameters = dict(plan.rope_parameters)
+    text.max_position_embeddings = plan.max_position_embeddings
+    # Phi-3 style configs keep the pretraining length at top level, and transformers prefers it.
+    if getattr(text, "original_max_position_embeddings", None) is not None:
+        text.original_max_position_embeddings = plan.original_length
+    text.ctxext = {
+        "method": plan.method,
+        "original_length": plan.original_length,
+        "target_length": plan.target_length,
+        "factor": plan.factor,
+    }
+
+
+def legacy_fields(rope_parameters: dict[str, Any]) -> dict[str, Any]:
+    """The pre-transformers-5 form of ``rope_parameters``, for older consumers.
+
+    Args:
+        rope_parameters: standard parameters.
+
+    Returns:
+        ``{"rope_theta": ..., "rope_scaling": {...} | None}``; ``rope_scaling`` carries both ``type``
+        and ``rope_type`` because readers disagree on the key (transformers#32916).
+    """
+    scaling = {k: v for k, v in rope_parameters.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    out: dict[str, Any] = {"rope_theta": rope_parameters["rope_theta"], "rope_scaling": None}
+    if scaling.get("rope_type", "default") != "default":
+        scaling["type"] = scaling["rope_type"]
+        out["rope_scaling"] = scaling
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime: finding, rebuilding and verifying the rotary modules of a model
+# ---------------------------------------------------------------------------------------------
+
+
+def rotary_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module]]:
+    """Yield ``(name, module)`` for every rotary embedding module of a model.
+
+    Args:
+        model: a transformers model (possibly wrapped by peft).
+
+    Yields:
+        Modules that carry an ``inv_freq`` buffer.
+    """
+    for name, module in model.named_modules():
+        if hasattr(module, "inv_freq") and isinstance(getattr(module, "inv_freq", None), torch.Tensor):
+            yield name, module
+
+
+def rebuild_rotary(model: torch.nn.Module) -> int:
+    """Rebuild every rotary module of a loaded model from its (patched) config.
+
+    In transformers 5 a rotary module computes its frequencies once, in ``__init__``; changing
+    ``model.config`` afterwards changes nothing at run time.
+
+    Args:
+        model: the model whose config has been patched.
+
+    Returns:
+        The number of modules rebuilt.
+
+    Raises:
+        RopeError: the model has no rotary module.
+    """
+    config = _text_config(model.config)
+    rebuilt = 0
+    for name, module in list(rotary_modules(model)):
+        device = module.inv_freq.device
+        try:
+            fresh = type(module)(config=config, device=device)
+        except TypeError:
+            fresh = type(module)(config=config).to(device)
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, fresh)
+        rebuilt += 1
+    if not rebuilt:
+        raise RopeError(f"{type(model).__name__} has no rotary embedding module (no inv_freq buffer) to rebuild")
+    return rebuilt
+
+
+def reset_dynamic_rope(model: torch.nn.Module) -> None:
+    """Return length-dependent rotary modules to their short-sequence state.
+
+    transformers' dynamic NTK keeps the frequencies of the longest sequence seen so far for any
+    later sequence that is still longer than the original length; an evaluator that scores several
+    lengths must reset between them or its numbers depend on the order of the work.
+
+    Args:
+        model: a model with rotary modules.
+    """
+    for _, module in rotary_modules(model):
+        original = getattr(module, "original_inv_freq", None)
+        if original is not None:
+            module.inv_freq = original.clone().to(module.inv_freq.device)
+        if hasattr(module, "original_max_seq_len"):
+            module.max_seq_len_cached = module.original_max_seq_len
+        if hasattr(module, "long_inv_freq"):
+            module.long_inv_freq = None
+
+
+def _runtime_values(module: torch.nn.Module, seq_len: int) -> tuple[torch.Tensor, float]:
+    # A copy, so that probing a length-dependent module at a long length leaves the model's state alone.
+    probe = copy.deepcopy(module).cpu()
+    x = torch.zeros(1, 1, 1, dtype=torch.float32)
+    position_ids = torch.tensor([[seq_len - 1]], dtype=torch.long)
+    with torch.no_grad():
+        probe(x, position_ids)
+    return probe.inv_freq.detach().double().cpu(), float(probe.attention_scaling)
+
+
+@dataclass
+class RopeCheck:
+    """The outcome of comparing a model's runtime RoPE with ctxext's reference.
+
+    Attributes:
+        ok: everything matched.
+        checks: one entry per (module, sequence length) probed.
+    """
+
+    ok: bool
+    checks: list[dict[str, Any]]
+
+    def summary(self) -> str:
+        """A one-line human summary."""
+        if self.ok:
+            lengths = sorted({c["seq_len"] for c in self.checks})
+            return f"runtime RoPE matches the reference ({len(self.checks)} checks at lengths {lengths})"
+        bad = [c for c in self.checks if not c["ok"]]
+        first = bad[0]
+        return (
+            f"runtime RoPE of {first['module'] or 'model'} at length {first['seq_len']} differs from the "
+            f"reference: max relative inv_freq error {first['max_rel_error']:.3g}, attention scaling "
+            f"{first['runtime_attention_scaling']:.6g} vs {first['reference_attention_scaling']:.6g}"
+        )
+
+
+def probe_lengths(state: RopeState) -> list[int]:
+    """The sequence lengths at which the runtime RoPE is compared with the reference.
+
+    Args:
+        state: the config's RoPE.
+
+    Returns:
+        For length-dependent types, a length within the original context and the current one;
+        otherwise the current context only.
+    """
+    if state.rope_type in LENGTH_DEPENDENT_TYPES:
+        return sorted({min(state.original_length, state.current_length), state.current_length})
+    return [state.current_length]
+
+
+def check_model_rope(model: torch.nn.Module, lengths: list[int] | None = None) -> RopeCheck:
+    """Compare every rotary module's runtime ``inv_freq`` and attention scaling with the reference.
+
+    Args:
+        model: a loaded (or meta-built then rebuilt) model.
+        lengths: sequence lengths to probe; defaults to :func:`probe_lengths`.
+
+    Returns:
+        A :class:`RopeCheck`.
+    """
+    config = _text_config(model.config)
+    state = read_rope(config)
+    checks: list[dict[str, Any]] = []
+    modules = list(rotary_modules(model))
+    if not modules:
+        raise RopeError(f"{type(model).__name__} has no rotary embedding module (no inv_freq buffer)")
+    for seq_len in lengths or probe_lengths(state):
+        ref_freq, ref_scale = reference_rope(state.parameters, state.rotary_dim, state.max_position_embeddings, seq_len)
+        for name, module in modules:
+            run_freq, run_scale = _runtime_values(module, seq_len)
+            if run_freq.shape != ref_freq.shape:
+                rel = float("inf")
+            else:
+                rel = float(((run_freq - ref_freq).abs() / (ref_freq.abs() + _ATOL)).max())
+            scale_ok = math.isclose(run_scale, ref_scale, rel_tol=_RTOL)
+            checks.append(
+                {
+                    "module": name,
+                    "seq_len": seq_len,
+                    "max_rel_error": rel,
+                    "runtime_attention_scaling": run_scale,
+                    "reference_attention_scaling": ref_scale,
+                    "ok": rel <= _RTOL and scale_ok,
+                }
+            )
+    return RopeCheck(ok=all(c["ok"] for c in checks), checks=checks)
+
+
+def verify_model_rope(model: torch.nn.Module, lengths: list[int] | None = None) -> RopeCheck:
+    """Like :func:`check_model_rope`, but raise on a mismatch.
+
+    Args:
+        model: the model to verify.
+        lengths: sequence lengths to probe.
+
+    Returns:
+        The passing :class:`RopeCheck`.
+
+    Raises:
+        RopeMismatchError: the runtime RoPE differs from the config's reference.
+    """
+    state = read_rope(model.config)
+    check_rope_parameters(state.parameters, state.rotary_dim, state.max_position_embeddings)
+    result = check_model_rope(model, lengths)
+    if not result.ok:
+        raise RopeMismatchError(
+            result.summary()
+            + ". The model would silently run with the wrong positions. If you changed model.config after loading, "
+            "call ctxext.rope.rebuild_rotary(model); if the model uses custom modeling code, it may ignore "
+            "rope_parameters."
+        )
+    return result
+
+
+def patch_model(
+    model: torch.nn.Module,
+    method: str,
+    target_length: int,
+    options: dict[str, Any] | None = None,
+    original_length: int | None = None,
+) -> RopePlan:
+    """Extend a loaded model in place: patch its config, rebuild its rotary modules, verify.
+
+    Args:
+        model: a transformers causal LM.
+        method: a name in :data:`METHODS`.
+        target_length: the new context length.
+        options: method options.
+        original_length: overrides the pretraining length.
+
+    Returns:
+        The applied :class:`RopePlan`.
+    """
+    plan = plan_extension(model.config, method, target_length, options, original_length)
+    apply_plan(model.config, plan)
+    rebuild_rotary(model)
+    verify_model_rope(model)
+    return plan
+
+
+def runtime_model_from_config(config: Any) -> torch.nn.Module:
+    """Build a model's skeleton without weights, with real rotary modules, to check a config's runtime RoPE.
+
+    The model is created on the meta device (no memory for weights); only its rotary modules are
+    then rebuilt on the CPU. This is how ``ctxext inspect --config-only`` and ``ctxext extend``
+    check a model without loading it.
+
+    Args:
+        config: a transformers config.
+
+    Returns:
+        A model on the meta device whose rotary modules live on the CPU.
+    """
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    config_text = _text_config(model.config)
+    for name, module in list(rotary_modules(model)):
+        try:
+            fresh = type(module)(config=config_text, device=torch.device("cpu"))
+        except TypeError:
+            with torch.device("cpu"):
+                fresh = type(module)(config=config_text)
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, fresh)
+    return model
+
+
+def wavelengths(state: RopeState, seq_len: int | None = None) -> torch.Tensor:
+    """Wavelengths ``2π / inv_freq`` (in tokens) of the config's RoPE at a sequence length.
+
+    Args:
+        state: the config's RoPE.
+        seq_len: length for length-dependent types.
+
+    Returns:
+        A float64 tensor of ``d/2`` wavelengths.
+    """
+    inv_freq, _ = reference_rope(state.parameters, state.rotary_dim, state.max_position_embeddings, seq_len)
+    return 2 * math.pi / inv_freq

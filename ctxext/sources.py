@@ -1,0 +1,122 @@
+"""Finding a model: a local folder, a Hub id, or ``builtin:NAME``, with errors that say what to do."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ctxext.builtin import BUILTIN_PREFIX, resolve_builtin
+
+
+class SourceError(ValueError):
+    """A model or file that cannot be found or fetched; the message says what to do."""
+
+
+def hub_error_message(exc: BaseException, what: str) -> str | None:
+    """A user-facing message for a Hub that is offline, unreachable, or refusing, else ``None``.
+
+    Args:
+        exc: the exception raised by huggingface_hub / transformers.
+        what: what was being fetched, for the message.
+
+    Returns:
+        The message, or ``None`` when the exception is not a Hub access problem.
+    """
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    names = {type(e).__name__ for e in _chain(exc)}
+    text = " ".join(str(e) for e in _chain(exc))
+    if "OfflineModeIsEnabled" in names or "offline mode" in text.lower() or os.environ.get("HF_HUB_OFFLINE") == "1":
+        return (
+            f"cannot fetch {what}: HF_HUB_OFFLINE=1 is set and it is not in the local cache. Pass a local folder, "
+            "or unset HF_HUB_OFFLINE on a machine that reaches the Hub."
+        )
+    if names & {"ConnectError", "ConnectionError", "ConnectTimeout", "LocalEntryNotFoundError", "NewConnectionError"}:
+        return (
+            f"cannot fetch {what}: the Hub at {endpoint} is unreachable and it is not in the local cache. Check the "
+            "network (or HF_ENDPOINT), or pass a local folder."
+        )
+    if names & {"RepositoryNotFoundError", "GatedRepoError", "RevisionNotFoundError", "HfHubHTTPError"}:
+        return (
+            f"cannot fetch {what} from {endpoint}: {exc}. Check the id and revision, and log in "
+            "(`hf auth login` or HF_TOKEN) for gated or private repositories."
+        )
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    cur: BaseException | None = exc
+    while cur is not None and cur not in seen:
+        seen.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return seen
+
+
+def resolve_model_path(ref: str, revision: str | None = None) -> Path:
+    """A local folder for a model reference, downloading a Hub id's files if needed.
+
+    Args:
+        ref: a local folder, ``builtin:NAME``, or a Hub id (``org/name``).
+        revision: Hub revision.
+
+    Returns:
+        The folder holding ``config.json``.
+
+    Raises:
+        SourceError: the reference cannot be resolved; the message says what to do.
+    """
+    if ref.startswith(BUILTIN_PREFIX):
+        try:
+            return resolve_builtin(ref[len(BUILTIN_PREFIX) :])
+        except KeyError as exc:
+            raise SourceError(str(exc.args[0])) from None
+    path = Path(ref).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise SourceError(f"{path} has no config.json; point at a model folder (save_pretrained output)")
+        return path
+    if ref.count("/") != 1 or ref.startswith((".", "/")):
+        raise SourceError(f"{ref} is not a folder, a built-in model (builtin:NAME) or a Hub id (org/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(
+            snapshot_download(
+                ref,
+                revision=revision,
+                allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.py", "*.tiktoken"],
+            )
+        )
+    except Exception as exc:  # huggingface_hub raises many types; translate the ones a user can fix
+        message = hub_error_message(exc, ref)
+        if message:
+            raise SourceError(message) from None
+        raise
+
+
+def load_config(ref: str, revision: str | None = None, trust_remote_code: bool = False) -> tuple[Any, Path]:
+    """Load a model's config without its weights.
+
+    Args:
+        ref: a model reference (see :func:`resolve_model_path`).
+        revision: Hub revision.
+        trust_remote_code: allow custom configuration code.
+
+    Returns:
+        ``(config, folder)``.
+    """
+    from transformers import AutoConfig
+
+    if not ref.startswith(BUILTIN_PREFIX) and not Path(ref).expanduser().exists() and ref.count("/") == 1:
+        # A Hub id: fetch config.json alone, not the weights.
+        try:
+            config = AutoConfig.from_pretrained(ref, revision=revision, trust_remote_code=trust_remote_code)
+        except Exception as exc:
+            message = hub_error_message(exc, ref)
+            if message:
+                raise SourceError(message) from None
+            raise
+        return config, Path(ref)
+    folder = resolve_model_path(ref, revision)
+    return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code), folder

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Set up ctxext in ./.venv on a CPU-only machine: torch's CPU wheel first (a plain `torch`
+# requirement would pull a multi-GB CUDA build), then the project with its dev extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+if ! python -c "import torch" 2>/dev/null; then
+  pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
+  python -c "import torch" # fail here, clearly, if torch did not install
+fi
+pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored" || true
+python -c "import ctxext, transformers, peft, bitsandbytes, accelerate; print('ctxext', ctxext.__version__, '| transformers', transformers.__version__, '| peft', peft.__version__)"
