@@ -74,7 +74,8 @@ def friendly_errors(fn: F) -> F:
 def inspect(
     model: Annotated[str, typer.Argument(help="model folder, Hub id, or builtin:NAME")],
     config_only: Annotated[
-        bool, typer.Option("--config-only", help="do not load weights; build the rotary modules from the config")
+        bool,
+        typer.Option("--config-only", help="do not load weights; build the rotary modules from the config"),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
     revision: Annotated[str | None, typer.Option(help="Hub revision")] = None,
@@ -133,8 +134,12 @@ def extend(
         int | None, typer.Option(help="pretraining context, when the config cannot tell it")
     ] = None,
     beta_fast: Annotated[float | None, typer.Option(help="yarn: β, rotations above which a dim is kept")] = None,
-    beta_slow: Annotated[float | None, typer.Option(help="yarn: α, rotations below which a dim is interpolated")] = None,
-    attention_factor: Annotated[float | None, typer.Option(help="yarn/longrope: override the attention scaling")] = None,
+    beta_slow: Annotated[
+        float | None, typer.Option(help="yarn: α, rotations below which a dim is interpolated")
+    ] = None,
+    attention_factor: Annotated[
+        float | None, typer.Option(help="yarn/longrope: override the attention scaling")
+    ] = None,
     low_freq_factor: Annotated[float | None, typer.Option(help="llama3: low frequency factor (default 1)")] = None,
     high_freq_factor: Annotated[float | None, typer.Option(help="llama3: high frequency factor (default 4)")] = None,
     rope_theta: Annotated[float | None, typer.Option(help="theta: the new base (e.g. 1e6)")] = None,

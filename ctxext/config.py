@@ -63,11 +63,7 @@ class RopeSection(_Section):
 
     def options(self) -> dict[str, Any]:
         """The method options that are set."""
-        return {
-            k: v
-            for k, v in self.model_dump().items()
-            if k not in ("method", "target_length") and v is not None
-        }
+        return {k: v for k, v in self.model_dump().items() if k not in ("method", "target_length") and v is not None}
 
     @model_validator(mode="after")
     def _check(self) -> RopeSection:
@@ -263,7 +259,7 @@ def _format_errors(exc: ValidationError) -> list[tuple[str, str]]:
             msg = msg[len("Value error, ") :]
             # Our validators name the field first ("target_length: ..."); fold it into the location.
             head, sep, rest = msg.partition(": ")
-            if sep and " " not in head.strip() and head.replace(",", "").replace("_", "").replace(" ", "").isalnum():
+            if sep and head.replace(",", "").replace("_", "").replace(".", "").replace(" ", "").isalnum():
                 loc = ".".join(filter(None, [loc, head])) if loc else head
                 msg = rest
         problems.append((loc or "(recipe)", msg))

@@ -15,7 +15,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ctxext.rope import RopePlan, apply_plan, check_model_rope, legacy_fields, plan_extension, runtime_model_from_config
+from ctxext.rope import (
+    RopePlan,
+    apply_plan,
+    check_model_rope,
+    legacy_fields,
+    plan_extension,
+    runtime_model_from_config,
+)
 from ctxext.sources import load_config
 
 # Files that belong to the model besides config.json.

@@ -46,7 +46,13 @@ _TYPE_KEYS: dict[str, set[str]] = {
         "mscale_all_dim",
         "truncate",
     },
-    "longrope": {"factor", "original_max_position_embeddings", "short_factor", "long_factor", "attention_factor"},
+    "longrope": {
+        "factor",
+        "original_max_position_embeddings",
+        "short_factor",
+        "long_factor",
+        "attention_factor",
+    },
     "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
 }
 
@@ -218,6 +224,10 @@ def read_rope(config: Any, original_length: int | None = None) -> RopeState:
         current = int(meta.get("target_length", current))
     if original_length is not None:
         original = int(original_length)
+        if rope_type == "default" and not meta:
+            # Unscaled RoPE works up to its pretraining length, whatever max_position_embeddings
+            # claims (Mistral 7B v0.1 says 32768 but was trained at 8192).
+            current = original
     head_dim = _head_dim(text)
     rotary_dim = int(head_dim * float(params.get("partial_rotary_factor") or 1.0))
     return RopeState(
@@ -264,14 +274,18 @@ def check_rope_parameters(params: dict[str, Any], rotary_dim: int, max_position_
     factor = params.get("factor")
     if "factor" in _TYPE_KEYS[rope_type] and factor is not None:
         if not isinstance(factor, (int, float)) or factor < 1:
-            problems["rope_parameters.factor"] = f"must be a number ≥ 1 (target length / original length), got {factor!r}"
+            problems["rope_parameters.factor"] = (
+                f"must be a number ≥ 1 (target length / original length), got {factor!r}"
+            )
     if rope_type in ("linear", "dynamic") and factor is None:
         problems["rope_parameters.factor"] = f"rope type {rope_type!r} needs a factor"
     if rope_type == "yarn":
         fast = params.get("beta_fast") or 32
         slow = params.get("beta_slow") or 1
         if fast <= slow:
-            problems["rope_parameters.beta_fast"] = f"must be greater than beta_slow, got beta_fast={fast}, beta_slow={slow}"
+            problems["rope_parameters.beta_fast"] = (
+                f"must be greater than beta_slow, got beta_fast={fast}, beta_slow={slow}"
+            )
         att = params.get("attention_factor")
         if att is not None and (not isinstance(att, (int, float)) or att <= 0):
             problems["rope_parameters.attention_factor"] = f"must be a number > 0, got {att!r}"
@@ -328,7 +342,7 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 def reference_rope(
     params: dict[str, Any], rotary_dim: int, max_position_embeddings: int, seq_len: int | None = None
 ) -> tuple[torch.Tensor, float]:
-    """ctxext's own computation of ``inv_freq`` and the attention scaling of a RoPE setting.
+    """Compute, independently of transformers, ``inv_freq`` and the attention scaling of a RoPE setting.
 
     Written from the papers (REFERENCES.md), not from transformers, so a disagreement between the
     two is caught instead of copied.
@@ -535,7 +549,12 @@ def _ntk(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopeP
 def _dynamic(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
     factor = float(opts.get("factor") or s)
     plan = _plan(
-        state, "dynamic", target, s, {"rope_type": "dynamic", "factor": factor, **_base_params(state)}, state.original_length
+        state,
+        "dynamic",
+        target,
+        s,
+        {"rope_type": "dynamic", "factor": factor, **_base_params(state)},
+        state.original_length,
     )
     # transformers starts dynamic scaling at config.max_position_embeddings (the rotary module's
     # original_max_seq_len), so it must stay at the pretraining length: a config that says the
@@ -690,7 +709,9 @@ def plan_extension(
     unknown = set(options) - spec.options
     if unknown:
         allowed = ", ".join(sorted(spec.options)) or "none"
-        raise RopeConfigError({k: f"not an option of method {method!r} (its options: {allowed})" for k in sorted(unknown)})
+        raise RopeConfigError(
+            {k: f"not an option of method {method!r} (its options: {allowed})" for k in sorted(unknown)}
+        )
     state = read_rope(config, original_length=original_length)
     check_rope_parameters(state.parameters, state.rotary_dim, state.max_position_embeddings)
     if target_length <= state.current_length:
@@ -702,9 +723,16 @@ def plan_extension(
     s = target_length / state.original_length
     plan = spec.build(state, target_length, s, options)
     check_rope_parameters(plan.rope_parameters, state.rotary_dim, plan.max_position_embeddings)
-    if plan.rope_parameters["rope_type"] not in ("default", "dynamic") and plan.original_length >= plan.max_position_embeddings:
+    if (
+        plan.rope_parameters["rope_type"] not in ("default", "dynamic")
+        and plan.original_length >= plan.max_position_embeddings
+    ):
         raise RopeConfigError(
-            {"original_max_position_embeddings": f"original length {plan.original_length} ≥ new max {plan.max_position_embeddings}"}
+            {
+                "original_max_position_embeddings": (
+                    f"original length {plan.original_length} ≥ new max {plan.max_position_embeddings}"
+                )
+            }
         )
     return plan
 

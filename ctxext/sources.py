@@ -31,7 +31,13 @@ def hub_error_message(exc: BaseException, what: str) -> str | None:
             f"cannot fetch {what}: HF_HUB_OFFLINE=1 is set and it is not in the local cache. Pass a local folder, "
             "or unset HF_HUB_OFFLINE on a machine that reaches the Hub."
         )
-    if names & {"ConnectError", "ConnectionError", "ConnectTimeout", "LocalEntryNotFoundError", "NewConnectionError"}:
+    if names & {
+        "ConnectError",
+        "ConnectionError",
+        "ConnectTimeout",
+        "LocalEntryNotFoundError",
+        "NewConnectionError",
+    }:
         return (
             f"cannot fetch {what}: the Hub at {endpoint} is unreachable and it is not in the local cache. Check the "
             "network (or HF_ENDPOINT), or pass a local folder."
