@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-ruff check ctxext tests benchmarks
+ruff check .
 python -m pytest -q -p no:cacheprovider "$@"
