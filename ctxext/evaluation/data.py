@@ -1,0 +1,150 @@
+"""Evaluation texts: local files, folders, ``datasets`` sets, or the built-in standard-library source.
+
+``builtin:stdlib`` is the held-out part of the Python standard library's source: the files whose
+SHA-1 of the path relative to the stdlib root has a first byte divisible by 10 (about 10 % of the
+files, the same on every machine with the same Python). ``builtin:stdlib-train`` is the other 90 %,
+``builtin:stdlib-all`` every file. Training on ``builtin:stdlib-train`` (or on anything but the
+held-out files) keeps the evaluation honest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ctxext.errors import InputError
+
+TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".tex")
+TABLE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+STDLIB_SPLITS = ("stdlib", "stdlib-heldout", "stdlib-train", "stdlib-all")
+
+
+def stdlib_split(path: Path) -> str:
+    """``heldout`` or ``train``: the deterministic hash split of a standard-library file.
+
+    Args:
+        path: a file under the stdlib root.
+
+    Returns:
+        The split name.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    rel = path.relative_to(root).as_posix()
+    return "heldout" if hashlib.sha1(rel.encode()).digest()[0] % 10 == 0 else "train"
+
+
+def _stdlib_texts(name: str) -> Iterator[str]:
+    from ctxext.builtin import stdlib_files
+
+    want = {"stdlib": "heldout", "stdlib-heldout": "heldout", "stdlib-train": "train"}.get(name)
+    for path in stdlib_files():
+        if want is None or stdlib_split(path) == want:
+            yield path.read_text(encoding="utf-8", errors="replace")
+
+
+def describe_source(source: str, text_field: str = "text", split: str = "train") -> dict[str, Any]:
+    """A JSON-ready description of a data source for reports."""
+    info: dict[str, Any] = {"source": source, "text_field": text_field, "split": split}
+    if source.startswith("builtin:"):
+        info["note"] = (
+            "Python standard-library source; builtin:stdlib = held-out files (sha1(relative path)[0] % 10 == 0)"
+        )
+    return info
+
+
+def iter_records(source: str, split: str = "train") -> Iterator[dict[str, Any]]:
+    """Records (dicts) of a table-like source: a jsonl / json / parquet / csv file or a ``datasets`` set.
+
+    Args:
+        source: a file path or a Hub data set id.
+        split: the split of a Hub data set.
+
+    Yields:
+        One dict per row.
+
+    Raises:
+        InputError: the file does not exist or cannot be read as a table.
+    """
+    path = Path(source).expanduser()
+    dataset = _load_table(path, source, split)
+    if len(dataset) == 0:
+        raise InputError(f"data set {source} is empty (0 rows)")
+    yield from dataset
+
+
+def _load_table(path: Path, source: str, split: str) -> Any:
+    import datasets
+
+    if path.exists():
+        fmt = TABLE_FORMATS.get(path.suffix.lower())
+        if fmt is None:
+            raise InputError(f"{path}: unsupported file type; use {', '.join(TABLE_FORMATS)} or a text file")
+        try:
+            return datasets.load_dataset(fmt, data_files=str(path), split="train")
+        except Exception as exc:
+            raise InputError(f"{path}: cannot read as {fmt}: {exc}") from None
+    if _looks_like_path(source):
+        raise InputError(f"data file {source} does not exist")
+    try:
+        return datasets.load_dataset(source, split=split)
+    except Exception as exc:
+        from ctxext.sources import hub_error_message
+
+        message = hub_error_message(exc, f"data set {source}")
+        raise InputError(message or f"cannot load data set {source} (split {split}): {exc}") from None
+
+
+def _looks_like_path(source: str) -> bool:
+    return source.startswith((".", "/", "~")) or source.count("/") != 1 or Path(source).suffix != ""
+
+
+def iter_texts(source: str, text_field: str = "text", split: str = "train") -> Iterator[str]:
+    """Documents of a source, in a deterministic order.
+
+    Args:
+        source: ``builtin:stdlib`` (held-out stdlib files, see module doc), a text file (one document), a
+            folder of text files (one document per file, sorted by name), a jsonl / json / parquet / csv
+            file, or a ``datasets`` Hub id.
+        text_field: the column holding the text for table-like sources.
+        split: the split of a Hub data set.
+
+    Yields:
+        Document texts.
+
+    Raises:
+        InputError: a missing file, an unknown built-in, a missing column, or no documents at all.
+    """
+    count = 0
+    for text in _iter_texts(source, text_field, split):
+        if text and text.strip():
+            count += 1
+            yield text
+    if count == 0:
+        raise InputError(f"data source {source} holds no documents (0 non-empty texts)")
+
+
+def _iter_texts(source: str, text_field: str, split: str) -> Iterator[str]:
+    if source.startswith("builtin:"):
+        name = source[len("builtin:") :]
+        if name not in STDLIB_SPLITS:
+            raise InputError(f"unknown built-in data set {source}; known: builtin:{', builtin:'.join(STDLIB_SPLITS)}")
+        yield from _stdlib_texts(name)
+        return
+    path = Path(source).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+        if not files:
+            raise InputError(f"folder {path} has no text files ({', '.join(TEXT_SUFFIXES)})")
+        for f in files:
+            yield f.read_text(encoding="utf-8", errors="replace")
+        return
+    if path.is_file() and path.suffix.lower() in TEXT_SUFFIXES:
+        yield path.read_text(encoding="utf-8", errors="replace")
+        return
+    for row in iter_records(source, split):
+        if text_field not in row:
+            raise InputError(f"{source} has no column {text_field!r}; columns: {', '.join(row)} (use --text-field)")
+        yield str(row[text_field] or "")

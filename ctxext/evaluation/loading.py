@@ -1,0 +1,277 @@
+"""Loading models for evaluation: a folder, a Hub id, ``builtin:NAME``, a ctxext run folder, or base + adapter.
+
+Every model is loaded in float32 on the CPU (bf16 on a GPU) with SDPA attention, and its runtime
+RoPE is verified against ctxext's reference before any number is computed: an evaluation of a
+model whose scaling was silently dropped would measure the wrong thing.
+
+A ctxext run folder holds ``run.json`` (naming the base model), the LoRA adapter
+(``adapter_config.json`` + weights) and a ``config.json`` that carries the patched RoPE. The base
+weights are loaded with that config, so the rotary modules are built with the patched settings, and
+the adapter is applied on top.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ctxext.errors import InputError
+from ctxext.rope import RopeState, read_rope, verify_model_rope
+
+
+@dataclass
+class ModelSpec:
+    """What to load.
+
+    Attributes:
+        ref: a model folder, Hub id, ``builtin:NAME``, or a ctxext run folder.
+        adapter: a LoRA adapter folder applied on top of ``ref`` (a peft folder or a ctxext run folder).
+        name: the label used in reports (default: derived from ``ref`` / ``adapter``).
+        config_from: a folder whose ``config.json`` replaces the base's config (e.g. the patched RoPE of a
+            run, for the "patched only" comparison without the adapter).
+        revision: Hub revision of ``ref``.
+    """
+
+    ref: str
+    adapter: str | None = None
+    name: str | None = None
+    config_from: str | None = None
+    revision: str | None = None
+
+    def label(self) -> str:
+        """The name shown in reports."""
+        if self.name:
+            return self.name
+        base = Path(self.ref).name or self.ref
+        if self.adapter:
+            return f"{base}+{Path(self.adapter).name}"
+        if self.config_from:
+            return f"{base} (patched)"
+        return base
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for evaluation.
+
+    Attributes:
+        name: report label.
+        model: the causal LM (possibly a ``PeftModel``), in eval mode.
+        tokenizer: its tokenizer.
+        rope: the RoPE state of the config the model runs with.
+        info: JSON-ready description (references, dtype, parameters) for the report.
+    """
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: Any
+    rope: RopeState
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def context_length(self) -> int:
+        """The context the model is configured for (``max_position_embeddings``)."""
+        return int(self.rope.current_length)
+
+    @property
+    def original_length(self) -> int:
+        """The pretraining context its scaling is relative to."""
+        return int(self.rope.original_length)
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's parameters."""
+        return next(self.model.parameters()).device
+
+
+def is_run_folder(path: str | Path) -> bool:
+    """Whether a path is a ctxext run folder (``run.json`` next to a LoRA adapter).
+
+    Args:
+        path: a folder.
+
+    Returns:
+        True for a run folder.
+    """
+    p = Path(path)
+    return (p / "run.json").is_file() and _adapter_dir(p) is not None
+
+
+def _adapter_dir(path: Path) -> Path | None:
+    for cand in (path, path / "adapter", path / "final"):
+        if (cand / "adapter_config.json").is_file():
+            return cand
+    return None
+
+
+def run_base_model(run_dir: str | Path) -> str:
+    """The base model a run was trained from, as recorded in its ``run.json``.
+
+    Args:
+        run_dir: the run folder.
+
+    Returns:
+        A model reference (folder, Hub id or ``builtin:NAME``).
+
+    Raises:
+        InputError: ``run.json`` names no base model.
+    """
+    run = json.loads((Path(run_dir) / "run.json").read_text())
+    for key in ("base_model_resolved", "base_model"):
+        value = run.get(key)
+        if value and (key == "base_model" or Path(str(value)).exists()):
+            return str(value)
+    model_section = (run.get("recipe") or {}).get("model") or {}
+    if model_section.get("path"):
+        return str(model_section["path"])
+    raise InputError(f"{run_dir}/run.json names no base model (base_model_resolved / base_model)")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """float32 on the CPU (bf16 is ~25× slower there), bfloat16 on a GPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """``cuda`` when available (unless told otherwise), else the CPU."""
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(
+    spec: ModelSpec, device: str | None = None, dtype: torch.dtype | None = None, verify: bool = True
+) -> LoadedModel:
+    """Load a model for evaluation and verify its runtime RoPE.
+
+    Args:
+        spec: what to load (see :class:`ModelSpec`); a ctxext run folder as ``ref`` means its base plus
+            its adapter, with the run's patched config.
+        device: ``cpu`` / ``cuda`` (default: cuda when available).
+        dtype: compute dtype (default float32 on the CPU, bfloat16 on a GPU).
+        verify: check the runtime RoPE against the reference (raises on a mismatch).
+
+    Returns:
+        A :class:`LoadedModel`.
+
+    Raises:
+        InputError: a missing adapter folder or an unusable run folder.
+        ctxext.rope.RopeMismatchError: the runtime RoPE differs from the config.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ctxext.sources import resolve_model_path
+
+    dev = pick_device(device)
+    dtype = dtype or default_dtype(dev)
+    base_ref, adapter, config_from = spec.ref, spec.adapter, spec.config_from
+    if is_run_folder(spec.ref) and adapter is None:
+        adapter = spec.ref
+        base_ref = run_base_model(spec.ref)
+    adapter_dir: Path | None = None
+    if adapter is not None:
+        adapter_dir = _adapter_dir(Path(adapter))
+        if adapter_dir is None:
+            raise InputError(f"adapter folder {adapter} has no adapter_config.json (a peft / ctxext run folder)")
+        # A ctxext run writes the patched config next to its adapter; the base must run with it.
+        if config_from is None:
+            for cand in (Path(adapter), adapter_dir):
+                if (cand / "config.json").is_file():
+                    config_from = str(cand)
+                    break
+    base_dir = resolve_model_path(base_ref, spec.revision)
+    config = AutoConfig.from_pretrained(config_from or base_dir)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, dtype=dtype, attn_implementation="sdpa")
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+    model.to(dev).eval()
+    tokenizer = _load_tokenizer([p for p in (adapter, config_from, str(base_dir)) if p])
+    rope = read_rope(_base(model).config)
+    check = verify_model_rope(_base(model)) if verify else None
+    n_params = sum(p.numel() for p in model.parameters())
+    info = {
+        "name": spec.label(),
+        "ref": spec.ref,
+        "base": str(base_ref),
+        "base_path": str(base_dir),
+        "adapter": str(adapter_dir) if adapter_dir else None,
+        "config_from": config_from,
+        "dtype": str(dtype).replace("torch.", ""),
+        "device": str(dev),
+        "attention": "sdpa",
+        "parameters": n_params,
+        "rope_verified": bool(check and check.ok),
+    }
+    return LoadedModel(name=spec.label(), model=model, tokenizer=tokenizer, rope=rope, info=info)
+
+
+def _load_tokenizer(candidates: list[str]) -> Any:
+    from transformers import AutoTokenizer
+
+    for cand in candidates:
+        p = Path(cand)
+        if p.is_dir() and any(
+            (p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+        ):
+            return AutoTokenizer.from_pretrained(p)
+    raise InputError(f"no tokenizer found in {', '.join(candidates)}; save the tokenizer next to the model")
+
+
+def _base(model: torch.nn.Module) -> torch.nn.Module:
+    # A PeftModel wraps the transformers model; RoPE and config live on the latter.
+    getter = getattr(model, "get_base_model", None)
+    return getter() if callable(getter) else model
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return _base(model)
+
+
+def parse_model_specs(
+    models: list[str], adapters: list[str] | None = None, names: list[str] | None = None
+) -> list[ModelSpec]:
+    """Pair ``--model`` / ``--adapter`` / ``--name`` options into specs.
+
+    ``--adapter`` is either given once per ``--model`` (``none`` for a model without one), or once for
+    a single ``--model``.
+
+    Args:
+        models: model references.
+        adapters: adapter folders.
+        names: report labels.
+
+    Returns:
+        One :class:`ModelSpec` per model.
+
+    Raises:
+        InputError: the counts do not pair up.
+    """
+    if not models:
+        raise InputError("give at least one --model")
+    adapters = adapters or []
+    names = names or []
+    if adapters and len(adapters) != len(models):
+        raise InputError(
+            f"{len(adapters)} --adapter for {len(models)} --model: give one --adapter per --model "
+            "(use 'none' for a model without an adapter)"
+        )
+    if names and len(names) != len(models):
+        raise InputError(f"{len(names)} --name for {len(models)} --model: give one name per model")
+    specs = []
+    for i, ref in enumerate(models):
+        adapter = adapters[i] if adapters else None
+        if adapter is not None and adapter.lower() in ("none", "-", ""):
+            adapter = None
+        specs.append(ModelSpec(ref=ref, adapter=adapter, name=names[i] if names else None))
+    labels = [s.label() for s in specs]
+    for i, label in enumerate(labels):
+        if labels.count(label) > 1:
+            specs[i].name = f"{label}#{i + 1}"
+    return specs

@@ -1,0 +1,611 @@
+"""Perplexity by evaluation length, by token position, and by usable context.
+
+Protocol (truncated-document perplexity, as in the YaRN paper's proof-pile curves):
+
+* each document is tokenized with the tokenizer's own defaults (a Llama tokenizer adds BOS) and
+  truncated to the evaluation length ``L``; the NLL of the token at position ``t`` (``1 ≤ t < L``) is
+  predicted from positions ``< t``; perplexity at ``L`` is ``exp`` of the mean NLL over all scored
+  tokens of every document that has at least ``L`` tokens (``L − 1`` tokens per document);
+* position buckets ``[start, end)`` hold the predicted token's position and use the documents that
+  reach the longest length, so every bucket averages over the same documents;
+* documents shorter than the shortest length are skipped and counted, never mixed in;
+* for RoPE types whose frequencies do not depend on the input length, one forward pass at the
+  longest length a document reaches gives every shorter length (attention is causal); ``dynamic``
+  and ``longrope`` get one pass per length, with the rotary state reset between passes;
+* scores come from the final hidden states, projected onto the vocabulary ``chunk_size`` tokens at a
+  time: full-length float32 logits are never materialized;
+* ``stride`` mode: whole documents are scored with windows of ``L`` tokens moved by ``stride`` (the
+  transformers-docs protocol); every token is scored once, from its window;
+* context-use curve: the same target tokens (positions ``[max(limits), L_max)`` of the documents that
+  reach ``L_max``) scored again with windows of ``k`` tokens moved by ``k/2`` — each target then sees
+  between ``k/2`` and ``k`` tokens of context — reported against their full-context score;
+* every perplexity has a 95 % bootstrap interval over documents.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ctxext.errors import InputError
+from ctxext.evaluation.loading import LoadedModel, base_model
+from ctxext.evaluation.progress import progress_bar
+from ctxext.evaluation.stats import DEFAULT_RESAMPLES, bootstrap_mean_diff, ppl_entry
+from ctxext.rope import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
+
+MAX_BUCKETS = 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring primitives
+# ---------------------------------------------------------------------------------------------
+
+
+def _head_and_decoder(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, float | None]:
+    base = base_model(model)
+    decoder = base.get_decoder()
+    head = base.get_output_embeddings()
+    if decoder is None or head is None:
+        raise InputError(f"{type(base).__name__} exposes no decoder / output embeddings; is it a causal LM?")
+    softcap = getattr(base.config, "final_logit_softcapping", None)
+    return decoder, head, softcap
+
+
+@torch.no_grad()
+def token_nll(
+    model: torch.nn.Module, input_ids: torch.Tensor, score_from: int = 1, chunk_size: int = 1024
+) -> torch.Tensor:
+    """Per-token NLL of ``input_ids[:, score_from:]``, each token predicted from the tokens before it.
+
+    The decoder runs once; its final hidden states are projected onto the vocabulary ``chunk_size``
+    positions at a time, so peak extra memory is one chunk of logits, not ``T × vocab`` floats.
+
+    Args:
+        model: a causal LM (possibly a ``PeftModel``).
+        input_ids: ``[batch, T]`` token ids (no padding).
+        score_from: the first position scored (``≥ 1``).
+        chunk_size: positions projected at once.
+
+    Returns:
+        ``[batch, T − score_from]`` float32 NLLs (natural log).
+    """
+    decoder, head, softcap = _head_and_decoder(model)
+    device = next(model.parameters()).device
+    ids = input_ids.to(device)
+    hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
+    # The hidden state at position p predicts token p + 1.
+    hidden = hidden[:, score_from - 1 : -1]
+    targets = ids[:, score_from:]
+    b, n, d = hidden.shape
+    flat_h = hidden.reshape(b * n, d)
+    flat_t = targets.reshape(b * n)
+    out = torch.empty(b * n, dtype=torch.float32, device=device)
+    for start in range(0, b * n, chunk_size):
+        end = min(start + chunk_size, b * n)
+        logits = head(flat_h[start:end]).float()
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        out[start:end] = F.cross_entropy(logits, flat_t[start:end], reduction="none")
+        del logits
+    return out.reshape(b, n).cpu()
+
+
+@dataclass(frozen=True)
+class Window:
+    """One window of a sliding-window scoring.
+
+    Attributes:
+        begin: first token of the window.
+        end: one past its last token.
+        score_from: offset (within the window) of the first scored position.
+    """
+
+    begin: int
+    end: int
+    score_from: int
+
+
+def sliding_windows(n_tokens: int, window: int, stride: int) -> list[Window]:
+    """The windows of the transformers-docs strided evaluation; every position ``1..n−1`` is scored once.
+
+    Args:
+        n_tokens: document length.
+        window: window length (the context limit).
+        stride: how far a window moves; the first window scores all its tokens, later ones only
+            the tokens that the previous window did not reach.
+
+    Returns:
+        The windows, in order.
+    """
+    if stride < 1 or stride >= window:
+        # A window's first token has no context inside it: a stride of a whole window leaves it unscored.
+        raise InputError(f"stride {stride} must be at least 1 and below the window length {window}")
+    wins: list[Window] = []
+    begin, prev_end = 0, 0
+    while True:
+        end = min(begin + window, n_tokens)
+        wins.append(Window(begin, end, max(prev_end, begin + 1) - begin))
+        prev_end = end
+        if end >= n_tokens:
+            return wins
+        begin += stride
+
+
+@torch.no_grad()
+def sliding_nll(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    window: int,
+    stride: int,
+    chunk_size: int = 1024,
+    batch_tokens: int = 16384,
+    reset_rope: bool = False,
+    advance: Callable[[float], None] | None = None,
+) -> torch.Tensor:
+    """NLL of every position ``1..n−1`` of one document, each scored from its sliding window.
+
+    Windows of equal shape run batched (up to ``batch_tokens`` tokens per forward pass).
+
+    Args:
+        model: the causal LM.
+        ids: ``[n]`` token ids of one document.
+        window: window length.
+        stride: window step.
+        chunk_size: positions projected onto the vocabulary at once.
+        batch_tokens: tokens per batched forward pass.
+        reset_rope: reset length-dependent rotary state before every pass.
+        advance: progress callback, called with the number of positions scored.
+
+    Returns:
+        ``[n − 1]`` float32 NLLs; entry ``t − 1`` is the NLL of token ``t``.
+    """
+    n = int(ids.shape[0])
+    out = torch.empty(n - 1, dtype=torch.float32)
+    groups: dict[tuple[int, int], list[Window]] = {}
+    for w in sliding_windows(n, window, stride):
+        groups.setdefault((w.end - w.begin, w.score_from), []).append(w)
+    for (length, score_from), wins in groups.items():
+        per_batch = max(1, batch_tokens // length)
+        for i in range(0, len(wins), per_batch):
+            batch = wins[i : i + per_batch]
+            x = torch.stack([ids[w.begin : w.end] for w in batch])
+            if reset_rope:
+                reset_dynamic_rope(model)
+            nll = token_nll(model, x, score_from, chunk_size)
+            for w, row in zip(batch, nll, strict=True):
+                out[w.begin + score_from - 1 : w.end - 1] = row
+            if advance is not None:
+                advance(float(nll.numel()))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings and checks
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PerplexitySettings:
+    """How perplexity is evaluated (the ``protocol`` section of a report).
+
+    Attributes:
+        lengths: evaluation lengths in tokens.
+        bucket_size: width of the position buckets (must divide the longest length); None: no buckets.
+        stride: sliding-window mode: score whole documents with windows of each length moved by this.
+        context_limits: context-use curve: context limits ``k`` (each below the longest length).
+        max_docs: evaluate at most this many documents (those long enough for the shortest length).
+        max_doc_tokens: in stride mode, cut documents to this many tokens.
+        chunk_size: positions projected onto the vocabulary at once.
+        batch_tokens: tokens per batched forward pass of short windows.
+        resamples: bootstrap resamples for the 95 % intervals.
+        seed: bootstrap seed.
+        short_context: also report perplexity at the model's original (pretraining) length.
+        allow_beyond_context: evaluate lengths above the model's configured context (marked in the report).
+        mode: ``auto`` (one pass for static rope types, per length for dynamic/longrope), ``one-pass`` or
+            ``per-length``; ``one-pass`` is refused for length-dependent rope types.
+    """
+
+    lengths: list[int]
+    bucket_size: int | None = None
+    stride: int | None = None
+    context_limits: list[int] = field(default_factory=list)
+    max_docs: int | None = None
+    max_doc_tokens: int | None = None
+    chunk_size: int = 1024
+    batch_tokens: int = 16384
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = 0
+    short_context: bool = True
+    allow_beyond_context: bool = False
+    mode: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.lengths = sorted({int(x) for x in self.lengths})
+        self.context_limits = sorted({int(x) for x in self.context_limits})
+
+    def validate(self) -> None:
+        """Raise :class:`InputError` for settings that cannot give sensible numbers."""
+        if not self.lengths:
+            raise InputError("give at least one evaluation length (--lengths 2048,4096)")
+        if self.lengths[0] < 2:
+            raise InputError(f"evaluation lengths must be at least 2 tokens (got {self.lengths[0]})")
+        longest = self.lengths[-1]
+        if self.bucket_size is not None:
+            b = self.bucket_size
+            if b < 1 or b > longest:
+                raise InputError(f"bucket size {b} must be between 1 and the longest length {longest}")
+            if longest % b:
+                divisors = [d for d in (64, 128, 256, 512, 1024, 2048, 4096) if longest % d == 0 and d < longest]
+                raise InputError(
+                    f"bucket size {b} does not divide the longest length {longest}: the last bucket would be "
+                    f"partial; use a divisor of {longest}"
+                    + (f" such as {', '.join(map(str, divisors))}" if divisors else "")
+                )
+            if longest // b > MAX_BUCKETS:
+                raise InputError(
+                    f"bucket size {b} gives {longest // b} buckets over {longest} tokens (at most {MAX_BUCKETS}); "
+                    f"use a bucket size of at least {math.ceil(longest / MAX_BUCKETS)}"
+                )
+        if self.stride is not None and not 1 <= self.stride < self.lengths[0]:
+            raise InputError(
+                f"--stride {self.stride} must be at least 1 and below the shortest length {self.lengths[0]}"
+            )
+        for k in self.context_limits:
+            if not 2 <= k < longest:
+                raise InputError(
+                    f"context limit {k} must be between 2 and the longest length {longest} (exclusive): the curve "
+                    "compares limited context with the full context"
+                )
+        if self.mode not in ("auto", "one-pass", "per-length"):
+            raise InputError(f"mode {self.mode!r}: use auto, one-pass or per-length")
+        if self.chunk_size < 1:
+            raise InputError("chunk size must be positive")
+
+
+def check_lengths(loaded: LoadedModel, lengths: Sequence[int], allow_beyond: bool) -> list[int]:
+    """The lengths above the model's configured context; raises unless ``allow_beyond``.
+
+    Args:
+        loaded: the model.
+        lengths: requested lengths.
+        allow_beyond: accept (and mark) lengths above the configured context.
+
+    Returns:
+        The lengths beyond the context.
+
+    Raises:
+        InputError: a length above what the model addresses, saying what it does.
+    """
+    ctx = loaded.context_length
+    beyond = [L for L in lengths if L > ctx]
+    if beyond and not allow_beyond:
+        raise InputError(
+            f"{loaded.name} addresses {ctx} tokens (max_position_embeddings; rope type {loaded.rope.rope_type}, "
+            f"original context {loaded.original_length}); lengths {', '.join(map(str, beyond))} are beyond it. "
+            f"Use lengths ≤ {ctx}, extend the model first (ctxext extend), or pass --allow-beyond-context to "
+            "measure how it degrades past its window."
+        )
+    return beyond
+
+
+# ---------------------------------------------------------------------------------------------
+# Documents
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Documents:
+    """Tokenized documents selected for a perplexity run.
+
+    Attributes:
+        ids: token ids of each selected document.
+        read: documents read from the source.
+        too_short: documents read but shorter than the shortest length.
+        min_tokens: the length a document needed.
+    """
+
+    ids: list[torch.Tensor]
+    read: int
+    too_short: int
+    min_tokens: int
+
+
+def tokenize_documents(
+    texts: Sequence[str] | Any, tokenizer: Any, min_tokens: int, max_docs: int | None = None
+) -> Documents:
+    """Tokenize with the tokenizer's defaults (BOS included where it adds one), keep those long enough.
+
+    Args:
+        texts: document texts (any iterable; read lazily until ``max_docs`` documents are kept).
+        tokenizer: a transformers tokenizer.
+        min_tokens: the shortest evaluation length.
+        max_docs: keep at most this many documents.
+
+    Returns:
+        The :class:`Documents`.
+    """
+    kept: list[torch.Tensor] = []
+    read = short = 0
+    for text in texts:
+        read += 1
+        ids = tokenizer(text, verbose=False)["input_ids"]
+        if len(ids) < min_tokens:
+            short += 1
+            continue
+        kept.append(torch.tensor(ids, dtype=torch.long))
+        if max_docs is not None and len(kept) >= max_docs:
+            break
+    return Documents(ids=kept, read=read, too_short=short, min_tokens=min_tokens)
+
+
+def _too_short_error(docs: Documents, length: int, what: str) -> InputError:
+    lengths = sorted(len(d) for d in docs.ids)
+    have = f"the longest has {lengths[-1]} tokens" if lengths else "none is long enough for any length"
+    return InputError(
+        f"no document reaches {length} tokens ({what}): {docs.read} read, {docs.too_short} shorter than "
+        f"{docs.min_tokens} tokens, {len(docs.ids)} kept; {have}. Use shorter --lengths, longer documents, or "
+        "more of them (--max-docs)."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The evaluation
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Scores:
+    # Per length: per-document NLL sums and token counts. Per bucket: the same, over bucket docs.
+    by_length: dict[int, tuple[list[float], list[int]]] = field(default_factory=dict)
+    full: list[torch.Tensor] = field(default_factory=list)  # NLL vectors of documents reaching L_max
+    full_ids: list[torch.Tensor] = field(default_factory=list)  # their ids, truncated to L_max
+    passes: int = 0
+    tokens_processed: int = 0
+
+
+def choose_mode(loaded: LoadedModel, settings: PerplexitySettings) -> str:
+    """``sliding``, ``one-pass`` or ``per-length`` for this model and these settings.
+
+    Raises:
+        InputError: ``one-pass`` asked for a length-dependent rope type, where it would be wrong.
+    """
+    if settings.stride is not None:
+        return "sliding"
+    dynamic = loaded.rope.rope_type in LENGTH_DEPENDENT_TYPES
+    if settings.mode == "one-pass" and dynamic:
+        raise InputError(
+            f"one-pass scoring is wrong for rope type {loaded.rope.rope_type}: its frequencies depend on the "
+            "input length. Use mode per-length (the default for it)."
+        )
+    if settings.mode != "auto":
+        return settings.mode
+    return "per-length" if dynamic else "one-pass"
+
+
+def evaluate_perplexity(
+    loaded: LoadedModel, texts: Sequence[str] | Any, settings: PerplexitySettings, show_progress: bool = True
+) -> dict[str, Any]:
+    """Perplexity of one model by length, by position bucket, and by context limit.
+
+    Args:
+        loaded: the model.
+        texts: document texts.
+        settings: lengths, buckets, stride, context limits …
+        show_progress: draw a progress bar with ETA.
+
+    Returns:
+        The ``perplexity`` section of a report for this model (see :mod:`ctxext.evaluation.report`).
+
+    Raises:
+        InputError: bad settings, lengths beyond the model's context, or no document long enough.
+    """
+    settings.validate()
+    started = time.perf_counter()
+    requested = list(settings.lengths)
+    short_len = loaded.original_length if settings.short_context else None
+    lengths = sorted(set(requested) | ({short_len} if short_len else set()))
+    beyond = check_lengths(loaded, requested, settings.allow_beyond_context)
+    longest = requested[-1]
+    docs = tokenize_documents(texts, loaded.tokenizer, lengths[0], settings.max_docs)
+    if not docs.ids:
+        raise _too_short_error(docs, lengths[0], "the shortest length")
+    if not any(len(d) >= longest for d in docs.ids):
+        raise _too_short_error(docs, longest, "the longest length")
+    mode = choose_mode(loaded, settings)
+    model = loaded.model
+    dynamic = loaded.rope.rope_type in LENGTH_DEPENDENT_TYPES
+    scores = _Scores(by_length={L: ([], []) for L in lengths})
+    if mode == "sliding":
+        _run_sliding(model, docs, lengths, longest, settings, scores, dynamic, show_progress, loaded.name)
+    elif mode == "one-pass":
+        _run_one_pass(model, docs, lengths, longest, settings, scores, show_progress, loaded.name)
+    else:
+        _run_per_length(model, docs, lengths, longest, settings, scores, dynamic, show_progress, loaded.name)
+
+    res = settings.resamples
+    by_length = {}
+    for L in requested:
+        sums, counts = scores.by_length[L]
+        entry = ppl_entry(np.array(sums), np.array(counts), res, settings.seed)
+        entry["beyond_context"] = L in beyond
+        by_length[str(L)] = entry
+    result: dict[str, Any] = {
+        "mode": mode,
+        "by_length": by_length,
+        "by_bucket": [],
+        "bucket_length": longest,
+        "bucket_documents": len(scores.full),
+        "documents": {
+            "read": docs.read,
+            "too_short": docs.too_short,
+            "min_tokens": docs.min_tokens,
+            "evaluated": len(docs.ids),
+            "per_length": {str(L): len(scores.by_length[L][1]) for L in lengths},
+        },
+        "settings": _settings_dict(settings),
+        "forward_passes": scores.passes,
+        "tokens_processed": scores.tokens_processed,
+    }
+    if short_len:
+        sums, counts = scores.by_length[short_len]
+        result["short_context"] = {
+            "length": short_len,
+            **ppl_entry(np.array(sums), np.array(counts), res, settings.seed),
+        }
+    if settings.bucket_size and mode != "sliding":
+        result["by_bucket"] = _buckets(scores.full, longest, settings.bucket_size, res, settings.seed)
+    if settings.context_limits:
+        result["context_use"] = _context_use(
+            model, scores.full, scores.full_ids, longest, settings, dynamic, show_progress, loaded.name
+        )
+    result["seconds"] = round(time.perf_counter() - started, 3)
+    return result
+
+
+def _settings_dict(settings: PerplexitySettings) -> dict[str, Any]:
+    return asdict(settings)
+
+
+def _record(scores: _Scores, L: int, nll: torch.Tensor) -> None:
+    # nll[t - 1] is the NLL of token t; length L scores tokens 1..L-1.
+    sums, counts = scores.by_length[L]
+    sums.append(float(nll[: L - 1].double().sum()))
+    counts.append(L - 1)
+
+
+def _run_one_pass(model, docs, lengths, longest, settings, scores, show, name) -> None:
+    # One pass at the longest evaluation length each document reaches; shorter lengths are its prefixes.
+    plan = []
+    for d in docs.ids:
+        reach = [L for L in lengths if L <= len(d)]
+        plan.append((d, reach[-1]))
+    total = sum(r for _, r in plan)
+    with progress_bar(f"ppl {name} (one pass per document)", total, show) as advance:
+        for d, reach in plan:
+            nll = token_nll(model, d[None, :reach], 1, settings.chunk_size)[0]
+            scores.passes += 1
+            scores.tokens_processed += reach
+            for L in lengths:
+                if L <= reach:
+                    _record(scores, L, nll)
+            if reach >= longest:
+                scores.full.append(nll[: longest - 1].clone())
+                scores.full_ids.append(d[:longest])
+            advance(reach)
+
+
+def _run_per_length(model, docs, lengths, longest, settings, scores, dynamic, show, name) -> None:
+    total = sum(L for L in lengths for d in docs.ids if len(d) >= L)
+    with progress_bar(f"ppl {name} (one pass per length)", total, show) as advance:
+        for L in lengths:
+            for d in docs.ids:
+                if len(d) < L:
+                    continue
+                # Dynamic NTK keeps the frequencies of the longest sequence seen: reset before each pass.
+                reset_dynamic_rope(model)
+                nll = token_nll(model, d[None, :L], 1, settings.chunk_size)[0]
+                scores.passes += 1
+                scores.tokens_processed += L
+                _record(scores, L, nll)
+                if L == longest:
+                    scores.full.append(nll.clone())
+                    scores.full_ids.append(d[:longest])
+                advance(L)
+    if dynamic:
+        reset_dynamic_rope(model)
+
+
+def _run_sliding(model, docs, lengths, longest, settings, scores, dynamic, show, name) -> None:
+    cap = settings.max_doc_tokens
+    stride = int(settings.stride)
+    total = sum(min(len(d), cap or len(d)) for d in docs.ids) * len(lengths)
+    with progress_bar(f"ppl {name} (sliding window, stride {stride})", total, show) as advance:
+        for L in lengths:
+            sums, counts = scores.by_length[L]
+            for d in docs.ids:
+                if len(d) < L:
+                    continue
+                ids = d[:cap] if cap else d
+                nll = sliding_nll(
+                    model, ids, L, stride, settings.chunk_size, settings.batch_tokens, dynamic, lambda a: advance(a)
+                )
+                n_win = len(sliding_windows(len(ids), L, stride))
+                scores.passes += n_win
+                scores.tokens_processed += sum(w.end - w.begin for w in sliding_windows(len(ids), L, stride))
+                sums.append(float(nll.double().sum()))
+                counts.append(int(nll.numel()))
+                if L == longest:
+                    scores.full.append(nll[: longest - 1].clone())
+                    scores.full_ids.append(d[:longest])
+    if dynamic:
+        reset_dynamic_rope(model)
+
+
+def _buckets(full: list[torch.Tensor], longest: int, size: int, resamples: int, seed: int) -> list[dict[str, Any]]:
+    if not full:
+        return []
+    # Column t - 1 holds the NLL of the token at position t.
+    mat = torch.stack([v[: longest - 1] for v in full]).double().numpy()
+    out = []
+    for start in range(0, longest, size):
+        end = start + size
+        lo, hi = max(start, 1), end  # position 0 (BOS / first token) is never predicted
+        block = mat[:, lo - 1 : hi - 1]
+        sums = block.sum(axis=1)
+        counts = np.full(len(sums), block.shape[1])
+        out.append({"start": start, "end": end, **ppl_entry(sums, counts, resamples, seed)})
+    return out
+
+
+def _context_use(model, full, full_ids, longest, settings, dynamic, show, name) -> dict[str, Any]:
+    limits = settings.context_limits
+    first = limits[-1]
+    if not full:
+        return {}
+    n_targets = longest - first
+    ref_sums = np.array([float(v[first - 1 : longest - 1].double().sum()) for v in full])
+    counts = np.full(len(full), n_targets)
+    out: dict[str, Any] = {
+        "targets": {"start": first, "end": longest, "tokens_per_document": n_targets, "documents": len(full)},
+        "full": ppl_entry(ref_sums, counts, settings.resamples, settings.seed),
+        "limits": [],
+    }
+    total = len(full) * len(limits) * (longest - 1)
+    with progress_bar(f"context use {name}", total, show) as advance:
+        for k in limits:
+            sums = []
+            for d in full_ids:
+                nll = sliding_nll(
+                    model,
+                    d,
+                    k,
+                    max(1, k // 2),
+                    settings.chunk_size,
+                    settings.batch_tokens,
+                    dynamic,
+                    lambda a: advance(a),
+                )
+                sums.append(float(nll[first - 1 : longest - 1].double().sum()))
+            sums_a = np.array(sums)
+            entry = ppl_entry(sums_a, counts, settings.resamples, settings.seed)
+            low, high = bootstrap_mean_diff(sums_a, ref_sums, counts, settings.resamples, settings.seed)
+            gain = float((sums_a.sum() - ref_sums.sum()) / counts.sum())
+            entry.update(
+                {
+                    "context": k,
+                    "stride": max(1, k // 2),
+                    "gain_nll": gain,
+                    "gain_nll_ci_low": low,
+                    "gain_nll_ci_high": high,
+                    "ppl_ratio": math.exp(gain),
+                }
+            )
+            out["limits"].append(entry)
+    return out
