@@ -1,0 +1,272 @@
+r"""Long-document question answering: greedy answers, SQuAD exact match / F1, bucketed by answer position and length.
+
+Data: a jsonl / json / parquet / csv file or a ``datasets`` set with a context, a question and the
+answers (a string, a list of strings, or SQuAD's ``{"text": [...], "answer_start": [...]}``). The
+prompt is ``template`` (default ``"{context}\n\nQuestion: {question}\nAnswer:"``), built in tokens: a
+context longer than the model's window (minus the question and the answer budget) is truncated in
+the middle, keeping its first and last halves (the LongBench convention), and counted. The answer is
+the greedy continuation up to its first newline. Scores come from ``evaluate`` with the metric module
+shipped in ctxext (``metrics/squad_offline``), which loads without a network.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ctxext.errors import InputError
+from ctxext.evaluation.loading import LoadedModel
+from ctxext.evaluation.progress import progress_bar
+from ctxext.evaluation.stats import bootstrap_nll
+from ctxext.rope import reset_dynamic_rope
+
+METRIC_PATH = Path(__file__).parent / "metrics" / "squad_offline" / "squad_offline.py"
+QA_TEMPLATE = "{context}\n\nQuestion: {question}\nAnswer:"
+POSITION_BUCKETS = 5
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD v1.1 normalization (lower-case, no punctuation, no articles, single spaces)."""
+    from ctxext.evaluation.metrics.squad_offline.squad_offline import normalize_answer as _norm
+
+    return _norm(text)
+
+
+def load_metric() -> Any:
+    """The offline SQuAD metric as an ``evaluate`` module."""
+    import evaluate
+
+    return evaluate.load(str(METRIC_PATH))
+
+
+@dataclass
+class QASettings:
+    """A QA evaluation.
+
+    Attributes:
+        data: the data source (file or ``datasets`` id).
+        context_field: column with the document.
+        question_field: column with the question.
+        answers_field: column with the answer(s).
+        split: split of a Hub data set.
+        max_examples: evaluate at most this many examples.
+        max_length: prompt budget in tokens (default: the model's context).
+        max_new_tokens: answer budget.
+        template: prompt template with ``{context}`` and ``{question}``.
+        length_edges: context-length bucket edges in tokens (LongBench-E: 4k, 8k).
+    """
+
+    data: str
+    context_field: str = "context"
+    question_field: str = "question"
+    answers_field: str = "answers"
+    split: str = "train"
+    max_examples: int | None = None
+    max_length: int | None = None
+    max_new_tokens: int = 32
+    template: str = QA_TEMPLATE
+    length_edges: list[int] = field(default_factory=lambda: [4000, 8000])
+
+
+def _answers(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        value = value.get("text", [])
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in (value or [])]
+
+
+def load_examples(settings: QASettings) -> list[dict[str, Any]]:
+    """Read (context, question, answers) examples.
+
+    Raises:
+        InputError: a missing file, missing columns, or no examples.
+    """
+    from ctxext.evaluation.data import iter_records
+
+    out = []
+    fields = (settings.context_field, settings.question_field, settings.answers_field)
+    for row in iter_records(settings.data, settings.split):
+        missing = [f for f in fields if f not in row]
+        if missing:
+            raise InputError(
+                f"{settings.data} has no column(s) {', '.join(missing)}; columns: {', '.join(row)} "
+                "(use --context-field / --question-field / --answers-field)"
+            )
+        answers = _answers(row[settings.answers_field])
+        start = None
+        raw = row[settings.answers_field]
+        if isinstance(raw, dict) and raw.get("answer_start"):
+            start = int(list(raw["answer_start"])[0])
+        out.append(
+            {"context": str(row[fields[0]]), "question": str(row[fields[1]]), "answers": answers, "answer_start": start}
+        )
+        if settings.max_examples and len(out) >= settings.max_examples:
+            break
+    if not out:
+        raise InputError(f"{settings.data} holds no QA examples")
+    return out
+
+
+def truncate_middle(ids: list[int], budget: int) -> tuple[list[int], bool]:
+    """Keep the first ``budget // 2`` and the last ``budget − budget // 2`` tokens (LongBench).
+
+    Args:
+        ids: context tokens.
+        budget: how many may stay.
+
+    Returns:
+        ``(ids, truncated)``.
+    """
+    if len(ids) <= budget:
+        return ids, False
+    half = budget // 2
+    return ids[:half] + ids[len(ids) - (budget - half) :], True
+
+
+def build_qa_prompt(tokenizer: Any, example: dict[str, Any], template: str, budget: int) -> tuple[list[int], dict]:
+    """The prompt's tokens for one example, the context truncated in the middle to fit ``budget``.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        example: ``context``, ``question``.
+        template: with ``{context}`` and ``{question}``.
+        budget: total prompt tokens allowed.
+
+    Returns:
+        ``(ids, info)`` with ``context_tokens``, ``kept_tokens``, ``truncated``.
+
+    Raises:
+        InputError: the question alone does not fit.
+    """
+    if "{context}" not in template:
+        raise InputError("the QA template needs a {context} placeholder")
+    pre, post = template.split("{context}", 1)
+    pre_ids = list(tokenizer(pre.format(question=example["question"]), verbose=False)["input_ids"])
+    post_ids = list(tokenizer(post.format(question=example["question"]), add_special_tokens=False)["input_ids"])
+    ctx = list(tokenizer(example["context"], add_special_tokens=False, verbose=False)["input_ids"])
+    room = budget - len(pre_ids) - len(post_ids)
+    if room < 1:
+        raise InputError(
+            f"a prompt budget of {budget} tokens cannot hold the question ({len(pre_ids) + len(post_ids)})"
+        )
+    kept, truncated = truncate_middle(ctx, room)
+    return pre_ids + kept + post_ids, {"context_tokens": len(ctx), "kept_tokens": len(kept), "truncated": truncated}
+
+
+def _position_bucket(example: dict[str, Any]) -> str:
+    ctx = example["context"]
+    start = example["answer_start"]
+    if start is None:
+        low = ctx.lower()
+        found = [low.find(a.lower()) for a in example["answers"] if a and low.find(a.lower()) >= 0]
+        start = min(found) if found else None
+    if start is None or not ctx:
+        return "not found"
+    width = 100 // POSITION_BUCKETS
+    b = min(POSITION_BUCKETS - 1, int(100 * start / len(ctx)) // width)
+    return f"{b * width}-{(b + 1) * width}%"
+
+
+def _length_bucket(tokens: int, edges: list[int]) -> str:
+    lo = 0
+    for edge in sorted(edges):
+        if tokens < edge:
+            return f"{lo}-{edge}"
+        lo = edge
+    return f"{lo}+"
+
+
+@torch.no_grad()
+def _answer(loaded: LoadedModel, ids: list[int], max_new_tokens: int) -> str:
+    from ctxext.evaluation.passkey import greedy_generate
+
+    text = greedy_generate(loaded, [ids], max_new_tokens)[0]
+    return text.strip().split("\n")[0].strip()
+
+
+def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool = True) -> dict[str, Any]:
+    """Greedy answers and SQuAD EM / F1 for one model, overall and by bucket.
+
+    Args:
+        loaded: the model.
+        settings: data, fields, budgets, template.
+        show_progress: draw a progress bar.
+
+    Returns:
+        The ``qa`` section of a report.
+    """
+    started = time.perf_counter()
+    examples = load_examples(settings)
+    budget = (settings.max_length or loaded.context_length) - settings.max_new_tokens
+    if budget < 8:
+        raise InputError(f"a max length of {settings.max_length} leaves no room for a prompt")
+    preds, refs, rows = [], [], []
+    with progress_bar(f"qa {loaded.name}", len(examples), show_progress) as advance:
+        for ex in examples:
+            ids, info = build_qa_prompt(loaded.tokenizer, ex, settings.template, budget)
+            pred = _answer(loaded, ids, settings.max_new_tokens)
+            preds.append(pred)
+            refs.append(ex["answers"])
+            rows.append(
+                {
+                    **info,
+                    "prompt_tokens": len(ids),
+                    "position_bucket": _position_bucket(ex),
+                    "length_bucket": _length_bucket(info["context_tokens"], settings.length_edges),
+                }
+            )
+            advance(1)
+    reset_dynamic_rope(loaded.model)
+    scores = load_metric().compute(predictions=preds, references=refs, per_example=True)
+    em, f1 = scores["exact_match_per_example"], scores["f1_per_example"]
+
+    def group(key: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for label in sorted({r[key] for r in rows}, key=_bucket_order):
+            idx = [i for i, r in enumerate(rows) if r[key] == label]
+            out[label] = _summary([em[i] for i in idx], [f1[i] for i in idx], settings)
+        return out
+
+    return {
+        "task": "qa",
+        "settings": asdict(settings),
+        "examples": len(examples),
+        "truncated": sum(r["truncated"] for r in rows),
+        "prompt_budget": budget,
+        "overall": _summary(em, f1, settings),
+        "by_position": group("position_bucket"),
+        "by_length": group("length_bucket"),
+        "samples": [
+            {"question": ex["question"], "answers": ex["answers"], "prediction": p, **r}
+            for ex, p, r in list(zip(examples, preds, rows, strict=True))[:5]
+        ],
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _bucket_order(label: str) -> tuple[int, float]:
+    if label == "not found":
+        return (1, 0.0)
+    head = label.split("-")[0].rstrip("+%")
+    return (0, float(head))
+
+
+def _summary(em: list[float], f1: list[float], settings: QASettings) -> dict[str, Any]:
+    import numpy as np
+
+    n = len(em)
+    ones = np.ones(n)
+    em_ci = bootstrap_nll(np.array(em), ones)
+    f1_ci = bootstrap_nll(np.array(f1), ones)
+    return {
+        "examples": n,
+        "exact_match": float(np.mean(em)) if n else None,
+        "f1": float(np.mean(f1)) if n else None,
+        "exact_match_ci": list(em_ci),
+        "f1_ci": list(f1_ci),
+    }

@@ -1,0 +1,129 @@
+"""Passkey / needle prompts (exact length and depth), scoring, and QA metrics with SQuAD normalization."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ctxext.errors import InputError
+from ctxext.evaluation.passkey import (
+    PASSKEY_FILLER,
+    PASSKEY_PREFIX,
+    GridSettings,
+    NeedleTask,
+    build_prompt,
+    evaluate_needle,
+    evaluate_passkey,
+    filler_stream,
+    first_number,
+    needle_recall,
+    passkey_correct,
+)
+from ctxext.evaluation.qa import QASettings, evaluate_qa, load_metric, normalize_answer, truncate_middle
+from tests._eval_helpers import loaded, tiny_lm
+
+
+@pytest.mark.parametrize("length", [200, 257, 1000])
+@pytest.mark.parametrize("depth", [0, 10, 33, 50, 100])
+def test_passkey_prompt_exact_length_and_depth(tiny_tokenizer, length, depth):
+    tok = tiny_tokenizer
+    filler = filler_stream(tok, PASSKEY_FILLER)
+    needle = " The pass key is 12345. Remember it. 12345 is the pass key."
+    question = " What is the pass key? The pass key is"
+    p = build_prompt(tok, length, depth, filler, needle, question, "12345", PASSKEY_PREFIX)
+    assert len(p.ids) == length
+    head = tok(PASSKEY_PREFIX)["input_ids"]
+    assert p.ids[: len(head)] == head and head[0] == tok.bos_token_id
+    needle_ids = tok(needle, add_special_tokens=False)["input_ids"]
+    assert p.ids[p.needle_start : p.needle_end] == needle_ids
+    q = tok(question, add_special_tokens=False)["input_ids"]
+    assert p.ids[-len(q) :] == q
+    assert p.filler_tokens == length - len(head) - len(needle_ids) - len(q)
+    assert p.filler_before == round(depth / 100 * p.filler_tokens)
+    assert p.needle_start == len(head) + p.filler_before
+    # The filler around the needle is the filler stream, in order.
+    around = p.ids[len(head) : p.needle_start] + p.ids[p.needle_end : -len(q)]
+    assert around == [filler[i % len(filler)] for i in range(p.filler_tokens)]
+
+
+def test_prompt_too_short_and_bad_depth(tiny_tokenizer):
+    filler = filler_stream(tiny_tokenizer, PASSKEY_FILLER)
+    with pytest.raises(InputError, match="cannot hold"):
+        build_prompt(tiny_tokenizer, 10, 50, filler, " needle", " question", "x", PASSKEY_PREFIX)
+    with pytest.raises(InputError, match="between 0 and 100"):
+        build_prompt(tiny_tokenizer, 500, 120, filler, " needle", " question", "x")
+
+
+def test_scoring_rules():
+    assert first_number(" 68310. Remember") == "68310"
+    assert passkey_correct(" 68310 is it", 68310)
+    assert not passkey_correct(" 6831 0", 68310)
+    assert not passkey_correct(" the key 1 is 68310", 68310)  # the first number counts
+    assert not passkey_correct(" no number", 68310)
+    assert (
+        needle_recall(
+            "Eat a sandwich, and sit in Dolores Park on a sunny day!", "eat a sandwich and sit in Dolores Park"
+        )
+        == 1.0
+    )
+    assert needle_recall("eat a sandwich", "eat a sandwich and sit") == pytest.approx(
+        2 / 4
+    )  # "a" is dropped by the normalization
+
+
+def test_passkey_grid_runs_and_scores(tiny_tokenizer):
+    lm = loaded(tiny_lm(tiny_tokenizer), tiny_tokenizer)
+    settings = GridSettings(lengths=[180, 256], depths=[0, 100], trials=2, max_new_tokens=4)
+    res = evaluate_passkey(lm, settings, show_progress=False)
+    assert len(res["cells"]) == 4
+    for cell in res["cells"]:
+        assert cell["trials"] == 2
+        for ex in cell["examples"]:
+            assert ex["correct"] == passkey_correct(ex["output"], ex["key"])
+        assert 0 <= cell["ci_low"] <= cell["accuracy"] <= cell["ci_high"] <= 1
+    keys = [ex["key"] for c in res["cells"] for ex in c["examples"]]
+    assert len(set(keys)) == len(keys)  # different keys per trial / cell
+    again = evaluate_passkey(lm, GridSettings(lengths=[180, 256], depths=[0, 100], trials=2, max_new_tokens=4), False)
+    assert [c["examples"] for c in again["cells"]] == [c["examples"] for c in res["cells"]]  # seeded
+    needle = evaluate_needle(lm, GridSettings(lengths=[150], depths=[50], trials=1), NeedleTask(), False)
+    assert needle["cells"][0]["trials"] == 1 and 0 <= needle["cells"][0]["score"] <= 1
+
+
+def test_squad_normalization_and_metric():
+    assert normalize_answer("The  Quick, brown FOX!") == "quick brown fox"
+    assert normalize_answer("an apple a day") == "apple day"
+    metric = load_metric()
+    out = metric.compute(
+        predictions=["The Eiffel Tower.", "paris france", "nothing"],
+        references=[["Eiffel tower"], ["Paris", "in Paris"], ["London"]],
+        per_example=True,
+    )
+    assert out["exact_match_per_example"] == [100.0, 0.0, 0.0]
+    assert out["f1_per_example"][1] == pytest.approx(100 * 2 * 0.5 * 1 / 1.5)
+    assert out["exact_match"] == pytest.approx(100 / 3)
+
+
+def test_truncate_middle():
+    ids = list(range(10))
+    assert truncate_middle(ids, 20) == (ids, False)
+    assert truncate_middle(ids, 5) == ([0, 1, 7, 8, 9], True)
+
+
+def test_qa_end_to_end_with_truncation(tiny_tokenizer, tmp_path):
+    lm = loaded(tiny_lm(tiny_tokenizer), tiny_tokenizer)
+    rows = [
+        {"context": "x = 1\n" * 200 + "The answer is blue.", "question": "What colour?", "answers": ["blue"]},
+        {"context": "The answer is red. " + "y = 2\n" * 30, "question": "What colour?", "answers": {"text": ["red"]}},
+    ]
+    path = tmp_path / "qa.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    res = evaluate_qa(lm, QASettings(data=str(path), max_new_tokens=4, length_edges=[400]), show_progress=False)
+    assert res["examples"] == 2 and res["truncated"] == 1
+    assert set(res["by_length"]) == {"0-400", "400+"}
+    assert "80-100%" in res["by_position"] and "0-20%" in res["by_position"]
+    assert 0 <= res["overall"]["f1"] <= 100
+    with pytest.raises(InputError, match="does not exist"):
+        evaluate_qa(lm, QASettings(data=str(tmp_path / "missing.jsonl")), show_progress=False)
+    with pytest.raises(InputError, match="no column"):
+        evaluate_qa(lm, QASettings(data=str(path), context_field="doc"), show_progress=False)
