@@ -141,6 +141,7 @@ class TrainSection(_Section):
     eval_every: int | None = Field(default=None, gt=0)
     eval_batches: int = Field(default=4, gt=0)
     save_every: int | None = Field(default=None, gt=0)
+    keep_checkpoints: int = Field(default=2, gt=0, description="how many of the latest checkpoints to keep")
     tracker: Literal["none", "tensorboard", "wandb"] = "none"
     context_parallel_size: int = Field(default=1, gt=0, description="accelerate context parallelism (CUDA + FSDP2)")
 

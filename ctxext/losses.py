@@ -1,0 +1,149 @@
+"""Chunked cross-entropy over final hidden states: the loss never holds full-length float32 logits.
+
+At long sequence lengths with 32k–128k vocabularies the logits, not attention, dominate training
+memory: 16k tokens × 128k vocabulary × 4 bytes is 8 GB for the logits alone, and a plain
+``cross_entropy`` keeps them (and their softmax) alive for the backward pass. Here the projection
+onto the vocabulary and the cross-entropy are computed together, ``chunk_size`` tokens at a time, in
+a custom autograd function: the forward keeps only the per-token log-sum-exp, and the backward
+recomputes each chunk's logits to form the gradients. Peak extra memory is one chunk of logits, in
+the forward and in the backward (the idea of Liger Kernel's fused linear cross-entropy and of Cut
+Cross-Entropy, written with plain matmuls).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    # The matmul runs in the compute dtype (bf16 on GPU); only the chunk is upcast to float32.
+    logits = F.linear(hidden, weight, bias)
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Sum of token cross-entropies of ``hidden @ weight.T + bias`` against ``labels``, chunk by chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, chunk_size):  # type: ignore[override]
+        n = hidden.shape[0]
+        acc = torch.promote_types(hidden.dtype, torch.float32)
+        lse = torch.empty(n, dtype=acc, device=hidden.device)
+        total = torch.zeros((), dtype=acc, device=hidden.device)
+        for start in range(0, n, chunk_size):
+            end = min(start + chunk_size, n)
+            logits = _chunk_logits(hidden[start:end], weight, bias)
+            chunk_lse = torch.logsumexp(logits, dim=-1)
+            lse[start:end] = chunk_lse
+            lab = labels[start:end]
+            valid = lab != IGNORE_INDEX
+            target = logits.gather(1, lab.clamp(min=0).unsqueeze(1)).squeeze(1)
+            total += torch.where(valid, chunk_lse - target, torch.zeros_like(chunk_lse)).sum()
+            del logits
+        ctx.save_for_backward(hidden, weight, bias if bias is not None else torch.empty(0), labels, lse)
+        ctx.has_bias = bias is not None
+        ctx.chunk_size = chunk_size
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total):  # type: ignore[override]
+        hidden, weight, bias, labels, lse = ctx.saved_tensors
+        bias = bias if ctx.has_bias else None
+        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        # Weight gradients accumulate in float32 across chunks, then are cast once.
+        acc = lse.dtype
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+        n = hidden.shape[0]
+        for start in range(0, n, ctx.chunk_size):
+            end = min(start + ctx.chunk_size, n)
+            h = hidden[start:end]
+            lab = labels[start:end]
+            valid = (lab != IGNORE_INDEX).unsqueeze(1)
+            # d(lse - target)/d logits = softmax - onehot(target), zero for ignored tokens.
+            probs = torch.exp(_chunk_logits(h, weight, bias) - lse[start:end].unsqueeze(1))
+            probs.scatter_add_(1, lab.clamp(min=0).unsqueeze(1), torch.full_like(probs[:, :1], -1.0))
+            probs = torch.where(valid, probs, torch.zeros_like(probs)) * grad_total
+            if need_h:
+                grad_h[start:end] = (probs.to(weight.dtype) @ weight).to(hidden.dtype)
+            if need_w:
+                grad_w += probs.t() @ h.to(acc)
+            if need_b:
+                grad_b += probs.sum(0)
+            del probs
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if need_w else None,
+            grad_b.to(bias.dtype) if need_b else None,
+            None,
+            None,
+        )
+
+
+def chunked_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    chunk_size: int = 1024,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Cross-entropy of ``hidden @ weight.T (+ bias)`` against ``labels`` without full-length logits.
+
+    Equal in value and gradient to ``F.cross_entropy(F.linear(hidden, weight, bias).float(), labels,
+    ignore_index=-100)``, but the float32 logits exist only ``chunk_size`` rows at a time.
+
+    Args:
+        hidden: final hidden states, ``(..., hidden_size)``; flattened to rows.
+        weight: the output projection (``lm_head.weight``), ``(vocab, hidden_size)``.
+        labels: target ids, same leading shape as ``hidden``; ``-100`` is ignored.
+        bias: the output projection's bias, if any.
+        chunk_size: rows per chunk.
+        reduction: ``"mean"`` over non-ignored tokens, or ``"sum"``.
+
+    Returns:
+        A scalar float32 loss.
+
+    Raises:
+        ValueError: mismatched shapes or an unknown reduction.
+    """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', not {reduction!r}")
+    h = hidden.reshape(-1, hidden.shape[-1])
+    y = labels.reshape(-1)
+    if h.shape[0] != y.shape[0]:
+        raise ValueError(f"hidden has {h.shape[0]} rows but labels has {y.shape[0]}")
+    total = _ChunkedLinearCrossEntropy.apply(h, weight, bias, y, int(chunk_size))
+    if reduction == "sum":
+        return total
+    return total / (y != IGNORE_INDEX).sum().clamp(min=1)
+
+
+def causal_lm_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    input_labels: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token loss of a causal LM from its final hidden states (position t predicts t+1).
+
+    Args:
+        hidden: ``(batch, seq, hidden_size)`` final hidden states (after the final norm).
+        weight: ``lm_head.weight``.
+        input_labels: ``(batch, seq)`` labels aligned with the inputs (usually the input ids); the
+            shift happens here.
+        bias: ``lm_head.bias``.
+        chunk_size: rows per chunk.
+
+    Returns:
+        ``(summed loss, number of scored tokens)``; divide for the mean.
+    """
+    h = hidden[:, :-1, :]
+    y = input_labels[:, 1:]
+    total = chunked_cross_entropy(h, weight, y, bias=bias, chunk_size=chunk_size, reduction="sum")
+    return total, (y != IGNORE_INDEX).sum()

@@ -1,0 +1,639 @@
+"""``ctxext train``: QLoRA long-document fine-tuning of a RoPE-patched model, under accelerate.
+
+One readable loop, top to bottom::
+
+    recipe → run folder → accelerator (+ launch check) → model: load, patch RoPE, quantize, LoRA
+    → data: tokenize, pack, hold out → optimizer + schedule → resume? → loop:
+        micro-batches (deterministic order, sharded over processes) → chunked loss → backward
+        → NaN/inf check → clip → step → log (console, metrics.jsonl, trackers) → validate → checkpoint
+    → write adapter, patched config, tokenizer, recipe, versions → run.json "complete" (written last)
+    → optional eval suite and Hub push
+
+Resuming is exact: the data order is a pure function of (seed, epoch), so a resumed run skips exactly
+the micro-batches already consumed, and accelerate restores the trainable weights, optimizer,
+scheduler and RNG states. A run interrupted at any point ends with the same adapter as an
+uninterrupted one.
+
+A run folder is complete iff its ``run.json`` says ``"status": "complete"``; everything else in it is
+written before that file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ctxext.config import Recipe, dump_recipe
+from ctxext.errors import CtxextError, InputError
+from ctxext.losses import chunked_cross_entropy
+
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+_OOM_ADVICE = (
+    "out of memory at train.seq_len={seq} with micro_batch_size={mb}. Lower, in this order: "
+    "train.micro_batch_size (raise train.gradient_accumulation_steps to keep the batch), train.seq_len, "
+    "train.loss_chunk_size, lora.r; keep train.gradient_checkpointing=true and quantization.mode=nf4; drop "
+    "embed_tokens from lora.extra_trainable; or spread the sequence over GPUs with FSDP2 and "
+    "train.context_parallel_size (configs/accelerate/fsdp2.yaml)."
+)
+
+
+class TrainingDiverged(CtxextError):
+    """The loss or the gradient became NaN or infinite."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Run folder helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_run(run_dir: str | Path, allow_incomplete: bool = False) -> dict[str, Any]:
+    """Read a run folder's ``run.json``.
+
+    Args:
+        run_dir: a ``ctxext train`` output folder.
+        allow_incomplete: also return runs that are still running or failed.
+
+    Returns:
+        The run record (see the module docstring for the fields).
+
+    Raises:
+        InputError: no run folder there, or the run is not complete.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        raise InputError(f"{run_dir} is not a ctxext run folder (no {RUN_FILE}); point at the output.dir of a run")
+    try:
+        run = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not valid JSON: {exc}") from None
+    if run.get("status") != "complete" and not allow_incomplete:
+        raise InputError(
+            f"{run_dir} holds an incomplete run (status: {run.get('status')!r}); finish it with "
+            f"`ctxext train {run_dir}/recipe.yaml output.dir={run_dir} --resume`"
+        )
+    return run
+
+
+def _versions(recipe: Recipe, command: list[str]) -> dict[str, Any]:
+    import importlib.metadata as md
+
+    libs = {}
+    for name in ("ctxext", "torch", "transformers", "peft", "bitsandbytes", "accelerate", "datasets", "tokenizers"):
+        try:
+            libs[name] = md.version(name)
+        except md.PackageNotFoundError:
+            libs[name] = None
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "libraries": libs,
+        "seed": recipe.train.seed,
+        "command": command,
+    }
+
+
+def _peak_mem_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    # The process's peak resident memory (Linux reports KiB).
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# Pieces of the loop
+# ---------------------------------------------------------------------------------------------
+
+
+class CausalLMWithChunkedLoss(torch.nn.Module):
+    """Wraps a peft causal LM so that its forward returns the chunked loss, not logits.
+
+    The wrapper is what accelerate prepares (DDP / FSDP): the loss has to be computed inside the
+    wrapped module's forward for gradient synchronisation to see it.
+    """
+
+    def __init__(self, peft_model: Any, chunk_size: int):
+        super().__init__()
+        self.peft_model = peft_model
+        self.chunk_size = chunk_size
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed next-token loss and the number of scored tokens (``labels`` are already shifted)."""
+        base = self.peft_model.get_base_model()
+        hidden = base.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+        head = base.get_output_embeddings()
+        total = chunked_cross_entropy(
+            hidden, head.weight, labels, bias=head.bias, chunk_size=self.chunk_size, reduction="sum"
+        )
+        return total, (labels != -100).sum()
+
+
+def shifted_labels(input_ids: torch.Tensor) -> torch.Tensor:
+    """Labels aligned with positions (position t is scored on token t+1; the last is ignored).
+
+    Shifting before the forward keeps the loss correct when context parallelism splits the sequence.
+    """
+    labels = torch.full_like(input_ids, -100)
+    labels[:, :-1] = input_ids[:, 1:]
+    return labels
+
+
+def micro_batches(
+    n_blocks: int, micro_batch_size: int, world: int, rank: int, seed: int, start: int = 0
+) -> Iterator[list[int]]:
+    """The block indices of this process's micro-batches, forever, from micro-batch number ``start``.
+
+    Epoch ``e`` visits the blocks in ``randperm(seed + e)`` order; global micro-batch ``k`` of an
+    epoch goes to process ``k % world``. The order depends on nothing else, so skipping ``start``
+    micro-batches on resume is exact.
+
+    Args:
+        n_blocks: training blocks.
+        micro_batch_size: blocks per micro-batch.
+        world: data-parallel processes.
+        rank: this process's data-parallel rank.
+        seed: the recipe seed.
+        start: micro-batches of this process already consumed.
+
+    Yields:
+        Lists of ``micro_batch_size`` block indices.
+    """
+    per_epoch = n_blocks // (micro_batch_size * world)
+    if per_epoch == 0:
+        raise InputError(
+            f"data: {n_blocks} training blocks cannot fill one micro-batch of {micro_batch_size} on each of "
+            f"{world} processes; add data or lower train.micro_batch_size / train.seq_len"
+        )
+    k = start
+    epoch, perm = -1, []
+    while True:
+        e, i = divmod(k, per_epoch)
+        if e != epoch:
+            epoch = e
+            perm = torch.randperm(n_blocks, generator=torch.Generator().manual_seed(seed + e)).tolist()
+        first = (i * world + rank) * micro_batch_size
+        yield perm[first : first + micro_batch_size]
+        k += 1
+
+
+class _Counters:
+    """Step and token counters, checkpointed with the accelerate state."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.tokens_seen = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step, "tokens_seen": self.tokens_seen}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step = int(state["step"])
+        self.tokens_seen = int(state["tokens_seen"])
+
+
+def _make_optimizer(recipe: Recipe, params: list[torch.nn.Parameter], device: torch.device):
+    name = recipe.train.optimizer
+    if name == "auto":
+        name = "paged_adamw_8bit" if device.type == "cuda" else "adamw"
+    kwargs = {"lr": recipe.train.learning_rate, "weight_decay": recipe.train.weight_decay}
+    if name == "paged_adamw_8bit":
+        if device.type != "cuda":
+            raise InputError("train.optimizer: paged_adamw_8bit pages optimizer state through CUDA; use adamw on CPU")
+        import bitsandbytes as bnb
+
+        return bnb.optim.PagedAdamW8bit(params, **kwargs), name
+    return torch.optim.AdamW(params, **kwargs), name
+
+
+def _check_launch(accelerator: Any, recipe: Recipe) -> None:
+    # A launcher that started several processes which accelerate does not see as one job: each would
+    # train its own unsynchronised copy and write the same folder (DESIGN.md lists how this happens).
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_env > 1 and accelerator.num_processes == 1:
+        raise CtxextError(
+            f"the launcher started {world_env} processes (WORLD_SIZE={world_env}) but accelerate sees only one: "
+            "each process would train an unsynchronised copy. Without CUDA, launch with "
+            "`ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N -m ctxext train ...`; "
+            "with GPUs, check that CUDA is visible to every process. To train on one process, run `ctxext train` "
+            "directly.",
+            exit_code=2,
+        )
+    if recipe.train.context_parallel_size > 1 and not torch.cuda.is_available():
+        raise InputError(
+            "train.context_parallel_size: accelerate's context parallelism needs CUDA with FSDP2; set it to 1 here"
+        )
+
+
+def _validation_loss(model: Any, data: Any, recipe: Recipe, accelerator: Any, world: int, rank: int) -> float | None:
+    if data is None:
+        return None
+    mb = recipe.train.micro_batch_size
+    n = min(len(data), recipe.train.eval_batches * mb * world)
+    total = torch.zeros((), device=accelerator.device)
+    count = torch.zeros((), device=accelerator.device)
+    model.eval()
+    with torch.no_grad():
+        for first in range(rank * mb, n, world * mb):
+            ids = data[first : first + mb]["input_ids"].to(accelerator.device)
+            t, c = model(ids, shifted_labels(ids))
+            total += t.float()
+            count += c
+    model.train()
+    total, count = accelerator.reduce(total, "sum"), accelerator.reduce(count, "sum")
+    return float(total / count) if count > 0 else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+
+def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None) -> Path:
+    """Run a training recipe to completion and return its run folder.
+
+    Args:
+        recipe: a validated recipe.
+        resume: continue the run in ``output.dir`` from its last checkpoint.
+        command: the command line, recorded in ``versions.json``.
+
+    Returns:
+        The run folder (complete).
+
+    Raises:
+        InputError: an output folder in the way, bad data, a recipe that differs from the run's on resume.
+        TrainingDiverged: NaN / inf loss; the last good checkpoint is kept for ``--resume``.
+        CtxextError: out of memory, or a bad multi-process launch.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration, set_seed
+
+    cfg = recipe.train
+    out = Path(recipe.output.dir)
+    command = command or sys.argv
+
+    # --- accelerator and launch check --------------------------------------------------------
+    acc_kwargs: dict[str, Any] = {"dataloader_config": DataLoaderConfiguration(split_batches=False)}
+    if cfg.tracker != "none":
+        acc_kwargs.update(log_with=cfg.tracker, project_dir=str(out / "logs"))
+    if cfg.context_parallel_size > 1 and torch.cuda.is_available():
+        from accelerate import ParallelismConfig
+
+        acc_kwargs["parallelism_config"] = ParallelismConfig(cp_size=cfg.context_parallel_size)
+    accelerator = Accelerator(**acc_kwargs)
+    _check_launch(accelerator, recipe)
+    main = accelerator.is_main_process
+    cp = cfg.context_parallel_size if "parallelism_config" in acc_kwargs else 1
+    world, rank = accelerator.num_processes // cp, accelerator.process_index // cp
+
+    # --- run folder -----------------------------------------------------------------------------
+    recipe_text = dump_recipe(recipe)
+    run_file = out / RUN_FILE
+    if resume:
+        if not run_file.is_file():
+            raise InputError(f"--resume: {out} holds no run to resume (no {RUN_FILE}); drop --resume to start one")
+        previous = read_run(out, allow_incomplete=True)
+        if previous.get("status") == "complete":
+            raise InputError(f"--resume: the run in {out} is already complete")
+        saved = (out / "recipe.yaml").read_text() if (out / "recipe.yaml").is_file() else None
+        if saved is not None and saved != recipe_text:
+            import yaml
+
+            old, new = yaml.safe_load(saved), yaml.safe_load(recipe_text)
+            diffs = [
+                f"{s}.{k}: {old[s].get(k)!r} → {new[s].get(k)!r}"
+                for s in new
+                for k in set(old.get(s, {})) | set(new[s])
+                if old.get(s, {}).get(k) != new[s].get(k)
+            ]
+            raise InputError(
+                "--resume: the recipe differs from the run's recipe.yaml (" + "; ".join(sorted(diffs)) + "); "
+                "resume with the same recipe and overrides"
+            )
+    elif out.exists() and any(out.iterdir()):
+        hint = "pass --resume to continue it, or " if run_file.is_file() else ""
+        raise InputError(f"output.dir: {out} already exists and is not empty; {hint}choose another output.dir")
+
+    # --- model: load → patch RoPE → quantize → LoRA --------------------------------------------
+    set_seed(cfg.seed)
+    from ctxext.model import build_training_model
+
+    loaded = build_training_model(recipe, accelerator.device)
+    plan = loaded.plan
+    run: dict[str, Any] = dict(
+        status="running",
+        base_model=recipe.model.path,
+        base_model_resolved=str(loaded.base_path),
+        rope_parameters=plan.rope_parameters if plan else dict(loaded.model.config.rope_parameters or {}),
+        original_length=plan.original_length if plan else None,
+        target_length=plan.target_length if plan else None,
+        method=recipe.rope.method,
+        lora={
+            "r": recipe.lora.r,
+            "alpha": recipe.lora.alpha,
+            "dropout": recipe.lora.dropout,
+            "target_modules": list(recipe.lora.target_modules),
+        },
+        extra_trainable=loaded.extra_trainable,
+        trainable_params=loaded.trainable_params,
+        attn_implementation=loaded.attn_implementation,
+        compute_dtype=str(loaded.compute_dtype).replace("torch.", ""),
+        seq_len=recipe.seq_len,
+        quantization=recipe.quantization.mode,
+        num_processes=accelerator.num_processes,
+        steps=0,
+        tokens_seen=0,
+        final_train_loss=None,
+        final_val_loss=None,
+    )
+
+    # --- data ---------------------------------------------------------------------------------
+    from ctxext.data import prepare_data
+
+    with accelerator.main_process_first():  # the main process tokenizes; the others read the datasets cache
+        data = prepare_data(recipe.data, loaded.tokenizer, recipe.seq_len, seed=cfg.seed)
+    accelerator.print(f"data: {data.summary}")
+
+    # --- the run folder: created only once the model and the data are known to be usable -------------
+    accelerator.wait_for_everyone()
+    if main:
+        (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+        (out / "recipe.yaml").write_text(recipe_text)
+        _write_json_atomic(out / "versions.json", _versions(recipe, command))
+
+    def write_run(**changes: Any) -> None:
+        run.update(changes)
+        if main:
+            _write_json_atomic(run_file, run)
+
+    write_run()
+
+    # --- optimizer, schedule, accelerate ----------------------------------------------------------
+    from transformers import get_scheduler
+
+    model = CausalLMWithChunkedLoss(loaded.model, cfg.loss_chunk_size)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer, optimizer_name = _make_optimizer(recipe, trainable, accelerator.device)
+    scheduler = get_scheduler(
+        {"constant": "constant_with_warmup"}.get(cfg.scheduler, cfg.scheduler),
+        optimizer,
+        num_warmup_steps=cfg.warmup_steps,
+        num_training_steps=cfg.max_steps,
+    )
+    model, optimizer = accelerator.prepare(model, optimizer)
+    counters = _Counters()
+    # The scheduler is stepped by hand once per optimizer step (accelerate would step it once per process).
+    accelerator.register_for_checkpointing(scheduler, counters)
+    trainable_keys = {n for n, p in model.named_parameters() if p.requires_grad}
+
+    def keep_trainable(models: list, weights: list, output_dir: str) -> None:
+        # Checkpoints hold only the trained weights: the frozen (4-bit) base is the same at every step.
+        for i, state in enumerate(weights):
+            weights[i] = {k: v for k, v in state.items() if k in trainable_keys}
+
+    accelerator.register_save_state_pre_hook(keep_trainable)
+    if cfg.tracker != "none":
+        accelerator.init_trackers(out.name or "ctxext", config=json.loads(recipe.model_dump_json()))
+
+    # --- resume ---------------------------------------------------------------------------------
+    ckpt_root = out / CHECKPOINTS
+    if resume:
+        ckpts = sorted(ckpt_root.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+        if ckpts:
+            accelerator.load_state(str(ckpts[-1]), strict=False)
+            accelerator.print(f"resumed from {ckpts[-1]} (step {counters.step})")
+        else:
+            accelerator.print(f"no checkpoint in {ckpt_root} yet: starting from step 0")
+            if main and (out / METRICS_FILE).exists():
+                (out / METRICS_FILE).unlink()
+    if main and (out / METRICS_FILE).exists():
+        # Drop metrics logged after the checkpoint we resume from, so the file reads as one run.
+        lines = [ln for ln in (out / METRICS_FILE).read_text().splitlines() if ln.strip()]
+        kept = [ln for ln in lines if json.loads(ln)["step"] <= counters.step]
+        (out / METRICS_FILE).write_text("".join(ln + "\n" for ln in kept))
+
+    def save_checkpoint() -> None:
+        final = ckpt_root / f"step-{counters.step:07d}"
+        tmp = ckpt_root / f".tmp-step-{counters.step:07d}"
+        if main and tmp.exists():
+            shutil.rmtree(tmp)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()
+        if main:
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)  # a checkpoint folder that exists is whole
+            old = sorted(ckpt_root.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+            for stale in old[: -cfg.keep_checkpoints]:
+                shutil.rmtree(stale, ignore_errors=True)
+        accelerator.wait_for_everyone()
+
+    # --- the loop ---------------------------------------------------------------------------------
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    ga, mb, seq = cfg.gradient_accumulation_steps, cfg.micro_batch_size, recipe.seq_len
+    tokens_per_step = ga * mb * seq * world
+    batches = micro_batches(len(data.train), mb, world, rank, cfg.seed, start=counters.step * ga)
+    consumed: list[int] = []
+    metrics_file = open(out / METRICS_FILE, "a") if main else None  # noqa: SIM115 - closed in finally
+    last_loss = last_val = None
+    progress = Progress(
+        TextColumn("[bold]train[/]"),
+        BarColumn(),
+        TextColumn("step {task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=None,
+        disable=not main,
+    )
+    accelerator.print(
+        f"training {loaded.trainable_params:,} of {loaded.total_params:,} parameters "
+        f"({recipe.quantization.mode}, {loaded.attn_implementation}, {optimizer_name}) on {accelerator.num_processes} "
+        f"process(es): {cfg.max_steps} steps × {tokens_per_step:,} tokens, seq_len {seq}"
+    )
+    model.train()
+    try:
+        with progress:
+            task = progress.add_task("train", total=cfg.max_steps, completed=counters.step, info="")
+            while counters.step < cfg.max_steps:
+                t0 = time.perf_counter()
+                step_loss = torch.zeros((), device=accelerator.device)
+                for micro in range(ga):
+                    idx = next(batches)
+                    consumed.extend(idx)
+                    ids = data.train[idx]["input_ids"].to(accelerator.device)
+                    labels = shifted_labels(ids)
+                    sync = accelerator.no_sync(model) if micro < ga - 1 else nullcontext()
+                    cp_ctx = (
+                        accelerator.maybe_context_parallel(
+                            buffers=[ids, labels], buffer_seq_dims=[1, 1], no_restore_buffers={ids, labels}
+                        )
+                        if cp > 1
+                        else nullcontext()
+                    )
+                    with sync, cp_ctx:
+                        total, count = model(ids, labels)
+                        loss = total / count.clamp(min=1) / ga
+                        accelerator.backward(loss)
+                    step_loss += loss.detach()
+                grad_norm = accelerator.clip_grad_norm_(trainable, cfg.max_grad_norm) if cfg.max_grad_norm else None
+                # Every process must agree to stop, or the others would wait forever in the next all-reduce.
+                bad = torch.tensor(
+                    float(not torch.isfinite(step_loss) or (grad_norm is not None and not torch.isfinite(grad_norm))),
+                    device=accelerator.device,
+                )
+                if accelerator.reduce(bad, "sum").item() > 0:
+                    good = sorted(ckpt_root.glob("step-*"))
+                    raise TrainingDiverged(
+                        f"the loss became {step_loss.item()} at step {counters.step + 1} (gradient norm "
+                        f"{float(grad_norm) if grad_norm is not None else 'n/a'}): training stopped. "
+                        + (f"The last good checkpoint is {good[-1]}; " if good else "No checkpoint was saved yet; ")
+                        + "lower train.learning_rate, raise train.warmup_steps or set train.max_grad_norm, then "
+                        "resume with --resume (or start over)."
+                    )
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                counters.step += 1
+                counters.tokens_seen += tokens_per_step
+                last_loss = accelerator.reduce(step_loss, "mean").item()
+                dt = time.perf_counter() - t0
+                lr = scheduler.get_last_lr()[0]
+                record = {
+                    "step": counters.step,
+                    "loss": last_loss,
+                    "lr": lr,
+                    "tokens_per_sec": tokens_per_step / dt,
+                    "peak_mem_mb": _peak_mem_mb(accelerator.device),
+                    "tokens_seen": counters.tokens_seen,
+                }
+                if grad_norm is not None:
+                    record["grad_norm"] = float(grad_norm)
+                if cfg.eval_every and (counters.step % cfg.eval_every == 0 or counters.step == cfg.max_steps):
+                    last_val = _validation_loss(model, data.validation, recipe, accelerator, world, rank)
+                    if last_val is not None:
+                        record["val_loss"] = last_val
+                if main and (counters.step % cfg.log_every == 0 or "val_loss" in record):
+                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.flush()
+                if cfg.tracker != "none":
+                    accelerator.log({k: v for k, v in record.items() if k != "step"}, step=counters.step)
+                info = f"loss {last_loss:.4f} lr {lr:.2e} {record['tokens_per_sec']:,.0f} tok/s"
+                if last_val is not None:
+                    info += f" val {last_val:.4f}"
+                progress.update(task, completed=counters.step, info=info)
+                if cfg.save_every and counters.step % cfg.save_every == 0 and counters.step < cfg.max_steps:
+                    save_checkpoint()
+    except torch.OutOfMemoryError:
+        write_run(status="failed", error="out of memory")
+        raise CtxextError(_OOM_ADVICE.format(seq=seq, mb=mb)) from None
+    except BaseException as exc:
+        write_run(status="failed", error=str(exc) or type(exc).__name__)
+        raise
+    finally:
+        if metrics_file:
+            metrics_file.close()
+        # Which blocks this process trained on (an audit trail; the DDP test checks the sharding).
+        ranks_dir = out / "ranks"
+        ranks_dir.mkdir(exist_ok=True)
+        (ranks_dir / f"rank-{accelerator.process_index}.json").write_text(json.dumps({"blocks": consumed}))
+
+    # --- final validation, then the run folder -----------------------------------------------------
+    if last_val is None:
+        last_val = _validation_loss(model, data.validation, recipe, accelerator, world, rank)
+    state_dict = accelerator.get_state_dict(model)
+    accelerator.wait_for_everyone()
+    if main:
+        _write_outputs(out, accelerator.unwrap_model(model).peft_model, state_dict, loaded, plan, data)
+        write_run(
+            status="complete",
+            steps=counters.step,
+            tokens_seen=counters.tokens_seen,
+            final_train_loss=last_loss,
+            final_val_loss=last_val,
+            error=None,
+        )
+    accelerator.wait_for_everyone()
+    if cfg.tracker != "none":
+        accelerator.end_training()
+    accelerator.print(f"run complete: {out} (train loss {last_loss:.4f}, val loss {last_val})")
+    if main:
+        _after_training(out, recipe)
+    return out
+
+
+def _write_outputs(out: Path, peft_model: Any, state_dict: dict, loaded: Any, plan: Any, data: Any) -> None:
+    """Adapter, patched config, tokenizer: staged in a hidden folder, then moved in."""
+    from transformers import AutoConfig
+
+    from ctxext.rope import apply_plan
+
+    stage = out / ".final-tmp"
+    if stage.exists():
+        shutil.rmtree(stage)
+    prefix = "peft_model."
+    peft_state = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+    peft_model.save_pretrained(stage, state_dict=peft_state)
+    # The base config as it was on disk, plus the RoPE plan: no quantization settings, no use_cache=False.
+    config = AutoConfig.from_pretrained(loaded.base_path)
+    if plan is not None:
+        apply_plan(config, plan)
+    config.save_pretrained(stage)
+    loaded.tokenizer.save_pretrained(stage)
+    for item in stage.iterdir():
+        target = out / item.name
+        if target.is_dir():
+            shutil.rmtree(target)
+        os.replace(item, target)
+    stage.rmdir()
+
+
+def _after_training(out: Path, recipe: Recipe) -> None:
+    """The recipe's eval suite and Hub push, written by their own modules; skipped with a warning if absent."""
+    from ctxext.cli import err_console
+
+    if recipe.eval.suite:
+        try:
+            from ctxext.evaluation.suite import run_suite_for_run
+        except ImportError:
+            err_console.print("[yellow]warning:[/] eval.suite is set but ctxext.evaluation.suite is not available")
+        else:
+            run_suite_for_run(out, recipe)
+    if recipe.hub.push:
+        try:
+            from ctxext.hub import push_run
+        except ImportError:
+            err_console.print("[yellow]warning:[/] hub.push is set but ctxext.hub is not available")
+        else:
+            push_run(out, recipe.hub)
+
+
+def run_summary(run_dir: str | Path) -> str:
+    """A one-line summary of a complete run, for messages."""
+    run = read_run(run_dir)
+    return (
+        f"{run['base_model']} {run['method']} {run.get('original_length')}→{run.get('target_length')}, "
+        f"{run['steps']} steps, train loss {run['final_train_loss']:.4f}, "
+        f"val loss {run['final_val_loss'] if run['final_val_loss'] is not None else math.nan:.4f}"
+    )
