@@ -237,6 +237,25 @@ def methods() -> None:
 # train (issue 3)
 # ------------------------------------------------------------------------------------------------
 
+
+@app.command()
+@friendly_errors
+def train(
+    recipe: Annotated[Path, typer.Argument(help="recipe YAML file (see recipes/)")],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="key=value overrides, e.g. train.max_steps=10 output.dir=runs/x")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue the run in output.dir from its last checkpoint")
+    ] = False,
+) -> None:
+    """Fine-tune a RoPE-extended model with QLoRA on long documents (also under `accelerate launch -m ctxext train`)."""
+    from ctxext.config import load_recipe
+    from ctxext.train import train as run_training
+
+    parsed = load_recipe(recipe, overrides or [])
+    run_training(parsed, resume=resume, command=list(sys.argv))
+
 # ------------------------------------------------------------------------------------------------
 # eval (issue 4)
 # ------------------------------------------------------------------------------------------------
