@@ -1,0 +1,491 @@
+"""Folding a run's LoRA weights and fully trained modules into the full-precision base: ``ctxext merge``.
+
+Training keeps the base weights in 4 bits; a published model must not. The merge therefore loads the
+base model again in full precision with the run's patched config (so its rotary modules are built
+with the extended RoPE, then verified), applies the adapter (LoRA + ``modules_to_save`` such as the
+embeddings and norms), and folds it in with peft's ``merge_and_unload``.
+
+Nothing is trusted until checked. The merged folder is written to a temporary sibling, reloaded with
+plain transformers, its RoPE verified again, and compared at the target length with the un-merged
+base + adapter: logits at positions spread over a few random sequences must agree within a stated
+tolerance. A short perplexity check and one passkey trial at the target length are printed. Only
+then is the folder renamed into place; on failure it is deleted and the command exits non-zero.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ctxext.errors import CtxextError, InputError
+from ctxext.runfolder import MERGE_FILE, read_run
+
+# Default max |Δlogit| between the reloaded merged model and base + adapter. float32 merging only
+# reorders additions (W x + B A x vs (W + B A) x): ~1e-6 relative. 16-bit weights round W + BA.
+DEFAULT_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.1}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_COPY_FILES = ("recipe.yaml", "versions.json")
+_TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+# The landmark-attention passkey prompt (Mohtashami & Jaggi 2023), as used by PI, YaRN and LongLoRA.
+_PASSKEY_INTRO = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+    "I will quiz you about the important information there. "
+)
+_PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+_PASSKEY_QUESTION = "What is the pass key? The pass key is"
+
+
+class MergeCheckError(CtxextError):
+    """The merged model does not reproduce base + adapter; nothing was written."""
+
+    exit_code = 1
+
+
+@dataclass
+class SmokeResult:
+    """What the merge smoke test measured.
+
+    Attributes:
+        length: tokens per test sequence (the target length unless shortened).
+        sequences: random sequences whose logits were compared.
+        positions: logit positions compared per sequence (spread from the first to the last token).
+        max_abs_diff: largest |merged − (base + adapter)| logit difference.
+        mean_abs_diff: mean of the same.
+        argmax_agreement: fraction of compared positions where both predict the same next token.
+        tolerance: the bound ``max_abs_diff`` had to stay within.
+        dtype: the weights' dtype.
+        device: where the check ran.
+        ppl: perplexity of the reloaded merged model on ``ppl_tokens`` tokens of standard-library source.
+        reference_ppl: the same for base + adapter.
+        ppl_tokens: scored tokens.
+        passkey_key: the key hidden in the passkey prompt.
+        passkey_answer: what the merged model generated.
+        passkey_correct: whether the first number generated equals the key.
+        passkey_depth: where the key was hidden (fraction of the filler).
+        rope: the runtime RoPE check of the reloaded model.
+        ok: the logits agreed within tolerance and the perplexity is finite.
+        seconds: time taken by the whole merge.
+    """
+
+    length: int
+    sequences: int
+    positions: int
+    max_abs_diff: float
+    mean_abs_diff: float
+    argmax_agreement: float
+    tolerance: float
+    dtype: str
+    device: str
+    ppl: float
+    reference_ppl: float
+    ppl_tokens: int
+    passkey_key: str
+    passkey_answer: str
+    passkey_correct: bool
+    passkey_depth: float
+    rope: str
+    ok: bool
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return asdict(self)
+
+
+def _device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _dtype(dtype: str, device: torch.device, config: Any) -> torch.dtype:
+    if dtype != "auto":
+        if dtype not in _DTYPES:
+            raise InputError(f"--dtype {dtype!r}: choose auto, {', '.join(_DTYPES)}")
+        return _DTYPES[dtype]
+    if device.type == "cpu":
+        # bf16 matmuls are ~25x slower than fp32 on these CPUs, and fp32 makes the check tightest.
+        return torch.float32
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    stored = _DTYPES.get(str(stored).replace("torch.", ""), torch.float32) if stored else torch.float32
+    return stored
+
+
+def _base_folder(run: dict[str, Any]) -> Path:
+    from ctxext.sources import resolve_model_path
+
+    resolved = run.get("base_model_resolved")
+    if resolved and (Path(resolved) / "config.json").is_file():
+        return Path(resolved)
+    return resolve_model_path(str(run["base_model"]), run.get("base_model_revision"))
+
+
+def _patched_config(base_dir: Path, run_dir: Path, run: dict[str, Any]) -> tuple[Any, int | None]:
+    # The base's own config with the run's RoPE fields: the run's config.json may carry training-only
+    # fields (quantization_config) that must not reach a full-precision model.
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(base_dir)
+    if getattr(config, "quantization_config", None):
+        raise InputError(
+            f"the base model {base_dir} is stored quantized ({config.quantization_config.get('quant_method', '?')}); "
+            "merging needs the full-precision base weights. Point run.json's base_model at the original checkpoint."
+        )
+    run_cfg_path = run_dir / "config.json"
+    run_cfg = json.loads(run_cfg_path.read_text()) if run_cfg_path.is_file() else {}
+    params = run_cfg.get("rope_parameters") or run.get("rope_parameters")
+    if not isinstance(params, dict) or "rope_type" not in params:
+        raise InputError(
+            f"{run_dir} records no rope_parameters (neither config.json nor run.json): cannot rebuild the extended RoPE"
+        )
+    config.rope_parameters = dict(params)
+    config.max_position_embeddings = int(run_cfg.get("max_position_embeddings") or run["target_length"])
+    if run_cfg.get("original_max_position_embeddings") is not None:
+        config.original_max_position_embeddings = run_cfg["original_max_position_embeddings"]
+    meta = run_cfg.get("ctxext") or {
+        "method": run.get("method"),
+        "original_length": run.get("original_length"),
+        "target_length": run.get("target_length"),
+        "factor": (run["target_length"] / run["original_length"]) if run.get("original_length") else None,
+    }
+    config.ctxext = meta
+    # Training may have resized the embeddings (added tokens); the adapter's copy has the new size.
+    vocab = run_cfg.get("vocab_size")
+    resized = int(vocab) if vocab and int(vocab) != int(config.vocab_size) else None
+    return config, resized
+
+
+def _tokenizer(run_dir: Path, base_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    source = run_dir if any((run_dir / m).is_file() for m in _TOKENIZER_MARKERS) else base_dir
+    return AutoTokenizer.from_pretrained(source)
+
+
+def _positions(length: int, count: int) -> torch.Tensor:
+    # Spread over the whole sequence, first and last token included: the last positions attend to
+    # everything, the first ones isolate the embeddings.
+    return torch.unique(torch.linspace(0, length - 1, steps=min(count, length)).round().long())
+
+
+@torch.no_grad()
+def _logits_at(model: Any, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    from ctxext.rope import reset_dynamic_rope
+
+    reset_dynamic_rope(model)
+    out = model(input_ids=ids, logits_to_keep=positions.to(ids.device), use_cache=False)
+    return out.logits.float().cpu()
+
+
+@torch.no_grad()
+def _nll(causal_lm: Any, ids: torch.Tensor, chunk: int = 1024) -> tuple[float, int]:
+    # Mean next-token NLL from the final hidden states, scored in chunks so the full-length
+    # float32 logits never exist at once (a 128k vocabulary at 32k tokens would be 16 GB).
+    from ctxext.rope import reset_dynamic_rope
+
+    reset_dynamic_rope(causal_lm)
+    hidden = causal_lm.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[:, :-1]
+    head = causal_lm.get_output_embeddings()
+    total, count = 0.0, 0
+    targets = ids[:, 1:]
+    for start in range(0, targets.shape[1], chunk):
+        logits = head(hidden[:, start : start + chunk]).float()
+        part = targets[:, start : start + chunk]
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), part.reshape(-1), reduction="sum"
+        )
+        total += float(loss)
+        count += part.numel()
+    return total / max(count, 1), count
+
+
+def text_tokens(tokenizer: Any, length: int) -> torch.Tensor:
+    """``length`` tokens of real text (the Python standard library's source, present on every machine).
+
+    Args:
+        tokenizer: the model's tokenizer.
+        length: tokens wanted.
+
+    Returns:
+        A ``(1, length)`` tensor; the tokenizer's own BOS first if it adds one.
+    """
+    from ctxext.builtin import stdlib_files
+
+    pieces: list[str] = []
+    chars = 0
+    # Long files in path order: deterministic, and long-range structure within a file.
+    for path in stdlib_files(min_bytes=40_000):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        pieces.append(text)
+        chars += len(text)
+        if chars > length * 8:
+            break
+    ids = tokenizer("\n".join(pieces)).input_ids[:length]
+    if len(ids) < length:
+        raise CtxextError(f"not enough standard-library text for a {length}-token perplexity check; use --smoke-length")
+    return torch.tensor([ids], dtype=torch.long)
+
+
+def passkey_prompt(tokenizer: Any, length: int, depth: float, key: int, answer_tokens: int) -> torch.Tensor:
+    """A landmark-attention passkey prompt of exactly ``length - answer_tokens`` tokens.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        length: the total length including the answer.
+        depth: where the key sits in the filler (0 = start, 1 = end).
+        key: the pass key.
+        answer_tokens: tokens left for the answer.
+
+    Returns:
+        A ``(1, n)`` tensor of token ids.
+    """
+
+    def enc(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    bos = (
+        [tokenizer.bos_token_id]
+        if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None
+        else []
+    )
+    intro, filler = enc(_PASSKEY_INTRO), enc(_PASSKEY_FILLER)
+    needle = enc(f" The pass key is {key}. Remember it. {key} is the pass key. ")
+    question = enc(" " + _PASSKEY_QUESTION)
+    budget = length - answer_tokens - len(bos) - len(intro) - len(needle) - len(question)
+    if budget < len(filler):
+        raise CtxextError(f"a passkey prompt does not fit in {length} tokens")
+    units = budget // len(filler)
+    haystack = (filler * (units + 1))[:budget]
+    cut = round(depth * units) * len(filler)
+    ids = bos + intro + haystack[:cut] + needle + haystack[cut:] + question
+    return torch.tensor([ids], dtype=torch.long)
+
+
+@torch.no_grad()
+def passkey_trial(model: Any, tokenizer: Any, length: int, seed: int = 0, depth: float = 0.5) -> tuple[str, str, bool]:
+    """One passkey retrieval at ``length`` tokens: greedy decoding, correct if the first number is the key.
+
+    Args:
+        model: a causal LM.
+        tokenizer: its tokenizer.
+        length: total tokens (prompt + answer).
+        seed: chooses the key.
+        depth: where the key is hidden.
+
+    Returns:
+        ``(key, generated text, correct)``.
+    """
+    from ctxext.rope import reset_dynamic_rope
+
+    key = int(torch.randint(10_000, 100_000, (1,), generator=torch.Generator().manual_seed(seed)))
+    answer_tokens = 8
+    ids = passkey_prompt(tokenizer, length, depth, key, answer_tokens).to(model.device)
+    reset_dynamic_rope(model)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=answer_tokens,
+        do_sample=False,
+        pad_token_id=pad,
+    )
+    text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    found = re.search(r"\d+", text)
+    return str(key), text.strip(), bool(found and found.group(0) == str(key))
+
+
+def _untie_if_trained(model: Any) -> bool:
+    # peft trains a *copy* of embed_tokens (modules_to_save); in a tied model lm_head still holds the
+    # original weight. Saving with tie_word_embeddings=True would silently replace lm_head by the
+    # trained embeddings, so the merged model is untied instead.
+    inp, outp = model.get_input_embeddings(), model.get_output_embeddings()
+    if not getattr(model.config, "tie_word_embeddings", False) or outp is None:
+        return False
+    if inp.weight.data_ptr() == outp.weight.data_ptr():
+        return False
+    model.config.tie_word_embeddings = False
+    text = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    text.tie_word_embeddings = False
+    return True
+
+
+def _copy_reports(run_dir: Path, out: Path) -> None:
+    src = run_dir / "eval"
+    if not src.is_dir():
+        return
+    for path in src.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".md", ".png"):
+            dst = out / "eval" / path.relative_to(src)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, dst)
+
+
+def merge_run(
+    run_dir: str | Path,
+    out: str | Path,
+    tolerance: float | None = None,
+    smoke_length: int | None = None,
+    sequences: int = 2,
+    positions: int = 256,
+    device: str = "auto",
+    dtype: str = "auto",
+    allow_incomplete: bool = False,
+    overwrite: bool = False,
+    log: Callable[[str], None] = print,
+) -> SmokeResult:
+    """Merge a run into a standalone model folder that plain transformers loads, after checking it.
+
+    Args:
+        run_dir: the run folder written by ``ctxext train``.
+        out: the merged model folder to write (must not exist unless ``overwrite``).
+        tolerance: max |Δlogit| allowed between the merged model and base + adapter (default by dtype:
+            1e-3 for float32, 0.1 for float16, 0.5 for bfloat16).
+        smoke_length: tokens per smoke-test sequence (default: the run's target length).
+        sequences: random sequences whose logits are compared.
+        positions: logit positions compared per sequence.
+        device: ``auto`` (CUDA if available), ``cpu``, ``cuda``, ``cuda:1`` …
+        dtype: ``auto`` (float32 on CPU, the base's stored dtype on GPU), ``float32``, ``bfloat16``, ``float16``.
+        allow_incomplete: merge an unfinished run.
+        overwrite: replace an existing ``out``.
+        log: where progress lines go.
+
+    Returns:
+        The :class:`SmokeResult` (also saved in ``<out>/ctxext_merge.json``).
+
+    Raises:
+        FileExistsError: ``out`` exists and ``overwrite`` is false.
+        MergeCheckError: the smoke test failed; nothing is left at ``out``.
+    """
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from ctxext.rope import verify_model_rope
+
+    started = time.time()
+    run_dir, out = Path(run_dir), Path(out)
+    run = read_run(run_dir, allow_incomplete=allow_incomplete)
+    if not (run_dir / "adapter_config.json").is_file():
+        raise InputError(f"run {run_dir} has no adapter_config.json: there is no adapter to merge")
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists; choose another --out or pass --overwrite")
+    if out.resolve() == run_dir.resolve():
+        raise InputError("--out must differ from the run folder")
+    base_dir = _base_folder(run)
+    config, resized = _patched_config(base_dir, run_dir, run)
+    dev = _device(device)
+    torch_dtype = _dtype(dtype, dev, config)
+    tol = float(tolerance if tolerance is not None else DEFAULT_TOLERANCE[torch_dtype])
+    length = int(smoke_length or run["target_length"])
+
+    log(f"loading the base {base_dir} in {str(torch_dtype).replace('torch.', '')} on {dev} with the run's RoPE")
+    model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, dtype=torch_dtype, attn_implementation="sdpa")
+    if resized:
+        model.resize_token_embeddings(int(resized))
+    model.to(dev).eval()
+    check = verify_model_rope(model)
+    log(f"  base RoPE: {check.summary()}")
+    model = PeftModel.from_pretrained(model, run_dir, is_trainable=False).eval()
+    tokenizer = _tokenizer(run_dir, base_dir)
+
+    gen = torch.Generator().manual_seed(1234)
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    inputs = [torch.randint(0, vocab, (1, length), generator=gen) for _ in range(sequences)]
+    where = _positions(length, positions)
+    log(f"base + adapter: logits at {len(where)} positions of {sequences} random sequences of {length} tokens")
+    reference = [_logits_at(model, ids.to(dev), where) for ids in inputs]
+    text = text_tokens(tokenizer, length).to(dev)
+    ref_nll, _ = _nll(model.get_base_model(), text)
+
+    merged = model.merge_and_unload()
+    untied = _untie_if_trained(merged)
+    if untied:
+        log("  untied lm_head from the trained embeddings (tie_word_embeddings=false)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        merged.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        for name in _COPY_FILES:
+            if (run_dir / name).is_file():
+                shutil.copy2(run_dir / name, tmp / name)
+        _copy_reports(run_dir, tmp)
+        del model, merged
+        gc.collect()
+
+        # The check runs on what was written, loaded the way a user will load it.
+        log(f"reloading {tmp.name} with plain transformers")
+        reloaded = (
+            AutoModelForCausalLM.from_pretrained(tmp, dtype=torch_dtype, attn_implementation="sdpa").to(dev).eval()
+        )
+        rope = verify_model_rope(reloaded).summary()
+        diffs, agree, total = [], 0, 0
+        for ids, ref in zip(inputs, reference, strict=True):
+            got = _logits_at(reloaded, ids.to(dev), where)
+            diffs.append((got - ref).abs())
+            agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
+            total += got.shape[1]
+        diff = torch.cat([d.flatten() for d in diffs])
+        nll, ppl_tokens = _nll(reloaded, text)
+        key, answer, correct = passkey_trial(reloaded, tokenizer, length)
+        result = SmokeResult(
+            length=length,
+            sequences=sequences,
+            positions=len(where),
+            max_abs_diff=float(diff.max()),
+            mean_abs_diff=float(diff.mean()),
+            argmax_agreement=agree / max(total, 1),
+            tolerance=tol,
+            dtype=str(torch_dtype).replace("torch.", ""),
+            device=str(dev),
+            ppl=math.exp(nll),
+            reference_ppl=math.exp(ref_nll),
+            ppl_tokens=ppl_tokens,
+            passkey_key=key,
+            passkey_answer=answer,
+            passkey_correct=correct,
+            passkey_depth=0.5,
+            rope=rope,
+            ok=bool(float(diff.max()) <= tol and math.isfinite(nll)),
+            seconds=round(time.time() - started, 2),
+        )
+        del reloaded
+        gc.collect()
+        log(
+            f"  logits: max |Δ| {result.max_abs_diff:.3g} (tolerance {tol:g}), mean {result.mean_abs_diff:.3g}, "
+            f"same argmax {100 * result.argmax_agreement:.2f}%"
+        )
+        log(
+            f"  perplexity @ {length} ({ppl_tokens} tokens of stdlib source): merged {result.ppl:.4g}, "
+            f"base + adapter {result.reference_ppl:.4g}"
+        )
+        log(f"  passkey @ {length}, depth 50%: key {key}, generated {answer!r} → {'✓' if correct else '✗'}")
+        log(f"  runtime RoPE: {rope}")
+        if not result.ok:
+            raise MergeCheckError(
+                f"merge check failed: the merged model differs from base + adapter by up to {result.max_abs_diff:.3g} "
+                f"in the logits (tolerance {tol:g}) or its perplexity is not finite ({result.ppl:.4g}). Nothing was "
+                f"written to {out}. A tied-embedding or custom-code model may need attention; a 16-bit dtype may "
+                "need a larger --tolerance."
+            )
+        meta = {"source_run": str(run_dir.resolve()), "run": run, "smoke": result.to_dict()}
+        (tmp / MERGE_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    log(f"merged model written to {out} ({result.seconds:.1f} s)")
+    return result

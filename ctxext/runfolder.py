@@ -1,0 +1,178 @@
+"""Reading what ``ctxext train`` leaves behind: a run folder, its evaluation reports, and a merged model folder.
+
+The run folder contract (written by training, read here by merge, model card and push)::
+
+    <run>/adapter_config.json, adapter_model.safetensors   LoRA + fully trained modules (modules_to_save)
+    <run>/config.json                                      the patched base config (rope_parameters, ctxext)
+    <run>/tokenizer files, recipe.yaml, versions.json, metrics.jsonl, checkpoints/
+    <run>/run.json      {"status": "running" | "complete" | "failed", "base_model", "base_model_resolved",
+                         "method", "rope_parameters", "original_length", "target_length", "seq_len",
+                         "steps", "tokens_seen", "quantization", "lora", "extra_trainable", ...}
+    <run>/eval/report.json (+ PNG plots)                   from ``ctxext eval``
+
+A folder written by ``ctxext merge`` carries the run's ``run.json`` inside ``ctxext_merge.json`` and
+a copy of the run's evaluation reports under ``eval/``, so it can be published on its own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ctxext.errors import CtxextError, InputError
+
+RUN_FILE = "run.json"
+MERGE_FILE = "ctxext_merge.json"
+# Keys every run.json must have for merge / card / push to make sense of it.
+_REQUIRED_RUN_KEYS = ("status", "base_model", "method", "target_length")
+
+
+class IncompleteRunError(CtxextError):
+    """A run whose training did not finish (``run.json`` status is not ``complete``)."""
+
+    exit_code = 2
+
+
+def read_run(run_dir: str | Path, allow_incomplete: bool = False) -> dict[str, Any]:
+    """Read and check a run folder's ``run.json``.
+
+    Args:
+        run_dir: the run folder written by ``ctxext train``.
+        allow_incomplete: accept a run whose status is not ``complete`` (``--force``).
+
+    Returns:
+        The ``run.json`` content, with ``run_dir`` (absolute path) added.
+
+    Raises:
+        InputError: not a run folder, or a ``run.json`` that cannot be read.
+        IncompleteRunError: the run did not complete and ``allow_incomplete`` is false.
+    """
+    run_dir = Path(run_dir)
+    path = run_dir / RUN_FILE
+    if not run_dir.is_dir():
+        raise InputError(f"{run_dir} does not exist; pass the run folder written by `ctxext train`")
+    if not path.is_file():
+        raise InputError(
+            f"{run_dir} is not a ctxext run folder (no {RUN_FILE}); pass the folder `ctxext train` wrote "
+            "(its output.dir)"
+        )
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{path} cannot be read as JSON ({exc}); the run folder is damaged") from None
+    if not isinstance(info, dict):
+        raise InputError(f"{path} must hold a JSON object")
+    missing = [key for key in _REQUIRED_RUN_KEYS if key not in info]
+    if missing:
+        raise InputError(f"{path} lacks {', '.join(missing)}; it was not written by a complete `ctxext train`")
+    status = info.get("status")
+    if status != "complete" and not allow_incomplete:
+        raise IncompleteRunError(
+            f"run {run_dir} is not complete (run.json status: {status!r}): its training was interrupted or failed, "
+            "so its adapter is not the final one. Resume or rerun the training, or pass --force to use the weights "
+            "it has anyway."
+        )
+    info = dict(info)
+    info["run_dir"] = str(run_dir.resolve())
+    return info
+
+
+def is_run_folder(path: str | Path) -> bool:
+    """Whether ``path`` holds a training run (``run.json`` + adapter)."""
+    path = Path(path)
+    return (path / RUN_FILE).is_file()
+
+
+def is_merged_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a model folder written by ``ctxext merge``."""
+    path = Path(path)
+    return (path / MERGE_FILE).is_file() and (path / "config.json").is_file()
+
+
+def read_merged(path: str | Path) -> dict[str, Any]:
+    """Read the ``ctxext_merge.json`` of a merged model folder.
+
+    Args:
+        path: the merged folder.
+
+    Returns:
+        ``{"run": <run.json of the source run>, "smoke": <smoke-test results>, "source_run": ...}``.
+
+    Raises:
+        InputError: the file is missing or damaged.
+    """
+    file = Path(path) / MERGE_FILE
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"{file} cannot be read ({exc}); merge the run again with `ctxext merge`") from None
+    if not isinstance(data, dict) or not isinstance(data.get("run"), dict):
+        raise InputError(f"{file} has no 'run' section; merge the run again with `ctxext merge`")
+    return data
+
+
+@dataclass
+class Report:
+    """One evaluation report (``ctxext eval`` output) and the folder its plots live in.
+
+    Attributes:
+        path: the ``report.json`` file.
+        data: its parsed content.
+        plots: PNG files next to it.
+    """
+
+    path: Path
+    data: dict[str, Any]
+    plots: list[Path] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """A short name: the report's folder name (``eval``, or a subfolder name)."""
+        return self.path.parent.name
+
+
+def load_report(path: str | Path) -> Report:
+    """Load one ``report.json`` and list the PNG plots beside it.
+
+    Args:
+        path: a report file, or a folder holding ``report.json``.
+
+    Returns:
+        The :class:`Report`.
+
+    Raises:
+        InputError: the file does not exist or is not a JSON object.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "report.json"
+    if not path.is_file():
+        raise InputError(f"evaluation report {path} does not exist; pass the report.json written by `ctxext eval`")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InputError(f"evaluation report {path} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"evaluation report {path} must hold a JSON object")
+    plots = sorted(p for p in path.parent.glob("*.png") if p.is_file())
+    return Report(path=path, data=data, plots=plots)
+
+
+def find_reports(folder: str | Path) -> list[Report]:
+    """The evaluation reports inside a run (or merged) folder: ``eval/report.json`` and ``eval/*/report.json``.
+
+    Args:
+        folder: a run folder or a merged model folder.
+
+    Returns:
+        Reports in path order (possibly none).
+    """
+    root = Path(folder) / "eval"
+    paths = []
+    if (root / "report.json").is_file():
+        paths.append(root / "report.json")
+    if root.is_dir():
+        paths.extend(sorted(p for p in root.glob("*/report.json") if p.is_file()))
+    return [load_report(p) for p in paths]

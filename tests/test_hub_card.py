@@ -1,0 +1,121 @@
+"""The model card: Hub metadata (model-index) and prose, built from a real tiny run and its measured report."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from huggingface_hub import ModelCard
+
+from _hub_helpers import shared_merge, shared_run
+from ctxext.card import build_model_card, model_results, split_base
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, tiny_model_dir) -> Path:
+    return shared_run(tmp_path_factory, tiny_model_dir)
+
+
+def _extended(run_dir: Path):
+    report = json.loads((run_dir / "eval" / "report.json").read_text())
+    return next(m for m in report["models"] if m["name"] != "base"), report
+
+
+def test_card_metadata_parses_back_with_model_index(tiny_run):
+    card = ModelCard(build_model_card(tiny_run, repo_id="me/tiny-llama-yarn-1k"))
+    data = card.data
+    assert data.base_model == "me/tiny-llama"
+    assert data.library_name == "peft"
+    assert {"context-extension", "yarn"} <= set(data.tags)
+    assert data.model_name == "tiny-llama-yarn-1k"
+
+    extended, _ = _extended(tiny_run)
+    results = data.eval_results
+    ppl = {r.metric_config: r for r in results if r.metric_type == "perplexity"}
+    assert set(ppl) == set(extended["perplexity"]["by_length"])
+    for length, entry in extended["perplexity"]["by_length"].items():
+        assert ppl[length].metric_value == pytest.approx(entry["ppl"], abs=1e-4)
+        assert ppl[length].task_type == "text-generation"
+        assert ppl[length].metric_name == f"Perplexity @ {length} tokens"
+    passkey = [r for r in results if r.metric_type == "accuracy"]
+    cells = extended["passkey"]["cells"]
+    assert {r.metric_config for r in passkey} == {str(c["length"]) for c in cells}
+    for r in passkey:
+        accs = [c["accuracy"] for c in cells if str(c["length"]) == r.metric_config]
+        assert r.metric_value == pytest.approx(100 * sum(accs) / len(accs))
+        assert r.dataset_type == "passkey"
+    # The base model's numbers are in the tables but not claimed as this model's results.
+    assert len(results) == len(ppl) + len(passkey)
+
+
+def test_card_prose_has_rope_recipe_tables_and_loading(tiny_run):
+    text = build_model_card(tiny_run, repo_id="me/tiny-llama-yarn-1k")
+    body = text.split("---", 2)[2]
+    config = json.loads((tiny_run / "config.json").read_text())
+    run = json.loads((tiny_run / "run.json").read_text())
+    # Every rope parameter, the lengths and the factor.
+    for key, value in config["rope_parameters"].items():
+        assert f"| rope_parameters.{key} | `{json.dumps(value)}` |" in body
+    assert "| original context | 256 |" in body and "| extended context | 1024 |" in body
+    assert "| factor | 4 |" in body
+    # Training recipe.
+    assert f"| steps | {run['steps']} |" in body
+    assert "| LoRA rank / alpha / dropout | 8 / 16 / 0.0 |" in body
+    assert "| trained in full | embed_tokens, norm |" in body
+    # Evaluation tables from the report, the plot, and the short-context cost against the base.
+    extended, report = _extended(tiny_run)
+    base = next(m for m in report["models"] if m["name"] == "base")
+    row = next(line for line in body.splitlines() if line.startswith(f"| {extended['name']} | "))
+    assert f"{extended['perplexity']['by_length']['1024']['ppl']:.4g}" in row
+    assert "![ppl_by_position](plots/ppl_by_position.png)" in body
+    b, e = base["perplexity"]["by_length"]["256"]["ppl"], extended["perplexity"]["by_length"]["256"]["ppl"]
+    assert f"| 256 | {b:.4g} | {e:.4g} | {100 * (e - b) / b:+.1f}% |" in body
+    assert "| 768–1024 |" in body  # position buckets
+    assert "| length | depth 0% | depth 100% | mean |" in body
+    cells = {c["depth"]: c["accuracy"] for c in extended["passkey"]["cells"] if c["length"] == 1024}
+    mean = sum(cells.values()) / len(cells)
+    assert f"| 1024 | {100 * cells[0]:.0f}% | {100 * cells[100]:.0f}% | {100 * mean:.0f}% |" in body
+    # Loading: the patched config must be passed; serving: the exact rope_parameters JSON and length.
+    assert 'config = AutoConfig.from_pretrained("me/tiny-llama-yarn-1k")' in body
+    assert 'PeftModel.from_pretrained(base, "me/tiny-llama-yarn-1k")' in body
+    block = re.search(r"```json\n(.*?)\n```", body, re.S)
+    assert block and json.loads(block.group(1)) == config["rope_parameters"]
+    overrides = re.search(r"--hf-overrides '(.*?)'", body)
+    assert overrides and json.loads(overrides.group(1))["rope_parameters"] == config["rope_parameters"]
+    assert "--max-model-len 1024" in body
+
+
+def test_merged_card_says_transformers_and_reports_the_merge_check(tmp_path_factory, tiny_model_dir):
+    merged, result = shared_merge(tmp_path_factory, tiny_model_dir)
+    card = ModelCard(build_model_card(merged, repo_id="me/tiny-merged"))
+    assert card.data.library_name == "transformers"
+    assert "lora" not in card.data.tags
+    assert card.data.eval_results  # the run's report travelled with the merged folder
+    assert "## Merge check" in card.text
+    assert f"max |Δlogit| = {result.max_abs_diff:.3g}" in card.text
+    assert 'AutoModelForCausalLM.from_pretrained("me/tiny-merged"' in card.text
+
+
+def test_card_without_reports_has_no_model_index(tiny_run):
+    card = ModelCard(build_model_card(tiny_run, reports=[]))
+    assert card.data.eval_results is None
+    assert "No evaluation report was published" in card.text
+    assert "Not measured" in card.text
+
+
+def test_report_layouts_single_model_and_nested_passkey():
+    # The minimal documented layout: perplexity.by_length at top level, passkey as {length: {depth: %}}.
+    report = {
+        "model": "me/x",
+        "perplexity": {"by_length": {"4096": {"ppl": 7.1, "nll": 1.96, "tokens": 10, "documents": 2}}},
+        "passkey": {"accuracy": {"4096": {"0": 100, "50": 50}, "8192": 0.25}},
+    }
+    (results,) = model_results(report)
+    assert results.name == "me/x"
+    assert results.ppl == {4096: 7.1}
+    assert results.passkey_grid == {4096: {0.0: 1.0, 50.0: 0.5}}
+    assert results.passkey == {4096: 0.75, 8192: 0.25}
+    extended, base = split_base(model_results({"models": [{"name": "base", **report}, {"name": "tuned", **report}]}))
+    assert (extended.name, base.name) == ("tuned", "base")
