@@ -264,6 +264,87 @@ def train(
 # merge, push (issue 5)
 # ------------------------------------------------------------------------------------------------
 
+
+@app.command()
+@friendly_errors
+def merge(
+    run: Annotated[Path, typer.Argument(help="run folder written by `ctxext train`")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="merged model folder to write (must not exist)")],
+    tolerance: Annotated[
+        float | None,
+        typer.Option(help="max |Δlogit| vs base + adapter (default: 1e-3 float32, 0.1 float16, 0.5 bfloat16)"),
+    ] = None,
+    smoke_length: Annotated[
+        int | None, typer.Option(help="tokens per smoke-test sequence (default: the run's target length)")
+    ] = None,
+    sequences: Annotated[int, typer.Option(help="random sequences whose logits are compared")] = 2,
+    device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda, cuda:N")] = "auto",
+    dtype: Annotated[
+        str, typer.Option(help="auto (float32 on CPU, the base's dtype on GPU), float32, bfloat16, float16")
+    ] = "auto",
+    force: Annotated[bool, typer.Option("--force", help="merge a run whose training did not complete")] = False,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
+) -> None:
+    """Merge a run's LoRA + trained modules into the full-precision base, smoke-test it at the target length."""
+    from ctxext.merge import merge_run
+
+    result = merge_run(
+        run,
+        out,
+        tolerance=tolerance,
+        smoke_length=smoke_length,
+        sequences=sequences,
+        device=device,
+        dtype=dtype,
+        allow_incomplete=force,
+        overwrite=overwrite,
+        log=console.print,
+    )
+    console.print(
+        f"[green]✓[/] {out}: logits within {result.tolerance:g} of base + adapter "
+        f"(max |Δ| {result.max_abs_diff:.3g}) at {result.length} tokens; loads in plain transformers"
+    )
+
+
+@app.command()
+@friendly_errors
+def push(
+    run_or_dir: Annotated[Path, typer.Argument(help="run folder, or a merged model folder from `ctxext merge`")],
+    repo_id: Annotated[str, typer.Option("--repo-id", help="target repository, USER/NAME")],
+    private: Annotated[
+        bool, typer.Option("--private/--public", help="visibility of a newly created repository")
+    ] = True,
+    revision: Annotated[str | None, typer.Option(help="branch to push to (created if missing)")] = None,
+    merged: Annotated[
+        bool, typer.Option("--merged", help="publish the merged model (a run is merged into RUN/merged first)")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="write the model card and list the files; send nothing")
+    ] = False,
+    report: Annotated[
+        list[Path] | None, typer.Option("--report", help="extra eval report.json for the card (repeatable)")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="publish a run whose training did not complete")] = False,
+    message: Annotated[str | None, typer.Option("--message", "-m", help="commit message")] = None,
+) -> None:
+    """Publish the adapter (or merged model) with a generated model card to the Hugging Face Hub, as one commit."""
+    from ctxext.hub import push as push_folder
+
+    result = push_folder(
+        run_or_dir,
+        repo_id,
+        private=private,
+        revision=revision,
+        merged=merged,
+        dry_run=dry_run,
+        force=force,
+        report=list(report or []),
+        commit_message=message,
+        log=lambda line: console.print(line, markup=False, highlight=False),
+    )
+    if not result.dry_run:
+        console.print(f"[green]✓[/] published {repo_id}: {result.commit_url}")
+
 # ------------------------------------------------------------------------------------------------
 # demo (issue 6)
 # ------------------------------------------------------------------------------------------------

@@ -160,6 +160,10 @@ class HubSection(_Section):
     private: bool = True
     push: bool = False
     revision: str | None = None
+    merged: bool = Field(
+        default=False,
+        description="push the merged model (ctxext merge, smoke-tested) instead of the adapter",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> HubSection:
