@@ -260,6 +260,11 @@ def train(
 # eval (issue 4)
 # ------------------------------------------------------------------------------------------------
 
+# The eval commands live in ctxext/evaluation/cli.py (typer only; heavy imports happen inside commands).
+from ctxext.evaluation.cli import eval_app  # noqa: E402
+
+app.add_typer(eval_app, name="eval")
+
 # ------------------------------------------------------------------------------------------------
 # merge, push (issue 5)
 # ------------------------------------------------------------------------------------------------

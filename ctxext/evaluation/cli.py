@@ -1,0 +1,356 @@
+"""``ctxext eval``: perplexity, passkey, needle, QA and suites, for one or several models side by side."""
+
+from __future__ import annotations
+
+import gc
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+eval_app = typer.Typer(
+    help="Evaluate long-context quality: perplexity by length / position, passkey and needle grids, QA, suites.",
+    no_args_is_help=True,
+)
+
+ModelOpt = Annotated[
+    list[str],
+    typer.Option("--model", "-m", help="model folder, Hub id, builtin:NAME or ctxext run folder (repeat to compare)"),
+]
+AdapterOpt = Annotated[
+    list[str] | None, typer.Option("--adapter", help="LoRA adapter per --model, in order ('none' for no adapter)")
+]
+NameOpt = Annotated[list[str] | None, typer.Option("--name", help="report label per --model")]
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="report folder (report.json, report.md, PNG plots)")]
+DeviceOpt = Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available)")]
+BeyondOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-beyond-context", help="evaluate lengths above a model's context (marked †) instead of failing"
+    ),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")]
+
+
+def _ints(text: str, what: str) -> list[int]:
+    from ctxext.errors import InputError
+
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise InputError(f"{what}: expected comma-separated integers, got {text!r}") from None
+
+
+def _floats(text: str, what: str) -> list[float]:
+    from ctxext.errors import InputError
+
+    try:
+        return [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise InputError(f"{what}: expected comma-separated numbers, got {text!r}") from None
+
+
+def _run(
+    models: list[str],
+    adapters: list[str] | None,
+    names: list[str] | None,
+    out: Path,
+    device: str | None,
+    task: str,
+    fn: Callable[[Any], dict[str, Any]],
+    data: dict[str, Any],
+) -> dict[str, Any]:
+    from ctxext.cli import console
+    from ctxext.evaluation.loading import load_model, parse_model_specs
+    from ctxext.evaluation.report import build_report, model_entry, write_report
+
+    specs = parse_model_specs(models, adapters, names)
+    entries = []
+    for spec in specs:
+        with console.status(f"loading {spec.label()}"):
+            loaded = load_model(spec, device=device)
+        console.print(
+            f"[green]✓[/] {loaded.name}: rope {loaded.rope.rope_type} ×{loaded.rope.factor:g}, context "
+            f"{loaded.context_length} (original {loaded.original_length}), runtime RoPE verified"
+        )
+        entry = model_entry(loaded)
+        entry[task] = fn(loaded)
+        entries.append(entry)
+        del loaded
+        gc.collect()
+    report = build_report(entries, data=data, command=" ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]]))
+    write_report(report, out)
+    return report
+
+
+def _print_summary(report: dict[str, Any], out: Path) -> None:
+    from rich.table import Table
+
+    from ctxext.cli import console
+
+    for m in report["models"]:
+        if m.get("perplexity"):
+            p = m["perplexity"]
+            table = Table(title=f"perplexity — {m['name']} ({p['mode']})")
+            for col in ("length", "ppl", "95% CI", "docs", "tokens"):
+                table.add_column(col)
+            for L, e in p["by_length"].items():
+                if e.get("ppl") is not None:
+                    mark = " †" if e.get("beyond_context") else ""
+                    table.add_row(
+                        L + mark,
+                        f"{e['ppl']:.4g}",
+                        f"{e['ci_low']:.4g}–{e['ci_high']:.4g}",
+                        str(e["documents"]),
+                        str(e["tokens"]),
+                    )
+            if p.get("short_context") and p["short_context"].get("ppl"):
+                s = p["short_context"]
+                table.add_row(
+                    f"{s['length']} (original)",
+                    f"{s['ppl']:.4g}",
+                    f"{s['ci_low']:.4g}–{s['ci_high']:.4g}",
+                    str(s["documents"]),
+                    str(s["tokens"]),
+                )
+            console.print(table)
+        for task in ("passkey", "needle"):
+            if m.get(task):
+                ov = m[task]["overall"]
+                console.print(
+                    f"{task} — {m['name']}: {ov['accuracy'] * 100:.1f} % [{ov['ci_low'] * 100:.1f}, "
+                    f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials"
+                )
+        if m.get("qa"):
+            q = m["qa"]["overall"]
+            console.print(
+                f"qa — {m['name']}: EM {q['exact_match']:.1f}, F1 {q['f1']:.1f} over {q['examples']} examples "
+                f"({m['qa']['truncated']} truncated in the middle)"
+            )
+    console.print(f"[green]✓[/] report written to {out}/report.json, report.md and PNG plots")
+
+
+def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    from ctxext.cli import friendly_errors
+
+    return friendly_errors(fn)
+
+
+@eval_app.command("ppl")
+@_friendly
+def ppl_cmd(
+    model: ModelOpt,
+    data: Annotated[str, typer.Option(help="text file, folder, jsonl/parquet/csv, Hub data set, or builtin:stdlib")],
+    lengths: Annotated[str, typer.Option(help="evaluation lengths, e.g. 2048,4096,8192")],
+    out: OutOpt,
+    bucket_size: Annotated[int | None, typer.Option(help="position bucket width (divides the longest length)")] = None,
+    adapter: AdapterOpt = None,
+    name: NameOpt = None,
+    text_field: Annotated[str, typer.Option(help="text column of table-like data")] = "text",
+    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
+    max_docs: Annotated[int | None, typer.Option(help="at most this many documents (long enough ones)")] = None,
+    stride: Annotated[
+        int | None, typer.Option(help="sliding-window mode: score whole documents, windows moved by this")
+    ] = None,
+    max_doc_tokens: Annotated[int | None, typer.Option(help="sliding-window mode: cut documents to this")] = None,
+    context_limits: Annotated[str | None, typer.Option(help="context-use curve: limits k, e.g. 32,128,512")] = None,
+    mode: Annotated[str, typer.Option(help="auto, one-pass or per-length")] = "auto",
+    short_context: Annotated[bool, typer.Option(help="also report ppl at the original context")] = True,
+    chunk_size: Annotated[int, typer.Option(help="positions projected onto the vocabulary at once")] = 1024,
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples for the 95% CIs")] = 1000,
+    allow_beyond_context: BeyondOpt = False,
+    device: DeviceOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Perplexity by evaluation length and token-position bucket (truncated documents), with 95% CIs."""
+    from ctxext.evaluation.data import describe_source, iter_texts
+    from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+
+    settings = PerplexitySettings(
+        lengths=_ints(lengths, "--lengths"),
+        bucket_size=bucket_size,
+        stride=stride,
+        context_limits=_ints(context_limits, "--context-limits") if context_limits else [],
+        max_docs=max_docs,
+        max_doc_tokens=max_doc_tokens,
+        chunk_size=chunk_size,
+        resamples=resamples,
+        short_context=short_context,
+        allow_beyond_context=allow_beyond_context,
+        mode=mode,
+    )
+    settings.validate()
+
+    def task(loaded: Any) -> dict[str, Any]:
+        return evaluate_perplexity(loaded, iter_texts(data, text_field, split), settings, not quiet)
+
+    report = _run(
+        model, adapter, name, out, device, "perplexity", task, {"perplexity": describe_source(data, text_field, split)}
+    )
+    _print_summary(report, out)
+
+
+@eval_app.command("passkey")
+@_friendly
+def passkey_cmd(
+    model: ModelOpt,
+    lengths: Annotated[str, typer.Option(help="prompt lengths in tokens, e.g. 4096,8192")],
+    out: OutOpt,
+    depths: Annotated[str, typer.Option(help="needle depths in percent")] = "0,25,50,75,100",
+    trials: Annotated[int, typer.Option(help="prompts (keys) per cell")] = 5,
+    seed: Annotated[int, typer.Option(help="seed of the keys")] = 0,
+    adapter: AdapterOpt = None,
+    name: NameOpt = None,
+    allow_beyond_context: BeyondOpt = False,
+    device: DeviceOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Passkey retrieval (Landmark Attention prompt) over lengths × depths, greedy, k seeded keys per cell."""
+    from ctxext.evaluation.passkey import GridSettings, evaluate_passkey
+
+    grid = GridSettings(
+        lengths=_ints(lengths, "--lengths"),
+        depths=_floats(depths, "--depths"),
+        trials=trials,
+        seed=seed,
+        allow_beyond_context=allow_beyond_context,
+    )
+    grid.validate()
+    report = _run(model, adapter, name, out, device, "passkey", lambda lm: evaluate_passkey(lm, grid, not quiet), {})
+    _print_summary(report, out)
+
+
+@eval_app.command("needle")
+@_friendly
+def needle_cmd(
+    model: ModelOpt,
+    lengths: Annotated[str, typer.Option(help="prompt lengths in tokens")],
+    out: OutOpt,
+    haystack: Annotated[
+        str, typer.Option(help="haystack text: file, folder, jsonl, Hub data set, builtin:stdlib")
+    ] = "builtin:stdlib",
+    needle: Annotated[str | None, typer.Option(help="the sentence to hide")] = None,
+    question: Annotated[str | None, typer.Option(help="the text that ends the prompt and asks for it")] = None,
+    answer: Annotated[str | None, typer.Option(help="expected answer (all its words must appear)")] = None,
+    text_field: Annotated[str, typer.Option(help="text column of a table-like haystack")] = "text",
+    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
+    depths: Annotated[str, typer.Option(help="needle depths in percent")] = "0,25,50,75,100",
+    trials: Annotated[int, typer.Option(help="haystack offsets per cell")] = 3,
+    seed: Annotated[int, typer.Option(help="seed of the haystack offsets")] = 0,
+    adapter: AdapterOpt = None,
+    name: NameOpt = None,
+    allow_beyond_context: BeyondOpt = False,
+    device: DeviceOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Needle in a haystack over lengths × depths with a configurable haystack, needle, question and answer."""
+    from ctxext.evaluation.data import describe_source
+    from ctxext.evaluation.passkey import GridSettings, NeedleTask, evaluate_needle
+
+    task = NeedleTask(haystack=haystack, text_field=text_field, split=split)
+    for key, value in (("needle", needle), ("question", question), ("answer", answer)):
+        if value:
+            setattr(task, key, value)
+    grid = GridSettings(
+        lengths=_ints(lengths, "--lengths"),
+        depths=_floats(depths, "--depths"),
+        trials=trials,
+        seed=seed,
+        allow_beyond_context=allow_beyond_context,
+    )
+    grid.validate()
+    report = _run(
+        model,
+        adapter,
+        name,
+        out,
+        device,
+        "needle",
+        lambda lm: evaluate_needle(lm, GridSettings(**vars(grid)), task, not quiet),
+        {"needle": describe_source(haystack, text_field, split)},
+    )
+    _print_summary(report, out)
+
+
+@eval_app.command("qa")
+@_friendly
+def qa_cmd(
+    model: ModelOpt,
+    data: Annotated[str, typer.Option(help="jsonl / json / parquet / csv file or Hub data set")],
+    out: OutOpt,
+    context_field: Annotated[str, typer.Option(help="column with the document")] = "context",
+    question_field: Annotated[str, typer.Option(help="column with the question")] = "question",
+    answers_field: Annotated[str, typer.Option(help="column with the answer(s)")] = "answers",
+    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
+    max_examples: Annotated[int | None, typer.Option(help="at most this many examples")] = None,
+    max_length: Annotated[int | None, typer.Option(help="prompt budget in tokens (default: model context)")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="answer budget in tokens")] = 32,
+    length_edges: Annotated[str, typer.Option(help="context-length bucket edges in tokens")] = "4000,8000",
+    adapter: AdapterOpt = None,
+    name: NameOpt = None,
+    device: DeviceOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Long-document QA: greedy answers, SQuAD EM / F1 by answer position and context length."""
+    from ctxext.evaluation.data import describe_source
+    from ctxext.evaluation.qa import QASettings, evaluate_qa
+
+    settings = QASettings(
+        data=data,
+        context_field=context_field,
+        question_field=question_field,
+        answers_field=answers_field,
+        split=split,
+        max_examples=max_examples,
+        max_length=max_length,
+        max_new_tokens=max_new_tokens,
+        length_edges=_ints(length_edges, "--length-edges"),
+    )
+    report = _run(
+        model,
+        adapter,
+        name,
+        out,
+        device,
+        "qa",
+        lambda lm: evaluate_qa(lm, settings, not quiet),
+        {"qa": describe_source(data, split=split)},
+    )
+    _print_summary(report, out)
+
+
+@eval_app.command("run")
+@_friendly
+def run_cmd(
+    suite: Annotated[Path, typer.Argument(help="suite YAML (eval/long-context.yaml, eval/tiny-cpu.yaml)")],
+    model: ModelOpt,
+    out: OutOpt,
+    adapter: AdapterOpt = None,
+    name: NameOpt = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="suite override key=value (repeatable)")] = None,
+    device: DeviceOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run an evaluation suite on one or several models and write one side-by-side report."""
+    from ctxext.evaluation.loading import parse_model_specs
+    from ctxext.evaluation.suite import load_suite, run_suite
+
+    parsed, _ = load_suite(suite, overrides or [])
+    specs = parse_model_specs(model, adapter, name)
+    report = run_suite(
+        parsed,
+        specs,
+        out,
+        str(suite),
+        not quiet,
+        command=" ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]]),
+        device=device,
+    )
+    for note in report["suite"]["notes"]:
+        from ctxext.cli import console
+
+        console.print(f"[yellow]note:[/] {note}")
+    _print_summary(report, out)

@@ -1,0 +1,510 @@
+"""Evaluation reports: ``report.json`` (stable schema), ``report.md`` and PNG plots, models side by side.
+
+``report.json`` schema (``"schema": "ctxext.eval.report/v1"``; fields are only added, never renamed)::
+
+    {
+      "schema": "ctxext.eval.report/v1", "ctxext_version": str, "created": ISO-8601 UTC,
+      "suite": {name, path, ...} | null, "command": str | null,
+      "environment": {"python", "torch", "transformers", "peft", "device"},
+      "data": {"perplexity": {source, text_field, split, note?}, "needle": {...}, "qa": {...}},
+      "models": [
+        {
+          "name": str,                                   # report label
+          "model": {ref, base, base_path, adapter, config_from, dtype, device, attention, parameters, rope_verified},
+          "rope": {rope_type, rope_theta, original_length, current_length, factor, rotary_dim, parameters, ...},
+          "perplexity": {                                 # present when the ppl task ran
+            "protocol": str, "mode": "one-pass" | "per-length" | "sliding",
+            "by_length": {"<L>": {ppl, nll, tokens, documents, ci_low, ci_high, beyond_context}},
+            "by_bucket": [{start, end, ppl, nll, tokens, documents, ci_low, ci_high}],   # start incl., end excl.
+            "bucket_length": int, "bucket_documents": int,
+            "short_context": {length, ppl, nll, tokens, documents, ci_low, ci_high},   # at the original length
+            "context_use": {targets: {start, end, tokens_per_document, documents}, full: {ppl, ...},
+                            limits: [{context, stride, ppl, nll, tokens, documents, ci_low, ci_high,
+                                      gain_nll, gain_nll_ci_low, gain_nll_ci_high, ppl_ratio}]},
+            "documents": {read, too_short, min_tokens, evaluated, per_length: {"<L>": n}},
+            "settings": {...}, "forward_passes": int, "tokens_processed": int, "seconds": float
+          },
+          "passkey" / "needle": {
+            "cells": [{length, depth, trials, correct, accuracy, score, ci_low, ci_high, beyond_context, examples}],
+            "by_length": {"<L>": {correct, trials, accuracy, ci_low, ci_high}}, "by_depth": {...}, "overall": {...},
+            "settings": {...}, "prompt": {...}, "seconds": float
+          },
+          "qa": {examples, truncated, prompt_budget, overall: {examples, exact_match, f1, exact_match_ci, f1_ci},
+                 by_position: {"0-20%": {...}, ..., "not found": {...}}, by_length: {"0-4000": {...}, ...},
+                 samples, settings, seconds}
+        }
+      ]
+    }
+
+``nll`` is the mean negative log-likelihood in nats per token, ``ppl = exp(nll)``; ``ci_low`` / ``ci_high``
+bound the perplexity (95 % bootstrap over documents); accuracies carry 95 % Wilson intervals; EM / F1 are
+percentages with 95 % bootstrap intervals over examples.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "ctxext.eval.report/v1"
+PPL_PROTOCOL = (
+    "truncated-document perplexity: each document tokenized with the tokenizer's defaults (BOS where it adds "
+    "one) and cut to L tokens; token t is predicted from tokens < t; ppl(L) over documents with >= L tokens; "
+    "buckets over documents reaching the longest length; 95% bootstrap CI over documents"
+)
+SLIDING_PROTOCOL = (
+    "strided sliding window (transformers docs): whole documents, windows of L tokens moved by the stride, each "
+    "token scored once from its window; 95% bootstrap CI over documents"
+)
+
+
+def model_entry(loaded: Any) -> dict[str, Any]:
+    """The ``name`` / ``model`` / ``rope`` part of a model's report entry.
+
+    Args:
+        loaded: a :class:`~ctxext.evaluation.loading.LoadedModel`.
+
+    Returns:
+        A JSON-ready dict to which task sections are added.
+    """
+    rope = loaded.rope.to_dict()
+    rope["factor"] = loaded.rope.factor
+    return {"name": loaded.name, "model": dict(loaded.info), "rope": rope}
+
+
+def environment() -> dict[str, Any]:
+    """Versions and device, for reproducibility."""
+    import peft
+    import torch
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+    }
+
+
+def build_report(
+    models: list[dict[str, Any]],
+    data: dict[str, Any] | None = None,
+    suite: dict[str, Any] | None = None,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """Assemble a report from per-model entries.
+
+    Args:
+        models: entries from :func:`model_entry` with task sections added.
+        data: descriptions of the data sources per task.
+        suite: the suite that ran, if any.
+        command: the command line, if any.
+
+    Returns:
+        The report dict (see the module docstring for the schema).
+    """
+    from ctxext import __version__
+
+    for m in models:
+        ppl = m.get("perplexity")
+        if ppl and "protocol" not in ppl:
+            ppl["protocol"] = SLIDING_PROTOCOL if ppl.get("mode") == "sliding" else PPL_PROTOCOL
+    return {
+        "schema": SCHEMA,
+        "ctxext_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "suite": suite,
+        "command": command,
+        "environment": environment(),
+        "data": data or {},
+        "models": models,
+    }
+
+
+def write_report(report: dict[str, Any], out: str | Path) -> Path:
+    """Write ``report.json``, ``report.md`` and the PNG plots into ``out``, atomically.
+
+    Everything is written to a temporary folder next to ``out`` first and then moved in place, so an
+    interrupted run never leaves a report that looks complete.
+
+    Args:
+        report: from :func:`build_report`.
+        out: the output folder (created; an existing report in it is replaced).
+
+    Returns:
+        The output folder.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        plots = write_plots(report, tmp)
+        (tmp / "report.md").write_text(render_markdown(report, plots))
+        (tmp / "report.json").write_text(json.dumps(_clean(report), indent=2, allow_nan=False) + "\n")
+        if out.exists():
+            old = out.parent / f".{out.name}-old-{os.getpid()}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _clean(obj: Any) -> Any:
+    # JSON has no NaN / inf: they become null.
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):
+        return _clean(obj.item())
+    return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# Markdown
+# ---------------------------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return f"{x:.{digits}g}" if abs(x) < 1e4 else f"{x:.3e}"
+
+
+def _ppl_cell(e: dict[str, Any] | None) -> str:
+    if not e or e.get("ppl") is None:
+        return "–"
+    mark = " †" if e.get("beyond_context") else ""
+    return f"{_fmt(e['ppl'])} [{_fmt(e['ci_low'])}, {_fmt(e['ci_high'])}] ({e['documents']}){mark}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines + [""]
+
+
+def render_markdown(report: dict[str, Any], plots: dict[str, str] | None = None) -> str:
+    """``report.md``: models, perplexity by length / bucket / context limit, short-context regression, grids, QA.
+
+    Args:
+        report: the report dict.
+        plots: plot name → file name, embedded as images.
+
+    Returns:
+        Markdown text.
+    """
+    plots = plots or {}
+    models = report["models"]
+    names = [m["name"] for m in models]
+    lines = ["# ctxext evaluation report", ""]
+    if report.get("suite"):
+        lines += [f"Suite: `{report['suite'].get('name')}` ({report['suite'].get('path')})", ""]
+    lines += [
+        f"Created {report['created']} with ctxext {report['ctxext_version']} on {report['environment']['device']}.",
+        "",
+    ]
+    lines += ["## Models", ""]
+    rows = []
+    for m in models:
+        r, info = m["rope"], m["model"]
+        rows.append(
+            [
+                m["name"],
+                f"`{info.get('base') or info.get('ref')}`",
+                f"`{info['adapter']}`" if info.get("adapter") else "–",
+                r["rope_type"],
+                _fmt(r.get("factor")),
+                f"{r['rope_theta']:g}",
+                str(r["original_length"]),
+                str(r["current_length"]),
+                "✓" if info.get("rope_verified") else "not checked",
+            ]
+        )
+    lines += _table(["model", "base", "adapter", "rope", "factor", "θ", "original ctx", "context", "RoPE check"], rows)
+
+    ppl_models = [m for m in models if m.get("perplexity")]
+    if ppl_models:
+        lines += _ppl_markdown(ppl_models, report, plots)
+    for task, title in (("passkey", "Passkey retrieval"), ("needle", "Needle in a haystack")):
+        grid_models = [m for m in models if m.get(task)]
+        if grid_models:
+            lines += _grid_markdown(grid_models, task, title, plots)
+    qa_models = [m for m in models if m.get("qa")]
+    if qa_models:
+        lines += _qa_markdown(qa_models, plots)
+    lines += [
+        "---",
+        f"Models: {', '.join(names)}. Intervals are 95 %: bootstrap over documents for perplexities, Wilson for "
+        "accuracies, bootstrap over examples for EM / F1. With few documents, differences inside the intervals "
+        "are noise.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _ppl_markdown(models: list[dict[str, Any]], report: dict[str, Any], plots: dict[str, str]) -> list[str]:
+    names = [m["name"] for m in models]
+    first = models[0]["perplexity"]
+    data = (report.get("data") or {}).get("perplexity", {})
+    lines = ["## Perplexity", ""]
+    lines += [f"Data: `{data.get('source', '?')}`. Protocol: {first.get('protocol', PPL_PROTOCOL)}.", ""]
+    docs = first.get("documents", {})
+    lines += [
+        f"Documents: {docs.get('read')} read, {docs.get('too_short')} skipped as shorter than {docs.get('min_tokens')} "
+        f"tokens, {docs.get('evaluated')} evaluated. Cells: ppl [95 % CI] (documents); † beyond the model's context.",
+        "",
+        "### By evaluation length",
+        "",
+    ]
+    lengths = sorted({int(L) for m in models for L in m["perplexity"]["by_length"]})
+    rows = [[str(L)] + [_ppl_cell(m["perplexity"]["by_length"].get(str(L))) for m in models] for L in lengths]
+    lines += _table(["length"] + names, rows)
+    short = [(m["name"], m["perplexity"].get("short_context")) for m in models if m["perplexity"].get("short_context")]
+    if short:
+        lines += ["### Short-context regression (perplexity at the original context)", ""]
+        ref = short[0][1]
+        rows = []
+        for name, s in short:
+            delta = (s["ppl"] / ref["ppl"] - 1) * 100 if ref.get("ppl") and s.get("ppl") else None
+            rows.append([name, str(s["length"]), _ppl_cell(s), "–" if delta is None else f"{delta:+.2f} %"])
+        lines += _table(["model", "length", "ppl [95 % CI] (docs)", f"vs {short[0][0]}"], rows)
+    if any(m["perplexity"].get("by_bucket") for m in models):
+        lines += [f"### By token position (documents reaching {first.get('bucket_length')} tokens)", ""]
+        if "ppl_by_position" in plots:
+            lines += [f"![perplexity by position]({plots['ppl_by_position']})", ""]
+        buckets = max((m["perplexity"].get("by_bucket") or [] for m in models), key=len)
+        rows = []
+        for i, b in enumerate(buckets):
+            cells = []
+            for m in models:
+                bb = m["perplexity"].get("by_bucket") or []
+                cells.append(_ppl_cell(bb[i]) if i < len(bb) else "–")
+            rows.append([f"{b['start']}–{b['end']}"] + cells)
+        lines += _table(["positions"] + names, rows)
+    cu_models = [m for m in models if m["perplexity"].get("context_use")]
+    if cu_models:
+        t = cu_models[0]["perplexity"]["context_use"]["targets"]
+        lines += [
+            "### Context use",
+            "",
+            f"The same target tokens (positions {t['start']}–{t['end']} of {t['documents']} documents) scored with "
+            "their context cut to k tokens (windows of k moved by k/2: each target sees k/2 to k tokens). "
+            "Gain = NLL(k) − NLL(full) in nats/token [95 % paired bootstrap CI]; > 0 means the far context helps.",
+            "",
+        ]
+        if "context_use" in plots:
+            lines += [f"![context use]({plots['context_use']})", ""]
+        limits = sorted({e["context"] for m in cu_models for e in m["perplexity"]["context_use"]["limits"]})
+        rows = []
+        for k in limits:
+            row = [str(k)]
+            for m in cu_models:
+                e = next((x for x in m["perplexity"]["context_use"]["limits"] if x["context"] == k), None)
+                row.append("–" if e is None else _gain_cell(e))
+            rows.append(row)
+        rows.append(["full"] + [_ppl_cell(m["perplexity"]["context_use"]["full"]) for m in cu_models])
+        lines += _table(["context k"] + [m["name"] for m in cu_models], rows)
+    return lines
+
+
+def _gain_cell(e: dict[str, Any]) -> str:
+    gain = f"{e['gain_nll']:+.4f} [{e['gain_nll_ci_low']:+.4f}, {e['gain_nll_ci_high']:+.4f}]"
+    return f"{_fmt(e['ppl'])}; gain {gain}"
+
+
+def _grid_markdown(models: list[dict[str, Any]], task: str, title: str, plots: dict[str, str]) -> list[str]:
+    lines = [f"## {title}", ""]
+    if task in plots:
+        lines += [f"![{task}]({plots[task]})", ""]
+    for m in models:
+        res = m[task]
+        depths = sorted({c["depth"] for c in res["cells"]})
+        lengths = sorted({c["length"] for c in res["cells"]})
+        ov = res["overall"]
+        lines += [
+            f"**{m['name']}**: overall {ov['accuracy'] * 100:.1f} % "
+            f"[{ov['ci_low'] * 100:.1f}, {ov['ci_high'] * 100:.1f}] ({ov['trials']} trials). "
+            "Cells: accuracy % (trials).",
+            "",
+        ]
+        rows = []
+        for L in lengths:
+            row = [str(L)]
+            for d in depths:
+                c = next(c for c in res["cells"] if c["length"] == L and c["depth"] == d)
+                row.append(f"{c['accuracy'] * 100:.0f} ({c['trials']}){' †' if c.get('beyond_context') else ''}")
+            bl = res["by_length"][str(L)]
+            row.append(f"{bl['accuracy'] * 100:.0f} [{bl['ci_low'] * 100:.0f}, {bl['ci_high'] * 100:.0f}]")
+            rows.append(row)
+        lines += _table(["length \\ depth %"] + [f"{d:g}" for d in depths] + ["all [95 % CI]"], rows)
+    return lines
+
+
+def _qa_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
+    names = [m["name"] for m in models]
+    lines = ["## Long-document QA", ""]
+    if "qa" in plots:
+        lines += [f"![qa by bucket]({plots['qa']})", ""]
+
+    def cell(s: dict[str, Any] | None) -> str:
+        if not s or s.get("f1") is None:
+            return "–"
+        return f"EM {s['exact_match']:.1f} / F1 {s['f1']:.1f} ({s['examples']})"
+
+    rows = [["overall"] + [cell(m["qa"]["overall"]) for m in models]]
+    rows.append(["truncated (middle)"] + [f"{m['qa']['truncated']} of {m['qa']['examples']}" for m in models])
+    for key, label in (("by_position", "answer at"), ("by_length", "context tokens")):
+        buckets: list[str] = []
+        for m in models:
+            buckets += [b for b in m["qa"][key] if b not in buckets]
+        for b in buckets:
+            rows.append([f"{label} {b}"] + [cell(m["qa"][key].get(b)) for m in models])
+    lines += _table(["bucket"] + names, rows)
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------
+
+
+def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
+    """Write the PNG plots that the report's data supports.
+
+    Args:
+        report: the report dict.
+        folder: where to write.
+
+    Returns:
+        Plot name → file name.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = report["models"]
+    written: dict[str, str] = {}
+
+    ppl = [m for m in models if m.get("perplexity", {}).get("by_bucket")]
+    if ppl:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for m in ppl:
+            bb = m["perplexity"]["by_bucket"]
+            x = [(b["start"] + b["end"]) / 2 for b in bb]
+            ax.plot(x, [b["ppl"] for b in bb], marker="o", label=m["name"])
+            ax.fill_between(x, [b["ci_low"] for b in bb], [b["ci_high"] for b in bb], alpha=0.2)
+        for m in ppl:
+            ax.axvline(m["rope"]["original_length"], color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel("token position (bucket centre)")
+        ax.set_ylabel("perplexity")
+        ax.set_yscale("log")
+        ax.set_title("Perplexity by position (95 % CI; dotted: original context)")
+        ax.legend()
+        written["ppl_by_position"] = _save(fig, folder, "ppl_by_position.png")
+
+    by_len = [m for m in models if m.get("perplexity", {}).get("by_length")]
+    if by_len:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for m in by_len:
+            items = sorted(
+                ((int(L), e) for L, e in m["perplexity"]["by_length"].items() if e.get("ppl")), key=lambda t: t[0]
+            )
+            x = [L for L, _ in items]
+            ax.plot(x, [e["ppl"] for _, e in items], marker="o", label=m["name"])
+            ax.fill_between(x, [e["ci_low"] for _, e in items], [e["ci_high"] for _, e in items], alpha=0.2)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("evaluation length (tokens)")
+        ax.set_ylabel("perplexity")
+        ax.set_title("Perplexity by evaluation length (95 % CI)")
+        ax.legend()
+        written["ppl_by_length"] = _save(fig, folder, "ppl_by_length.png")
+
+    cu = [m for m in models if m.get("perplexity", {}).get("context_use")]
+    if cu:
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for m in cu:
+            c = m["perplexity"]["context_use"]
+            lim = c["limits"]
+            (line,) = ax.plot([e["context"] for e in lim], [e["ppl"] for e in lim], marker="o", label=m["name"])
+            ax.axhline(c["full"]["ppl"], color=line.get_color(), linestyle="--", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context limit k (tokens)")
+        ax.set_ylabel("perplexity of the same target tokens")
+        ax.set_title("Context use (dashed: full context)")
+        ax.legend()
+        written["context_use"] = _save(fig, folder, "context_use.png")
+
+    for task in ("passkey", "needle"):
+        grid = [m for m in models if m.get(task)]
+        if grid:
+            written[task] = _heatmap(plt, grid, task, folder)
+
+    qa = [m for m in models if m.get("qa")]
+    if qa:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for ax, key, title in ((axes[0], "by_position", "answer position"), (axes[1], "by_length", "context length")):
+            labels: list[str] = []
+            for m in qa:
+                labels += [b for b in m["qa"][key] if b not in labels]
+            width = 0.8 / len(qa)
+            for i, m in enumerate(qa):
+                vals = [(m["qa"][key].get(b) or {}).get("f1") or 0.0 for b in labels]
+                ax.bar([j + i * width for j in range(len(labels))], vals, width=width, label=m["name"])
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, rotation=30)
+            ax.set_ylim(0, 100)
+            ax.set_ylabel("F1 (%)")
+            ax.set_title(f"QA F1 by {title}")
+        axes[0].legend()
+        written["qa"] = _save(fig, folder, "qa_by_bucket.png")
+    return written
+
+
+def _heatmap(plt: Any, models: list[dict[str, Any]], task: str, folder: Path) -> str:
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models) + 1, 4), squeeze=False)
+    image = None
+    for ax, m in zip(axes[0], models, strict=True):
+        cells = m[task]["cells"]
+        lengths = sorted({c["length"] for c in cells})
+        depths = sorted({c["depth"] for c in cells})
+        grid = np.full((len(depths), len(lengths)), np.nan)
+        for c in cells:
+            grid[depths.index(c["depth"]), lengths.index(c["length"])] = c["accuracy"]
+        image = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+        ax.set_xticks(range(len(lengths)), [str(L) for L in lengths], rotation=45)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("depth (%)")
+        ax.set_title(m["name"])
+    fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
+    fig.suptitle("Passkey retrieval" if task == "passkey" else "Needle in a haystack")
+    return _save(fig, folder, f"{task}_heatmap.png", tight=False)
+
+
+def _save(fig: Any, folder: Path, name: str, tight: bool = True) -> str:
+    import matplotlib.pyplot as plt
+
+    if tight:
+        fig.tight_layout()
+    fig.savefig(folder / name, dpi=110)
+    plt.close(fig)
+    return name

@@ -1,0 +1,410 @@
+"""Evaluation suites: one YAML file names the tasks, lengths, buckets, depths, trials and data.
+
+Lengths (and context limits) are token counts or expressions relative to the *reference* model (the
+model with the longest configured context among those evaluated, i.e. the extended one):
+
+* ``"2x"``: twice the reference's original (pretraining) context;
+* ``"target"``: the reference's configured context.
+
+Relative lengths above the reference's context are dropped (and noted) unless
+``allow_beyond_context`` is set; models with a shorter context (the base, in a comparison) are evaluated
+at the same lengths, marked as beyond their context.
+
+Example (``eval/tiny-cpu.yaml``)::
+
+    name: tiny-cpu
+    allow_beyond_context: true
+    perplexity: {data: "builtin:stdlib", lengths: ["1x", "2x"], bucket_size: auto, context_limits: [32]}
+    passkey: {lengths: ["1x"], depths: [0, 50, 100], trials: 2}
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ctxext.errors import InputError
+
+Length = int | str
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PerplexityTask(_Section):
+    """The perplexity task of a suite."""
+
+    data: str = Field(default="builtin:stdlib", description="text file, folder, jsonl/parquet, Hub id, builtin:stdlib")
+    text_field: str = "text"
+    split: str = "test"
+    lengths: list[Length] = Field(default_factory=lambda: ["1x", "2x", "4x"])
+    bucket_size: int | str | None = Field(default="auto", description="tokens per bucket, 'auto' (longest/8) or null")
+    context_limits: list[Length] = Field(default_factory=list)
+    stride: int | None = None
+    max_docs: int | None = Field(default=20, gt=0)
+    short_context: bool = True
+    resamples: int = Field(default=1000, gt=0)
+
+
+class GridTask(_Section):
+    """A passkey or needle grid."""
+
+    lengths: list[Length] = Field(default_factory=lambda: ["1x", "2x", "4x"])
+    depths: list[float] = Field(default_factory=lambda: [0, 25, 50, 75, 100])
+    trials: int = Field(default=5, gt=0)
+    seed: int = 0
+    max_new_tokens: int = Field(default=12, gt=0)
+
+
+class NeedleSuiteTask(GridTask):
+    """A needle-in-a-haystack grid with its haystack and needle."""
+
+    haystack: str = "builtin:stdlib"
+    text_field: str = "text"
+    split: str = "test"
+    needle: str | None = None
+    question: str | None = None
+    answer: str | None = None
+
+
+class QATask(_Section):
+    """A long-document QA task."""
+
+    data: str
+    context_field: str = "context"
+    question_field: str = "question"
+    answers_field: str = "answers"
+    split: str = "test"
+    max_examples: int | None = Field(default=None, gt=0)
+    max_length: Length | None = None
+    max_new_tokens: int = Field(default=32, gt=0)
+    template: str | None = None
+    length_edges: list[int] = Field(default_factory=lambda: [4000, 8000])
+
+
+class Suite(_Section):
+    """An evaluation suite."""
+
+    name: str
+    description: str = ""
+    allow_beyond_context: bool = False
+    perplexity: PerplexityTask | None = None
+    passkey: GridTask | None = None
+    needle: NeedleSuiteTask | None = None
+    qa: QATask | None = None
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {}) if isinstance(node.get(k), dict) or k not in node else node[k]
+    node[keys[-1]] = value
+
+
+def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Suite, dict[str, Any]]:
+    """Read and validate a suite; ``overrides`` are ``key=value`` (dotted keys, YAML values).
+
+    Args:
+        path: the YAML file.
+        overrides: e.g. ``["perplexity.data=emozilla/pg19-test", "passkey.trials=10"]``.
+
+    Returns:
+        ``(suite, raw)``.
+
+    Raises:
+        InputError: a missing file, bad YAML, or invalid fields (all problems named by key).
+    """
+    p = Path(path)
+    if not p.is_file():
+        shipped = Path(__file__).resolve().parents[2] / "eval"
+        hint = (
+            f"; shipped suites: {', '.join(sorted(x.name for x in shipped.glob('*.yaml')))}" if shipped.is_dir() else ""
+        )
+        raise InputError(f"suite file {path} does not exist{hint}")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML: {exc}") from None
+    for item in overrides or []:
+        if "=" not in item:
+            raise InputError(f"override {item!r} must be key=value")
+        key, value = item.split("=", 1)
+        _set(raw, key.strip(), yaml.safe_load(value))
+    try:
+        suite = Suite.model_validate(raw)
+    except ValidationError as exc:
+        problems = "\n".join(f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InputError(f"invalid suite {path}:\n{problems}") from None
+    _resolve_paths(suite, p.resolve().parent)
+    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa)):
+        raise InputError(f"suite {path} names no task (perplexity, passkey, needle, qa)")
+    return suite, raw
+
+
+def _resolve_paths(suite: Suite, folder: Path) -> None:
+    # Data paths in a suite may be relative to the working folder, the suite's folder or its parent.
+    for task, key in (("perplexity", "data"), ("needle", "haystack"), ("qa", "data")):
+        section = getattr(suite, task)
+        if section is None:
+            continue
+        value = getattr(section, key)
+        if value.startswith("builtin:") or Path(value).exists():
+            continue
+        for base in (folder, folder.parent):
+            if (base / value).exists():
+                setattr(section, key, str(base / value))
+                break
+
+
+def resolve_length(value: Length, original: int, context: int) -> int:
+    """A suite length: an int, ``"Nx"`` (N × original context) or ``"target"`` (configured context)."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().lower()
+    if text == "target":
+        return context
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x", text)
+    if m:
+        return int(round(float(m.group(1)) * original))
+    if text.isdigit():
+        return int(text)
+    raise InputError(f"length {value!r}: use a token count, 'Nx' (N × the original context) or 'target'")
+
+
+def resolve_lengths(
+    values: list[Length], original: int, context: int, allow_beyond: bool
+) -> tuple[list[int], list[int]]:
+    """Resolve a list of suite lengths; returns ``(kept, dropped_beyond_context)``."""
+    out, dropped = [], []
+    for v in values:
+        L = resolve_length(v, original, context)
+        if L > context and not isinstance(v, int) and not allow_beyond:
+            dropped.append(L)
+        else:
+            out.append(L)
+    return sorted(set(out)), sorted(set(dropped))
+
+
+def _auto_bucket(longest: int) -> int:
+    for parts in (8, 4, 2, 1):
+        if longest % parts == 0:
+            return longest // parts
+    return longest
+
+
+def run_suite(
+    suite: Suite,
+    specs: list[Any],
+    out: str | Path,
+    suite_path: str | None = None,
+    show_progress: bool = True,
+    allow_beyond_for: set[int] | None = None,
+    command: str | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Run every task of a suite on every model (one model in memory at a time) and write the report.
+
+    Args:
+        suite: the validated suite.
+        specs: :class:`~ctxext.evaluation.loading.ModelSpec` list.
+        out: report folder.
+        suite_path: for the report.
+        show_progress: progress bars.
+        allow_beyond_for: indices of models evaluated past their context without error (comparisons).
+        command: the command line, for the report.
+        device: ``cpu`` / ``cuda``.
+
+    Returns:
+        The report dict (also written to ``out``).
+    """
+    from ctxext.evaluation.loading import load_model
+    from ctxext.rope import read_rope
+    from ctxext.sources import load_config
+
+    # The reference model (longest configured context) sets relative lengths, read from configs only.
+    states = []
+    for spec in specs:
+        cfg_ref = spec.config_from or spec.ref
+        from ctxext.evaluation.loading import is_run_folder
+
+        if spec.adapter and not spec.config_from:
+            if (Path(spec.adapter) / "config.json").is_file():
+                cfg_ref = spec.adapter
+        elif is_run_folder(spec.ref):
+            cfg_ref = spec.ref
+        config, _ = load_config(str(cfg_ref))
+        states.append(read_rope(config))
+    ref_state = max(states, key=lambda s: s.current_length)
+    original, context = ref_state.original_length, ref_state.current_length
+    allow = suite.allow_beyond_context
+    notes: list[str] = []
+
+    def lengths_of(values: list[Length], task: str) -> list[int]:
+        kept, dropped = resolve_lengths(values, original, context, allow)
+        if dropped:
+            notes.append(f"{task}: lengths {dropped} dropped (above the reference context {context})")
+        if not kept:
+            raise InputError(f"{task}: no length left at or below the reference context {context}")
+        return kept
+
+    plan: dict[str, Any] = {}
+    if suite.perplexity:
+        t = suite.perplexity
+        lengths = lengths_of(t.lengths, "perplexity")
+        limits = [resolve_length(k, original, context) for k in t.context_limits]
+        limits = [k for k in limits if k < lengths[-1]]
+        bucket = _auto_bucket(lengths[-1]) if t.bucket_size == "auto" else t.bucket_size
+        plan["perplexity"] = (lengths, limits, bucket)
+    if suite.passkey:
+        plan["passkey"] = lengths_of(suite.passkey.lengths, "passkey")
+    if suite.needle:
+        plan["needle"] = lengths_of(suite.needle.lengths, "needle")
+
+    entries = []
+    for i, spec in enumerate(specs):
+        loaded = load_model(spec, device=device)
+        beyond_ok = allow or (allow_beyond_for is not None and i in allow_beyond_for) or loaded.context_length < context
+        entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
+        entries.append(entry)
+        del loaded
+        gc.collect()
+    from ctxext.evaluation.data import describe_source
+    from ctxext.evaluation.report import build_report, write_report
+
+    data: dict[str, Any] = {}
+    if suite.perplexity:
+        data["perplexity"] = describe_source(suite.perplexity.data, suite.perplexity.text_field, suite.perplexity.split)
+    if suite.needle:
+        data["needle"] = describe_source(suite.needle.haystack, suite.needle.text_field, suite.needle.split)
+    if suite.qa:
+        data["qa"] = describe_source(suite.qa.data, split=suite.qa.split)
+    suite_info = {
+        "name": suite.name,
+        "path": suite_path,
+        "reference_context": context,
+        "reference_original_context": original,
+        "notes": notes,
+        "definition": suite.model_dump(),
+    }
+    report = build_report(entries, data=data, suite=suite_info, command=command)
+    write_report(report, out)
+    return report
+
+
+def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool, show: bool) -> dict[str, Any]:
+    from ctxext.evaluation.report import model_entry
+
+    entry = model_entry(loaded)
+    if suite.perplexity:
+        from ctxext.evaluation.data import iter_texts
+        from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+
+        t = suite.perplexity
+        lengths, limits, bucket = plan["perplexity"]
+        settings = PerplexitySettings(
+            lengths=lengths,
+            bucket_size=bucket,
+            stride=t.stride,
+            context_limits=limits,
+            max_docs=t.max_docs,
+            resamples=t.resamples,
+            short_context=t.short_context,
+            allow_beyond_context=beyond_ok,
+        )
+        entry["perplexity"] = evaluate_perplexity(loaded, iter_texts(t.data, t.text_field, t.split), settings, show)
+    for task in ("passkey", "needle"):
+        t = getattr(suite, task)
+        if t is None:
+            continue
+        from ctxext.evaluation.passkey import GridSettings, NeedleTask, evaluate_needle, evaluate_passkey
+
+        grid = GridSettings(
+            lengths=plan[task],
+            depths=list(t.depths),
+            trials=t.trials,
+            seed=t.seed,
+            max_new_tokens=t.max_new_tokens,
+            allow_beyond_context=beyond_ok,
+        )
+        if task == "passkey":
+            entry[task] = evaluate_passkey(loaded, grid, show)
+        else:
+            needle = NeedleTask(haystack=t.haystack, text_field=t.text_field, split=t.split)
+            for name in ("needle", "question", "answer"):
+                if getattr(t, name):
+                    setattr(needle, name, getattr(t, name))
+            entry[task] = evaluate_needle(loaded, grid, needle, show)
+    if suite.qa:
+        from ctxext.evaluation.qa import QA_TEMPLATE, QASettings, evaluate_qa
+
+        q = suite.qa
+        max_len = None
+        if q.max_length is not None:
+            max_len = resolve_length(q.max_length, loaded.original_length, loaded.context_length)
+        entry["qa"] = evaluate_qa(
+            loaded,
+            QASettings(
+                data=q.data,
+                context_field=q.context_field,
+                question_field=q.question_field,
+                answers_field=q.answers_field,
+                split=q.split,
+                max_examples=q.max_examples,
+                max_length=max_len,
+                max_new_tokens=q.max_new_tokens,
+                template=q.template or QA_TEMPLATE,
+                length_edges=list(q.length_edges),
+            ),
+            show,
+        )
+    return entry
+
+
+def run_suite_for_run(run_dir: str | Path, recipe: Any, show_progress: bool = True) -> Path:
+    """Evaluate a finished training run with its recipe's suite; the report goes to ``<run_dir>/eval/``.
+
+    Called by ``ctxext train`` at the end of training when ``recipe.eval.suite`` is set. With
+    ``recipe.eval.compare_base`` the base model and the patched-only model (base weights with the run's
+    patched config, no adapter) are evaluated on the same data, side by side.
+
+    Args:
+        run_dir: the run folder (``run.json``, adapter, patched ``config.json``).
+        recipe: the run's :class:`ctxext.config.Recipe`.
+        show_progress: progress bars.
+
+    Returns:
+        The report folder.
+    """
+    from ctxext.evaluation.loading import ModelSpec, run_base_model
+
+    run_dir = Path(run_dir)
+    suite_ref = recipe.eval.suite
+    if not suite_ref:
+        raise InputError("recipe eval.suite is not set")
+    suite_path = Path(suite_ref)
+    if not suite_path.is_file():
+        shipped = Path(__file__).resolve().parents[2] / suite_ref
+        suite_path = shipped if shipped.is_file() else suite_path
+    suite, _ = load_suite(suite_path)
+    specs = [ModelSpec(ref=str(run_dir), name="fine-tuned")]
+    allow: set[int] = set()
+    if getattr(recipe.eval, "compare_base", False):
+        base = run_base_model(run_dir)
+        specs = [
+            ModelSpec(ref=base, name="base"),
+            ModelSpec(ref=base, config_from=str(run_dir), name="patched only"),
+            *specs,
+        ]
+        allow = {0, 1}
+    out = run_dir / "eval"
+    run_suite(
+        suite, specs, out, str(suite_path), show_progress, allow, command=f"ctxext train (eval suite {suite_ref})"
+    )
+    return out
