@@ -52,6 +52,8 @@ class ModelResults:
         passkey: passkey accuracy (0–1) by length, averaged over depths.
         passkey_grid: accuracy by length, then by depth (percent).
         buckets: perplexity by position bucket.
+        beyond: lengths evaluated beyond the model's configured context.
+        short_context: ``(length, ppl)`` at the model's original length, when the report measured it.
     """
 
     name: str
@@ -62,6 +64,8 @@ class ModelResults:
     passkey: dict[int, float] = field(default_factory=dict)
     passkey_grid: dict[int, dict[float, float]] = field(default_factory=dict)
     buckets: list[dict[str, Any]] = field(default_factory=list)
+    beyond: set[int] = field(default_factory=set)
+    short_context: tuple[int, float] | None = None
 
     @property
     def empty(self) -> bool:
@@ -108,9 +112,14 @@ def _parse_ppl(section: Any, out: ModelResults) -> None:
             out.tokens[length] = int(entry["tokens"])
         if entry.get("documents") is not None:
             out.documents[length] = int(entry["documents"])
-        ci = entry.get("ppl_ci") or entry.get("ci95") or entry.get("ci")
+        ci = entry.get("ppl_ci") or entry.get("ci95") or entry.get("ci") or (entry.get("ci_low"), entry.get("ci_high"))
         if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(v, (int, float)) for v in ci):
             out.ppl_ci[length] = (float(ci[0]), float(ci[1]))
+        if entry.get("beyond_context"):
+            out.beyond.add(length)
+    short = section.get("short_context")
+    if isinstance(short, dict) and isinstance(short.get("ppl"), (int, float)) and short.get("length"):
+        out.short_context = (int(short["length"]), float(short["ppl"]))
     buckets = section.get("by_bucket")
     if isinstance(buckets, list):
         out.buckets = [b for b in buckets if isinstance(b, dict) and "start" in b and "ppl" in b]
@@ -349,18 +358,25 @@ def _dataset_ids(inputs: CardInputs) -> list[str]:
     if looks_like_hub_id(data.get("path")):
         ids.append(str(data["path"]))
     for report in inputs.reports:
-        ref = report.data.get("data")
-        ref = ref.get("path") or ref.get("name") if isinstance(ref, dict) else ref
-        if isinstance(ref, str) and looks_like_hub_id(ref) and ref not in ids:
+        ref = _report_data_ref(report)
+        if ref and looks_like_hub_id(ref) and ref not in ids:
             ids.append(ref)
     return ids
 
 
+def _report_data_ref(report: Report) -> str | None:
+    # ctxext.eval.report/v1 keeps {"data": {"perplexity": {"source": ...}}}; older layouts a path or name.
+    ref = report.data.get("data")
+    if isinstance(ref, dict) and isinstance(ref.get("perplexity"), dict):
+        ref = ref["perplexity"]
+    if isinstance(ref, dict):
+        ref = ref.get("source") or ref.get("path") or ref.get("name")
+    return ref if isinstance(ref, str) and ref else None
+
+
 def _eval_dataset(report: Report, inputs: CardInputs) -> tuple[str, str]:
     # (dataset_type, dataset_name) of a report's perplexity data for model-index.
-    ref = report.data.get("data")
-    if isinstance(ref, dict):
-        ref = ref.get("path") or ref.get("name")
+    ref = _report_data_ref(report)
     if isinstance(ref, str) and ref:
         if looks_like_hub_id(ref):
             return ref, ref
@@ -440,6 +456,8 @@ def _title(run: dict[str, Any], repo_id: str | None) -> str:
     if repo_id:
         return repo_id.split("/")[-1]
     base = str(run.get("base_model") or "model").rstrip("/").split("/")[-1]
+    if not run.get("target_length"):
+        return f"{base}-ctxext"
     return f"{base}-{run.get('method')}-{_tokens(run.get('target_length'))}"
 
 
@@ -451,10 +469,16 @@ def _summary(inputs: CardInputs, merged: bool) -> list[str]:
         target / original if isinstance(target, int) and isinstance(original, int) and original else None
     )
     kind = "a merged model (LoRA and trained modules folded into the base weights)" if merged else "a LoRA adapter"
+    if run.get("method") in (None, "none") or not target:
+        what = f"`{base}` fine-tuned at {run.get('seq_len')} tokens with its RoPE unchanged"
+    else:
+        what = (
+            f"`{base}` extended from **{original}** to **{target}** tokens with **{run.get('method')}** RoPE scaling"
+            + (f" (factor ×{_fmt(float(factor))})" if factor else "")
+            + f", then fine-tuned at {run.get('seq_len') or target} tokens"
+        )
     lines = [
-        f"`{base}` extended from **{original}** to **{target}** tokens with **{run.get('method')}** RoPE scaling"
-        + (f" (factor ×{_fmt(float(factor))})" if factor else "")
-        + f", then fine-tuned at {run.get('seq_len') or target} tokens. This repository holds {kind}.",
+        f"{what}. This repository holds {kind}.",
         "",
         "Made with ctxext, which verifies the runtime RoPE against an independent reference of the method's "
         "frequencies after every load and merge.",
@@ -525,7 +549,9 @@ def _recipe_section(inputs: CardInputs) -> list[str]:
     lines += [f"| {k} | {v} |" for k, v in rows if v is not None]
     lines += ["", "The full resolved recipe is `recipe.yaml` in this repository: `ctxext train recipe.yaml` reruns it."]
     if inputs.versions:
-        pinned = ", ".join(f"{k} {v}" for k, v in sorted(inputs.versions.items()) if isinstance(v, str))
+        libs = inputs.versions.get("libraries")
+        libs = libs if isinstance(libs, dict) else inputs.versions
+        pinned = ", ".join(f"{k} {v}" for k, v in sorted(libs.items()) if isinstance(v, str))
         if pinned:
             lines += ["", f"Software: {pinned}."]
     return lines
@@ -547,6 +573,8 @@ def _ppl_table(models: list[ModelResults]) -> list[str]:
                 cells.append(f"{_fmt(m.ppl[length])} ({_fmt(lo, 3)}–{_fmt(hi, 3)})")
             else:
                 cells.append(_fmt(m.ppl[length]))
+            if length in m.beyond:
+                cells[-1] += " †"
         lines.append(f"| {m.name} | " + " | ".join(cells) + " |")
     return lines
 
@@ -602,13 +630,15 @@ def _eval_section(inputs: CardInputs) -> list[str]:
             lines += [f"Protocol: {protocol}", ""]
         elif isinstance(protocol, dict):
             lines += ["Protocol: " + "; ".join(f"{k}: {v}" for k, v in protocol.items()), ""]
-        data = report.data.get("data")
+        data = _report_data_ref(report)
         if data:
-            lines += [f"Data: `{json.dumps(data) if isinstance(data, dict) else data}`", ""]
+            lines += [f"Data: `{data}`", ""]
         table = _ppl_table(models)
         if table:
             lines += ["Perplexity by evaluation length (lower is better; 95% interval in brackets where measured):", ""]
             lines += table
+            if any(m.beyond for m in models):
+                lines += ["", "† beyond that model's configured context."]
         lines += _bucket_table(models)
         lines += _passkey_tables(models)
         plots = [p for p in report.plots if p in inputs.plot_names]
@@ -627,6 +657,16 @@ def _short_context_section(inputs: CardInputs) -> list[str]:
         extended, base = split_base(model_results(report.data))
         if extended is None or base is None:
             continue
+        if extended.short_context and base.short_context and extended.short_context[0] == base.short_context[0]:
+            length, e = extended.short_context
+            b = base.short_context[1]
+            return lines + [
+                f"Perplexity at the original context ({length} tokens), base model vs this model:",
+                "",
+                "| length | base | this model | change |",
+                "| --- | --- | --- | --- |",
+                f"| {length} | {_fmt(b)} | {_fmt(e)} | {100 * (e - b) / b:+.1f}% |",
+            ]
         short = sorted(
             length for length in set(extended.ppl) & set(base.ppl) if not original or length <= int(original)
         )

@@ -151,14 +151,18 @@ def _patched_config(base_dir: Path, run_dir: Path, run: dict[str, Any]) -> tuple
             f"{run_dir} records no rope_parameters (neither config.json nor run.json): cannot rebuild the extended RoPE"
         )
     config.rope_parameters = dict(params)
-    config.max_position_embeddings = int(run_cfg.get("max_position_embeddings") or run["target_length"])
+    config.max_position_embeddings = int(
+        run_cfg.get("max_position_embeddings") or run.get("target_length") or config.max_position_embeddings
+    )
     if run_cfg.get("original_max_position_embeddings") is not None:
         config.original_max_position_embeddings = run_cfg["original_max_position_embeddings"]
     meta = run_cfg.get("ctxext") or {
         "method": run.get("method"),
         "original_length": run.get("original_length"),
         "target_length": run.get("target_length"),
-        "factor": (run["target_length"] / run["original_length"]) if run.get("original_length") else None,
+        "factor": (run["target_length"] / run["original_length"])
+        if run.get("original_length") and run.get("target_length")
+        else None,
     }
     config.ctxext = meta
     # Training may have resized the embeddings (added tokens); the adapter's copy has the new size.
@@ -387,7 +391,8 @@ def merge_run(
     dev = _device(device)
     torch_dtype = _dtype(dtype, dev, config)
     tol = float(tolerance if tolerance is not None else DEFAULT_TOLERANCE[torch_dtype])
-    length = int(smoke_length or run["target_length"])
+    # A run without a RoPE change (method none) has no target length: check at the configured context.
+    length = int(smoke_length or run.get("target_length") or config.max_position_embeddings)
 
     log(f"loading the base {base_dir} in {str(torch_dtype).replace('torch.', '')} on {dev} with the run's RoPE")
     model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, dtype=torch_dtype, attn_implementation="sdpa")

@@ -145,7 +145,7 @@ def _load(base_dir: Path, run_dir: Path | None) -> Any:
 
 @torch.no_grad()
 def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (256, 512, 1024)) -> dict[str, Any]:
-    """Measure a small side-by-side report (base vs base + adapter) and write ``<run>/eval/report.json`` + a PNG.
+    """Measure a side-by-side report (base vs base + adapter) and write ``<run>/eval/report.json`` + a PNG.
 
     Truncated-document perplexity on standard-library text, per length and per 256-token position
     bucket, and passkey trials on a lengths × depths grid.
@@ -169,7 +169,7 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
     tokenizer = AutoTokenizer.from_pretrained(run_dir)
     docs = text_tokens(tokenizer, max(lengths) * 2).view(2, max(lengths))
     models = []
-    for name, adapter in (("base", None), ("tiny-llama+yarn-1k", run_dir)):
+    for name, adapter in (("base", None), ("fine-tuned", run_dir)):
         model = _load(base_dir, adapter)
         logits = model(input_ids=docs).logits.float()
         nll = torch.nn.functional.cross_entropy(
@@ -178,11 +178,15 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
         by_length = {}
         for length in lengths:
             part = nll[:, : length - 1]
+            per_doc = part.mean(dim=1)  # the interval here: the range over the (two) documents
             by_length[str(length)] = {
                 "ppl": math.exp(float(part.mean())),
                 "nll": float(part.mean()),
                 "tokens": part.numel(),
                 "documents": docs.shape[0],
+                "ci_low": math.exp(float(per_doc.min())),
+                "ci_high": math.exp(float(per_doc.max())),
+                "beyond_context": adapter is None and length > ORIGINAL,
             }
         buckets = []
         for start in range(0, max(lengths), 256):
@@ -202,10 +206,25 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
         for length in lengths[-2:] if adapter is not None else ():
             for depth in (0, 100):
                 _, _, correct = passkey_trial(model, tokenizer, length, seed=length + depth, depth=depth / 100)
-                cells.append({"length": length, "depth": depth, "accuracy": float(correct), "trials": 1})
-        entry: dict[str, Any] = {"name": name, "perplexity": {"by_length": by_length, "by_bucket": buckets}}
+                cells.append(
+                    {"length": length, "depth": depth, "trials": 1, "correct": int(correct), "accuracy": float(correct)}
+                )
+        short = by_length[str(ORIGINAL)]
+        entry: dict[str, Any] = {
+            "name": name,
+            "perplexity": {
+                "by_length": by_length,
+                "by_bucket": buckets,
+                "short_context": {"length": ORIGINAL, **{k: short[k] for k in ("ppl", "nll", "tokens", "documents")}},
+            },
+        }
         if cells:
-            entry["passkey"] = {"cells": cells}
+            by_len = {}
+            for length in sorted({c["length"] for c in cells}):
+                mine = [c for c in cells if c["length"] == length]
+                correct = sum(c["correct"] for c in mine)
+                by_len[str(length)] = {"correct": correct, "trials": len(mine), "accuracy": correct / len(mine)}
+            entry["passkey"] = {"cells": cells, "by_length": by_len}
         models.append(entry)
     out = run_dir / "eval"
     out.mkdir(exist_ok=True)
@@ -218,9 +237,11 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
     ax.legend()
     fig.savefig(out / "ppl_by_position.png", dpi=60)
     plt.close(fig)
+    # The layout of ctxext.eval.report/v1 (ctxext/evaluation/report.py), the fields the card reads.
     report = {
+        "schema": "ctxext.eval.report/v1",
         "models": models,
-        "data": {"path": "builtin:stdlib", "documents": int(docs.shape[0])},
+        "data": {"perplexity": {"source": "builtin:stdlib", "documents": int(docs.shape[0])}},
         "protocol": "truncated-document perplexity; passkey: landmark-attention prompt, greedy, first number",
         "lengths": list(lengths),
     }

@@ -7,9 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
+from _hub_helpers import shared_merge, shared_run
 from huggingface_hub import ModelCard
 
-from _hub_helpers import shared_merge, shared_run
 from ctxext.card import build_model_card, model_results, split_base
 
 
@@ -68,9 +68,12 @@ def test_card_prose_has_rope_recipe_tables_and_loading(tiny_run):
     extended, report = _extended(tiny_run)
     base = next(m for m in report["models"] if m["name"] == "base")
     row = next(line for line in body.splitlines() if line.startswith(f"| {extended['name']} | "))
-    assert f"{extended['perplexity']['by_length']['1024']['ppl']:.4g}" in row
+    at_1k = extended["perplexity"]["by_length"]["1024"]
+    assert f"| {at_1k['ppl']:.4g} ({at_1k['ci_low']:.3g}–{at_1k['ci_high']:.3g}) |" in row
+    base_row = next(line for line in body.splitlines() if line.startswith("| base | "))
+    assert base_row.endswith(" † |")  # the base evaluated beyond its 256-token context is marked
     assert "![ppl_by_position](plots/ppl_by_position.png)" in body
-    b, e = base["perplexity"]["by_length"]["256"]["ppl"], extended["perplexity"]["by_length"]["256"]["ppl"]
+    b, e = base["perplexity"]["short_context"]["ppl"], extended["perplexity"]["short_context"]["ppl"]
     assert f"| 256 | {b:.4g} | {e:.4g} | {100 * (e - b) / b:+.1f}% |" in body
     assert "| 768–1024 |" in body  # position buckets
     assert "| length | depth 0% | depth 100% | mean |" in body

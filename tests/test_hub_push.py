@@ -1,0 +1,196 @@
+"""``ctxext push``: dry run, and every way a push can be refused, without sending anything anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+from _hub_helpers import copy_run, file_hashes, shared_run
+from typer.testing import CliRunner
+
+from ctxext.cli import app
+from ctxext.config import HubSection
+from ctxext.hub import HubError, push, push_run
+
+runner = CliRunner()
+PUBLISHED = {
+    "README.md",
+    "adapter_config.json",
+    "adapter_model.safetensors",
+    "config.json",
+    "eval/report.json",
+    "plots/ppl_by_position.png",
+    "recipe.yaml",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "versions.json",
+}
+
+
+def flat(result) -> str:
+    """The command's output with rich's line wrapping undone."""
+    return " ".join(result.output.split())
+
+
+def own_files(folder: Path) -> dict[str, str]:
+    """Hashes of the run's own files (the staged hub/ folder is push's output, rebuilt each time)."""
+    return {k: v for k, v in file_hashes(folder).items() if not k.startswith("hub/")}
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory, tiny_model_dir) -> Path:
+    return shared_run(tmp_path_factory, tiny_model_dir)
+
+
+@pytest.fixture()
+def run_copy(tiny_run, tmp_path) -> Path:
+    return copy_run(tiny_run, tmp_path / "run")
+
+
+@pytest.fixture()
+def online(monkeypatch, tmp_path):
+    """huggingface_hub as on a machine with network access, but with no stored token."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):
+        monkeypatch.delenv(var, raising=False)
+    return constants
+
+
+def test_dry_run_lists_exactly_the_staged_files_and_sends_nothing(run_copy):
+    before = own_files(run_copy)
+    result = runner.invoke(app, ["push", str(run_copy), "--repo-id", "me/tiny-yarn", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    staging = run_copy / "hub"
+    staged = {p.relative_to(staging).as_posix(): p.stat().st_size for p in staging.rglob("*") if p.is_file()}
+    assert set(staged) == PUBLISHED
+    out = flat(result)
+    assert "target: https://huggingface.co/me/tiny-yarn (private, default branch), LoRA adapter" in out
+    for name in staged:
+        assert name in out
+    assert "nothing was sent" in out
+    assert "checkpoints" not in out and "metrics.jsonl" not in out and "run.json" not in out
+    # The published adapter names the base by its Hub id, not the local folder training used.
+    assert json.loads((staging / "adapter_config.json").read_text())["base_model_name_or_path"] == "me/tiny-llama"
+    assert (staging / "README.md").read_text().startswith("---\nbase_model: me/tiny-llama\n")
+    assert own_files(run_copy) == before
+
+
+def test_dry_run_with_extra_report_and_public_branch(run_copy, tmp_path):
+    extra = tmp_path / "long-eval"
+    extra.mkdir()
+    entry = {"ppl": 9.5, "nll": 2.25, "tokens": 9, "documents": 1}
+    report = {"model": "x", "perplexity": {"by_length": {"2048": entry}}}
+    (extra / "report.json").write_text(json.dumps(report))
+    result = push(
+        run_copy, "me/tiny-yarn", private=False, revision="v1", dry_run=True, report=[extra], log=lambda s: None
+    )
+    names = {name for name, _ in result.plan.files}
+    assert "eval/long-eval/report.json" in names
+    assert "public, branch v1" in result.plan.describe()
+    assert "Perplexity @ 2048 tokens" in (run_copy / "hub" / "README.md").read_text()
+
+
+def test_missing_report_file_is_a_clear_error(run_copy, tmp_path):
+    result = runner.invoke(
+        app, ["push", str(run_copy), "--repo-id", "me/x", "--dry-run", "--report", str(tmp_path / "nope.json")]
+    )
+    assert result.exit_code == 2 and "does not exist" in flat(result)
+
+
+def test_bad_repo_id_is_refused(run_copy):
+    result = runner.invoke(app, ["push", str(run_copy), "--repo-id", "not a repo", "--dry-run"])
+    assert result.exit_code == 2 and "USER/NAME" in flat(result)
+    assert not (run_copy / "hub").exists()
+
+
+def test_incomplete_run_is_refused_unless_forced(tiny_run, tmp_path):
+    run = copy_run(tiny_run, tmp_path / "run", status="running")
+    result = runner.invoke(app, ["push", str(run), "--repo-id", "me/x", "--dry-run"])
+    assert result.exit_code == 2
+    assert "not complete" in flat(result) and "--force" in flat(result)
+    assert not (run / "hub").exists()
+    forced = runner.invoke(app, ["push", str(run), "--repo-id", "me/x", "--dry-run", "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert "unfinished training run" in (run / "hub" / "README.md").read_text()
+
+
+def test_no_token_says_how_to_log_in(run_copy, online):
+    before = own_files(run_copy)
+    with pytest.raises(HubError) as info:
+        push(run_copy, "me/tiny-yarn", log=lambda s: None)
+    message = str(info.value)
+    assert "hf auth login" in message and "HF_TOKEN" in message and "Nothing was uploaded" in message
+    assert own_files(run_copy) == before
+
+
+def test_offline_mode_is_named(run_copy):
+    # Tests run with HF_HUB_OFFLINE=1 (conftest), as a user with offline mode set would.
+    result = runner.invoke(app, ["push", str(run_copy), "--repo-id", "me/tiny-yarn"])
+    assert result.exit_code == 1 and "HF_HUB_OFFLINE=1" in flat(result)
+    assert "Traceback" not in result.output
+
+
+class _Refuse(BaseHTTPRequestHandler):
+    def _answer(self) -> None:
+        body = json.dumps({"error": "You don't have the rights to create a model under the namespace 'me'"}).encode()
+        self.send_response(403)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_HEAD = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_hub_refusing_is_a_clear_error_and_keeps_files(run_copy, online, monkeypatch):
+    server = HTTPServer(("127.0.0.1", 0), _Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.server_port}"
+    monkeypatch.setattr(online, "ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_TOKEN", "hf_not_a_real_token")
+    before = own_files(run_copy)
+    try:
+        with pytest.raises(HubError) as info:
+            push(run_copy, "me/tiny-yarn", log=lambda s: None)
+    finally:
+        server.shutdown()
+    message = str(info.value)
+    assert endpoint in message and "403" in message and "write access" in message
+    assert own_files(run_copy) == before
+
+
+def test_unreachable_endpoint_fails_cleanly_from_the_command_line(run_copy):
+    """A real process with the user's environment: HF_ENDPOINT pointing at a closed port."""
+    before = own_files(run_copy)
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0", "HF_TOKEN": "hf_not_real"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxext", "push", str(run_copy), "--repo-id", "me/tiny-yarn"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    err = " ".join(proc.stderr.split())
+    assert proc.returncode == 1, proc.stderr
+    assert "http://127.0.0.1:9 is unreachable" in err and "local files are unchanged" in err
+    assert "Traceback" not in proc.stderr
+    assert own_files(run_copy) == before
+
+
+def test_push_run_follows_the_recipe_hub_section(run_copy):
+    assert push_run(run_copy, HubSection(repo_id="me/x", push=False)) is None
+    with pytest.raises(HubError, match="HF_HUB_OFFLINE"):
+        push_run(run_copy, HubSection(repo_id="me/x", push=True), log=lambda s: None)
+    assert (run_copy / "hub" / "README.md").is_file()
