@@ -1,0 +1,48 @@
+"""Long-context evaluation: perplexity by length / position / context limit, passkey and needle grids, QA, reports.
+
+The public names load lazily (torch and transformers are imported on first use, so ``ctxext --help``
+stays fast)::
+
+    from ctxext.evaluation import load_model, ModelSpec, evaluate_perplexity, PerplexitySettings
+    lm = load_model(ModelSpec("runs/llama2-yarn-32k"))
+    res = evaluate_perplexity(lm, texts, PerplexitySettings(lengths=[4096, 8192], bucket_size=1024))
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ModelSpec": "loading",
+    "LoadedModel": "loading",
+    "load_model": "loading",
+    "parse_model_specs": "loading",
+    "PerplexitySettings": "perplexity",
+    "evaluate_perplexity": "perplexity",
+    "token_nll": "perplexity",
+    "sliding_nll": "perplexity",
+    "GridSettings": "passkey",
+    "NeedleTask": "passkey",
+    "evaluate_passkey": "passkey",
+    "evaluate_needle": "passkey",
+    "build_prompt": "passkey",
+    "QASettings": "qa",
+    "evaluate_qa": "qa",
+    "build_report": "report",
+    "write_report": "report",
+    "model_entry": "report",
+    "load_suite": "suite",
+    "run_suite": "suite",
+    "run_suite_for_run": "suite",
+    "iter_texts": "data",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        module = importlib.import_module(f"ctxext.evaluation.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'ctxext.evaluation' has no attribute {name!r}")
