@@ -54,6 +54,10 @@ class ModelResults:
         buckets: perplexity by position bucket.
         beyond: lengths evaluated beyond the model's configured context.
         short_context: ``(length, ppl)`` at the model's original length, when the report measured it.
+        needle: needle-in-a-haystack accuracy by length; ``needle_grid`` by length and depth.
+        qa: long-document QA overall scores (``exact_match``, ``f1``, ``examples``).
+        is_base: the unmodified base model (no adapter, no patched config), when the report says.
+        protocol: the perplexity protocol the report states.
     """
 
     name: str
@@ -66,11 +70,16 @@ class ModelResults:
     buckets: list[dict[str, Any]] = field(default_factory=list)
     beyond: set[int] = field(default_factory=set)
     short_context: tuple[int, float] | None = None
+    needle: dict[int, float] = field(default_factory=dict)
+    needle_grid: dict[int, dict[float, float]] = field(default_factory=dict)
+    qa: dict[str, Any] | None = None
+    is_base: bool | None = None
+    protocol: str | None = None
 
     @property
     def empty(self) -> bool:
         """No perplexity, passkey or bucket numbers."""
-        return not (self.ppl or self.passkey or self.buckets)
+        return not (self.ppl or self.passkey or self.buckets or self.needle or self.qa)
 
 
 def _num(value: Any) -> float | None:
@@ -125,9 +134,12 @@ def _parse_ppl(section: Any, out: ModelResults) -> None:
         out.buckets = [b for b in buckets if isinstance(b, dict) and "start" in b and "ppl" in b]
 
 
-def _parse_passkey(section: Any, out: ModelResults) -> None:
+def _parse_grid(section: Any) -> tuple[dict[int, float], dict[int, dict[float, float]]]:
+    # Accuracy by length and by (length, depth) of a passkey or needle section, in any of the layouts.
+    by_length: dict[int, float] = {}
+    by_cell: dict[int, dict[float, float]] = {}
     if not isinstance(section, dict):
-        return
+        return by_length, by_cell
     grid: dict[int, dict[float, float]] = {}
     # Cells as a list of {length, depth, accuracy | correct}.
     for list_key in ("cells", "grid", "results", "trials", "by_length_depth"):
@@ -163,13 +175,13 @@ def _parse_passkey(section: Any, out: ModelResults) -> None:
             else:
                 acc = _accuracy(value)
                 if acc is not None:
-                    out.passkey[length] = acc
+                    by_length[length] = acc
     for length, cells in grid.items():
         real = {d: a for d, a in cells.items() if d >= 0}
         if real:
-            out.passkey_grid[length] = dict(sorted(real.items()))
-        out.passkey.setdefault(length, sum(cells.values()) / len(cells))
-    out.passkey = dict(sorted(out.passkey.items()))
+            by_cell[length] = dict(sorted(real.items()))
+        by_length.setdefault(length, sum(cells.values()) / len(cells))
+    return dict(sorted(by_length.items())), by_cell
 
 
 def _sections(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -214,7 +226,18 @@ def model_results(report: dict[str, Any]) -> list[ModelResults]:
     for name, section in _sections(report):
         results = ModelResults(name=name)
         _parse_ppl(section.get("perplexity"), results)
-        _parse_passkey(section.get("passkey"), results)
+        results.passkey, results.passkey_grid = _parse_grid(section.get("passkey"))
+        results.needle, results.needle_grid = _parse_grid(section.get("needle"))
+        qa = section.get("qa")
+        if isinstance(qa, dict) and isinstance(qa.get("overall"), dict):
+            results.qa = qa["overall"]
+        info = section.get("model")
+        if isinstance(info, dict) and ("adapter" in info or "config_from" in info):
+            # ctxext.eval reports say how each model was loaded: the base has neither adapter nor patch.
+            results.is_base = not info.get("adapter") and not info.get("config_from")
+        ppl = section.get("perplexity")
+        if isinstance(ppl, dict) and isinstance(ppl.get("protocol"), str):
+            results.protocol = ppl["protocol"]
         if not results.empty:
             out.append(results)
     return out
@@ -234,7 +257,7 @@ def split_base(results: list[ModelResults]) -> tuple[ModelResults | None, ModelR
     Returns:
         ``(extended, base)``; the extended one is the last non-base model (fine-tuned after patched-only).
     """
-    base = next((r for r in results if _is_base(r.name)), None)
+    base = next((r for r in results if (r.is_base if r.is_base is not None else _is_base(r.name))), None)
     others = [r for r in results if r is not base]
     return (others[-1] if others else None), base
 
@@ -579,20 +602,18 @@ def _ppl_table(models: list[ModelResults]) -> list[str]:
     return lines
 
 
-def _passkey_tables(models: list[ModelResults]) -> list[str]:
+def _grid_tables(models: list[ModelResults], task: str = "passkey", title: str = "Passkey accuracy") -> list[str]:
     lines: list[str] = []
     for m in models:
-        if not m.passkey:
+        by_length, grid = getattr(m, task), getattr(m, f"{task}_grid")
+        if not by_length:
             continue
-        depths = sorted({d for cells in m.passkey_grid.values() for d in cells})
-        lines += ["", f"Passkey accuracy, {m.name}:", ""]
+        depths = sorted({d for cells in grid.values() for d in cells})
+        lines += ["", f"{title}, {m.name}:", ""]
         header = "| length | " + " | ".join(f"depth {d:g}%" for d in depths) + (" | " if depths else "") + "mean |"
         lines += [header, "| --- |" + " --- |" * (len(depths) + 1)]
-        for length, acc in sorted(m.passkey.items()):
-            cells = [
-                f"{100 * m.passkey_grid.get(length, {})[d]:.0f}%" if d in m.passkey_grid.get(length, {}) else "-"
-                for d in depths
-            ]
+        for length, acc in sorted(by_length.items()):
+            cells = [f"{100 * grid.get(length, {})[d]:.0f}%" if d in grid.get(length, {}) else "-" for d in depths]
             lines.append(f"| {length} | " + " | ".join(cells) + (" | " if cells else "") + f"{100 * acc:.0f}% |")
     return lines
 
@@ -625,7 +646,7 @@ def _eval_section(inputs: CardInputs) -> list[str]:
         models = model_results(report.data)
         if len(inputs.reports) > 1:
             lines += [f"### {report.label}", ""]
-        protocol = report.data.get("protocol")
+        protocol = report.data.get("protocol") or next((m.protocol for m in models if m.protocol), None)
         if isinstance(protocol, str):
             lines += [f"Protocol: {protocol}", ""]
         elif isinstance(protocol, dict):
@@ -640,7 +661,16 @@ def _eval_section(inputs: CardInputs) -> list[str]:
             if any(m.beyond for m in models):
                 lines += ["", "† beyond that model's configured context."]
         lines += _bucket_table(models)
-        lines += _passkey_tables(models)
+        lines += _grid_tables(models)
+        lines += _grid_tables(models, "needle", "Needle-in-a-haystack accuracy")
+        qa = [m for m in models if m.qa]
+        if qa:
+            lines += ["", "Long-document QA (exact match / F1, %):", ""]
+            lines += [
+                f"- {m.name}: {_fmt(float(m.qa.get('exact_match', math.nan)), 3)} / "
+                f"{_fmt(float(m.qa.get('f1', math.nan)), 3)} ({m.qa.get('examples', '?')} questions)"
+                for m in qa
+            ]
         plots = [p for p in report.plots if p in inputs.plot_names]
         if plots:
             lines.append("")

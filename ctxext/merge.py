@@ -313,7 +313,8 @@ def passkey_trial(model: Any, tokenizer: Any, length: int, seed: int = 0, depth:
 def _untie_if_trained(model: Any) -> bool:
     # peft trains a *copy* of embed_tokens (modules_to_save); in a tied model lm_head still holds the
     # original weight. Saving with tie_word_embeddings=True would silently replace lm_head by the
-    # trained embeddings, so the merged model is untied instead.
+    # trained embeddings, so the merged model is untied instead. peft 0.21 does this itself in
+    # merge_and_unload (with a warning); this keeps older versions right too, and the smoke test checks it.
     inp, outp = model.get_input_embeddings(), model.get_output_embeddings()
     if not getattr(model.config, "tie_word_embeddings", False) or outp is None:
         return False

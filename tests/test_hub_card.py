@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
-from _hub_helpers import shared_merge, shared_run
+from _hub_helpers import copy_run, shared_merge, shared_run
 from huggingface_hub import ModelCard
 
 from ctxext.card import build_model_card, model_results, split_base
@@ -122,3 +123,36 @@ def test_report_layouts_single_model_and_nested_passkey():
     assert results.passkey == {4096: 0.75, 8192: 0.25}
     extended, base = split_base(model_results({"models": [{"name": "base", **report}, {"name": "tuned", **report}]}))
     assert (extended.name, base.name) == ("tuned", "base")
+
+
+def test_card_from_a_ctxext_eval_report_with_base_comparison(tiny_run, tmp_path):
+    """The report ``ctxext train`` writes at the end (eval suite, base and patched-only compared) feeds the card."""
+    from ctxext.config import load_recipe
+    from ctxext.evaluation.suite import run_suite_for_run
+
+    run = copy_run(tiny_run, tmp_path / "run")
+    shutil.rmtree(run / "eval")
+    # eval/tiny-cpu.yaml cut down to what the card reads, to keep this test short on two busy cores.
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "name: hub-card\nallow_beyond_context: true\n"
+        "perplexity: {data: builtin:stdlib, lengths: ['1x', '2x'], bucket_size: auto, max_docs: 4, resamples: 100}\n"
+        "passkey: {lengths: ['1x'], depths: [0, 100], trials: 1, max_new_tokens: 8}\n"
+    )
+    recipe = load_recipe(run / "recipe.yaml", [f"eval.suite={suite}", "eval.compare_base=true"])
+    run_suite_for_run(run, recipe, show_progress=False)
+    report = json.loads((run / "eval" / "report.json").read_text())
+    fine = next(m for m in report["models"] if m["name"] == "fine-tuned")
+    base = next(m for m in report["models"] if m["name"] == "base")
+
+    card = ModelCard(build_model_card(run, repo_id="me/tiny-llama-yarn-1k"))
+    ppl = {r.metric_config: r.metric_value for r in card.data.eval_results if r.metric_type == "perplexity"}
+    assert ppl == {k: round(v["ppl"], 4) for k, v in fine["perplexity"]["by_length"].items()}
+    passkey = {r.metric_config: r.metric_value for r in card.data.eval_results if r.metric_type == "accuracy"}
+    assert passkey == {k: round(100 * v["accuracy"], 2) for k, v in fine["passkey"]["by_length"].items()}
+    assert card.data.eval_results[0].dataset_name == "builtin:stdlib"
+    b, e = base["perplexity"]["short_context"]["ppl"], fine["perplexity"]["short_context"]["ppl"]
+    assert f"| {b:.4g} | {e:.4g} | {100 * (e - b) / b:+.1f}% |" in card.text
+    assert "Passkey accuracy, fine-tuned:" in card.text
+    for png in (run / "eval").glob("*.png"):
+        assert f"(plots/{png.name})" in card.text

@@ -194,3 +194,19 @@ def test_push_run_follows_the_recipe_hub_section(run_copy):
     with pytest.raises(HubError, match="HF_HUB_OFFLINE"):
         push_run(run_copy, HubSection(repo_id="me/x", push=True), log=lambda s: None)
     assert (run_copy / "hub" / "README.md").is_file()
+
+
+def test_merged_model_is_published_with_its_weights_and_a_transformers_card(run_copy, tmp_path_factory, tiny_model_dir):
+    import shutil
+
+    from _hub_helpers import shared_merge
+
+    merged, _ = shared_merge(tmp_path_factory, tiny_model_dir)
+    shutil.copytree(merged, run_copy / "merged")  # as `ctxext push RUN --merged` leaves it
+    result = push(run_copy, "me/tiny-yarn", merged=True, dry_run=True, log=lambda s: None)
+    names = {name for name, _ in result.plan.files}
+    assert result.plan.source == run_copy / "merged" and result.plan.merged
+    assert {"model.safetensors", "config.json", "tokenizer.json", "README.md", "eval/report.json"} <= names
+    assert not any(name.startswith("adapter_") for name in names) and "ctxext_merge.json" not in names
+    card = (run_copy / "merged" / "hub" / "README.md").read_text()
+    assert "library_name: transformers" in card and "## Merge check" in card
