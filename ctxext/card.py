@@ -754,6 +754,12 @@ def _load_section(inputs: CardInputs, merged: bool, repo_id: str) -> list[str]:
             f"{run.get('original_length')} tokens. `ctxext inspect` / `ctxext.verify_model_rope(model)` checks a "
             "loaded model.",
         ]
+    if not merged and not looks_like_hub_id(base):
+        note += [
+            "",
+            f"`{base}` is not a Hub id (training used a local or built-in model): replace it with the base "
+            "checkpoint's Hub id or folder.",
+        ]
     return ["## How to load", "", *code, *note]
 
 
@@ -786,13 +792,17 @@ def _serving_section(inputs: CardInputs, merged: bool, repo_id: str) -> list[str
         f"  --hf-overrides '{overrides}'",
         "```",
     ]
-    if params.get("rope_type", "default") != "default":
-        legacy = legacy_fields(params)
-        lines += [
-            "",
-            "Older engines that read the pre-transformers-5 fields: "
-            f"`rope_scaling = {json.dumps(legacy['rope_scaling'])}`, `rope_theta = {legacy['rope_theta']}`.",
-        ]
+    legacy = legacy_fields(params)
+    legacy_overrides = json.dumps({**legacy, "max_position_embeddings": max_pos})
+    lines += [
+        "",
+        "Engines built on transformers < 5 read `rope_scaling` / `rope_theta` instead:",
+        "",
+        "```bash",
+        f"vllm serve {serve_ref} --max-model-len {target} \\",
+        f"  --hf-overrides '{legacy_overrides}'",
+        "```",
+    ]
     if params.get("rope_type") in ("dynamic", "longrope"):
         lines += [
             "",

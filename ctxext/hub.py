@@ -429,6 +429,13 @@ def push(
         InputError: a bad repository id, folder or report.
     """
     plan, run = plan_push(run_or_dir, repo_id, private, revision, merged, force, report, log)
+    from ctxext.card import looks_like_hub_id
+
+    if not plan.merged and not looks_like_hub_id(run.get("base_model")):
+        log(
+            f"note: the run's base model {run.get('base_model')!r} is not a Hub id, so users of the adapter cannot "
+            "fetch it; the card says so. Publish the merged model (--merged) or train from a Hub model."
+        )
     if dry_run:
         log(plan.describe())
         log(f"dry run: model card written to {plan.staging / 'README.md'}; nothing was sent")
