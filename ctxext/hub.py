@@ -361,6 +361,9 @@ def hub_failure(exc: BaseException, endpoint: str, repo_id: str) -> HubError | N
         response = getattr(http, "response", None)
         status = getattr(response, "status_code", None)
         first_line = str(http).strip().splitlines()[0] if str(http).strip() else type(http).__name__
+        if http is not exc and str(exc).strip():
+            # huggingface_hub re-raises some refusals with the Hub's own explanation (e.g. invalid card metadata).
+            first_line = " ".join(str(exc).split())
         if status == 401:
             advice = "the token was rejected: log in again with `hf auth login` or set a valid HF_TOKEN."
         elif status == 403:

@@ -294,3 +294,103 @@ def copy_run(run_dir: Path, dest: Path, **changes: Any) -> Path:
     run.update(changes)
     (dest / "run.json").write_text(json.dumps(run, indent=2))
     return dest
+
+
+class LocalHub:
+    """A minimal local stand-in for the Hub's HTTP API (the real Hub is unreachable from tests).
+
+    It answers the calls huggingface_hub's ``create_repo``, ``create_branch`` and ``upload_folder``
+    make (repo creation, branch, README metadata validation, pre-upload, commit), telling the client
+    to send every file inline, and records each request so a test can check what a push really sent.
+
+    Args:
+        refuse_metadata: answer the metadata validation with a 400 error, as the Hub does for a bad card.
+    """
+
+    def __init__(self, refuse_metadata: bool = False):
+        self.requests: list[tuple[str, str, bytes]] = []
+        self.refuse_metadata = refuse_metadata
+
+    def __enter__(self) -> LocalHub:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding") == "chunked":
+                    data = b""
+                    while (size := int(self.rfile.readline().strip(), 16)) > 0:
+                        data += self.rfile.read(size)
+                        self.rfile.readline()
+                    self.rfile.readline()
+                    return data
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _send(self, code: int, obj: Any) -> None:
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                body = self._body()
+                hub.requests.append(("POST", self.path, body))
+                if self.path == "/api/repos/create":
+                    name = json.loads(body)
+                    return self._send(200, {"url": f"{hub.endpoint}/{name['organization']}/{name['name']}"})
+                if self.path == "/api/validate-yaml":
+                    if hub.refuse_metadata:
+                        return self._send(400, {"errors": [{"message": '"model-index" is invalid'}]})
+                    return self._send(200, {"errors": [], "warnings": []})
+                if "/preupload/" in self.path:
+                    files = json.loads(body)["files"]
+                    modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]
+                    return self._send(200, {"files": modes})
+                if "/branch/" in self.path:
+                    return self._send(200, {})
+                if "/commit/" in self.path:
+                    repo = self.path.split("/api/models/")[1].split("/commit/")[0]
+                    return self._send(
+                        200, {"commitUrl": f"{hub.endpoint}/{repo}/commit/{'0' * 40}", "commitOid": "0" * 40}
+                    )
+                return self._send(404, {"error": "not found"})
+
+            def do_GET(self) -> None:  # noqa: N802
+                hub.requests.append(("GET", self.path, b""))
+                self._send(404, {"error": "not found"})
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def commits(self) -> list[dict[str, Any]]:
+        """Every commit received: ``{"path": url path, "summary": ..., "files": {path in repo: bytes}}``."""
+        import base64
+
+        out = []
+        for method, path, body in self.requests:
+            if method != "POST" or "/commit/" not in path:
+                continue
+            commit: dict[str, Any] = {"path": path, "files": {}}
+            for line in body.decode().splitlines():
+                item = json.loads(line)
+                if item["key"] == "header":
+                    commit["summary"] = item["value"]["summary"]
+                elif item["key"] == "file":
+                    commit["files"][item["value"]["path"]] = base64.b64decode(item["value"]["content"])
+            out.append(commit)
+        return out

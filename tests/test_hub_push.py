@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-from _hub_helpers import copy_run, file_hashes, shared_run
+from _hub_helpers import LocalHub, copy_run, file_hashes, shared_run
 from typer.testing import CliRunner
 
 from ctxext.cli import app
@@ -210,3 +210,33 @@ def test_merged_model_is_published_with_its_weights_and_a_transformers_card(run_
     assert not any(name.startswith("adapter_") for name in names) and "ctxext_merge.json" not in names
     card = (run_copy / "merged" / "hub" / "README.md").read_text()
     assert "library_name: transformers" in card and "## Merge check" in card
+
+
+def test_push_sends_the_staged_folder_as_one_commit(run_copy, online, monkeypatch):
+    with LocalHub() as hub:
+        monkeypatch.setattr(online, "ENDPOINT", hub.endpoint)
+        monkeypatch.setenv("HF_TOKEN", "hf_local_test")
+        result = push(run_copy, "me/tiny-yarn", revision="v1", log=lambda s: None)
+    assert result.commit_url == f"{hub.endpoint}/me/tiny-yarn/commit/{'0' * 40}"
+    create = next(json.loads(body) for method, path, body in hub.requests if path == "/api/repos/create")
+    assert create == {"name": "tiny-yarn", "organization": "me", "visibility": "private", "type": "model"}
+    assert any(path == "/api/models/me/tiny-yarn/branch/v1" for _, path, _ in hub.requests)
+    (commit,) = hub.commits()
+    assert commit["path"] == "/api/models/me/tiny-yarn/commit/v1"
+    assert commit["summary"] == "ctxext: yarn 256→1024 adapter"
+    staging = run_copy / "hub"
+    assert set(commit["files"]) == PUBLISHED
+    for name, data in commit["files"].items():
+        assert data == (staging / name).read_bytes(), name
+    assert commit["files"]["adapter_model.safetensors"] == (run_copy / "adapter_model.safetensors").read_bytes()
+
+
+def test_card_refused_by_the_hub_is_a_clear_error(run_copy, online, monkeypatch):
+    with LocalHub(refuse_metadata=True) as hub:
+        monkeypatch.setattr(online, "ENDPOINT", hub.endpoint)
+        monkeypatch.setenv("HF_TOKEN", "hf_local_test")
+        with pytest.raises(HubError) as info:
+            push(run_copy, "me/tiny-yarn", log=lambda s: None)
+        assert hub.commits() == []
+    message = str(info.value)
+    assert hub.endpoint in message and "Invalid metadata in README.md" in message and "model-index" in message
