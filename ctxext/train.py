@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,21 @@ _OOM_ADVICE = (
     "embed_tokens from lora.extra_trainable; or spread the sequence over GPUs with FSDP2 and "
     "train.context_parallel_size (configs/accelerate/fsdp2.yaml)."
 )
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns.
+
+    Attributes:
+        run_dir: the complete run folder.
+        model: the trained peft model (unwrapped, eval mode) on the main process, else ``None``.
+        run: the ``run.json`` record.
+    """
+
+    run_dir: Path
+    model: Any
+    run: dict[str, Any]
 
 
 class TrainingDiverged(CtxextError):
@@ -251,13 +267,19 @@ def _validation_loss(model: Any, data: Any, recipe: Recipe, accelerator: Any, wo
     n = min(len(data), recipe.train.eval_batches * mb * world)
     total = torch.zeros((), device=accelerator.device)
     count = torch.zeros((), device=accelerator.device)
+    # Every process runs the same number of forward passes (DDP / FSDP forwards talk to each other);
+    # a process without a block of its own re-reads block 0 and does not count it.
+    rounds = math.ceil(n / (world * mb))
     model.eval()
     with torch.no_grad():
-        for first in range(rank * mb, n, world * mb):
-            ids = data[first : first + mb]["input_ids"].to(accelerator.device)
+        for j in range(rounds):
+            first = (j * world + rank) * mb
+            ids = data[first : min(first + mb, n)]["input_ids"] if first < n else data[0:1]["input_ids"]
+            ids = ids.to(accelerator.device)
             t, c = model(ids, shifted_labels(ids))
-            total += t.float()
-            count += c
+            if first < n:
+                total += t.float()
+                count += c
     model.train()
     total, count = accelerator.reduce(total, "sum"), accelerator.reduce(count, "sum")
     return float(total / count) if count > 0 else None
@@ -268,7 +290,7 @@ def _validation_loss(model: Any, data: Any, recipe: Recipe, accelerator: Any, wo
 # ---------------------------------------------------------------------------------------------
 
 
-def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None) -> Path:
+def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None) -> TrainResult:
     """Run a training recipe to completion and return its run folder.
 
     Args:
@@ -277,7 +299,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         command: the command line, recorded in ``versions.json``.
 
     Returns:
-        The run folder (complete).
+        A :class:`TrainResult` (the complete run folder, the trained model).
 
     Raises:
         InputError: an output folder in the way, bad data, a recipe that differs from the run's on resume.
@@ -472,6 +494,13 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         f"({recipe.quantization.mode}, {loaded.attn_implementation}, {optimizer_name}) on {accelerator.num_processes} "
         f"process(es): {cfg.max_steps} steps × {tokens_per_step:,} tokens, seq_len {seq}"
     )
+    if cfg.eval_every and counters.step == 0:
+        # The held-out loss before any training: the baseline every later val_loss is compared with.
+        initial_val = _validation_loss(model, data.validation, recipe, accelerator, world, rank)
+        write_run(initial_val_loss=initial_val)
+        if main and initial_val is not None:
+            metrics_file.write(json.dumps({"step": 0, "val_loss": initial_val}) + "\n")
+            metrics_file.flush()
     model.train()
     try:
         with progress:
@@ -560,6 +589,9 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         (ranks_dir / f"rank-{accelerator.process_index}.json").write_text(json.dumps({"blocks": consumed}))
 
     # --- final validation, then the run folder -----------------------------------------------------
+    (ranks_dir / f"rank-{accelerator.process_index}.json").write_text(
+        json.dumps({"blocks": consumed, "trainable_sha256": _trainable_digest(model)})
+    )
     if last_val is None:
         last_val = _validation_loss(model, data.validation, recipe, accelerator, world, rank)
     state_dict = accelerator.get_state_dict(model)
@@ -580,7 +612,20 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     accelerator.print(f"run complete: {out} (train loss {last_loss:.4f}, val loss {last_val})")
     if main:
         _after_training(out, recipe)
-    return out
+    unwrapped = accelerator.unwrap_model(model).peft_model.eval() if main else None
+    return TrainResult(run_dir=out, model=unwrapped, run=dict(run))
+
+
+def _trainable_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of the trainable weights, so processes can show they hold the same model."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        if param.requires_grad:
+            digest.update(name.encode())
+            digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _write_outputs(out: Path, peft_model: Any, state_dict: dict, loaded: Any, plan: Any, data: Any) -> None:

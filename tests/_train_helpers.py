@@ -1,0 +1,99 @@
+"""Helpers for the training tests: small recipes, subprocess launches, adapter tensors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Small and quick: the tiny Llama of the fixtures (context 256) at 2x its context, 10 stdlib files.
+BASE_RECIPE: dict[str, Any] = {
+    "model": {"path": "builtin:tiny-llama"},
+    "rope": {"method": "yarn", "target_length": 512},
+    "quantization": {"mode": "nf4"},
+    "lora": {"r": 4, "alpha": 8},
+    "data": {"path": "builtin:stdlib", "max_documents": 10, "validation_fraction": 0.2, "num_proc": 1},
+    "train": {
+        "seq_len": 512,
+        "micro_batch_size": 2,
+        "max_steps": 4,
+        "learning_rate": 2e-3,
+        "warmup_steps": 1,
+        "loss_chunk_size": 256,
+    },
+}
+
+
+def deep_update(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``base`` with nested ``changes`` applied."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_update(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def write_recipe(path: Path, output_dir: Path, **sections: dict[str, Any]) -> Path:
+    """Write a recipe YAML based on :data:`BASE_RECIPE` with section overrides."""
+    data = deep_update(BASE_RECIPE, sections)
+    data["output"] = {"dir": str(output_dir)}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def env(**extra: str) -> dict[str, str]:
+    """The environment of a training subprocess: offline, one thread (deterministic), the test cache."""
+    out = dict(os.environ)
+    # COLUMNS: rich wraps messages at the terminal width; wide enough keeps each message on one line.
+    out.update({"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "COLUMNS": "400"})
+    out.pop("WORLD_SIZE", None)
+    out.update(extra)
+    return out
+
+
+def ctxext_cmd(*args: str) -> list[str]:
+    """``python -m ctxext ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "ctxext", *args]
+
+
+def accelerate_cmd(num_processes: int, *args: str) -> list[str]:
+    """``accelerate launch --multi_gpu --num_processes N -m ctxext ARGS``."""
+    launcher = Path(sys.executable).with_name("accelerate")
+    return [
+        str(launcher),
+        "launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(num_processes),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(29500 + os.getpid() % 1000),
+        "-m",
+        "ctxext",
+        *args,
+    ]
+
+
+def run(cmd: list[str], timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:
+    """Run a command from the repository root and capture its output."""
+    return subprocess.run(cmd, cwd=ROOT, env=env(**extra_env), capture_output=True, text=True, timeout=timeout)
+
+
+def adapter_tensors(run_dir: Path) -> dict[str, Any]:
+    """The tensors of a run's ``adapter_model.safetensors``."""
+    from safetensors.torch import load_file
+
+    return load_file(str(run_dir / "adapter_model.safetensors"))

@@ -1,0 +1,88 @@
+"""Real multi-process runs on the CPU: 2-process DDP, the unsynchronised-launch guard, SIGKILL + --resume."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import torch
+
+from _train_helpers import ROOT, accelerate_cmd, adapter_tensors, ctxext_cmd, env, run, write_recipe
+from ctxext.train import read_run
+
+
+def test_two_process_ddp_shards_batches_and_ends_identical(tmp_path, cache_root):
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", train={"max_steps": 3, "eval_every": 3})
+    done = run(accelerate_cmd(2, "train", str(recipe)), ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = read_run(tmp_path / "run")
+    assert info["num_processes"] == 2
+    # Global batch: 2 processes x micro-batch 2 x 512 tokens per step.
+    assert info["tokens_seen"] == 3 * 2 * 2 * 512
+    ranks = [json.loads((tmp_path / "run" / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    blocks = [r["blocks"] for r in ranks]
+    # Each process trained on its own half: 3 steps x 2 blocks each, no block on both.
+    assert len(blocks[0]) == len(blocks[1]) == 6
+    assert not set(blocks[0]) & set(blocks[1])
+    # Gradients were averaged: both processes hold exactly the same trained weights.
+    assert ranks[0]["trainable_sha256"] == ranks[1]["trainable_sha256"]
+    assert info["final_val_loss"] is not None
+
+
+def test_unsynchronised_launch_is_detected(tmp_path, cache_root):
+    # --multi_gpu without CUDA and without ACCELERATE_USE_CPU starts two processes that accelerate
+    # sees as two separate single-process jobs: each would train its own copy.
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run")
+    done = run(accelerate_cmd(2, "train", str(recipe)), CTXEXT_CACHE=str(cache_root))
+    assert done.returncode != 0
+    assert "accelerate sees only one" in done.stderr and "ACCELERATE_USE_CPU=true" in done.stderr
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
+def test_sigkill_then_resume_gives_the_uninterrupted_adapter(tmp_path, cache_root):
+    sections = {"train": {"max_steps": 6, "save_every": 2, "micro_batch_size": 1, "gradient_accumulation_steps": 2}}
+    straight = write_recipe(tmp_path / "a.yaml", tmp_path / "straight", **sections)
+    done = run(ctxext_cmd("train", str(straight)), CTXEXT_CACHE=str(cache_root))
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    killed = write_recipe(tmp_path / "b.yaml", tmp_path / "killed", **sections)
+    metrics = tmp_path / "killed" / "metrics.jsonl"
+    proc = subprocess.Popen(
+        ctxext_cmd("train", str(killed)),
+        cwd=ROOT,
+        env=env(CTXEXT_CACHE=str(cache_root)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 240
+        # Kill after step 3 is logged: the step-2 checkpoint exists, steps 4-6 are not done yet.
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.exists() and any(json.loads(x)["step"] >= 3 for x in metrics.read_text().splitlines() if x):
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    info = read_run(tmp_path / "killed", allow_incomplete=True)
+    assert info["status"] == "running"  # a killed run never looks complete
+    assert not (tmp_path / "killed" / "adapter_model.safetensors").exists()
+
+    resumed = run(ctxext_cmd("train", str(killed), "--resume"), CTXEXT_CACHE=str(cache_root))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    assert read_run(tmp_path / "killed")["steps"] == 6
+    a, b = adapter_tensors(tmp_path / "straight"), adapter_tensors(tmp_path / "killed")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=0, atol=1e-6, msg=name)
+    steps = [json.loads(x)["step"] for x in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]  # metrics after the checkpoint were rewritten, not duplicated
+
+    again = run(ctxext_cmd("train", str(killed), "--resume"), CTXEXT_CACHE=str(cache_root))
+    assert again.returncode == 2 and "already complete" in again.stderr
