@@ -6,8 +6,8 @@ import json
 
 import pytest
 import torch
-
 from _train_helpers import ctxext_cmd, run, write_recipe
+
 from ctxext.config import load_recipe
 from ctxext.errors import CtxextError, InputError
 from ctxext.train import TrainingDiverged, read_run, train

@@ -8,8 +8,8 @@ import subprocess
 import time
 
 import torch
-
 from _train_helpers import ROOT, accelerate_cmd, adapter_tensors, ctxext_cmd, env, run, write_recipe
+
 from ctxext.train import read_run
 
 
