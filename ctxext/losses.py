@@ -4,10 +4,9 @@ At long sequence lengths with 32k–128k vocabularies the logits, not attention,
 memory: 16k tokens × 128k vocabulary × 4 bytes is 8 GB for the logits alone, and a plain
 ``cross_entropy`` keeps them (and their softmax) alive for the backward pass. Here the projection
 onto the vocabulary and the cross-entropy are computed together, ``chunk_size`` tokens at a time, in
-a custom autograd function: the forward keeps only the per-token log-sum-exp, and the backward
-recomputes each chunk's logits to form the gradients. Peak extra memory is one chunk of logits, in
-the forward and in the backward (the idea of Liger Kernel's fused linear cross-entropy and of Cut
-Cross-Entropy, written with plain matmuls).
+a custom autograd function that keeps no logits: it forms the gradients chunk by chunk while each
+chunk's logits exist. Peak extra memory is one chunk of logits (the idea of Liger Kernel's fused
+linear cross-entropy and of Cut Cross-Entropy, written with plain matmuls).
 """
 
 from __future__ import annotations
@@ -25,63 +24,64 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """Sum of token cross-entropies of ``hidden @ weight.T + bias`` against ``labels``, chunk by chunk."""
+    """Sum of token cross-entropies of ``hidden @ weight.T + bias`` against ``labels``, chunk by chunk.
+
+    When gradients are needed they are formed in the forward pass, chunk by chunk, while each
+    chunk's logits exist anyway (Liger Kernel's fused linear cross-entropy does the same): the
+    backward only scales them by the incoming gradient. That is as many matmuls as a plain loss
+    (no recomputation) and one exponential pass per logit; what stays alive until the backward is
+    the gradient of ``hidden`` (the size of ``hidden``) and of ``weight`` (the size of ``weight``).
+    """
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, chunk_size):  # type: ignore[override]
         n = hidden.shape[0]
         acc = torch.promote_types(hidden.dtype, torch.float32)
-        lse = torch.empty(n, dtype=acc, device=hidden.device)
         total = torch.zeros((), dtype=acc, device=hidden.device)
+        need_h, need_w = hidden.requires_grad, weight.requires_grad
+        need_b = bias is not None and bias.requires_grad
+        grad_h = torch.empty_like(hidden) if need_h else None
+        # Weight gradients accumulate in (at least) float32 across chunks, then are cast once.
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
-            logits = _chunk_logits(hidden[start:end], weight, bias)
-            chunk_lse = torch.logsumexp(logits, dim=-1)
-            lse[start:end] = chunk_lse
+            h = hidden[start:end]
             lab = labels[start:end]
             valid = lab != IGNORE_INDEX
-            target = logits.gather(1, lab.clamp(min=0).unsqueeze(1)).squeeze(1)
-            total += torch.where(valid, chunk_lse - target, torch.zeros_like(chunk_lse)).sum()
-            del logits
-        ctx.save_for_backward(hidden, weight, bias if bias is not None else torch.empty(0), labels, lse)
-        ctx.has_bias = bias is not None
-        ctx.chunk_size = chunk_size
+            safe = lab.clamp(min=0).unsqueeze(1)
+            logits = _chunk_logits(h, weight, bias)
+            target = logits.gather(1, safe).squeeze(1)
+            # log-sum-exp and softmax from one exponential pass, in place on the chunk's logits.
+            peak = logits.amax(dim=1, keepdim=True)
+            probs = logits.sub_(peak).exp_()
+            norm = probs.sum(dim=1, keepdim=True)
+            lse = peak.squeeze(1) + norm.squeeze(1).log()
+            total += torch.where(valid, lse - target, torch.zeros_like(lse)).sum()
+            if need_h or need_w or need_b:
+                # d(lse - target)/d logits = softmax - onehot(target); zero for ignored tokens.
+                probs.div_(norm)
+                probs.scatter_add_(1, safe, torch.full_like(target, -1.0).unsqueeze(1))
+                probs.mul_(valid.unsqueeze(1))
+                if need_h:
+                    grad_h[start:end] = (probs.to(weight.dtype) @ weight).to(hidden.dtype)
+                if need_w:
+                    grad_w.addmm_(probs.t(), h.to(acc))
+                if need_b:
+                    grad_b += probs.sum(0)
+            del logits, probs
+        ctx.save_for_backward(
+            grad_h if need_h else None,
+            grad_w.to(weight.dtype) if need_w else None,
+            grad_b.to(bias.dtype) if need_b else None,
+        )
         return total
 
     @staticmethod
     def backward(ctx, grad_total):  # type: ignore[override]
-        hidden, weight, bias, labels, lse = ctx.saved_tensors
-        bias = bias if ctx.has_bias else None
-        need_h, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        grad_h = torch.empty_like(hidden) if need_h else None
-        # Weight gradients accumulate in float32 across chunks, then are cast once.
-        acc = lse.dtype
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
-        n = hidden.shape[0]
-        for start in range(0, n, ctx.chunk_size):
-            end = min(start + ctx.chunk_size, n)
-            h = hidden[start:end]
-            lab = labels[start:end]
-            valid = (lab != IGNORE_INDEX).unsqueeze(1)
-            # d(lse - target)/d logits = softmax - onehot(target), zero for ignored tokens.
-            probs = torch.exp(_chunk_logits(h, weight, bias) - lse[start:end].unsqueeze(1))
-            probs.scatter_add_(1, lab.clamp(min=0).unsqueeze(1), torch.full_like(probs[:, :1], -1.0))
-            probs = torch.where(valid, probs, torch.zeros_like(probs)) * grad_total
-            if need_h:
-                grad_h[start:end] = (probs.to(weight.dtype) @ weight).to(hidden.dtype)
-            if need_w:
-                grad_w += probs.t() @ h.to(acc)
-            if need_b:
-                grad_b += probs.sum(0)
-            del probs
-        return (
-            grad_h,
-            grad_w.to(weight.dtype) if need_w else None,
-            grad_b.to(bias.dtype) if need_b else None,
-            None,
-            None,
-        )
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        scale = lambda g: None if g is None else g * grad_total.to(g.dtype)  # noqa: E731
+        return scale(grad_h), scale(grad_w), scale(grad_b), None, None
 
 
 def chunked_cross_entropy(
