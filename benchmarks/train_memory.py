@@ -256,8 +256,8 @@ def main() -> None:
 
     rows = []
     header = (
-        f"| seq len | plain peak MB | ctxext peak MB | memory ratio | plain tok/s | ctxext tok/s | speed ratio |\n"
-        f"| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| seq len | plain peak MB | ctxext peak MB | memory ratio | plain tok/s | ctxext tok/s | speed ratio |\n"
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )
     print(header, flush=True)
     for length in args.lengths:
