@@ -101,13 +101,15 @@ def attention_for(setting: str, device: torch.device) -> str:
     return setting
 
 
-def quantization_config(mode: str, double_quant: bool, dtype: torch.dtype):
+def quantization_config(mode: str, double_quant: bool, dtype: torch.dtype, sharded: bool = False):
     """A ``BitsAndBytesConfig`` for a quantization mode, or ``None`` for full precision.
 
     Args:
         mode: ``nf4``, ``int8`` or ``none``.
         double_quant: quantize the 4-bit quantization constants too (QLoRA).
         dtype: the compute dtype of 4-bit layers.
+        sharded: FSDP will shard the model; 4-bit weights are then stored in ``dtype`` so FSDP can
+            flatten them with the other weights (FSDP-QLoRA).
 
     Returns:
         The config, or ``None``.
@@ -119,6 +121,8 @@ def quantization_config(mode: str, double_quant: bool, dtype: torch.dtype):
 
     if mode == "nf4":
         args = {**args, "bnb_4bit_use_double_quant": double_quant, "bnb_4bit_compute_dtype": dtype}
+        if sharded:
+            args["bnb_4bit_quant_storage"] = dtype
     return BitsAndBytesConfig(**args)
 
 
@@ -133,6 +137,7 @@ def load_base(
     config: Any = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
+    sharded: bool = False,
 ) -> tuple[Any, Any, Path]:
     """Load a causal LM and its tokenizer from a folder, a Hub id or ``builtin:NAME``.
 
@@ -146,6 +151,7 @@ def load_base(
         config: a config to use instead of the folder's (e.g. an already patched one).
         revision: Hub revision.
         trust_remote_code: allow custom modeling code.
+        sharded: the model will be sharded by FSDP (see :func:`quantization_config`).
 
     Returns:
         ``(model, tokenizer, local folder)``.
@@ -161,7 +167,7 @@ def load_base(
     }
     if config is not None:
         kwargs["config"] = config
-    qconf = quantization_config(quantization, double_quant, compute_dtype)
+    qconf = quantization_config(quantization, double_quant, compute_dtype, sharded)
     if qconf is not None:
         kwargs["quantization_config"] = qconf
         # bitsandbytes layers are placed at load time; the index keeps one process per GPU.
@@ -248,12 +254,13 @@ def add_lora(model: Any, lora: Any, gradient_checkpointing: bool, quantized: boo
     return get_peft_model(model, config), extra
 
 
-def build_training_model(recipe: Any, device: torch.device | str = "cpu") -> LoadedModel:
+def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharded: bool = False) -> LoadedModel:
     """Load, patch, quantize and LoRA-wrap the recipe's model: everything before the training loop.
 
     Args:
         recipe: a validated :class:`ctxext.config.Recipe`.
         device: this process's device.
+        sharded: FSDP will shard the model.
 
     Returns:
         A :class:`LoadedModel`.
@@ -270,6 +277,7 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu") -> Loa
         device=device,
         revision=recipe.model.revision,
         trust_remote_code=recipe.model.trust_remote_code,
+        sharded=sharded,
     )
     plan = None
     if recipe.rope.method != "none":

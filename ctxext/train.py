@@ -20,6 +20,7 @@ written before that file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -254,10 +255,33 @@ def _check_launch(accelerator: Any, recipe: Recipe) -> None:
             "directly.",
             exit_code=2,
         )
+    tracker_module = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(recipe.train.tracker)
+    if tracker_module and importlib.util.find_spec(tracker_module) is None:
+        raise InputError(f"train.tracker: {recipe.train.tracker} is not installed; pip install {tracker_module}")
     if recipe.train.context_parallel_size > 1 and not torch.cuda.is_available():
         raise InputError(
             "train.context_parallel_size: accelerate's context parallelism needs CUDA with FSDP2; set it to 1 here"
         )
+
+
+def _configure_deepspeed(accelerator: Any, recipe: Recipe, world: int) -> None:
+    # DeepSpeed's "auto" values are filled by accelerate from prepared dataloaders; ctxext feeds its own
+    # batches, so it fills them itself. Untested here (no GPU, no deepspeed): see configs/accelerate/.
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return
+    cfg = recipe.train
+    if cfg.gradient_accumulation_steps > 1:
+        raise InputError(
+            "train.gradient_accumulation_steps: under DeepSpeed use 1 and raise train.micro_batch_size "
+            "(DeepSpeed accumulates and scales gradients itself)"
+        )
+    ds = plugin.deepspeed_config
+    ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
+    ds["gradient_accumulation_steps"] = 1
+    ds["train_batch_size"] = cfg.micro_batch_size * world
+    ds["gradient_clipping"] = cfg.max_grad_norm or 0.0
+    ds.setdefault("bf16", {})["enabled"] = torch.cuda.is_available()
 
 
 def _validation_loss(model: Any, data: Any, recipe: Recipe, accelerator: Any, world: int, rank: int) -> float | None:
@@ -357,9 +381,13 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
 
     # --- model: load → patch RoPE → quantize → LoRA --------------------------------------------
     set_seed(cfg.seed)
+    from accelerate.utils import DistributedType
+
     from ctxext.model import build_training_model
 
-    loaded = build_training_model(recipe, accelerator.device)
+    loaded = build_training_model(
+        recipe, accelerator.device, sharded=accelerator.distributed_type == DistributedType.FSDP
+    )
     plan = loaded.plan
     run: dict[str, Any] = dict(
         status="running",
@@ -386,6 +414,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         tokens_seen=0,
         final_train_loss=None,
         final_val_loss=None,
+        initial_val_loss=previous.get("initial_val_loss") if resume else None,
     )
 
     # --- data ---------------------------------------------------------------------------------
@@ -421,6 +450,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         num_warmup_steps=cfg.warmup_steps,
         num_training_steps=cfg.max_steps,
     )
+    _configure_deepspeed(accelerator, recipe, world)
     model, optimizer = accelerator.prepare(model, optimizer)
     counters = _Counters()
     # The scheduler is stepped by hand once per optimizer step (accelerate would step it once per process).
@@ -434,7 +464,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
 
     accelerator.register_save_state_pre_hook(keep_trainable)
     if cfg.tracker != "none":
-        accelerator.init_trackers(out.name or "ctxext", config=json.loads(recipe.model_dump_json()))
+        accelerator.init_trackers(out.name or "ctxext", config=_flat_config(recipe))
 
     # --- resume ---------------------------------------------------------------------------------
     ckpt_root = out / CHECKPOINTS
@@ -498,9 +528,6 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         # The held-out loss before any training: the baseline every later val_loss is compared with.
         initial_val = _validation_loss(model, data.validation, recipe, accelerator, world, rank)
         write_run(initial_val_loss=initial_val)
-        if main and initial_val is not None:
-            metrics_file.write(json.dumps({"step": 0, "val_loss": initial_val}) + "\n")
-            metrics_file.flush()
     model.train()
     try:
         with progress:
@@ -597,7 +624,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     state_dict = accelerator.get_state_dict(model)
     accelerator.wait_for_everyone()
     if main:
-        _write_outputs(out, accelerator.unwrap_model(model).peft_model, state_dict, loaded, plan, data)
+        _write_outputs(out, accelerator.unwrap_model(model).peft_model, state_dict, loaded, plan)
         write_run(
             status="complete",
             steps=counters.step,
@@ -616,6 +643,16 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     return TrainResult(run_dir=out, model=unwrapped, run=dict(run))
 
 
+def _flat_config(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as flat ``section.key`` scalars: trackers (tensorboard hparams) take nothing nested."""
+    flat: dict[str, Any] = {}
+    for section, fields in json.loads(recipe.model_dump_json()).items():
+        for key, value in fields.items():
+            scalar = isinstance(value, (int, float, str, bool))
+            flat[f"{section}.{key}"] = value if scalar else json.dumps(value)
+    return flat
+
+
 def _trainable_digest(model: torch.nn.Module) -> str:
     """SHA-256 of the trainable weights, so processes can show they hold the same model."""
     import hashlib
@@ -628,7 +665,7 @@ def _trainable_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def _write_outputs(out: Path, peft_model: Any, state_dict: dict, loaded: Any, plan: Any, data: Any) -> None:
+def _write_outputs(out: Path, peft_model: Any, state_dict: dict, loaded: Any, plan: Any) -> None:
     """Adapter, patched config, tokenizer: staged in a hidden folder, then moved in."""
     from transformers import AutoConfig
 

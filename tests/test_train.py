@@ -30,6 +30,7 @@ def trained(tmp_path_factory, cache_root):
             "eval_every": 10,
             "eval_batches": 2,
             "loss_chunk_size": 256,
+            "tracker": "tensorboard",
         },
     )
     recipe = load_recipe(recipe_path)
@@ -91,11 +92,12 @@ def test_run_folder_contract(trained):
     assert config["ctxext"]["target_length"] == 1024 and config["max_position_embeddings"] == 1024
     assert "quantization_config" not in config
     metrics = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in metrics if m["step"] > 0]
-    assert [m["step"] for m in steps] == list(range(1, 11))
-    for m in steps:
+    assert [m["step"] for m in metrics] == list(range(1, 11))
+    for m in metrics:
         assert {"loss", "lr", "tokens_per_sec", "peak_mem_mb"} <= set(m)
-    assert "val_loss" in metrics[0] and "val_loss" in steps[-1]
+    assert "val_loss" in metrics[-1] and metrics[-1]["val_loss"] == info["final_val_loss"]
+    # The tensorboard tracker wrote its event file.
+    assert list((d / "logs").rglob("events.out.tfevents.*"))
     versions = json.loads((d / "versions.json").read_text())
     assert versions["seed"] == 42 and versions["libraries"]["peft"]
     assert load_recipe(d / "recipe.yaml").model_dump() == recipe.model_dump()
