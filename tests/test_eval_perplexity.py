@@ -150,3 +150,29 @@ def test_clear_errors(tiny_tokenizer, texts):
         lm, texts, PerplexitySettings(lengths=[300], allow_beyond_context=True, resamples=50), show_progress=False
     )
     assert beyond["by_length"]["300"]["beyond_context"] is True
+
+
+def test_longrope_scores_each_length_in_its_own_pass(tiny_tokenizer, texts):
+    # head_dim 16 -> 8 rotary frequency pairs; long factors interpolate, short factors keep.
+    opts = {"short_factor": [1.0] * 8, "long_factor": [1.0 + i for i in range(8)]}
+    from ctxext.rope import patch_model
+    from tests.conftest import tiny_model
+
+    def fresh():
+        m = tiny_model("llama", seed=0, vocab_size=len(tiny_tokenizer))
+        patch_model(m, "longrope", 1024, opts)
+        return m
+
+    model = fresh()
+    lm = loaded(model, tiny_tokenizer)
+    res = evaluate_perplexity(
+        lm, texts, PerplexitySettings(lengths=[128, 400], short_context=False, resamples=50), show_progress=False
+    )
+    assert res["mode"] == "per-length"
+    docs = _docs(tiny_tokenizer, texts)
+    for L in (128, 400):
+        ref, _ = reference_ppl(fresh(), docs, L)
+        assert res["by_length"][str(L)]["ppl"] == pytest.approx(ref, rel=1e-4)
+    # A 128-token prefix of a 400-token pass uses the long factors: the shortcut would be wrong.
+    x = torch.tensor(docs[0][:400])[None]
+    assert not torch.allclose(token_nll(fresh(), x)[0, :127], token_nll(fresh(), x[:, :128])[0], atol=1e-4)

@@ -165,3 +165,28 @@ def test_cli_ppl_and_errors(tiny_model_dir, tmp_path):
     )
     assert res.exit_code == 2 and "no documents" in " ".join(res.output.split())
     assert not (tmp_path / "x").exists()
+
+
+def test_shipped_suites_validate_and_resolve_lengths():
+    from pathlib import Path
+
+    from ctxext.errors import InputError
+    from ctxext.evaluation.suite import load_suite, resolve_length, resolve_lengths
+
+    suites = sorted((Path(__file__).resolve().parents[1] / "eval").glob("*.yaml"))
+    assert {p.name for p in suites} >= {"long-context.yaml", "tiny-cpu.yaml"}
+    for path in suites:
+        suite, _ = load_suite(path)
+        assert suite.perplexity is not None
+        if suite.qa is not None:
+            assert Path(suite.qa.data).is_file()
+    suite, _ = load_suite(suites[0], ["passkey.trials=9", "perplexity.max_docs=3"])
+    assert suite.passkey.trials == 9 and suite.perplexity.max_docs == 3
+    assert resolve_length("2x", 4096, 32768) == 8192 and resolve_length("target", 4096, 32768) == 32768
+    assert resolve_lengths(["1x", "16x"], 4096, 32768, False) == ([4096], [65536])
+    with pytest.raises(InputError, match="token count"):
+        resolve_length("long", 4096, 32768)
+    with pytest.raises(InputError, match="perplexity.lengths"):
+        load_suite(suites[0], ["perplexity.lengths=5"])
+    with pytest.raises(InputError, match="does not exist"):
+        load_suite("eval/nope.yaml")
