@@ -604,6 +604,12 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     except torch.OutOfMemoryError:
         write_run(status="failed", error="out of memory")
         raise CtxextError(_OOM_ADVICE.format(seq=seq, mb=mb)) from None
+    except RuntimeError as exc:
+        # The CPU allocator reports exhaustion as a plain RuntimeError.
+        write_run(status="failed", error=str(exc))
+        if "can't allocate memory" in str(exc):
+            raise CtxextError(_OOM_ADVICE.format(seq=seq, mb=mb)) from None
+        raise
     except BaseException as exc:
         write_run(status="failed", error=str(exc) or type(exc).__name__)
         raise

@@ -195,3 +195,28 @@ def test_cli_bad_recipe_and_folders(tmp_path, cache_root):
 
 def test_training_errors_are_ctxext_errors():
     assert issubclass(TrainingDiverged, CtxextError)
+
+
+def test_shipped_accelerate_configs_load():
+    from _train_helpers import ROOT
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    kinds = {}
+    for path in sorted((ROOT / "configs" / "accelerate").glob("*.yaml")):
+        kinds[path.stem] = load_config_from_file(str(path))
+    assert set(kinds) == {"single_gpu", "multi_gpu_ddp", "fsdp2", "deepspeed_zero3"}
+    assert kinds["fsdp2"].fsdp_config["fsdp_version"] == 2
+    ds_file = ROOT / kinds["deepspeed_zero3"].deepspeed_config["deepspeed_config_file"]
+    assert json.loads(ds_file.read_text())["zero_optimization"]["stage"] == 3
+
+
+def test_tiny_cpu_recipe_is_above_the_model_context():
+    from _train_helpers import ROOT
+
+    from ctxext.sources import load_config
+
+    recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["output.dir=/tmp/x"])
+    config, _ = load_config(recipe.model.path)
+    assert recipe.seq_len > config.max_position_embeddings
+    assert recipe.quantization.mode == "nf4" and recipe.data.path == "builtin:stdlib"
+    assert "ctxext train recipes/tiny-cpu.yaml" in (ROOT / "recipes" / "tiny-cpu.yaml").read_text()
