@@ -159,7 +159,9 @@ def ppl_cmd(
     context_limits: Annotated[str | None, typer.Option(help="context-use curve: limits k, e.g. 32,128,512")] = None,
     mode: Annotated[str, typer.Option(help="auto, one-pass or per-length")] = "auto",
     short_context: Annotated[bool, typer.Option(help="also report ppl at the original context")] = True,
-    chunk_size: Annotated[int, typer.Option(help="positions projected onto the vocabulary at once")] = 1024,
+    chunk_size: Annotated[
+        int | None, typer.Option(help="positions projected onto the vocabulary at once (default 256 CPU, 2048 GPU)")
+    ] = None,
     resamples: Annotated[int, typer.Option(help="bootstrap resamples for the 95% CIs")] = 1000,
     allow_beyond_context: BeyondOpt = False,
     device: DeviceOpt = None,
