@@ -73,6 +73,54 @@ def stdlib_files(min_bytes: int = 0) -> list[Path]:
     return files
 
 
+# The standard library splits: ``heldout`` is every file whose SHA-1 of its path relative to the
+# stdlib root, read as an integer, is divisible by 10 (about 10 %, the same on every machine with the
+# same Python; the grown model was pretrained on the train split only); ``train`` is the rest.
+# ``builtin:stdlib`` means the train split when trained on and the held-out split when evaluated on,
+# so the defaults never train on evaluation files.
+STDLIB_SOURCES: dict[str, str | None] = {
+    "stdlib-train": "train",
+    "stdlib-heldout": "heldout",
+    "stdlib-all": None,
+}
+
+
+def stdlib_split(path: Path) -> str:
+    """``heldout`` or ``train``: the deterministic hash split of a standard-library file.
+
+    Args:
+        path: a file under the stdlib root.
+
+    Returns:
+        The split name.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    rel = path.relative_to(root).as_posix()
+    return "heldout" if int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 10 == 0 else "train"
+
+
+def stdlib_source_files(name: str, default_split: str) -> list[Path]:
+    """The files of a ``builtin:stdlib*`` source.
+
+    Args:
+        name: ``stdlib``, ``stdlib-train``, ``stdlib-heldout`` or ``stdlib-all`` (without ``builtin:``).
+        default_split: what plain ``stdlib`` means here: ``train`` for training, ``heldout`` for evaluation.
+
+    Returns:
+        Paths in a deterministic order.
+
+    Raises:
+        KeyError: an unknown name.
+    """
+    if name == "stdlib":
+        want: str | None = default_split
+    elif name in STDLIB_SOURCES:
+        want = STDLIB_SOURCES[name]
+    else:
+        raise KeyError(f"unknown built-in text {name!r}; known: stdlib, {', '.join(STDLIB_SOURCES)}")
+    return [p for p in stdlib_files() if want is None or stdlib_split(p) == want]
+
+
 def train_code_tokenizer(vocab_size: int, max_bytes: int = 3_000_000):
     """Train a byte-level BPE tokenizer on standard-library source, wrapped for transformers.
 
@@ -142,6 +190,32 @@ def build_tiny_llama(out: Path) -> None:
     model = LlamaForCausalLM(config)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+GROWN_DIR = Path(__file__).parent / "data" / "grown-code-64"
+
+
+@register_builtin_model(
+    "grown-code-64", "a 4.2M-parameter Llama pretrained here on stdlib code at a 64-token window (packaged)"
+)
+def build_grown_code_64(out: Path) -> None:
+    """Copy the packaged grown model (``ctxext/data/grown-code-64``) into the cache folder ``out``.
+
+    A real (not random) small Llama: pretrained on the standard library's source at a 64-token
+    window, with key/value needles and repeated spans so it uses its whole window; see its
+    ``grow_report.md`` for the recipe and measurements. Regenerate it (about 40 minutes on 2 cores)
+    with ``nice -n 10 python benchmarks/grow_base.py``, then clear ``$CTXEXT_CACHE/models/grown-code-64-*``.
+
+    Args:
+        out: the folder to write.
+    """
+    from ctxext.errors import CtxextError
+
+    if not (GROWN_DIR / "model.safetensors").is_file():
+        raise CtxextError(
+            f"the grown model is not packaged at {GROWN_DIR}; grow it with `python benchmarks/grow_base.py`"
+        )
+    shutil.copytree(GROWN_DIR, out, dirs_exist_ok=True)
 
 
 def resolve_builtin(name: str) -> Path:

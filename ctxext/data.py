@@ -79,10 +79,15 @@ def load_documents(path: str, text_field: str = "text", split: str = "train", na
     """
     import datasets
 
-    if path == BUILTIN_STDLIB:
-        from ctxext.builtin import stdlib_files
+    if path == BUILTIN_STDLIB or path.startswith(BUILTIN_STDLIB + "-"):
+        from ctxext.builtin import stdlib_source_files
 
-        paths = [str(p) for p in stdlib_files(min_bytes=1)]
+        try:
+            # Plain builtin:stdlib trains on the 90 % train split: the evaluator's held-out files stay unseen.
+            files = stdlib_source_files(path.removeprefix("builtin:"), default_split="train")
+        except KeyError as exc:
+            raise InputError(f"data.path: {exc.args[0]}") from None
+        paths = [str(p) for p in files if p.stat().st_size >= 1]
         # from_generator caches the result under a fingerprint of the generator and its arguments.
         ds = datasets.Dataset.from_generator(_stdlib_generator, gen_kwargs={"paths": paths})
         text_field_used = "text"
