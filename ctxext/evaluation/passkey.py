@@ -205,7 +205,7 @@ class GridSettings:
     trials: int = 5
     seed: int = 0
     max_new_tokens: int = 12
-    batch_tokens: int = 65536
+    batch_tokens: int = 32768
     allow_beyond_context: bool = False
 
     def validate(self) -> None:

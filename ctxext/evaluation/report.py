@@ -480,7 +480,7 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
 def _heatmap(plt: Any, models: list[dict[str, Any]], task: str, folder: Path) -> str:
     import numpy as np
 
-    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models) + 1, 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models) + 1, 4), squeeze=False, constrained_layout=True)
     image = None
     for ax, m in zip(axes[0], models, strict=True):
         cells = m[task]["cells"]
