@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -61,3 +62,12 @@ def reference_bucket(model, docs: list[list[int]], length: int, start: int, end:
         total += float(nll[lo - 1 : end - 1].sum())
         count += end - lo
     return math.exp(total / count)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run ~80× faster single-threaded on a busy 2-core machine (OpenMP threads spin-wait)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -21,7 +21,11 @@ from ctxext.evaluation.passkey import (
     passkey_correct,
 )
 from ctxext.evaluation.qa import QASettings, evaluate_qa, load_metric, normalize_answer, truncate_middle
-from tests._eval_helpers import loaded, tiny_lm
+from tests._eval_helpers import (
+    loaded,
+    one_thread,  # noqa: F401  (autouse: one thread per test)
+    tiny_lm,
+)
 
 
 @pytest.mark.parametrize("length", [200, 257, 1000])

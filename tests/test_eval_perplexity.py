@@ -15,7 +15,14 @@ from ctxext.evaluation.perplexity import (
     sliding_windows,
     token_nll,
 )
-from tests._eval_helpers import loaded, reference_bucket, reference_ppl, stdlib_texts, tiny_lm
+from tests._eval_helpers import (
+    loaded,
+    one_thread,  # noqa: F401  (autouse: one thread per test)
+    reference_bucket,
+    reference_ppl,
+    stdlib_texts,
+    tiny_lm,
+)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,12 @@ from typer.testing import CliRunner
 from ctxext.evaluation.passkey import GridSettings, evaluate_passkey
 from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
 from ctxext.evaluation.report import SCHEMA, build_report, model_entry, write_report
-from tests._eval_helpers import loaded, stdlib_texts, tiny_lm
+from tests._eval_helpers import (
+    loaded,
+    one_thread,  # noqa: F401  (autouse: one thread per test)
+    stdlib_texts,
+    tiny_lm,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
