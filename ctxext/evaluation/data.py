@@ -1,16 +1,15 @@
 """Evaluation texts: local files, folders, ``datasets`` sets, or the built-in standard-library source.
 
 ``builtin:stdlib`` is the held-out part of the Python standard library's source: the files whose
-SHA-1 of the path relative to the stdlib root has a first byte divisible by 10 (about 10 % of the
-files, the same on every machine with the same Python). ``builtin:stdlib-train`` is the other 90 %,
-``builtin:stdlib-all`` every file. Training on ``builtin:stdlib-train`` (or on anything but the
-held-out files) keeps the evaluation honest.
+SHA-1 of the path relative to the stdlib root, read as an integer, is divisible by 10 (about 10 % of
+the files, the same on every machine with the same Python; the split lives in
+:func:`ctxext.builtin.stdlib_split` and is shared with training, where plain ``builtin:stdlib`` means
+the other 90 %). ``builtin:stdlib-heldout`` / ``builtin:stdlib-train`` name a split explicitly,
+``builtin:stdlib-all`` is every file.
 """
 
 from __future__ import annotations
 
-import hashlib
-import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,27 +21,12 @@ TABLE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv
 STDLIB_SPLITS = ("stdlib", "stdlib-heldout", "stdlib-train", "stdlib-all")
 
 
-def stdlib_split(path: Path) -> str:
-    """``heldout`` or ``train``: the deterministic hash split of a standard-library file.
-
-    Args:
-        path: a file under the stdlib root.
-
-    Returns:
-        The split name.
-    """
-    root = Path(sysconfig.get_paths()["stdlib"])
-    rel = path.relative_to(root).as_posix()
-    return "heldout" if hashlib.sha1(rel.encode()).digest()[0] % 10 == 0 else "train"
-
-
 def _stdlib_texts(name: str) -> Iterator[str]:
-    from ctxext.builtin import stdlib_files
+    from ctxext.builtin import stdlib_source_files
 
-    want = {"stdlib": "heldout", "stdlib-heldout": "heldout", "stdlib-train": "train"}.get(name)
-    for path in stdlib_files():
-        if want is None or stdlib_split(path) == want:
-            yield path.read_text(encoding="utf-8", errors="replace")
+    # Plain builtin:stdlib evaluates on the held-out split, which training never uses by default.
+    for path in stdlib_source_files(name, default_split="heldout"):
+        yield path.read_text(encoding="utf-8", errors="replace")
 
 
 def describe_source(source: str, text_field: str = "text", split: str = "train") -> dict[str, Any]:
@@ -50,7 +34,7 @@ def describe_source(source: str, text_field: str = "text", split: str = "train")
     info: dict[str, Any] = {"source": source, "text_field": text_field, "split": split}
     if source.startswith("builtin:"):
         info["note"] = (
-            "Python standard-library source; builtin:stdlib = held-out files (sha1(relative path)[0] % 10 == 0)"
+            "Python standard-library source; builtin:stdlib = held-out files (int(sha1(relative path)) % 10 == 0)"
         )
     return info
 
