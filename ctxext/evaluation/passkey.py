@@ -327,11 +327,14 @@ def evaluate_passkey(loaded: LoadedModel, settings: GridSettings, show_progress:
 
 @dataclass
 class NeedleTask:
-    """What to hide and ask in a needle-in-a-haystack run.
+    r"""What to hide and ask in a needle-in-a-haystack run.
 
     Attributes:
         haystack: a data source for the haystack text (see :func:`ctxext.evaluation.data.iter_texts`).
-        needle: the sentence hidden in it.
+        needle: the sentence hidden in it. A needle containing ``{key}`` is *keyed*: every trial draws a
+            fresh 5-digit ``{key}`` and a 2-letter ``{name}`` (seeded), formatted into needle, question and
+            answer, and is scored like the passkey (first number generated == key). E.g. the in-domain
+            code needle ``"\nKEY_{name} = {key}\n"`` / ``"\nassert KEY_{name} =="`` / ``"{key}"``.
         question: the text that ends the prompt and asks for it.
         answer: the expected answer; correct when all its words appear in the output.
         text_field: column of table-like haystack sources.
@@ -374,15 +377,29 @@ def evaluate_needle(
         hay += _encode(tok, text + "\n\n")
         if len(hay) >= want:
             break
-    answer_tokens = len(_encode(tok, " " + task.answer))
+    answer_tokens = len(_encode(tok, " " + task.answer.format(key=99999, name="aa")))
     settings.max_new_tokens = max(settings.max_new_tokens, answer_tokens + 8)
 
+    keyed = "{key}" in task.needle
+
     def make(length: int, depth: float, trial: int) -> tuple[Prompt, dict[str, Any]]:
-        offset = random.Random(f"{settings.seed}-{length}-{depth:g}-{trial}").randrange(len(hay))
-        prompt = build_prompt(tok, length, depth, hay, task.needle, task.question, task.answer, "", offset)
-        return prompt, {"haystack_offset": offset}
+        rng = random.Random(f"{settings.seed}-{length}-{depth:g}-{trial}")
+        offset = rng.randrange(len(hay))
+        fields: dict[str, Any] = {}
+        if keyed:
+            # A fresh key (and name) per trial, so a model cannot pass by remembering one answer.
+            fields = {"key": rng.randint(10000, 99999), "name": "".join(rng.choice("abcdefghij") for _ in range(2))}
+        needle, question, answer = (
+            t.format(**fields) if keyed else t for t in (task.needle, task.question, task.answer)
+        )
+        prompt = build_prompt(tok, length, depth, hay, needle, question, answer, "", offset)
+        return prompt, {"haystack_offset": offset, **fields}
 
     def score(output: str, prompt: Prompt) -> tuple[bool, float]:
+        if keyed:
+            # Keyed needles are scored like the passkey: the first number generated equals the key.
+            ok = passkey_correct(output, prompt.answer)
+            return ok, float(ok)
         recall = needle_recall(output, prompt.answer)
         return recall >= 1.0, recall
 
