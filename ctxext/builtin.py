@@ -18,7 +18,11 @@ from pathlib import Path
 
 BUILTIN_PREFIX = "builtin:"
 BuildFn = Callable[[Path], None]
+VersionFn = Callable[[], str]
 BUILTIN_MODELS: dict[str, tuple[str, BuildFn]] = {}
+# Extra cache-key material per built-in (e.g. a hash of packaged weights), so a regenerated
+# packaged model is never shadowed by a stale copy in the cache.
+BUILTIN_VERSIONS: dict[str, VersionFn] = {}
 
 
 def cache_dir() -> Path:
@@ -31,12 +35,14 @@ def cache_dir() -> Path:
     return path
 
 
-def register_builtin_model(name: str, summary: str) -> Callable[[BuildFn], BuildFn]:
+def register_builtin_model(name: str, summary: str, version: VersionFn | None = None) -> Callable[[BuildFn], BuildFn]:
     """Register a function that builds a model folder for ``builtin:NAME``.
 
     Args:
         name: the name after ``builtin:``.
         summary: one line for listings.
+        version: returns a string that changes whenever the built model would (part of the cache key,
+            beside the builder's own code).
 
     Returns:
         A decorator that registers the builder unchanged.
@@ -44,6 +50,8 @@ def register_builtin_model(name: str, summary: str) -> Callable[[BuildFn], Build
 
     def decorator(fn: BuildFn) -> BuildFn:
         BUILTIN_MODELS[name] = (summary, fn)
+        if version is not None:
+            BUILTIN_VERSIONS[name] = version
         return fn
 
     return decorator
@@ -195,16 +203,30 @@ def build_tiny_llama(out: Path) -> None:
 GROWN_DIR = Path(__file__).parent / "data" / "grown-code-64"
 
 
+def _grown_version() -> str:
+    # The packaged weights' hash: regenerating the model invalidates the cached copy by itself.
+    weights = GROWN_DIR / "model.safetensors"
+    if not weights.is_file():
+        return "absent"
+    digest = hashlib.sha1()
+    with weights.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 @register_builtin_model(
-    "grown-code-64", "a 4.2M-parameter Llama pretrained here on stdlib code at a 64-token window (packaged)"
+    "grown-code-64",
+    "a 4.2M-parameter Llama pretrained here on stdlib code at a 64-token window (packaged)",
+    version=_grown_version,
 )
 def build_grown_code_64(out: Path) -> None:
     """Copy the packaged grown model (``ctxext/data/grown-code-64``) into the cache folder ``out``.
 
     A real (not random) small Llama: pretrained on the standard library's source at a 64-token
     window, with key/value needles and repeated spans so it uses its whole window; see its
-    ``grow_report.md`` for the recipe and measurements. Regenerate it (about 40 minutes on 2 cores)
-    with ``nice -n 10 python benchmarks/grow_base.py``, then clear ``$CTXEXT_CACHE/models/grown-code-64-*``.
+    ``grow_report.md`` for the recipe and measurements. Regenerate it (about an hour on 2 cores)
+    with ``nice -n 10 python benchmarks/grow_base.py``; the cache key includes the weights' hash.
 
     Args:
         out: the folder to write.
@@ -233,7 +255,10 @@ def resolve_builtin(name: str) -> Path:
     if name not in BUILTIN_MODELS:
         raise KeyError(f"unknown built-in model {name!r}; known: {', '.join(BUILTIN_MODELS)}")
     _, build = BUILTIN_MODELS[name]
-    tag = hashlib.sha1(build.__code__.co_code).hexdigest()[:8]
+    key = hashlib.sha1(build.__code__.co_code)
+    if name in BUILTIN_VERSIONS:
+        key.update(BUILTIN_VERSIONS[name]().encode())
+    tag = key.hexdigest()[:8]
     target = cache_dir() / "models" / f"{name}-{tag}"
     if (target / "config.json").is_file():
         return target

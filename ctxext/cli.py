@@ -357,6 +357,26 @@ def push(
 # ------------------------------------------------------------------------------------------------
 
 
+@app.command()
+@friendly_errors
+def demo(
+    out: Annotated[Path, typer.Option(help="output folder (reused as a cache by later runs)")] = Path("runs/demo"),
+    model: Annotated[str, typer.Option(help="base model")] = "builtin:grown-code-64",
+    method: Annotated[str, typer.Option(help="extension method")] = "yarn",
+    steps: Annotated[int | None, typer.Option(help="QLoRA steps (default 120; 6 with --quick)")] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="a reduced setting (CI): same steps, little work")] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", help="recompute every step instead of reusing --out")] = False,
+) -> None:
+    """Grown model → evaluate unpatched at 4× → extend with YaRN → nf4 QLoRA → evaluate all three, compared."""
+    from ctxext.demo import DemoSettings, run_demo
+
+    settings = DemoSettings.quick(out) if quick else DemoSettings(out=out)
+    settings.model, settings.method, settings.fresh = model, method, fresh
+    if steps is not None:
+        settings.train_steps = steps
+    run_demo(settings, console)
+
+
 def main() -> None:
     """Entry point of the ``ctxext`` console script."""
     app()
