@@ -54,7 +54,7 @@ class DemoSettings:
     method: str = "yarn"
     factor: int = 4
     out: Path = Path("runs/demo")
-    train_steps: int = 120
+    train_steps: int = 300
     micro_batch_size: int = 8
     learning_rate: float = 1e-3
     max_documents: int = 400
@@ -165,9 +165,9 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
     else:
         console.print("[cyan]3/3[/] evaluating base (unpatched, past its window), patched, fine-tuned")
         specs = [
-            ModelSpec(settings.model, name=f"base ({original}, unpatched)"),
-            ModelSpec(str(patched), name=f"{settings.method} ×{settings.factor} (training-free)"),
-            ModelSpec(str(run_dir), name=f"{settings.method} ×{settings.factor} + QLoRA"),
+            ModelSpec(settings.model, name="base"),
+            ModelSpec(str(patched), name=f"{settings.method}×{settings.factor}"),
+            ModelSpec(str(run_dir), name=f"{settings.method}×{settings.factor}+QLoRA"),
         ]
         report = run_suite(
             _suite(settings), specs, report_dir, suite_path=str(SUITE), allow_beyond_for={0}, command="ctxext demo"
@@ -184,7 +184,7 @@ def _ppl(entry: dict[str, Any] | None) -> str:
     if not entry:
         return "-"
     mark = " †" if entry.get("beyond_context") else ""
-    return f"{entry['ppl']:.2f} [{entry['ci_low']:.1f}–{entry['ci_high']:.1f}]{mark}"
+    return f"{entry['ppl']:.1f}{mark}\n[dim]{entry['ci_low']:.1f}–{entry['ci_high']:.1f}[/]"
 
 
 def _acc(grid: dict[str, Any] | None, length: int) -> str:
@@ -193,7 +193,7 @@ def _acc(grid: dict[str, Any] | None, length: int) -> str:
     cell = grid.get("by_length", {}).get(str(length))
     if not cell:
         return "-"
-    return f"{100 * cell['accuracy']:.0f}% ({cell['correct']}/{cell['trials']})"
+    return f"{100 * cell['accuracy']:.0f}%\n[dim]{100 * cell['ci_low']:.0f}–{100 * cell['ci_high']:.0f}%[/]"
 
 
 def comparison_table(report: dict[str, Any], original: int, target: int) -> Table:
@@ -207,16 +207,19 @@ def comparison_table(report: dict[str, Any], original: int, target: int) -> Tabl
     Returns:
         A rich table.
     """
-    table = Table(title=f"base window {original} → {target} tokens (held-out stdlib files; 95% CIs)")
+    table = Table(
+        title=f"window {original} → {target} tokens, held-out stdlib files",
+        caption="base = unpatched (†: past its window); second lines: 95% CIs; needle = in-domain key retrieval",
+    )
     for col in (
         "model",
-        f"ppl @ {original}",
-        f"ppl @ {target}",
-        f"last bucket ppl (pos ≥ {target - target // 8})",
-        f"needle @ {original}",
-        f"needle @ {target}",
+        f"ppl@{original}",
+        f"ppl@{target}",
+        f"ppl pos≥{target - target // 8}",
+        f"needle@{original}",
+        f"needle@{target}",
     ):
-        table.add_column(col)
+        table.add_column(col, no_wrap=True)
     for model in report.get("models", []):
         ppl = model.get("perplexity") or {}
         by_length = ppl.get("by_length", {})

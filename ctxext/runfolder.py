@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxext.errors import CtxextError, InputError
+from ctxext.errors import InputError
 
 RUN_FILE = "run.json"
 MERGE_FILE = "ctxext_merge.json"
@@ -29,10 +29,8 @@ MERGE_FILE = "ctxext_merge.json"
 _REQUIRED_RUN_KEYS = ("status", "base_model", "method", "target_length")
 
 
-class IncompleteRunError(CtxextError):
+class IncompleteRunError(InputError):
     """A run whose training did not finish (``run.json`` status is not ``complete``)."""
-
-    exit_code = 2
 
 
 def read_run(run_dir: str | Path, allow_incomplete: bool = False) -> dict[str, Any]:
@@ -70,9 +68,10 @@ def read_run(run_dir: str | Path, allow_incomplete: bool = False) -> dict[str, A
     status = info.get("status")
     if status != "complete" and not allow_incomplete:
         raise IncompleteRunError(
-            f"run {run_dir} is not complete (run.json status: {status!r}): its training was interrupted or failed, "
-            "so its adapter is not the final one. Resume or rerun the training, or pass --force to use the weights "
-            "it has anyway."
+            f"{run_dir} holds an incomplete run, not complete (run.json status: {status!r}): its training was "
+            "interrupted or failed, so its adapter is not the final one. Finish it with "
+            f"`ctxext train {run_dir}/recipe.yaml output.dir={run_dir} --resume`, or pass --force to use the "
+            "weights it has anyway."
         )
     info = dict(info)
     info["run_dir"] = str(run_dir.resolve())

@@ -40,8 +40,8 @@ import torch
 from ctxext.config import Recipe, dump_recipe
 from ctxext.errors import CtxextError, InputError
 from ctxext.losses import chunked_cross_entropy
+from ctxext.runfolder import RUN_FILE, read_run
 
-RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 _OOM_ADVICE = (
@@ -81,35 +81,6 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
     os.replace(tmp, path)
-
-
-def read_run(run_dir: str | Path, allow_incomplete: bool = False) -> dict[str, Any]:
-    """Read a run folder's ``run.json``.
-
-    Args:
-        run_dir: a ``ctxext train`` output folder.
-        allow_incomplete: also return runs that are still running or failed.
-
-    Returns:
-        The run record (see the module docstring for the fields).
-
-    Raises:
-        InputError: no run folder there, or the run is not complete.
-    """
-    run_dir = Path(run_dir)
-    path = run_dir / RUN_FILE
-    if not path.is_file():
-        raise InputError(f"{run_dir} is not a ctxext run folder (no {RUN_FILE}); point at the output.dir of a run")
-    try:
-        run = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path} is not valid JSON: {exc}") from None
-    if run.get("status") != "complete" and not allow_incomplete:
-        raise InputError(
-            f"{run_dir} holds an incomplete run (status: {run.get('status')!r}); finish it with "
-            f"`ctxext train {run_dir}/recipe.yaml output.dir={run_dir} --resume`"
-        )
-    return run
 
 
 def _versions(recipe: Recipe, command: list[str]) -> dict[str, Any]:

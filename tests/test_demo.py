@@ -1,0 +1,41 @@
+"""``ctxext demo --quick`` end to end: grown model → unpatched at 4× → YaRN → nf4 QLoRA → one report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ctxext.builtin import GROWN_DIR
+from ctxext.cli import app
+
+pytestmark = pytest.mark.skipif(
+    not (GROWN_DIR / "model.safetensors").is_file(), reason="the grown model is not packaged (benchmarks/grow_base.py)"
+)
+
+
+def test_demo_quick_end_to_end(tmp_path, cache_root):
+    out = tmp_path / "demo"
+    result = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report" / "report.json").read_text())
+    names = [m["name"] for m in report["models"]]
+    assert names == ["base", "yarn×4", "yarn×4+QLoRA"]
+    assert json.loads((out / "finetuned" / "run.json").read_text())["status"] == "complete"
+    assert (out / "patched-yarn" / "config.json").is_file()
+    base, patched, tuned = report["models"]
+    # The grown model retrieves its in-domain needle inside its 64-token window ...
+    assert base["needle"]["by_length"]["64"]["accuracy"] >= 0.8
+    # ... and not at 4× its window unpatched, where its numbers are marked as beyond its context.
+    assert base["needle"]["by_length"]["256"]["accuracy"] <= 0.5
+    assert base["perplexity"]["by_length"]["256"]["beyond_context"]
+    assert not patched["perplexity"]["by_length"]["256"].get("beyond_context")
+    for model in report["models"]:
+        assert {"64", "128", "256"} <= set(model["perplexity"]["by_length"])
+        assert len(model["perplexity"]["by_bucket"]) == 8
+    assert "needle@256" in result.output and "report:" in result.output
+    assert (out / "report" / "ppl_by_position.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # A second run reuses every step (the cache) and prints the same table.
+    again = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out)], catch_exceptions=False)
+    assert again.exit_code == 0 and "cached" in again.output
