@@ -2,8 +2,14 @@
 
 The public API for notebooks::
 
-    from ctxext import plan_extension, patch_model, verify_model_rope, read_rope
+    from ctxext import patch_model, verify_model_rope, extend_folder, load_recipe
+    from ctxext import load_model, ModelSpec, evaluate_perplexity, merge_run, push
+
+The RoPE functions are imported eagerly; training, evaluation and Hub functions load on first use.
 """
+
+import importlib
+from typing import Any
 
 from ctxext.rope import (
     METHODS,
@@ -27,6 +33,33 @@ from ctxext.rope import (
 
 __version__ = "0.1.0"
 
+# name -> module, imported on first attribute access (keeps `import ctxext` light).
+_LAZY = {
+    "extend_folder": "ctxext.extend",
+    "load_recipe": "ctxext.config",
+    "Recipe": "ctxext.config",
+    "load_for_inference": "ctxext.model",
+    "chunked_cross_entropy": "ctxext.losses",
+    "ModelSpec": "ctxext.evaluation",
+    "load_model": "ctxext.evaluation",
+    "evaluate_perplexity": "ctxext.evaluation",
+    "evaluate_passkey": "ctxext.evaluation",
+    "evaluate_needle": "ctxext.evaluation",
+    "evaluate_qa": "ctxext.evaluation",
+    "run_suite": "ctxext.evaluation",
+    "merge_run": "ctxext.merge",
+    "build_model_card": "ctxext.card",
+    "push": "ctxext.hub",
+    "read_run": "ctxext.runfolder",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ctxext' has no attribute {name!r}")
+
+
 __all__ = [
     "METHODS",
     "RopeCheck",
@@ -46,4 +79,5 @@ __all__ = [
     "reset_dynamic_rope",
     "verify_model_rope",
     "__version__",
+    *_LAZY,
 ]
