@@ -363,7 +363,7 @@ def demo(
     out: Annotated[Path, typer.Option(help="output folder (reused as a cache by later runs)")] = Path("runs/demo"),
     model: Annotated[str, typer.Option(help="base model")] = "builtin:grown-code-64",
     method: Annotated[str, typer.Option(help="extension method")] = "yarn",
-    steps: Annotated[int | None, typer.Option(help="QLoRA steps (default 300; 6 with --quick)")] = None,
+    steps: Annotated[int | None, typer.Option(help="QLoRA steps (default 120; 6 with --quick)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a reduced setting (CI): same steps, little work")] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="recompute every step instead of reusing --out")] = False,
 ) -> None:

@@ -54,7 +54,7 @@ class DemoSettings:
     method: str = "yarn"
     factor: int = 4
     out: Path = Path("runs/demo")
-    train_steps: int = 300
+    train_steps: int = 120
     micro_batch_size: int = 8
     learning_rate: float = 1e-3
     max_documents: int = 400

@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from ctxext.atomic import atomic_folder
 from ctxext.rope import (
     RopePlan,
     apply_plan,
@@ -85,8 +85,7 @@ def extend_folder(
         raise RopeMismatchError(result.summary())
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         for src in sorted(folder.iterdir()):
             if src.is_file() and src.name != "config.json" and src.suffix in _COPY_SUFFIXES:
                 _link_or_copy(src.resolve(), tmp / src.name)
@@ -96,10 +95,4 @@ def extend_folder(
         if write_legacy:
             data.update(legacy_fields(plan.rope_parameters))
         cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return plan

@@ -16,12 +16,12 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ctxext.atomic import atomic_folder
 from ctxext.errors import CtxextError, InputError
 from ctxext.runfolder import (
     Report,
@@ -32,6 +32,7 @@ from ctxext.runfolder import (
     read_merged,
     read_run,
 )
+from ctxext.sources import exception_chain
 
 __all__ = ["PushPlan", "PushResult", "plan_push", "push", "push_run", "read_run", "stage"]
 
@@ -252,8 +253,7 @@ def stage(
     inputs = card_inputs(folder, run, reports, smoke)
     card = render_card(inputs, merged=merged, repo_id=repo_id)
     staging = folder / STAGING_DIR
-    tmp = Path(tempfile.mkdtemp(prefix=f".{STAGING_DIR}.tmp-", dir=folder))
-    try:
+    with atomic_folder(staging) as tmp:
         for src in files:
             if src.name == "adapter_config.json":
                 (tmp / src.name).write_text(_adapter_config_for_hub(src, run.get("base_model")))
@@ -268,12 +268,6 @@ def stage(
             if md.is_file():
                 _link_or_copy(md, tmp / sub / "report.md")
         (tmp / "README.md").write_text(card)
-        if staging.exists():
-            shutil.rmtree(staging)
-        tmp.rename(staging)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     listing = sorted((p.relative_to(staging).as_posix(), p.stat().st_size) for p in staging.rglob("*") if p.is_file())
     return staging, listing
 
@@ -331,15 +325,6 @@ def plan_push(
     return plan, run
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    cur: BaseException | None = exc
-    while cur is not None and cur not in seen:
-        seen.append(cur)
-        cur = cur.__cause__ or cur.__context__
-    return seen
-
-
 def hub_failure(exc: BaseException, endpoint: str, repo_id: str) -> HubError | None:
     """Translate a huggingface_hub / HTTP exception into a message a user can act on.
 
@@ -351,7 +336,7 @@ def hub_failure(exc: BaseException, endpoint: str, repo_id: str) -> HubError | N
     Returns:
         A :class:`HubError`, or ``None`` for an exception that is not about reaching or using the Hub.
     """
-    chain = _chain(exc)
+    chain = exception_chain(exc)
     names = {cls.__name__ for e in chain for cls in type(e).__mro__}
     tail = f"Nothing was committed to {repo_id}; the local files are unchanged."
     if "OfflineModeIsEnabled" in names:

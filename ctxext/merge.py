@@ -19,7 +19,6 @@ import json
 import math
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -28,6 +27,7 @@ from typing import Any
 
 import torch
 
+from ctxext.atomic import atomic_folder
 from ctxext.errors import CtxextError, InputError
 from ctxext.runfolder import MERGE_FILE, read_run
 
@@ -419,8 +419,7 @@ def merge_run(
     if untied:
         log("  untied lm_head from the trained embeddings (tie_word_embeddings=false)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name in _COPY_FILES:
@@ -487,11 +486,5 @@ def merge_run(
             )
         meta = {"source_run": str(run_dir.resolve()), "run": run, "smoke": result.to_dict()}
         (tmp / MERGE_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     log(f"merged model written to {out} ({result.seconds:.1f} s)")
     return result

@@ -24,8 +24,8 @@ def hub_error_message(exc: BaseException, what: str) -> str | None:
         The message, or ``None`` when the exception is not a Hub access problem.
     """
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    names = {type(e).__name__ for e in _chain(exc)}
-    text = " ".join(str(e) for e in _chain(exc))
+    names = {type(e).__name__ for e in exception_chain(exc)}
+    text = " ".join(str(e) for e in exception_chain(exc))
     if "OfflineModeIsEnabled" in names or "offline mode" in text.lower() or os.environ.get("HF_HUB_OFFLINE") == "1":
         return (
             f"cannot fetch {what}: HF_HUB_OFFLINE=1 is set and it is not in the local cache. Pass a local folder, "
@@ -50,7 +50,8 @@ def hub_error_message(exc: BaseException, what: str) -> str | None:
     return None
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """An exception and its causes / contexts, outermost first (library errors wrap the real one)."""
     seen: list[BaseException] = []
     cur: BaseException | None = exc
     while cur is not None and cur not in seen:

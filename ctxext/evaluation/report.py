@@ -46,12 +46,11 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
 import platform
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from ctxext.atomic import atomic_folder
 
 SCHEMA = "ctxext.eval.report/v1"
 PPL_PROTOCOL = (
@@ -144,21 +143,10 @@ def write_report(report: dict[str, Any], out: str | Path) -> Path:
     """
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+    with atomic_folder(out) as tmp:
         plots = write_plots(report, tmp)
         (tmp / "report.md").write_text(render_markdown(report, plots))
         (tmp / "report.json").write_text(json.dumps(_clean(report), indent=2, allow_nan=False) + "\n")
-        if out.exists():
-            old = out.parent / f".{out.name}-old-{os.getpid()}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
