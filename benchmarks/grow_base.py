@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctxext.builtin import stdlib_files
+from ctxext.builtin import stdlib_files, train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "ctxext" / "data" / "grown-code-64"
@@ -131,26 +131,7 @@ def read(path: Path) -> str:
 
 def train_tokenizer(files: list[Path], vocab_size: int):
     """Byte-level BPE trained on ``files`` only, wrapped like a Llama tokenizer (adds ``<s>``)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<s>", "</s>", "<pad>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator((read(p) for p in files), trainer=trainer)
-    bos = tok.token_to_id("<s>")
-    tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
-    )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", add_bos_token=True
-    )
+    return train_bpe_tokenizer((read(p) for p in files), vocab_size)
 
 
 def encode(tokenizer, text: str) -> list[int]:

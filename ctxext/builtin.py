@@ -13,7 +13,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 BUILTIN_PREFIX = "builtin:"
@@ -129,12 +129,12 @@ def stdlib_source_files(name: str, default_split: str) -> list[Path]:
     return [p for p in stdlib_files() if want is None or stdlib_split(p) == want]
 
 
-def train_code_tokenizer(vocab_size: int, max_bytes: int = 3_000_000):
-    """Train a byte-level BPE tokenizer on standard-library source, wrapped for transformers.
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int):
+    """Train a byte-level BPE tokenizer on ``texts``, wrapped for transformers.
 
     Args:
+        texts: the training texts (consumed once, in order).
         vocab_size: vocabulary size, special tokens included.
-        max_bytes: how much source text to train on (deterministic: files in path order).
 
     Returns:
         A ``PreTrainedTokenizerFast`` that adds ``<s>`` (BOS) like a Llama tokenizer does.
@@ -142,14 +142,6 @@ def train_code_tokenizer(vocab_size: int, max_bytes: int = 3_000_000):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    texts: list[str] = []
-    total = 0
-    for path in stdlib_files():
-        text = path.read_text(encoding="utf-8", errors="replace")
-        texts.append(text)
-        total += len(text)
-        if total >= max_bytes:
-            break
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -167,6 +159,27 @@ def train_code_tokenizer(vocab_size: int, max_bytes: int = 3_000_000):
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", add_bos_token=True
     )
+
+
+def train_code_tokenizer(vocab_size: int, max_bytes: int = 3_000_000):
+    """Train a byte-level BPE tokenizer on standard-library source (see :func:`train_bpe_tokenizer`).
+
+    Args:
+        vocab_size: vocabulary size, special tokens included.
+        max_bytes: how much source text to train on (deterministic: files in path order).
+
+    Returns:
+        A ``PreTrainedTokenizerFast`` that adds ``<s>`` (BOS) like a Llama tokenizer does.
+    """
+    texts: list[str] = []
+    total = 0
+    for path in stdlib_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        texts.append(text)
+        total += len(text)
+        if total >= max_bytes:
+            break
+    return train_bpe_tokenizer(texts, vocab_size)
 
 
 @register_builtin_model("tiny-llama", "a random 2-layer Llama (hidden 64, context 256) with a code tokenizer")
