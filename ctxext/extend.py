@@ -84,7 +84,6 @@ def extend_folder(
 
         raise RopeMismatchError(result.summary())
 
-    out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_folder(out) as tmp:
         for src in sorted(folder.iterdir()):
             if src.is_file() and src.name != "config.json" and src.suffix in _COPY_SUFFIXES:

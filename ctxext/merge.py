@@ -418,7 +418,6 @@ def merge_run(
     untied = _untie_if_trained(merged)
     if untied:
         log("  untied lm_head from the trained embeddings (tie_word_embeddings=false)")
-    out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_folder(out) as tmp:
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -142,7 +142,6 @@ def write_report(report: dict[str, Any], out: str | Path) -> Path:
         The output folder.
     """
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_folder(out) as tmp:
         plots = write_plots(report, tmp)
         (tmp / "report.md").write_text(render_markdown(report, plots))
