@@ -30,6 +30,13 @@ EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
 
 
+def _print_error(exc: BaseException) -> None:
+    # One unwrapped line per message line (paths and commands in it stay copyable), no markup parsing.
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+
+
 def friendly_errors(fn: F) -> F:
     """Turn ctxext's user-facing errors into a red message and an exit code, without a traceback."""
 
@@ -47,7 +54,7 @@ def friendly_errors(fn: F) -> F:
                 err_console.print(f"  [yellow]{key}[/]: {msg}")
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except (RopeError, SourceError, FileExistsError, FileNotFoundError) as exc:
-            err_console.print(f"[bold red]error:[/] {exc}")
+            _print_error(exc)
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]")
@@ -57,7 +64,7 @@ def friendly_errors(fn: F) -> F:
             from ctxext.errors import CtxextError
 
             if isinstance(exc, CtxextError):
-                err_console.print(f"[bold red]error:[/] {exc}")
+                _print_error(exc)
                 raise typer.Exit(exc.exit_code) from None
             raise
 
@@ -79,11 +86,14 @@ def inspect(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
     revision: Annotated[str | None, typer.Option(help="Hub revision")] = None,
+    original_length: Annotated[
+        int | None, typer.Option(help="pretraining context, when the config cannot tell it")
+    ] = None,
 ) -> None:
-    """Show a model's RoPE (type, theta, factor, contexts, wavelengths) and check its runtime frequencies."""
+    """Show a model's RoPE (type, theta, factor, contexts, wavelengths) and check its runtime against its config."""
     from ctxext.inspect import inspect_model
 
-    info = inspect_model(model, config_only=config_only, revision=revision)
+    info = inspect_model(model, config_only=config_only, revision=revision, original_length=original_length)
     if as_json:
         print(json.dumps(info, indent=2, default=str))
     else:
@@ -115,6 +125,8 @@ def inspect(
             table.add_row(key, value)
         for key, msg in info["config_problems"].items():
             table.add_row(f"[red]problem[/] {key}", msg)
+        for note in info["notes"]:
+            table.add_row("[yellow]note[/]", note)
         check = info["runtime_check"]
         mark = "[green]✓[/]" if check["ok"] else "[bold red]✗ MISMATCH[/]"
         table.add_row("runtime RoPE", f"{mark} {check['summary']} — {check['mode']}")
@@ -151,7 +163,17 @@ def extend(
     legacy_fields: Annotated[
         bool, typer.Option("--legacy-fields", help="also write rope_scaling/rope_theta for transformers < 5")
     ] = False,
-    overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="replace an earlier `ctxext extend` output at --out (never any other folder)")
+    ] = False,
+    relative_to: Annotated[
+        str | None,
+        typer.Option(
+            "--relative-to",
+            help="for an already-extended model: 'original' replaces its extension (scale from the pretraining "
+            "length), 'current' stacks on it (scale from its current context)",
+        ),
+    ] = None,
 ) -> None:
     """Write a RoPE-extended copy of a model that plain transformers loads (training-free)."""
     from ctxext.extend import extend_folder
@@ -182,12 +204,17 @@ def extend(
             original_length=original_length,
             write_legacy=legacy_fields,
             overwrite=overwrite,
+            relative_to=relative_to,
         )
+    verified = plan.notes.pop()  # extend_folder's last note: what was verified on the written folder
+    console.print("[green]✓[/] ", end="")
     console.print(
-        f"[green]✓[/] wrote {out}: {method} ×{plan.factor:g} ({plan.original_length} → {plan.target_length} tokens), "
-        "runtime RoPE verified"
+        f"wrote {out}: {method} ×{plan.factor:g} ({plan.original_length} → {plan.target_length} tokens); "
+        f"reloaded from disk: {verified}",
+        markup=False,
+        highlight=False,
     )
-    console.print(f"  rope_parameters = {json.dumps(plan.rope_parameters)}")
+    console.print(f"  rope_parameters = {json.dumps(plan.rope_parameters)}", markup=False, highlight=False)
     console.print(f"  max_position_embeddings = {plan.max_position_embeddings}")
     for note in plan.notes:
         console.print(f"  [yellow]note:[/] {note}")

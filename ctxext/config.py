@@ -60,10 +60,15 @@ class RopeSection(_Section):
     short_factor: list[float] | None = None
     long_factor: list[float] | None = None
     factors_file: str | None = None
+    relative_to: Literal["original", "current"] | None = Field(
+        default=None,
+        description="for an already-extended model: replace its extension (original) or stack on it (current)",
+    )
 
     def options(self) -> dict[str, Any]:
         """The method options that are set."""
-        return {k: v for k, v in self.model_dump().items() if k not in ("method", "target_length") and v is not None}
+        skip = ("method", "target_length", "relative_to")
+        return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
 
     @model_validator(mode="after")
     def _check(self) -> RopeSection:

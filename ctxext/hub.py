@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxext.atomic import atomic_folder
+from ctxext.atomic import OUTPUT_MARKER, atomic_folder
 from ctxext.errors import CtxextError, InputError
 from ctxext.runfolder import (
     Report,
+    check_run_base,
     find_reports,
     is_merged_folder,
     is_run_folder,
@@ -196,6 +197,7 @@ def _resolve_source(
             "`ctxext merge` (ctxext_merge.json); pass one of those"
         )
     run = read_run(run_or_dir, allow_incomplete=force)
+    check_run_base(run, "push")
     if not merged:
         if not (run_or_dir / "adapter_config.json").is_file():
             raise InputError(f"run {run_or_dir} has no adapter_config.json: there is no adapter to publish")
@@ -253,7 +255,8 @@ def stage(
     inputs = card_inputs(folder, run, reports, smoke)
     card = render_card(inputs, merged=merged, repo_id=repo_id)
     staging = folder / STAGING_DIR
-    with atomic_folder(staging) as tmp:
+    # Replaced on every push, but only when ctxext staged it: a user's own ``hub/`` folder is refused.
+    with atomic_folder(staging, kind="hub-staging", overwrite=True, flag="staging folder") as tmp:
         for src in files:
             if src.name == "adapter_config.json":
                 (tmp / src.name).write_text(_adapter_config_for_hub(src, run.get("base_model")))
@@ -268,7 +271,11 @@ def stage(
             if md.is_file():
                 _link_or_copy(md, tmp / sub / "report.md")
         (tmp / "README.md").write_text(card)
-    listing = sorted((p.relative_to(staging).as_posix(), p.stat().st_size) for p in staging.rglob("*") if p.is_file())
+    listing = sorted(
+        (p.relative_to(staging).as_posix(), p.stat().st_size)
+        for p in staging.rglob("*")
+        if p.is_file() and p.name != OUTPUT_MARKER
+    )
     return staging, listing
 
 
@@ -453,6 +460,8 @@ def push(
             revision=revision,
             commit_message=message,
             repo_type="model",
+            # ctxext's record of which staged files it wrote stays local.
+            ignore_patterns=[OUTPUT_MARKER],
         )
     except Exception as exc:  # huggingface_hub raises many types; translate those a user can fix
         failure = hub_failure(exc, endpoint, repo_id)

@@ -126,4 +126,44 @@ def load_config(ref: str, revision: str | None = None, trust_remote_code: bool =
             raise
         return config, Path(ref)
     folder = resolve_model_path(ref, revision)
-    return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code), folder
+    return config_from_folder(folder, trust_remote_code), folder
+
+
+def config_from_folder(folder: str | Path, trust_remote_code: bool = False) -> Any:
+    """Load ``config.json`` from a local model folder; a damaged or unknown config is a :class:`SourceError`.
+
+    Args:
+        folder: the model folder.
+        trust_remote_code: allow custom configuration code.
+
+    Returns:
+        The transformers config.
+
+    Raises:
+        SourceError: ``config.json`` is not valid JSON, is not a JSON object, or names no model type
+            transformers knows; the message says which and what to do.
+    """
+    import json
+
+    from transformers import AutoConfig
+
+    path = Path(folder) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise SourceError(f"{path} is not UTF-8 text; restore the model's config.json") from None
+    except json.JSONDecodeError as exc:
+        raise SourceError(
+            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); fix it or restore "
+            "the model's config.json"
+        ) from None
+    if not isinstance(data, dict):
+        raise SourceError(f"{path} must hold a JSON object (the model's settings), not {type(data).__name__}")
+    try:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceError(
+            f"{path} cannot be used by transformers ({first}); check model_type and the values in it, or restore "
+            "the model's config.json"
+        ) from None

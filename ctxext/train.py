@@ -37,10 +37,13 @@ from typing import Any
 
 import torch
 
+from ctxext.atomic import check_output
 from ctxext.config import Recipe, dump_recipe
 from ctxext.errors import CtxextError, InputError
 from ctxext.losses import chunked_cross_entropy
 from ctxext.runfolder import RUN_FILE, read_run
+from ctxext.sources import resolve_model_path
+from ctxext.weights import check_fingerprint, check_weights_readable, fingerprint
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
@@ -340,15 +343,25 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
                 f"{s}.{k}: {old[s].get(k)!r} → {new[s].get(k)!r}"
                 for s in new
                 for k in set(old.get(s, {})) | set(new[s])
-                if old.get(s, {}).get(k) != new[s].get(k)
+                # A run folder may be moved: its new place is not a change of recipe.
+                if old.get(s, {}).get(k) != new[s].get(k) and (s, k) != ("output", "dir")
             ]
-            raise InputError(
-                "--resume: the recipe differs from the run's recipe.yaml (" + "; ".join(sorted(diffs)) + "); "
-                "resume with the same recipe and overrides"
-            )
-    elif out.exists() and any(out.iterdir()):
+            if diffs:
+                raise InputError(
+                    "--resume: the recipe differs from the run's recipe.yaml (" + "; ".join(sorted(diffs)) + "); "
+                    f"resume with the same recipe and overrides: `ctxext train {out}/recipe.yaml output.dir={out} "
+                    "--resume`"
+                )
+    elif out.exists() and out.is_dir() and any(out.iterdir()):
         hint = "pass --resume to continue it, or " if run_file.is_file() else ""
         raise InputError(f"output.dir: {out} already exists and is not empty; {hint}choose another output.dir")
+    else:
+        check_output(out, "run", overwrite=False, flag="output.dir")
+    base_dir = resolve_model_path(recipe.model.path, recipe.model.revision)
+    check_weights_readable(base_dir)
+    base_fingerprint = fingerprint(base_dir)
+    if resume:
+        check_fingerprint(base_dir, previous.get("base_fingerprint"), "--resume")
 
     # --- model: load → patch RoPE → quantize → LoRA --------------------------------------------
     set_seed(cfg.seed)
@@ -364,6 +377,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         status="running",
         base_model=recipe.model.path,
         base_model_resolved=str(loaded.base_path),
+        base_fingerprint=base_fingerprint,
         rope_parameters=plan.rope_parameters if plan else dict(loaded.model.config.rope_parameters or {}),
         original_length=plan.original_length if plan else None,
         target_length=plan.target_length if plan else None,
@@ -442,7 +456,15 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     if resume:
         ckpts = sorted(ckpt_root.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
         if ckpts:
-            accelerator.load_state(str(ckpts[-1]), strict=False)
+            try:
+                accelerator.load_state(str(ckpts[-1]), strict=False)
+            except Exception as exc:  # torch / safetensors / accelerate raise many types for a damaged file
+                earlier = f"; the one before it is {ckpts[-2]}" if len(ckpts) > 1 else ""
+                raise InputError(
+                    f"--resume: checkpoint {ckpts[-1]} cannot be loaded ({type(exc).__name__}: "
+                    f"{str(exc).strip()[:200] or 'damaged'}). Move that folder away to resume from the previous "
+                    f"checkpoint{earlier}, or start over in a new output.dir."
+                ) from None
             accelerator.print(f"resumed from {ckpts[-1]} (step {counters.step})")
         else:
             accelerator.print(f"no checkpoint in {ckpt_root} yet: starting from step 0")
@@ -573,16 +595,31 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
                 if cfg.save_every and counters.step % cfg.save_every == 0 and counters.step < cfg.max_steps:
                     save_checkpoint()
     except torch.OutOfMemoryError:
-        write_run(status="failed", error="out of memory")
+        write_run(status="failed", steps=counters.step, tokens_seen=counters.tokens_seen, error="out of memory")
         raise CtxextError(_OOM_ADVICE.format(seq=seq, mb=mb)) from None
     except RuntimeError as exc:
         # The CPU allocator reports exhaustion as a plain RuntimeError.
-        write_run(status="failed", error=str(exc))
+        write_run(status="failed", steps=counters.step, tokens_seen=counters.tokens_seen, error=str(exc))
         if "can't allocate memory" in str(exc):
             raise CtxextError(_OOM_ADVICE.format(seq=seq, mb=mb)) from None
         raise
+    except KeyboardInterrupt:
+        write_run(status="interrupted", steps=counters.step, tokens_seen=counters.tokens_seen, error="interrupted")
+        good = sorted(ckpt_root.glob("step-*"))
+        where = (
+            f"the last checkpoint is {good[-1]} (step {int(good[-1].name.split('-')[1])})"
+            if good
+            else "no checkpoint was saved yet (train.save_every), so a resume starts from step 0"
+        )
+        raise CtxextError(
+            f"interrupted at step {counters.step} of {cfg.max_steps}; {where}. Continue with "
+            f"`ctxext train {out}/recipe.yaml output.dir={out} --resume`.",
+            exit_code=130,
+        ) from None
     except BaseException as exc:
-        write_run(status="failed", error=str(exc) or type(exc).__name__)
+        write_run(
+            status="failed", steps=counters.step, tokens_seen=counters.tokens_seen, error=str(exc) or type(exc).__name__
+        )
         raise
     finally:
         if metrics_file:

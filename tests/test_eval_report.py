@@ -64,8 +64,12 @@ def test_report_two_models_side_by_side(tiny_tokenizer, tmp_path):
     assert "| length | base | yarn |" in md and "Passkey retrieval" in md and "Context use" in md
     for png in ("ppl_by_position.png", "ppl_by_length.png", "context_use.png", "passkey_heatmap.png"):
         _check_png(out / png)
-    # Writing again replaces the report whole.
-    write_report(report, out)
+    # Writing again replaces the report whole, with --overwrite only.
+    from ctxext.errors import InputError
+
+    with pytest.raises(InputError, match="already exists"):
+        write_report(report, out)
+    write_report(report, out, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
 
 

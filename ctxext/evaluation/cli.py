@@ -33,6 +33,10 @@ BeyondOpt = Annotated[
     ),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")]
+OverwriteOpt = Annotated[
+    bool,
+    typer.Option("--overwrite", help="replace a previous report folder at --out (never a folder holding other files)"),
+]
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -62,12 +66,17 @@ def _run(
     task: str,
     fn: Callable[[Any], dict[str, Any]],
     data: dict[str, Any],
+    overwrite: bool = False,
 ) -> dict[str, Any]:
+    from ctxext.atomic import check_inputs_outside, check_output
     from ctxext.cli import console
     from ctxext.evaluation.loading import load_model, parse_model_specs
-    from ctxext.evaluation.report import build_report, model_entry, write_report
+    from ctxext.evaluation.report import REPORT_KIND, build_report, model_entry, write_report
 
     specs = parse_model_specs(models, adapters, names)
+    # Before any work: an output that cannot be written must not cost an evaluation.
+    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
+    check_output(out, REPORT_KIND, overwrite)
     entries = []
     for spec in specs:
         with console.status(f"loading {spec.label()}"):
@@ -82,7 +91,7 @@ def _run(
         del loaded
         gc.collect()
     report = build_report(entries, data=data, command=" ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]]))
-    write_report(report, out)
+    write_report(report, out, overwrite=overwrite)
     return report
 
 
@@ -166,6 +175,7 @@ def ppl_cmd(
     allow_beyond_context: BeyondOpt = False,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Perplexity by evaluation length and token-position bucket (truncated documents), with 95% CIs."""
     from ctxext.evaluation.data import describe_source, iter_texts
@@ -190,7 +200,15 @@ def ppl_cmd(
         return evaluate_perplexity(loaded, iter_texts(data, text_field, split), settings, not quiet)
 
     report = _run(
-        model, adapter, name, out, device, "perplexity", task, {"perplexity": describe_source(data, text_field, split)}
+        model,
+        adapter,
+        name,
+        out,
+        device,
+        "perplexity",
+        task,
+        {"perplexity": describe_source(data, text_field, split)},
+        overwrite,
     )
     _print_summary(report, out)
 
@@ -209,6 +227,7 @@ def passkey_cmd(
     allow_beyond_context: BeyondOpt = False,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Passkey retrieval (Landmark Attention prompt) over lengths × depths, greedy, k seeded keys per cell."""
     from ctxext.evaluation.passkey import GridSettings, evaluate_passkey
@@ -221,7 +240,9 @@ def passkey_cmd(
         allow_beyond_context=allow_beyond_context,
     )
     grid.validate()
-    report = _run(model, adapter, name, out, device, "passkey", lambda lm: evaluate_passkey(lm, grid, not quiet), {})
+    report = _run(
+        model, adapter, name, out, device, "passkey", lambda lm: evaluate_passkey(lm, grid, not quiet), {}, overwrite
+    )
     _print_summary(report, out)
 
 
@@ -247,6 +268,7 @@ def needle_cmd(
     allow_beyond_context: BeyondOpt = False,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Needle in a haystack over lengths × depths with a configurable haystack, needle, question and answer."""
     from ctxext.evaluation.data import describe_source
@@ -273,6 +295,7 @@ def needle_cmd(
         "needle",
         lambda lm: evaluate_needle(lm, GridSettings(**vars(grid)), task, not quiet),
         {"needle": describe_source(haystack, text_field, split)},
+        overwrite,
     )
     _print_summary(report, out)
 
@@ -295,6 +318,7 @@ def qa_cmd(
     name: NameOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Long-document QA: greedy answers, SQuAD EM / F1 by answer position and context length."""
     from ctxext.evaluation.data import describe_source
@@ -320,6 +344,7 @@ def qa_cmd(
         "qa",
         lambda lm: evaluate_qa(lm, settings, not quiet),
         {"qa": describe_source(data, split=split)},
+        overwrite,
     )
     _print_summary(report, out)
 
@@ -335,6 +360,7 @@ def run_cmd(
     overrides: Annotated[list[str] | None, typer.Option("--set", help="suite override key=value (repeatable)")] = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Run an evaluation suite on one or several models and write one side-by-side report."""
     from ctxext.evaluation.loading import parse_model_specs
@@ -350,6 +376,7 @@ def run_cmd(
         not quiet,
         command=" ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]]),
         device=device,
+        overwrite=overwrite,
     )
     for note in report["suite"]["notes"]:
         from ctxext.cli import console

@@ -52,6 +52,9 @@ from typing import Any
 
 from ctxext.atomic import atomic_folder
 
+# The kind of output folder a report is (``ctxext.atomic``): --overwrite replaces only another report.
+REPORT_KIND = "report"
+
 SCHEMA = "ctxext.eval.report/v1"
 PPL_PROTOCOL = (
     "truncated-document perplexity: each document tokenized with the tokenizer's defaults (BOS where it adds "
@@ -128,7 +131,7 @@ def build_report(
     }
 
 
-def write_report(report: dict[str, Any], out: str | Path) -> Path:
+def write_report(report: dict[str, Any], out: str | Path, overwrite: bool = False) -> Path:
     """Write ``report.json``, ``report.md`` and the PNG plots into ``out``, atomically.
 
     Everything is written to a temporary folder next to ``out`` first and then moved in place, so an
@@ -136,13 +139,19 @@ def write_report(report: dict[str, Any], out: str | Path) -> Path:
 
     Args:
         report: from :func:`build_report`.
-        out: the output folder (created; an existing report in it is replaced).
+        out: the output folder (created). An existing non-empty folder is refused unless ``overwrite``,
+            and even then replaced only when it is a report folder ctxext wrote (see
+            :func:`ctxext.atomic.check_output`).
+        overwrite: replace a previous report folder.
 
     Returns:
         The output folder.
+
+    Raises:
+        InputError: ``out`` cannot be written without losing files ctxext did not write.
     """
     out = Path(out)
-    with atomic_folder(out) as tmp:
+    with atomic_folder(out, kind=REPORT_KIND, overwrite=overwrite) as tmp:
         plots = write_plots(report, tmp)
         (tmp / "report.md").write_text(render_markdown(report, plots))
         (tmp / "report.json").write_text(json.dumps(_clean(report), indent=2, allow_nan=False) + "\n")

@@ -208,6 +208,7 @@ def run_suite(
     allow_beyond_for: set[int] | None = None,
     command: str | None = None,
     device: str | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Run every task of a suite on every model (one model in memory at a time) and write the report.
 
@@ -220,13 +221,20 @@ def run_suite(
         allow_beyond_for: indices of models evaluated past their context without error (comparisons).
         command: the command line, for the report.
         device: ``cpu`` / ``cuda``.
+        overwrite: replace a previous report folder at ``out`` (never anything else).
 
     Returns:
         The report dict (also written to ``out``).
     """
+    from ctxext.atomic import check_inputs_outside, check_output
     from ctxext.evaluation.loading import load_model
+    from ctxext.evaluation.report import REPORT_KIND
     from ctxext.rope import read_rope
     from ctxext.sources import load_config
+
+    # Before any work: an output that cannot be written must not cost an evaluation.
+    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
+    check_output(out, REPORT_KIND, overwrite)
 
     # The reference model (longest configured context) sets relative lengths, read from configs only.
     states = []
@@ -294,7 +302,7 @@ def run_suite(
         "definition": suite.model_dump(),
     }
     report = build_report(entries, data=data, suite=suite_info, command=command)
-    write_report(report, out)
+    write_report(report, out, overwrite=overwrite)
     return report
 
 
