@@ -107,6 +107,41 @@ def _suite(settings: DemoSettings) -> Any:
     return suite
 
 
+# What the demo writes inside its folder; --fresh deletes these and nothing else.
+_DEMO_ITEMS = ("patched-*", "finetuned", "report")
+
+
+def prepare_demo_folder(out: Path, fresh: bool) -> Path:
+    """Create (or reuse) the demo's folder; refuse a folder the demo did not create.
+
+    The folder is a cache: a later run reuses what an earlier one computed. It is marked as a demo
+    folder when created, so that an existing folder of the user's is never written into or, with
+    ``--fresh``, emptied.
+
+    Args:
+        out: the demo folder.
+        fresh: delete the demo's earlier results (only those) first.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        InputError: ``out`` is a file, or a non-empty folder the demo did not create.
+    """
+    from ctxext.atomic import OUTPUT_MARKER, check_output, read_manifest
+
+    manifest = read_manifest(out) if out.is_dir() else None
+    if manifest is None or manifest.get("kind") != "demo":
+        check_output(out, "demo", overwrite=False)
+    elif fresh:
+        for pattern in _DEMO_ITEMS:
+            for item in out.glob(pattern):
+                shutil.rmtree(item) if item.is_dir() else item.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / OUTPUT_MARKER).write_text(json.dumps({"kind": "demo", "files": []}) + "\n")
+    return out
+
+
 def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str, Any]:
     """Run the demo and return the evaluation report.
 
@@ -126,10 +161,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
     from ctxext.train import train as run_training
 
     console = console or Console()
-    out = Path(settings.out)
-    if settings.fresh and out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = prepare_demo_folder(Path(settings.out), settings.fresh)
     started = time.time()
 
     config, _ = load_config(settings.model)
@@ -170,7 +202,13 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
             ModelSpec(str(run_dir), name=f"{settings.method}×{settings.factor}+QLoRA"),
         ]
         report = run_suite(
-            _suite(settings), specs, report_dir, suite_path=str(SUITE), allow_beyond_for={0}, command="ctxext demo"
+            _suite(settings),
+            specs,
+            report_dir,
+            suite_path=str(SUITE),
+            allow_beyond_for={0},
+            command="ctxext demo",
+            overwrite=True,
         )
     console.print(comparison_table(report, original, target))
     console.print(f"report: {report_dir / 'report.md'}  (JSON: {report_file})")
