@@ -223,16 +223,31 @@ def extend(
 @app.command()
 @friendly_errors
 def validate(
-    recipes: Annotated[list[Path], typer.Argument(help="recipe YAML file(s)")],
+    recipes: Annotated[list[Path] | None, typer.Argument(help="recipe YAML file(s)")] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="key=value override (repeatable)")] = None,
+    schema: Annotated[
+        bool, typer.Option("--schema", help="list every recipe key with its type, default and meaning")
+    ] = False,
 ) -> None:
-    """Validate recipe files; every problem is reported with its key (exit code 2 if any)."""
+    """Validate recipe files against the schema, the model, the RoPE plan and the eval suite (exit code 2 if any)."""
     from ctxext.config import RecipeError, load_recipe
+    from ctxext.preflight import preflight
 
+    if schema:
+        from ctxext.config import schema_lines
+
+        for line in schema_lines():
+            console.print(line, markup=False, highlight=False)
+        if not recipes:
+            return
+    if not recipes:
+        err_console.print("[bold red]error:[/] give a recipe file (or --schema to list the keys)")
+        raise typer.Exit(EXIT_BAD_INPUT)
     failed = False
     for path in recipes:
         try:
             recipe = load_recipe(path, overrides or [])
+            warnings = preflight(recipe, str(path))
         except RecipeError as exc:
             failed = True
             err_console.print(f"[bold red]✗ {exc.source}[/]: {len(exc.problems)} problem(s)")
@@ -243,6 +258,8 @@ def validate(
             f"[green]✓[/] {path}: {recipe.model.path}, {recipe.rope.method} → {recipe.rope.target_length}, "
             f"seq_len {recipe.seq_len}, {recipe.train.max_steps} steps"
         )
+        for warning in warnings:
+            err_console.print(f"  [yellow]warning:[/] {warning}", soft_wrap=True)
     if failed:
         raise typer.Exit(EXIT_BAD_INPUT)
 
@@ -278,9 +295,14 @@ def train(
 ) -> None:
     """Fine-tune a RoPE-extended model with QLoRA on long documents (also under `accelerate launch -m ctxext train`)."""
     from ctxext.config import load_recipe
+    from ctxext.preflight import preflight
     from ctxext.train import train as run_training
 
     parsed = load_recipe(recipe, overrides or [])
+    # Before any model is loaded: problems that would surface only after training (an eval suite that
+    # does not exist), and settings that run but teach nothing (train.seq_len within the original window).
+    for warning in preflight(parsed, str(recipe)):
+        err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
     run_training(parsed, resume=resume, command=list(sys.argv))
 
 

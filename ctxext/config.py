@@ -8,6 +8,7 @@ at once, each naming its YAML key; a misspelt key is an error, never silently ig
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +16,19 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ctxext.rope import METHODS
+
+# A Hub repository id: namespace/name, each of letters, digits, '-', '_', '.'.
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+
+
+def repo_id_problem(repo_id: str | None) -> str | None:
+    """What is wrong with a Hub repository id, or ``None`` when it is valid (``USER/NAME``)."""
+    if not repo_id or not _REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".", "-")):
+        return (
+            f"{repo_id!r} is not a Hub repository id; use USER/NAME (letters, digits, '-', '_', '.'), "
+            "e.g. me/llama2-7b-yarn-32k"
+        )
+    return None
 
 
 class RecipeError(ValueError):
@@ -111,6 +125,15 @@ class LoraSection(_Section):
         description="module name suffixes trained in full (LongLoRA: embeddings and norms)",
     )
 
+    @model_validator(mode="after")
+    def _check(self) -> LoraSection:
+        if not self.target_modules:
+            raise ValueError(
+                "target_modules: must name at least one module (e.g. [q_proj, k_proj, v_proj, o_proj]); an empty "
+                "list would put no LoRA adapter anywhere"
+            )
+        return self
+
 
 class DataSection(_Section):
     """Long documents to train on."""
@@ -174,6 +197,8 @@ class HubSection(_Section):
     def _check(self) -> HubSection:
         if self.push and not self.repo_id:
             raise ValueError("repo_id: required when hub.push is true")
+        if self.repo_id is not None and repo_id_problem(self.repo_id):
+            raise ValueError(f"repo_id: {repo_id_problem(self.repo_id)}")
         return self
 
 
@@ -264,7 +289,7 @@ def _format_errors(exc: ValidationError) -> list[tuple[str, str]]:
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (misspelt? see `ctxext validate --schema`)"
+            msg = "unknown key (misspelt? `ctxext validate --schema` lists every key)"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
             # Our validators name the field first ("target_length: ..."); fold it into the location.
@@ -326,3 +351,19 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 def dump_recipe(recipe: Recipe) -> str:
     """The fully resolved recipe as YAML (defaults included), for a run folder."""
     return yaml.safe_dump(json.loads(recipe.model_dump_json()), sort_keys=False)
+
+
+def schema_lines() -> list[str]:
+    """Every recipe key, one line each: ``section.key: type = default  — meaning`` (``ctxext validate --schema``)."""
+    lines = []
+    for section_name, section_field in Recipe.model_fields.items():
+        section = section_field.annotation
+        if not (isinstance(section, type) and issubclass(section, BaseModel)):
+            continue
+        lines.append(f"{section_name}:  {(section.__doc__ or '').strip().splitlines()[0]}")
+        for key, info in section.model_fields.items():
+            kind = getattr(info.annotation, "__name__", None) or str(info.annotation).replace("typing.", "")
+            default = "required" if info.is_required() else f"= {info.get_default(call_default_factory=True)!r}"
+            meaning = f"  — {info.description}" if info.description else ""
+            lines.append(f"  {section_name}.{key}: {kind} {default}{meaning}")
+    return lines

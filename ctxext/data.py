@@ -112,13 +112,22 @@ def load_documents(path: str, text_field: str = "text", split: str = "train", na
         try:
             ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", **extra)
         except Exception as exc:  # datasets raises many types for unreadable files
-            raise InputError(f"data.path: cannot read {local} as {kind}: {exc}") from None
+            from ctxext.sources import read_error_message
+
+            raise InputError(f"data.path: {read_error_message(exc, local, kind)}") from None
     else:
         ds = _load_hub(path, split, name)
     if text_field not in ds.column_names:
         raise InputError(
             f"data.text_field: {path} has no field {text_field!r} ({len(ds)} documents); its fields are: "
             f"{', '.join(ds.column_names) or 'none'}. Set data.text_field=NAME."
+        )
+    feature = ds.features.get(text_field)
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):
+        kind = getattr(feature, "dtype", None) or type(feature).__name__
+        raise InputError(
+            f"data.text_field: the field {text_field!r} of {path} holds {kind} values, not text; set "
+            "data.text_field to a column of strings"
         )
     return ds
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,7 +37,6 @@ from ctxext.sources import exception_chain
 __all__ = ["PushPlan", "PushResult", "plan_push", "push", "push_run", "read_run", "stage"]
 
 STAGING_DIR = "hub"
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 
 # Files that make up a model or adapter besides its weights, uploaded when present.
 _TOKENIZER_FILES = (
@@ -152,11 +150,11 @@ def check_repo_id(repo_id: str) -> str:
     Raises:
         InputError: the id is not ``namespace/name``.
     """
-    if not repo_id or not _REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".", "-")):
-        raise InputError(
-            f"--repo-id {repo_id!r} is not a Hub repository id; use USER/NAME (letters, digits, '-', '_', '.'), "
-            "e.g. me/llama2-7b-yarn-32k"
-        )
+    from ctxext.config import repo_id_problem
+
+    problem = repo_id_problem(repo_id)
+    if problem:
+        raise InputError(f"--repo-id {problem}")
     return repo_id
 
 

@@ -282,6 +282,10 @@ def read_rope(config: Any, original_length: int | None = None) -> RopeState:
 # ---------------------------------------------------------------------------------------------
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_rope_parameters(params: dict[str, Any], rotary_dim: int, max_position_embeddings: int) -> None:
     """Reject RoPE values that transformers accepts with a mere warning.
 
@@ -301,32 +305,42 @@ def check_rope_parameters(params: dict[str, Any], rotary_dim: int, max_position_
         )
         raise RopeConfigError(problems)
     theta = params.get("rope_theta")
-    if not isinstance(theta, (int, float)) or theta <= 1:
+    if not _finite(theta) or theta <= 1:
         problems["rope_parameters.rope_theta"] = f"must be a number > 1, got {theta!r}"
     if rotary_dim < 2 or rotary_dim % 2:
         problems["rotary_dim"] = f"the rotary dimension must be even and ≥ 2, got {rotary_dim}"
     factor = params.get("factor")
     if "factor" in _TYPE_KEYS[rope_type] and factor is not None:
-        if not isinstance(factor, (int, float)) or factor < 1:
+        if not _finite(factor) or factor < 1:
             problems["rope_parameters.factor"] = (
                 f"must be a number ≥ 1 (target length / original length), got {factor!r}"
             )
     if rope_type in ("linear", "dynamic") and factor is None:
         problems["rope_parameters.factor"] = f"rope type {rope_type!r} needs a factor"
     if rope_type == "yarn":
-        fast = params.get("beta_fast") or 32
-        slow = params.get("beta_slow") or 1
-        if fast <= slow:
+        fast = params.get("beta_fast", 32)
+        slow = params.get("beta_slow", 1)
+        fast, slow = (32 if fast is None else fast), (1 if slow is None else slow)
+        for key, value in (("beta_fast", fast), ("beta_slow", slow)):
+            if not _finite(value) or value <= 0:
+                problems[f"rope_parameters.{key}"] = (
+                    f"must be a finite number > 0 (rotations within the original context), got {value!r}"
+                )
+        if not problems and fast <= slow:
             problems["rope_parameters.beta_fast"] = (
                 f"must be greater than beta_slow, got beta_fast={fast}, beta_slow={slow}"
             )
         att = params.get("attention_factor")
-        if att is not None and (not isinstance(att, (int, float)) or att <= 0):
+        if att is not None and (not _finite(att) or att <= 0):
             problems["rope_parameters.attention_factor"] = f"must be a number > 0, got {att!r}"
     if rope_type == "llama3":
         low, high = params.get("low_freq_factor"), params.get("high_freq_factor")
         if low is None or high is None:
             problems["rope_parameters.low_freq_factor"] = "llama3 needs low_freq_factor and high_freq_factor"
+        elif not (_finite(low) and _finite(high) and low > 0):
+            problems["rope_parameters.low_freq_factor"] = (
+                f"low_freq_factor and high_freq_factor must be finite numbers > 0, got {low!r} and {high!r}"
+            )
         elif low >= high:
             problems["rope_parameters.low_freq_factor"] = (
                 f"must be smaller than high_freq_factor, got low_freq_factor={low}, high_freq_factor={high}"
@@ -340,7 +354,7 @@ def check_rope_parameters(params: dict[str, Any], rotary_dim: int, max_position_
                 problems[f"rope_parameters.{key}"] = (
                     f"must have rotary_dim/2 = {rotary_dim // 2} entries, got {len(values)}"
                 )
-            elif any(v <= 0 for v in values):
+            elif any(not _finite(v) or v <= 0 for v in values):
                 problems[f"rope_parameters.{key}"] = "every rescale factor must be > 0"
     if rope_type in ("yarn", "llama3", "longrope"):
         original = params.get("original_max_position_embeddings")

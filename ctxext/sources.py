@@ -50,6 +50,34 @@ def hub_error_message(exc: BaseException, what: str) -> str | None:
     return None
 
 
+def read_error_message(exc: BaseException, path: str | Path, kind: str) -> str:
+    """Why a data file could not be read, in words that say what to do.
+
+    ``datasets`` wraps the real cause (a ``UnicodeDecodeError`` inside a ``DatasetGenerationError``, or a
+    bare ``StopIteration`` for an empty file); this finds it.
+
+    Args:
+        exc: the exception raised while reading.
+        path: the file or folder.
+        kind: the format it was read as (``json``, ``text`` …).
+
+    Returns:
+        A one-line message naming the problem and the fix.
+    """
+    chain = exception_chain(exc)
+    for err in chain:
+        if isinstance(err, UnicodeDecodeError):
+            return (
+                f"{path} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at position {err.start} cannot be "
+                f"decoded as {err.encoding}); it is probably Latin-1 / cp1252. Convert it, e.g. "
+                f"`iconv -f latin1 -t utf-8 FILE > FILE.utf8`, and point at the converted file."
+            )
+    if any(isinstance(err, StopIteration) for err in chain) or all(not str(err).strip() for err in chain):
+        return f"{path} holds no {kind} records (is it empty?); put one record per line, e.g. {{\"text\": \"...\"}}"
+    detail = next((str(err).strip() for err in reversed(chain) if str(err).strip()), type(exc).__name__)
+    return f"cannot read {path} as {kind}: {detail.splitlines()[0]}"
+
+
 def exception_chain(exc: BaseException) -> list[BaseException]:
     """An exception and its causes / contexts, outermost first (library errors wrap the real one)."""
     seen: list[BaseException] = []

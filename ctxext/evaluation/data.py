@@ -69,7 +69,9 @@ def _load_table(path: Path, source: str, split: str) -> Any:
         try:
             return datasets.load_dataset(fmt, data_files=str(path), split="train")
         except Exception as exc:
-            raise InputError(f"{path}: cannot read as {fmt}: {exc}") from None
+            from ctxext.sources import read_error_message
+
+            raise InputError(read_error_message(exc, path, fmt)) from None
     if _looks_like_path(source):
         raise InputError(f"data file {source} does not exist")
     try:
@@ -79,6 +81,16 @@ def _load_table(path: Path, source: str, split: str) -> Any:
 
         message = hub_error_message(exc, f"data set {source}")
         raise InputError(message or f"cannot load data set {source} (split {split}): {exc}") from None
+
+
+def _read_text(path: Path) -> str:
+    # Strict UTF-8: replacing undecodable bytes would score the model on text that is not the file's.
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        from ctxext.sources import read_error_message
+
+        raise InputError(read_error_message(exc, path, "text")) from None
 
 
 def _looks_like_path(source: str) -> bool:
@@ -123,12 +135,18 @@ def _iter_texts(source: str, text_field: str, split: str) -> Iterator[str]:
         if not files:
             raise InputError(f"folder {path} has no text files ({', '.join(TEXT_SUFFIXES)})")
         for f in files:
-            yield f.read_text(encoding="utf-8", errors="replace")
+            yield _read_text(f)
         return
     if path.is_file() and path.suffix.lower() in TEXT_SUFFIXES:
-        yield path.read_text(encoding="utf-8", errors="replace")
+        yield _read_text(path)
         return
     for row in iter_records(source, split):
         if text_field not in row:
             raise InputError(f"{source} has no column {text_field!r}; columns: {', '.join(row)} (use --text-field)")
-        yield str(row[text_field] or "")
+        value = row[text_field]
+        if value is not None and not isinstance(value, str):
+            raise InputError(
+                f"{source}: column {text_field!r} holds {type(value).__name__} values, not text; use --text-field "
+                "to name a column of strings"
+            )
+        yield value or ""

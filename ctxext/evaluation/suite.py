@@ -375,6 +375,15 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
     return entry
 
 
+def find_suite(ref: str | Path) -> Path:
+    """A recipe's ``eval.suite``: a path as given, else relative to the ctxext checkout (``eval/tiny-cpu.yaml``)."""
+    suite_path = Path(ref)
+    if not suite_path.is_file():
+        shipped = Path(__file__).resolve().parents[2] / suite_path
+        suite_path = shipped if shipped.is_file() else suite_path
+    return suite_path
+
+
 def run_suite_for_run(run_dir: str | Path, recipe: Any, show_progress: bool = True) -> Path:
     """Evaluate a finished training run with its recipe's suite; the report goes to ``<run_dir>/eval/``.
 
@@ -396,10 +405,7 @@ def run_suite_for_run(run_dir: str | Path, recipe: Any, show_progress: bool = Tr
     suite_ref = recipe.eval.suite
     if not suite_ref:
         raise InputError("recipe eval.suite is not set")
-    suite_path = Path(suite_ref)
-    if not suite_path.is_file():
-        shipped = Path(__file__).resolve().parents[2] / suite_ref
-        suite_path = shipped if shipped.is_file() else suite_path
+    suite_path = find_suite(suite_ref)
     suite, _ = load_suite(suite_path)
     specs = [ModelSpec(ref=str(run_dir), name="fine-tuned")]
     allow: set[int] = set()
