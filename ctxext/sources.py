@@ -88,6 +88,25 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
+def _lookup_failed(ref: str, exc: BaseException) -> str:
+    # A reference of the form a/b that is not a local folder was tried as a Hub id; say both, because a
+    # mistyped local path (runs/my-run) is the likelier mistake.
+    local = Path(ref).expanduser()
+    hint = (
+        f"there is no folder {ref} here ({Path.cwd()}); "
+        if local.parent.exists() and str(local.parent) not in ("", ".")
+        else ""
+    )
+    message = hub_error_message(exc, ref)
+    if message is None:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        message = f"cannot load {ref} as a Hub model id ({first})"
+    return (
+        f"{hint}{message} If {ref} is a local folder, check the path (it must hold config.json); a Hub id is "
+        "written org/name."
+    )
+
+
 def resolve_model_path(ref: str, revision: str | None = None) -> Path:
     """A local folder for a model reference, downloading a Hub id's files if needed.
 
@@ -124,10 +143,7 @@ def resolve_model_path(ref: str, revision: str | None = None) -> Path:
             )
         )
     except Exception as exc:  # huggingface_hub raises many types; translate the ones a user can fix
-        message = hub_error_message(exc, ref)
-        if message:
-            raise SourceError(message) from None
-        raise
+        raise SourceError(_lookup_failed(ref, exc)) from None
 
 
 def load_config(ref: str, revision: str | None = None, trust_remote_code: bool = False) -> tuple[Any, Path]:
@@ -148,10 +164,7 @@ def load_config(ref: str, revision: str | None = None, trust_remote_code: bool =
         try:
             config = AutoConfig.from_pretrained(ref, revision=revision, trust_remote_code=trust_remote_code)
         except Exception as exc:
-            message = hub_error_message(exc, ref)
-            if message:
-                raise SourceError(message) from None
-            raise
+            raise SourceError(_lookup_failed(ref, exc)) from None
         return config, Path(ref)
     folder = resolve_model_path(ref, revision)
     return config_from_folder(folder, trust_remote_code), folder
