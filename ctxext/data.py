@@ -108,6 +108,9 @@ def load_documents(path: str, text_field: str = "text", split: str = "train", na
                 f"{', '.join(sorted(LOADERS))} files"
             )
         kind = kinds.pop()
+        from ctxext.sources import check_utf8
+
+        check_utf8(files, "data.path")
         extra = {"sample_by": "document"} if kind == "text" else {}
         try:
             ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", **extra)

@@ -78,6 +78,43 @@ def read_error_message(exc: BaseException, path: str | Path, kind: str) -> str:
     return f"cannot read {path} as {kind}: {detail.splitlines()[0]}"
 
 
+_TEXT_LIKE = (".jsonl", ".json", ".txt", ".csv", ".md", ".py")
+
+
+def check_utf8(files: list[Path], what: str = "data") -> None:
+    """Check that text-like data files are UTF-8, streaming (~1 GB/s), before a loader trips over them.
+
+    ``datasets`` reads a Latin-1 JSON Lines file without complaint and fails later, deep inside a
+    ``map`` or an iteration; checking first gives one clear message instead.
+
+    Args:
+        files: the files to check (binary formats such as parquet are skipped).
+        what: the option or key that named them, for the message.
+
+    Raises:
+        SourceError: the first file that is not UTF-8, with an encoding hint.
+    """
+    import codecs
+
+    for path in files:
+        if Path(path).suffix.lower() not in _TEXT_LIKE:
+            continue
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0
+        with open(path, "rb") as handle:
+            try:
+                while chunk := handle.read(1 << 20):
+                    decoder.decode(chunk)
+                    offset += len(chunk)
+                decoder.decode(b"", final=True)
+            except UnicodeDecodeError as exc:
+                shifted = UnicodeDecodeError(exc.encoding, exc.object, exc.start, exc.end, exc.reason)
+                message = read_error_message(shifted, path, "text").replace(
+                    f"position {exc.start}", f"byte offset {offset + exc.start}"
+                )
+                raise SourceError(f"{what}: {message}") from None
+
+
 def exception_chain(exc: BaseException) -> list[BaseException]:
     """An exception and its causes / contexts, outermost first (library errors wrap the real one)."""
     seen: list[BaseException] = []

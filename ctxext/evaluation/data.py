@@ -66,6 +66,9 @@ def _load_table(path: Path, source: str, split: str) -> Any:
         fmt = TABLE_FORMATS.get(path.suffix.lower())
         if fmt is None:
             raise InputError(f"{path}: unsupported file type; use {', '.join(TABLE_FORMATS)} or a text file")
+        from ctxext.sources import check_utf8
+
+        check_utf8([path], str(path))
         try:
             return datasets.load_dataset(fmt, data_files=str(path), split="train")
         except Exception as exc:
