@@ -696,6 +696,11 @@ def _write_outputs(out: Path, peft_model: Any, state_dict: dict, loaded: Any, pl
     if plan is not None:
         apply_plan(config, plan)
     config.save_pretrained(stage)
+    if plan is not None:
+        from ctxext.rope import runtime_model_from_config, verify_against_plan
+
+        # The run's config.json is what merge and eval load: reloaded from disk, it must be the plan.
+        verify_against_plan(runtime_model_from_config(AutoConfig.from_pretrained(stage)), plan)
     loaded.tokenizer.save_pretrained(stage)
     for item in stage.iterdir():
         target = out / item.name

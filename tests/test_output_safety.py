@@ -240,3 +240,42 @@ def test_demo_refuses_a_foreign_folder_and_fresh_deletes_only_its_own(tmp_path, 
     (demo / "my-notes.txt").write_text("keep")
     prepare_demo_folder(demo, fresh=True)
     assert not (demo / "report").exists() and (demo / "my-notes.txt").read_text() == "keep"
+
+
+# --- base weights fingerprint -----------------------------------------------------------------
+
+
+def test_changed_base_weights_are_refused_by_merge_eval_and_push(tmp_path_factory, tiny_model_dir, tmp_path):
+    import shutil
+
+    from _hub_helpers import copy_run, shared_run
+    from safetensors.torch import load_file, save_file
+
+    from ctxext.weights import fingerprint
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    recorded = fingerprint(base)
+    run_dir = copy_run(
+        shared_run(tmp_path_factory, tiny_model_dir),
+        tmp_path / "run",
+        base_model=str(base),
+        base_model_resolved=str(base),
+        base_fingerprint=recorded,
+    )
+    # Same path, same architecture and size, other weights (one tensor changed).
+    tensors = load_file(base / "model.safetensors")
+    name = sorted(tensors)[-1]
+    tensors[name] = tensors[name] * 1.5
+    (base / "model.safetensors").unlink()  # a new file, not an edit of the hard-linked one
+    save_file(tensors, base / "model.safetensors", metadata={"format": "pt"})
+    assert fingerprint(base) != recorded
+    for args in (
+        ["merge", run_dir, "--out", tmp_path / "merged"],
+        ["eval", "passkey", "--model", run_dir, "--lengths", "64", "--out", tmp_path / "rep"],
+        ["push", run_dir, "--repo-id", "me/x", "--dry-run"],
+    ):
+        result = run(*args)
+        assert result.exit_code == 2, (args[0], result.output)
+        assert "not the ones this run was trained on" in flat(result), result.output
+    assert not (tmp_path / "merged").exists() and not (tmp_path / "rep").exists()
