@@ -170,9 +170,12 @@ def test_cli_ppl_and_errors(tiny_model_dir, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"text": ""}\n')
     res = runner.invoke(
-        app, ["eval", "ppl", "--model", str(tiny_model_dir), "--data", str(empty), "--lengths", "64", "--out", str(out)]
+        app,
+        ["eval", "ppl", "--model", str(tiny_model_dir), "--data", str(empty), "--lengths", "64", "--out", str(out)]
+        + ["--overwrite"],
     )
     assert res.exit_code == 2 and "no documents" in " ".join(res.output.split())
+    assert json.loads((out / "report.json").read_text()) == rep  # a failed run leaves the old report whole
     assert not (tmp_path / "x").exists()
 
 

@@ -164,7 +164,7 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM
 
-    from ctxext.runfolder import check_run_base, read_run
+    from ctxext.runfolder import check_run_base
     from ctxext.sources import config_from_folder, resolve_model_path
     from ctxext.weights import check_weights_readable
 
@@ -188,7 +188,7 @@ def load_model(
     base_dir = resolve_model_path(base_ref, spec.revision)
     check_weights_readable(base_dir)
     if is_run_folder(spec.ref) and spec.adapter is None:
-        check_run_base(read_run(spec.ref, allow_incomplete=True), f"evaluating {spec.ref}")
+        check_run_base(json.loads((Path(spec.ref) / "run.json").read_text()), f"evaluating {spec.ref}")
     config = config_from_folder(config_from or base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, dtype=dtype, attn_implementation="sdpa")
     if adapter_dir is not None:
