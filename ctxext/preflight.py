@@ -82,6 +82,8 @@ def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list
     except RopeError as exc:
         problems.append(("rope", str(exc)))
         return
+    # What composing with an existing extension changes (rope.relative_to), said before training.
+    warnings.extend(note for note in plan.notes if note.startswith("the model was"))
     if seq_len <= plan.original_length:
         warnings.append(
             f"train.seq_len {seq_len} is at or below the model's original context {plan.original_length}: the "
