@@ -37,11 +37,30 @@ def preflight(recipe: Recipe, source: str = "recipe", check_model: bool = True) 
             load_suite(find_suite(recipe.eval.suite))
         except CtxextError as exc:
             problems.append(("eval.suite", str(exc)))
+    _check_data(recipe, problems)
     if check_model:
         _check_model(recipe, problems, warnings)
     if problems:
         raise RecipeError(source, problems)
     return warnings
+
+
+def _check_data(recipe: Recipe, problems: list[tuple[str, str]]) -> None:
+    from ctxext.sources import SourceError, check_utf8
+
+    path = recipe.data.path
+    if path.startswith("builtin:"):
+        return
+    local = Path(path).expanduser()
+    if not local.exists():
+        if path.startswith((".", "/", "~")) or local.suffix or path.count("/") > 1:
+            problems.append(("data.path", f"{path} does not exist (not a file, a folder, builtin:stdlib or a Hub id)"))
+        return  # a Hub data set: not fetched here
+    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+    try:
+        check_utf8([f for f in files if not f.name.startswith(".")], "data.path")
+    except SourceError as exc:
+        problems.append(("data.path", str(exc).removeprefix("data.path: ")))
 
 
 def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list[str]) -> None:
@@ -55,10 +74,15 @@ def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list
         if path.startswith((".", "/", "~")) or path.count("/") != 1:
             problems.append(("model.path", f"{path} does not exist (not a folder, builtin:NAME or a Hub id org/name)"))
         return  # a Hub id: not fetched here
+    from ctxext.errors import InputError
+    from ctxext.weights import check_weights_readable
+
     try:
-        config, _ = load_config(path, recipe.model.revision)
+        config, folder = load_config(path, recipe.model.revision)
         state = read_rope(config, original_length=recipe.model.original_length)
-    except (SourceError, RopeError) as exc:
+        if folder.is_dir():
+            check_weights_readable(folder)
+    except (SourceError, RopeError, InputError) as exc:
         problems.append(("model.path", str(exc)))
         return
     seq_len = recipe.seq_len

@@ -95,6 +95,8 @@ CASES = {
     "already-scaled model": (["validate", "{recipe}"], {"model": "  path: out-scaled\n"}, "--relative-to"),
     "local path misread as Hub id": (["inspect", "runs/my-run", "--config-only"], None, "no folder runs/my-run"),
     "non-UTF-8 training data": (["train", "{recipe}"], {"data": "  path: latin.jsonl\n"}, "not UTF-8"),
+    "validate: missing data file": (["validate", "{recipe}"], {"data": "  path: ./nope.jsonl\n"}, "does not exist"),
+    "validate: damaged weights": (["validate", "{recipe}"], {"model": "  path: truncated\n"}, "truncated or corrupt"),
 }
 
 
