@@ -408,6 +408,8 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     with accelerator.main_process_first():  # the main process tokenizes; the others read the datasets cache
         data = prepare_data(recipe.data, loaded.tokenizer, recipe.seq_len, seed=cfg.seed)
     accelerator.print(f"data: {data.summary}")
+    # Too little data for one micro-batch is bad input: say so before the run folder exists.
+    next(micro_batches(len(data.train), cfg.micro_batch_size, world, rank, cfg.seed))
 
     # --- the run folder: created only once the model and the data are known to be usable -------------
     accelerator.wait_for_everyone()

@@ -104,6 +104,14 @@ CASES = {
     "already-scaled model": (["validate", "{recipe}"], {"model": "  path: out-scaled\n"}, "--relative-to"),
     "local path misread as Hub id": (["inspect", "runs/my-run", "--config-only"], None, "no folder runs/my-run"),
     "non-UTF-8 training data": (["train", "{recipe}"], {"data": "  path: latin.jsonl\n"}, "not UTF-8"),
+    "too little data for one micro-batch": (
+        ["train", "{recipe}"],
+        {
+            "data": "  path: builtin:stdlib\n  max_documents: 2\n",
+            "train": "  max_steps: 1\n  seq_len: 1024\n  micro_batch_size: 1000\n",
+        },
+        "cannot fill one micro-batch",
+    ),
     "validate: missing data file": (["validate", "{recipe}"], {"data": "  path: ./nope.jsonl\n"}, "does not exist"),
     "validate: damaged weights": (["validate", "{recipe}"], {"model": "  path: truncated\n"}, "truncated or corrupt"),
 }
