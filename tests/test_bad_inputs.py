@@ -41,6 +41,9 @@ def world(tmp_path, tiny_model_dir, monkeypatch):
     (tmp_path / "latin.jsonl").write_bytes('{"text": "café au lait"}\n'.encode("latin-1"))
     (tmp_path / "numbers.jsonl").write_text('{"text": 123}\n{"text": 456}\n')
     (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"text": "def f(x):\n    return x\n" * 300}) + "\n" for _ in range(3))
+    )
     (tmp_path / "afile").write_text("x")
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -107,7 +110,8 @@ CASES = {
     "too little data for one micro-batch": (
         ["train", "{recipe}"],
         {
-            "data": "  path: builtin:stdlib\n  max_documents: 2\n",
+            "data": "  path: docs.jsonl\n",
+            "quantization": "  mode: none\n",
             "train": "  max_steps: 1\n  seq_len: 1024\n  micro_batch_size: 1000\n",
         },
         "cannot fill one micro-batch",
