@@ -22,6 +22,8 @@ _EXPORTS = {
     "evaluate_perplexity": "perplexity",
     "token_nll": "perplexity",
     "sliding_nll": "perplexity",
+    "AnswerScore": "answer_scoring",
+    "score_answers": "answer_scoring",
     "GridSettings": "passkey",
     "NeedleTask": "passkey",
     "evaluate_passkey": "passkey",
