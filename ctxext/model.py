@@ -233,13 +233,11 @@ def add_lora(model: Any, lora: Any, gradient_checkpointing: bool, quantized: boo
         )
     ckpt_kwargs = {"use_reentrant": False}  # non-reentrant checkpointing works with DDP and frozen inputs
     if quantized:
-        model = prepare_model_for_kbit_training(
-            model,
-            use_gradient_checkpointing=gradient_checkpointing,
-            gradient_checkpointing_kwargs=ckpt_kwargs,
-        )
-    elif gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt_kwargs)
+        # peft would enable checkpointing through transformers' deprecated `gradient_checkpointing_enable`
+        # (removed in v6); with non-reentrant checkpointing its input-grad hack is not needed, so enable it here.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if gradient_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=ckpt_kwargs)
     if gradient_checkpointing:
         model.config.use_cache = False
     config = LoraConfig(

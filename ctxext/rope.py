@@ -344,7 +344,7 @@ def reference_rope(
 ) -> tuple[torch.Tensor, float]:
     """Compute, independently of transformers, ``inv_freq`` and the attention scaling of a RoPE setting.
 
-    Written from the papers (REFERENCES.md), not from transformers, so a disagreement between the
+    Written from the papers (formulas in ``docs/methods.md``), not from transformers, so a disagreement between the
     two is caught instead of copied.
 
     Args:

@@ -215,7 +215,7 @@ def _make_optimizer(recipe: Recipe, params: list[torch.nn.Parameter], device: to
 
 def _check_launch(accelerator: Any, recipe: Recipe) -> None:
     # A launcher that started several processes which accelerate does not see as one job: each would
-    # train its own unsynchronised copy and write the same folder (DESIGN.md lists how this happens).
+    # train its own unsynchronised copy and write the same folder (``docs/design.md`` lists how this happens).
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
     if world_env > 1 and accelerator.num_processes == 1:
         raise CtxextError(
