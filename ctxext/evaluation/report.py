@@ -376,8 +376,9 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
     lines += [
         f"Haystack: `{first['haystack']}`; depths {', '.join(f'{d:g}' for d in st['depths'])} %; {st['trials']} trials "
         f"per cell; templates: {st['templates']}. {_scoring_note([{'r': first}], 'r')} Effective length: the longest "
-        f"length up to which every evaluated length scores ≥ {ref} (RULER). Cells: accuracy % over all depths "
-        "(trials); ✱ the model was fine-tuned on this task; † beyond the model's context.",
+        f"length up to which every evaluated length scores ≥ {ref} (RULER); n/a: the task scores below "
+        f"{st.get('min_reference', 0) * 100:g} % at the original length, so it has no relative threshold. Cells: "
+        "accuracy % over all depths (trials); ✱ the model was fine-tuned on this task; † beyond the model's context.",
         "",
     ]
     names = [m["name"] for m in models]
@@ -392,7 +393,9 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
             )
             row.append(_eff(e) + (" ✱" if trained else ""))
         rows.append(row)
-    rows.append(["**mean over tasks**"] + [_eff(m["ruler"]["effective_length"]) for m in models])
+    rows.append(
+        ["**overall** (mean over the tasks with a reference)"] + [_eff(m["ruler"]["effective_length"]) for m in models]
+    )
     lines += ["### Effective length", ""]
     lines += _table(["task"] + names, rows)
     for m in models:
@@ -411,7 +414,8 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
                     else f"{bl['accuracy'] * 100:.0f} ({bl['trials']}){' †' if cell.get('beyond_context') else ''}"
                 )
             body.append(row)
-        body.append(["**mean**"] + [f"{r['mean_by_length'][L] * 100:.0f}" for L in lengths])
+        counted = ", ".join(r["effective_length"].get("tasks") or []) or "none"
+        body.append([f"**mean** ({counted})"] + [f"{r['mean_by_length'][L] * 100:.0f}" for L in lengths])
         header = [f"{L}{' (orig.)' if int(L) == r['original_length'] else ''}" for L in lengths]
         lines += _table(["task \\ length", *header], body)
     return lines
@@ -420,10 +424,13 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
 def _eff(e: dict[str, Any]) -> str:
     if not e:
         return "–"
-    if e.get("length") is None:
-        return f"none ({e.get('note') or 'below threshold'})"
     bar = e.get("threshold")
-    return f"{e['length']}" + (f" (≥ {bar * 100:.0f} %)" if bar is not None else "")
+    if e.get("length") is None:
+        if bar is None:
+            ref = e.get("reference_score")
+            return "n/a" + (f" ({ref * 100:.0f} % at the original length)" if ref is not None else "")
+        return f"< shortest (≥ {bar * 100:.0f} % needed)"
+    return f"{e['length']} (≥ {bar * 100:.0f} %)"
 
 
 def _qa_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:

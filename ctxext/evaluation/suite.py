@@ -102,6 +102,7 @@ class RulerSection(_Section):
     templates: TemplateChoice = "heldout"
     threshold: float = Field(default=0.85, gt=0, le=1)
     threshold_reference: Literal["original", "absolute"] = "original"
+    min_reference: float = Field(default=0.25, ge=0, le=1)
     scoring: Literal["teacher-forced", "generate"] = "teacher-forced"
 
 
@@ -200,6 +201,7 @@ def ruler_settings(section: RulerSection, lengths: list[int], allow_beyond: bool
         templates=section.templates,
         threshold=section.threshold,
         threshold_reference=section.threshold_reference,
+        min_reference=section.min_reference,
         scoring=section.scoring,
         allow_beyond_context=allow_beyond,
     )
