@@ -37,6 +37,13 @@ OverwriteOpt = Annotated[
     bool,
     typer.Option("--overwrite", help="replace a previous report folder at --out (never a folder holding other files)"),
 ]
+ScoringOpt = Annotated[
+    str,
+    typer.Option(
+        help="teacher-forced: one forward pass over prompt + answer (exact for greedy decoding, no KV cache); "
+        "generate: greedy decoding with an explicit greedy config (cross-check)"
+    ),
+]
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -131,7 +138,8 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                 ov = m[task]["overall"]
                 console.print(
                     f"{task} — {m['name']}: {ov['accuracy'] * 100:.1f} % [{ov['ci_low'] * 100:.1f}, "
-                    f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials"
+                    f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials "
+                    f"({m[task].get('scoring', 'generate')})"
                 )
         if m.get("qa"):
             q = m["qa"]["overall"]
@@ -222,6 +230,7 @@ def passkey_cmd(
     depths: Annotated[str, typer.Option(help="needle depths in percent")] = "0,25,50,75,100",
     trials: Annotated[int, typer.Option(help="prompts (keys) per cell")] = 5,
     seed: Annotated[int, typer.Option(help="seed of the keys")] = 0,
+    scoring: ScoringOpt = "teacher-forced",
     adapter: AdapterOpt = None,
     name: NameOpt = None,
     allow_beyond_context: BeyondOpt = False,
@@ -229,7 +238,7 @@ def passkey_cmd(
     quiet: QuietOpt = False,
     overwrite: OverwriteOpt = False,
 ) -> None:
-    """Passkey retrieval (Landmark Attention prompt) over lengths × depths, greedy, k seeded keys per cell."""
+    """Passkey retrieval (Landmark Attention prompt) over lengths × depths, k seeded keys per cell, teacher-forced."""
     from ctxext.evaluation.passkey import GridSettings, evaluate_passkey
 
     grid = GridSettings(
@@ -238,6 +247,7 @@ def passkey_cmd(
         trials=trials,
         seed=seed,
         allow_beyond_context=allow_beyond_context,
+        scoring=scoring,
     )
     grid.validate()
     report = _run(
@@ -257,12 +267,15 @@ def needle_cmd(
     ] = "builtin:stdlib",
     needle: Annotated[str | None, typer.Option(help="the sentence to hide")] = None,
     question: Annotated[str | None, typer.Option(help="the text that ends the prompt and asks for it")] = None,
-    answer: Annotated[str | None, typer.Option(help="expected answer (all its words must appear)")] = None,
+    answer: Annotated[
+        str | None, typer.Option(help="expected continuation of the question (scored token by token)")
+    ] = None,
     text_field: Annotated[str, typer.Option(help="text column of a table-like haystack")] = "text",
     split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
     depths: Annotated[str, typer.Option(help="needle depths in percent")] = "0,25,50,75,100",
     trials: Annotated[int, typer.Option(help="haystack offsets per cell")] = 3,
     seed: Annotated[int, typer.Option(help="seed of the haystack offsets")] = 0,
+    scoring: ScoringOpt = "teacher-forced",
     adapter: AdapterOpt = None,
     name: NameOpt = None,
     allow_beyond_context: BeyondOpt = False,
@@ -284,6 +297,7 @@ def needle_cmd(
         trials=trials,
         seed=seed,
         allow_beyond_context=allow_beyond_context,
+        scoring=scoring,
     )
     grid.validate()
     report = _run(
