@@ -62,6 +62,21 @@ def test_report_two_models_side_by_side(tiny_tokenizer, tmp_path):
     assert yarn["perplexity"]["short_context"]["length"] == 256
     md = (out / "report.md").read_text()
     assert "| length | base | yarn |" in md and "Passkey retrieval" in md and "Context use" in md
+    # Paired comparisons against the first model: per length and bucket, and McNemar on passkey trials.
+    comp = data["comparisons"]
+    assert comp["reference"] == "base"
+    by_len = {r["length"]: r for r in comp["perplexity"] if r["view"] == "length"}
+    assert set(by_len) == {128, 256}
+    for L, r in by_len.items():
+        ratio = (
+            yarn["perplexity"]["by_length"][str(L)]["ppl"] / data["models"][0]["perplexity"]["by_length"][str(L)]["ppl"]
+        )
+        assert r["ratio"] == pytest.approx(ratio, rel=1e-9) and r["ci_low"] <= r["ratio"] <= r["ci_high"]
+    assert len([r for r in comp["perplexity"] if r["view"] == "bucket"]) == 4
+    cell = yarn["passkey"]["cells"][0]
+    assert len(cell["trials_correct"]) == cell["trials"] and sum(cell["trials_correct"]) == cell["correct"]
+    assert {r["length"] for r in comp["grids"]} == {180, 256, "all"}
+    assert "## Paired comparisons against `base`" in md and "p Holm" in md
     for png in ("ppl_by_position.png", "ppl_by_length.png", "context_use.png", "passkey_heatmap.png"):
         _check_png(out / png)
     # Writing again replaces the report whole.

@@ -33,6 +33,19 @@ BeyondOpt = Annotated[
     ),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")]
+ReferenceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reference", help="report label of the model the others are compared with, paired (default: the first)"
+    ),
+]
+
+
+def _check_reference(specs: list[Any], reference: str | None) -> None:
+    # Fail before any model is evaluated, not after an hour of scoring.
+    from ctxext.evaluation.paired import choose_reference
+
+    choose_reference([{"name": s.label()} for s in specs], reference)
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -62,12 +75,14 @@ def _run(
     task: str,
     fn: Callable[[Any], dict[str, Any]],
     data: dict[str, Any],
+    reference: str | None = None,
 ) -> dict[str, Any]:
     from ctxext.cli import console
     from ctxext.evaluation.loading import load_model, parse_model_specs
     from ctxext.evaluation.report import build_report, model_entry, write_report
 
     specs = parse_model_specs(models, adapters, names)
+    _check_reference(specs, reference)
     entries = []
     for spec in specs:
         with console.status(f"loading {spec.label()}"):
@@ -81,7 +96,8 @@ def _run(
         entries.append(entry)
         del loaded
         gc.collect()
-    report = build_report(entries, data=data, command=" ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]]))
+    command = " ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]])
+    report = build_report(entries, data=data, command=command, reference=reference)
     write_report(report, out)
     return report
 
@@ -130,7 +146,28 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                 f"qa — {m['name']}: EM {q['exact_match']:.1f}, F1 {q['f1']:.1f} over {q['examples']} examples "
                 f"({m['qa']['truncated']} truncated in the middle)"
             )
+    _print_comparisons(report.get("comparisons"))
     console.print(f"[green]✓[/] report written to {out}/report.json, report.md and PNG plots")
+
+
+def _print_comparisons(comp: dict[str, Any] | None) -> None:
+    from ctxext.cli import console
+
+    if not comp:
+        return
+    ref = comp["reference"]
+    for r in comp["perplexity"]:
+        if r["view"] == "length":
+            console.print(
+                f"paired — {r['model']} / {ref} ppl@{r['length']}: {r['ratio']:.3f}× "
+                f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] over {r['documents']} documents, p Holm {r['p_holm']:.2g}"
+            )
+    for r in comp["grids"]:
+        console.print(
+            f"paired — {r['model']} vs {ref} {r['task']}@{r['length']}: {r['a_correct']} vs {r['b_correct']} of "
+            f"{r['trials']}, McNemar p {r['p_value']:.2g} (Holm {r['p_holm']:.2g})"
+        )
+    console.print(f"({comp['comparisons']} paired comparisons; p Holm is adjusted over all of them)")
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -164,6 +201,7 @@ def ppl_cmd(
     ] = None,
     resamples: Annotated[int, typer.Option(help="bootstrap resamples for the 95% CIs")] = 1000,
     allow_beyond_context: BeyondOpt = False,
+    reference: ReferenceOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -189,9 +227,8 @@ def ppl_cmd(
     def task(loaded: Any) -> dict[str, Any]:
         return evaluate_perplexity(loaded, iter_texts(data, text_field, split), settings, not quiet)
 
-    report = _run(
-        model, adapter, name, out, device, "perplexity", task, {"perplexity": describe_source(data, text_field, split)}
-    )
+    data_info = {"perplexity": describe_source(data, text_field, split)}
+    report = _run(model, adapter, name, out, device, "perplexity", task, data_info, reference)
     _print_summary(report, out)
 
 
@@ -207,6 +244,7 @@ def passkey_cmd(
     adapter: AdapterOpt = None,
     name: NameOpt = None,
     allow_beyond_context: BeyondOpt = False,
+    reference: ReferenceOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -221,7 +259,9 @@ def passkey_cmd(
         allow_beyond_context=allow_beyond_context,
     )
     grid.validate()
-    report = _run(model, adapter, name, out, device, "passkey", lambda lm: evaluate_passkey(lm, grid, not quiet), {})
+    report = _run(
+        model, adapter, name, out, device, "passkey", lambda lm: evaluate_passkey(lm, grid, not quiet), {}, reference
+    )
     _print_summary(report, out)
 
 
@@ -245,6 +285,7 @@ def needle_cmd(
     adapter: AdapterOpt = None,
     name: NameOpt = None,
     allow_beyond_context: BeyondOpt = False,
+    reference: ReferenceOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -273,6 +314,7 @@ def needle_cmd(
         "needle",
         lambda lm: evaluate_needle(lm, GridSettings(**vars(grid)), task, not quiet),
         {"needle": describe_source(haystack, text_field, split)},
+        reference,
     )
     _print_summary(report, out)
 
@@ -293,6 +335,7 @@ def qa_cmd(
     length_edges: Annotated[str, typer.Option(help="context-length bucket edges in tokens")] = "4000,8000",
     adapter: AdapterOpt = None,
     name: NameOpt = None,
+    reference: ReferenceOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -320,6 +363,7 @@ def qa_cmd(
         "qa",
         lambda lm: evaluate_qa(lm, settings, not quiet),
         {"qa": describe_source(data, split=split)},
+        reference,
     )
     _print_summary(report, out)
 
@@ -333,6 +377,7 @@ def run_cmd(
     adapter: AdapterOpt = None,
     name: NameOpt = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="suite override key=value (repeatable)")] = None,
+    reference: ReferenceOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -342,6 +387,7 @@ def run_cmd(
 
     parsed, _ = load_suite(suite, overrides or [])
     specs = parse_model_specs(model, adapter, name)
+    _check_reference(specs, reference)
     report = run_suite(
         parsed,
         specs,
@@ -350,6 +396,7 @@ def run_cmd(
         not quiet,
         command=" ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]]),
         device=device,
+        reference=reference,
     )
     for note in report["suite"]["notes"]:
         from ctxext.cli import console

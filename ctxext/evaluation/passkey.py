@@ -253,6 +253,8 @@ def _run_grid(
                         "depth": float(depth),
                         "trials": len(results),
                         "correct": int(correct),
+                        # Per-trial outcomes (trial order): what paired tests between models need.
+                        "trials_correct": [bool(ok) for ok, _ in results],
                         "accuracy": correct / len(results),
                         "score": sum(s for _, s in results) / len(results),
                         "ci_low": low,

@@ -24,6 +24,7 @@ Protocol (truncated-document perplexity, as in the YaRN paper's proof-pile curve
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -373,9 +374,10 @@ def _too_short_error(docs: Documents, length: int, what: str) -> InputError:
 
 @dataclass
 class _Scores:
-    # Per length: per-document NLL sums and token counts. Per bucket: the same, over bucket docs.
-    by_length: dict[int, tuple[list[float], list[int]]] = field(default_factory=dict)
+    # Per length: per-document NLL sums, token counts and document indices (into Documents.ids).
+    by_length: dict[int, tuple[list[float], list[int], list[int]]] = field(default_factory=dict)
     full: list[torch.Tensor] = field(default_factory=list)  # NLL vectors of documents reaching L_max
+    full_docs: list[int] = field(default_factory=list)  # their indices
     full_ids: list[torch.Tensor] = field(default_factory=list)  # their ids, truncated to L_max
     passes: int = 0
     tokens_processed: int = 0
@@ -432,7 +434,7 @@ def evaluate_perplexity(
     mode = choose_mode(loaded, settings)
     model = loaded.model
     dynamic = loaded.rope.rope_type in LENGTH_DEPENDENT_TYPES
-    scores = _Scores(by_length={L: ([], []) for L in lengths})
+    scores = _Scores(by_length={L: ([], [], []) for L in lengths})
     if mode == "sliding":
         _run_sliding(model, docs, lengths, longest, settings, scores, dynamic, show_progress, loaded.name)
     elif mode == "one-pass":
@@ -443,7 +445,7 @@ def evaluate_perplexity(
     res = settings.resamples
     by_length = {}
     for L in requested:
-        sums, counts = scores.by_length[L]
+        sums, counts, _ = scores.by_length[L]
         entry = ppl_entry(np.array(sums), np.array(counts), res, settings.seed)
         entry["beyond_context"] = L in beyond
         by_length[str(L)] = entry
@@ -465,13 +467,14 @@ def evaluate_perplexity(
         "tokens_processed": scores.tokens_processed,
     }
     if short_len:
-        sums, counts = scores.by_length[short_len]
+        sums, counts, _ = scores.by_length[short_len]
         result["short_context"] = {
             "length": short_len,
             **ppl_entry(np.array(sums), np.array(counts), res, settings.seed),
         }
     if settings.bucket_size and mode != "sliding":
         result["by_bucket"] = _buckets(scores.full, longest, settings.bucket_size, res, settings.seed)
+    result["per_document"] = _per_document(docs, scores, longest, settings.bucket_size, mode)
     if settings.context_limits:
         result["context_use"] = _context_use(
             model, scores.full, scores.full_ids, longest, settings, dynamic, show_progress, loaded.name
@@ -484,11 +487,12 @@ def _settings_dict(settings: PerplexitySettings) -> dict[str, Any]:
     return asdict(settings)
 
 
-def _record(scores: _Scores, L: int, nll: torch.Tensor) -> None:
+def _record(scores: _Scores, L: int, nll: torch.Tensor, doc: int) -> None:
     # nll[t - 1] is the NLL of token t; length L scores tokens 1..L-1.
-    sums, counts = scores.by_length[L]
+    sums, counts, docs = scores.by_length[L]
     sums.append(float(nll[: L - 1].double().sum()))
     counts.append(L - 1)
+    docs.append(doc)
 
 
 def _run_one_pass(model, docs, lengths, longest, settings, scores, show, name) -> None:
@@ -499,14 +503,15 @@ def _run_one_pass(model, docs, lengths, longest, settings, scores, show, name) -
         plan.append((d, reach[-1]))
     total = sum(r for _, r in plan)
     with progress_bar(f"ppl {name} (one pass per document)", total, show) as advance:
-        for d, reach in plan:
+        for i, (d, reach) in enumerate(plan):
             nll = token_nll(model, d[None, :reach], 1, settings.chunk_size)[0]
             scores.passes += 1
             scores.tokens_processed += reach
             for L in lengths:
                 if L <= reach:
-                    _record(scores, L, nll)
+                    _record(scores, L, nll, i)
             if reach >= longest:
+                scores.full_docs.append(i)
                 scores.full.append(nll[: longest - 1].clone())
                 scores.full_ids.append(d[:longest])
             advance(reach)
@@ -516,7 +521,7 @@ def _run_per_length(model, docs, lengths, longest, settings, scores, dynamic, sh
     total = sum(L for L in lengths for d in docs.ids if len(d) >= L)
     with progress_bar(f"ppl {name} (one pass per length)", total, show) as advance:
         for L in lengths:
-            for d in docs.ids:
+            for i, d in enumerate(docs.ids):
                 if len(d) < L:
                     continue
                 # Dynamic NTK keeps the frequencies of the longest sequence seen: reset before each pass.
@@ -524,8 +529,9 @@ def _run_per_length(model, docs, lengths, longest, settings, scores, dynamic, sh
                 nll = token_nll(model, d[None, :L], 1, settings.chunk_size)[0]
                 scores.passes += 1
                 scores.tokens_processed += L
-                _record(scores, L, nll)
+                _record(scores, L, nll, i)
                 if L == longest:
+                    scores.full_docs.append(i)
                     scores.full.append(nll.clone())
                     scores.full_ids.append(d[:longest])
                 advance(L)
@@ -539,8 +545,8 @@ def _run_sliding(model, docs, lengths, longest, settings, scores, dynamic, show,
     total = sum(min(len(d), cap or len(d)) for d in docs.ids) * len(lengths)
     with progress_bar(f"ppl {name} (sliding window, stride {stride})", total, show) as advance:
         for L in lengths:
-            sums, counts = scores.by_length[L]
-            for d in docs.ids:
+            sums, counts, doc_idx = scores.by_length[L]
+            for i, d in enumerate(docs.ids):
                 if len(d) < L:
                     continue
                 ids = d[:cap] if cap else d
@@ -552,11 +558,42 @@ def _run_sliding(model, docs, lengths, longest, settings, scores, dynamic, show,
                 scores.tokens_processed += sum(w.end - w.begin for w in sliding_windows(len(ids), L, stride))
                 sums.append(float(nll.double().sum()))
                 counts.append(int(nll.numel()))
+                doc_idx.append(i)
                 if L == longest:
+                    scores.full_docs.append(i)
                     scores.full.append(nll[: longest - 1].clone())
                     scores.full_ids.append(d[:longest])
     if dynamic:
         reset_dynamic_rope(model)
+
+
+def document_key(ids: torch.Tensor) -> str:
+    """A short content hash of a document's tokens: how reports of different models pair documents."""
+    return hashlib.sha1(ids.numpy().astype(np.int64).tobytes()).hexdigest()[:16]
+
+
+def _per_document(
+    docs: Documents, scores: _Scores, longest: int, bucket: int | None, mode: str
+) -> dict[str, Any]:
+    # What paired comparisons need: per-document NLL sums, keyed by content so that two models' reports
+    # pair the same documents (and refuse to pair when their tokenizers differ).
+    out: dict[str, Any] = {
+        "keys": [document_key(d) for d in docs.ids],
+        "by_length": {
+            str(L): {"docs": list(idx), "nll_sums": list(sums), "tokens": list(counts)}
+            for L, (sums, counts, idx) in scores.by_length.items()
+        },
+    }
+    if bucket and mode != "sliding" and scores.full:
+        mat = torch.stack([v[: longest - 1] for v in scores.full]).double().numpy()
+        edges = [(start, start + bucket) for start in range(0, longest, bucket)]
+        out["buckets"] = {
+            "docs": list(scores.full_docs),
+            "edges": [list(e) for e in edges],
+            "nll_sums": [mat[:, max(a, 1) - 1 : b - 1].sum(axis=1).tolist() for a, b in edges],
+            "tokens": [b - max(a, 1) for a, b in edges],
+        }
+    return out
 
 
 def _buckets(full: list[torch.Tensor], longest: int, size: int, resamples: int, seed: int) -> list[dict[str, Any]]:

@@ -33,7 +33,8 @@
                  by_position: {"0-20%": {...}, ..., "not found": {...}}, by_length: {"0-4000": {...}, ...},
                  samples, settings, seconds}
         }
-      ]
+      ],
+      "comparisons": {...} | null     # paired model-vs-reference statistics, see ctxext.evaluation.paired
     }
 
 ``nll`` is the mean negative log-likelihood in nats per token, ``ppl = exp(nll)``; ``ci_low`` / ``ci_high``
@@ -98,19 +99,22 @@ def build_report(
     data: dict[str, Any] | None = None,
     suite: dict[str, Any] | None = None,
     command: str | None = None,
+    reference: str | None = None,
 ) -> dict[str, Any]:
-    """Assemble a report from per-model entries.
+    """Assemble a report from per-model entries, with paired comparisons against a reference model.
 
     Args:
         models: entries from :func:`model_entry` with task sections added.
         data: descriptions of the data sources per task.
         suite: the suite that ran, if any.
         command: the command line, if any.
+        reference: the model every other model is compared with, paired (default: the first).
 
     Returns:
         The report dict (see the module docstring for the schema).
     """
     from ctxext import __version__
+    from ctxext.evaluation.paired import compare_models
 
     for m in models:
         ppl = m.get("perplexity")
@@ -125,6 +129,7 @@ def build_report(
         "environment": environment(),
         "data": data or {},
         "models": models,
+        "comparisons": compare_models(models, reference),
     }
 
 
@@ -235,11 +240,13 @@ def render_markdown(report: dict[str, Any], plots: dict[str, str] | None = None)
     qa_models = [m for m in models if m.get("qa")]
     if qa_models:
         lines += _qa_markdown(qa_models, plots)
+    if report.get("comparisons"):
+        lines += comparisons_markdown(report["comparisons"])
     lines += [
         "---",
         f"Models: {', '.join(names)}. Intervals are 95 %: bootstrap over documents for perplexities, Wilson for "
-        "accuracies, bootstrap over examples for EM / F1. With few documents, differences inside the intervals "
-        "are noise.",
+        "accuracies, bootstrap over examples for EM / F1. These per-model intervals are unpaired: to compare "
+        "models, read the paired comparisons (same documents, same trials), not whether intervals overlap.",
         "",
     ]
     return "\n".join(lines)
@@ -495,3 +502,95 @@ def _save(fig: Any, folder: Path, name: str, tight: bool = True) -> str:
     fig.savefig(folder / name, dpi=110)
     plt.close(fig)
     return name
+
+
+def _p(p: float | None) -> str:
+    if p is None or not math.isfinite(p):
+        return "–"
+    return f"{p:.2g}" if p >= 0.001 else "<0.001"
+
+
+def _ratio_cell(r: dict[str, Any]) -> str:
+    real = r.get("ci_low") is not None and math.isfinite(r["ci_low"]) and not r["ci_low"] <= 1 <= r["ci_high"]
+    mark = " **" if real else ""
+    if not real and not (r.get("ci_low") is not None and math.isfinite(r["ci_low"])):
+        return f"{r['ratio']:.3f}× [–]"
+    return f"{r['ratio']:.3f}× [{r['ci_low']:.3f}, {r['ci_high']:.3f}]{mark}"
+
+
+def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
+    """The paired model-vs-reference tables (perplexity ratios, McNemar tests on retrieval grids).
+
+    Args:
+        comp: the report's ``comparisons`` section (:func:`ctxext.evaluation.paired.compare_models`).
+
+    Returns:
+        Markdown lines.
+    """
+    ref = comp["reference"]
+    lines = [
+        f"## Paired comparisons against `{ref}`",
+        "",
+        f"Each model against `{ref}` on the same documents and the same trials. {comp['comparisons']} comparisons "
+        "in this report: p-values are also given Holm-adjusted over all of them (p Holm); read a difference as "
+        "real when its adjusted p is small, not when one raw p among many is.",
+        "",
+    ]
+    ppl = comp.get("perplexity") or []
+    by_len = [r for r in ppl if r["view"] == "length"]
+    if by_len:
+        lines += [
+            "### Perplexity ratio by length",
+            "",
+            f"ppl(model) / ppl({ref}) on the same tokens of the same documents, with a 95 % paired bootstrap "
+            "interval (documents resampled jointly); ** the interval excludes 1.",
+            "",
+        ]
+        rows = [
+            [r["model"], str(r["length"]), _ratio_cell(r), str(r["documents"]), _p(r["p_value"]), _p(r["p_holm"])]
+            for r in by_len
+        ]
+        lines += _table(["model", "length", "ratio [95 % CI]", "docs", "p", "p Holm"], rows)
+    by_bucket = [r for r in ppl if r["view"] == "bucket"]
+    if by_bucket:
+        models = list(dict.fromkeys(r["model"] for r in by_bucket))
+        edges = list(dict.fromkeys((r["start"], r["end"]) for r in by_bucket))
+        lines += ["### Perplexity ratio by token position", "", f"ppl(model) / ppl({ref}) per position bucket.", ""]
+        rows = []
+        for start, end in edges:
+            row = [f"{start}–{end}"]
+            for name in models:
+                r = next((x for x in by_bucket if x["model"] == name and x["start"] == start), None)
+                row.append("–" if r is None else _ratio_cell(r))
+            rows.append(row)
+        lines += _table(["positions"] + models, rows)
+    grids = comp.get("grids") or []
+    if grids:
+        lines += [
+            "### Retrieval, paired trials (exact McNemar)",
+            "",
+            f"Same prompts for both models; only the discordant trials carry evidence: model right / {ref} wrong, "
+            "and the reverse.",
+            "",
+        ]
+        rows = [
+            [
+                r["model"],
+                r["task"],
+                str(r["length"]),
+                f"{r['a_correct']}/{r['trials']}",
+                f"{r['b_correct']}/{r['trials']}",
+                f"{r['only_a']} / {r['only_b']}",
+                f"{r['difference'] * 100:+.0f} pts",
+                _p(r["p_value"]),
+                _p(r["p_holm"]),
+            ]
+            for r in grids
+        ]
+        lines += _table(
+            ["model", "task", "length", "model correct", f"{ref} correct", "discordant (+ / −)", "Δ", "p", "p Holm"],
+            rows,
+        )
+    for note in comp.get("notes") or []:
+        lines += [f"Note: {note}", ""]
+    return lines

@@ -208,6 +208,7 @@ def run_suite(
     allow_beyond_for: set[int] | None = None,
     command: str | None = None,
     device: str | None = None,
+    reference: str | None = None,
 ) -> dict[str, Any]:
     """Run every task of a suite on every model (one model in memory at a time) and write the report.
 
@@ -220,6 +221,7 @@ def run_suite(
         allow_beyond_for: indices of models evaluated past their context without error (comparisons).
         command: the command line, for the report.
         device: ``cpu`` / ``cuda``.
+        reference: report label of the model the others are compared with, paired (default: the first).
 
     Returns:
         The report dict (also written to ``out``).
@@ -293,7 +295,7 @@ def run_suite(
         "notes": notes,
         "definition": suite.model_dump(),
     }
-    report = build_report(entries, data=data, suite=suite_info, command=command)
+    report = build_report(entries, data=data, suite=suite_info, command=command, reference=reference)
     write_report(report, out)
     return report
 
