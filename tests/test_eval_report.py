@@ -164,12 +164,15 @@ def test_cli_ppl_and_errors(tiny_model_dir, tmp_path):
             "--out",
             str(out),
             "--quiet",
+            "--min-docs",
+            "1",
         ],
     )
     assert res.exit_code == 0, res.output
     rep = json.loads((out / "report.json").read_text())
     assert rep["models"][0]["perplexity"]["by_length"]["128"]["documents"] == 1
     cases = [
+        (["--data", str(doc), "--lengths", "64,128"], "1 document(s) reach 128 tokens"),
         (["--data", str(tmp_path / "nope.jsonl"), "--lengths", "64"], "does not exist"),
         (["--data", str(doc), "--lengths", "1024"], "addresses 256 tokens"),
         (["--data", str(doc), "--lengths", "128", "--bucket-size", "48"], "does not divide"),

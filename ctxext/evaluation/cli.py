@@ -188,7 +188,10 @@ def ppl_cmd(
     name: NameOpt = None,
     text_field: Annotated[str, typer.Option(help="text column of table-like data")] = "text",
     split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
-    max_docs: Annotated[int | None, typer.Option(help="at most this many documents (long enough ones)")] = None,
+    max_docs: Annotated[
+        int | None, typer.Option(help="at most this many documents reaching the longest length (the common set)")
+    ] = None,
+    min_docs: Annotated[int, typer.Option(help="fewest documents a perplexity may average (error below)")] = 3,
     stride: Annotated[
         int | None, typer.Option(help="sliding-window mode: score whole documents, windows moved by this")
     ] = None,
@@ -215,6 +218,7 @@ def ppl_cmd(
         stride=stride,
         context_limits=_ints(context_limits, "--context-limits") if context_limits else [],
         max_docs=max_docs,
+        min_docs=min_docs,
         max_doc_tokens=max_doc_tokens,
         chunk_size=chunk_size,
         resamples=resamples,

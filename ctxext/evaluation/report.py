@@ -14,7 +14,10 @@
           "rope": {rope_type, rope_theta, original_length, current_length, factor, rotary_dim, parameters, ...},
           "perplexity": {                                 # present when the ppl task ran
             "protocol": str, "mode": "one-pass" | "per-length" | "sliding",
+            "document_set": "common",                      # every length on the documents reaching the longest
             "by_length": {"<L>": {ppl, nll, tokens, documents, ci_low, ci_high, beyond_context}},
+            "by_length_all": {"<L>": {...}},               # secondary view: all documents with >= L tokens
+            "per_document": {keys, by_length, by_length_all, buckets},   # per-document NLL sums for pairing
             "by_bucket": [{start, end, ppl, nll, tokens, documents, ci_low, ci_high}],   # start incl., end excl.
             "bucket_length": int, "bucket_documents": int,
             "short_context": {length, ppl, nll, tokens, documents, ci_low, ci_high},   # at the original length
@@ -56,8 +59,9 @@ from ctxext.atomic import atomic_folder
 SCHEMA = "ctxext.eval.report/v1"
 PPL_PROTOCOL = (
     "truncated-document perplexity: each document tokenized with the tokenizer's defaults (BOS where it adds "
-    "one) and cut to L tokens; token t is predicted from tokens < t; ppl(L) over documents with >= L tokens; "
-    "buckets over documents reaching the longest length; 95% bootstrap CI over documents"
+    "one) and cut to L tokens; token t is predicted from tokens < t; every length and bucket over the same "
+    "documents (those reaching the longest length; 'all documents >= L' as a secondary view); 95% bootstrap CI "
+    "over documents"
 )
 SLIDING_PROTOCOL = (
     "strided sliding window (transformers docs): whole documents, windows of L tokens moved by the stride, each "
@@ -265,10 +269,12 @@ def _ppl_markdown(models: list[dict[str, Any]], report: dict[str, Any], plots: d
         "",
         "### By evaluation length",
         "",
+        *_common_set_line(docs, first),
     ]
     lengths = sorted({int(L) for m in models for L in m["perplexity"]["by_length"]})
     rows = [[str(L)] + [_ppl_cell(m["perplexity"]["by_length"].get(str(L))) for m in models] for L in lengths]
     lines += _table(["length"] + names, rows)
+    lines += ppl_all_documents_markdown(models)
     short = [(m["name"], m["perplexity"].get("short_context")) for m in models if m["perplexity"].get("short_context")]
     if short:
         lines += ["### Short-context regression (perplexity at the original context)", ""]
@@ -594,3 +600,49 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
     for note in comp.get("notes") or []:
         lines += [f"Note: {note}", ""]
     return lines
+
+
+def ppl_all_documents_markdown(models: list[dict[str, Any]]) -> list[str]:
+    """The secondary perplexity table: at each length, every document with at least that many tokens.
+
+    Args:
+        models: model entries with a ``perplexity`` section.
+
+    Returns:
+        Markdown lines (none when no model has the view, or when it equals the main table).
+    """
+    have = [m for m in models if m["perplexity"].get("by_length_all")]
+    if not have:
+        return []
+    lengths = sorted({int(L) for m in have for L in m["perplexity"]["by_length_all"]})
+    rows = []
+    differs = False
+    for L in lengths:
+        row = [str(L)]
+        for m in have:
+            e = m["perplexity"]["by_length_all"].get(str(L))
+            differs |= bool(e) and e.get("documents") != (m["perplexity"]["by_length"].get(str(L)) or {}).get(
+                "documents"
+            )
+            row.append(_ppl_cell(e))
+        rows.append(row)
+    if not differs:
+        return []
+    return [
+        "#### All documents with at least L tokens (secondary view)",
+        "",
+        "A different document set at each length (more documents at short lengths): do not read a change "
+        "across lengths in this table as the model's.",
+        "",
+        *_table(["length"] + [m["name"] for m in have], rows),
+    ]
+
+
+def _common_set_line(docs: dict[str, Any], ppl: dict[str, Any]) -> list[str]:
+    if ppl.get("document_set") != "common":
+        return []
+    return [
+        f"Every length is scored on the same {docs.get('common')} documents (those reaching "
+        f"{ppl.get('bucket_length')} tokens), so changes across lengths are the model's.",
+        "",
+    ]

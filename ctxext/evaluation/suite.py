@@ -47,7 +47,8 @@ class PerplexityTask(_Section):
     bucket_size: int | str | None = Field(default="auto", description="tokens per bucket, 'auto' (longest/8) or null")
     context_limits: list[Length] = Field(default_factory=list)
     stride: int | None = None
-    max_docs: int | None = Field(default=20, gt=0)
+    max_docs: int | None = Field(default=20, gt=0, description="documents reaching the longest length")
+    min_docs: int = Field(default=3, gt=0, description="fewest documents a perplexity may average")
     short_context: bool = True
     resamples: int = Field(default=1000, gt=0)
 
@@ -316,6 +317,7 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
             stride=t.stride,
             context_limits=limits,
             max_docs=t.max_docs,
+            min_docs=t.min_docs,
             resamples=t.resamples,
             short_context=t.short_context,
             allow_beyond_context=beyond_ok,
