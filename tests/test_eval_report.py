@@ -207,9 +207,31 @@ def test_shipped_suites_validate_and_resolve_lengths():
     assert suite.passkey.trials == 9 and suite.perplexity.max_docs == 3
     assert resolve_length("2x", 4096, 32768) == 8192 and resolve_length("target", 4096, 32768) == 32768
     assert resolve_lengths(["1x", "16x"], 4096, 32768, False) == ([4096], [65536])
+    assert resolve_length("2x target", 4096, 32768) == 65536
+    assert resolve_lengths(["1x", "2x target", "16x"], 4096, 32768, False) == ([4096, 65536], [65536])
     with pytest.raises(InputError, match="token count"):
         resolve_length("long", 4096, 32768)
     with pytest.raises(InputError, match="perplexity.lengths"):
         load_suite(suites[0], ["perplexity.lengths=5"])
     with pytest.raises(InputError, match="does not exist"):
         load_suite("eval/nope.yaml")
+
+
+def test_suite_beyond_target_and_original_window_in_context_use(tiny_model_dir, tmp_path):
+    from ctxext.evaluation.loading import ModelSpec
+    from ctxext.evaluation.suite import load_suite, run_suite
+
+    path = tmp_path / "beyond.yaml"
+    path.write_text(
+        "name: beyond\nperplexity:\n  data: builtin:stdlib\n  lengths: ['1x', '2x target']\n"
+        "  bucket_size: 128\n  context_limits: [32]\n  max_docs: 3\n  resamples: 50\n"
+    )
+    suite, _ = load_suite(path)
+    report = run_suite(suite, [ModelSpec(str(tiny_model_dir), name="tiny")], tmp_path / "rep", show_progress=False)
+    assert report["suite"]["beyond_target"] == [512]
+    ppl = report["models"][0]["perplexity"]
+    assert ppl["by_length"]["512"]["beyond_context"] is True and ppl["by_length"]["256"]["beyond_context"] is False
+    cu = ppl["context_use"]
+    assert cu["original_window"] == 256 and [e["context"] for e in cu["limits"]] == [32, 256]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "**Beyond target**: lengths 512" in md and "256 (original window)" in md

@@ -217,7 +217,8 @@ class PerplexitySettings:
         lengths: evaluation lengths in tokens.
         bucket_size: width of the position buckets (must divide the longest length); None: no buckets.
         stride: sliding-window mode: score whole documents with windows of each length moved by this.
-        context_limits: context-use curve: context limits ``k`` (each below the longest length).
+        context_limits: context-use curve: context limits ``k`` (each below the longest length); the
+            model's original window is added to a non-empty list.
         max_docs: evaluate at most this many documents of the common set (those reaching the longest length);
             shorter documents read on the way count only in the secondary "all documents ≥ L" view.
         min_docs: the fewest documents a perplexity may average (an interval over fewer is meaningless).
@@ -513,9 +514,14 @@ def evaluate_perplexity(
         result["by_bucket"] = _buckets(scores.full, longest, settings.bucket_size, res, settings.seed)
     result["per_document"] = _per_document(docs, scores, longest, settings.bucket_size, mode)
     if settings.context_limits:
+        # k = the original window is always on the curve: its paired gain answers "does the model use
+        # context beyond its original window?".
+        original = loaded.original_length
+        limits = sorted(set(settings.context_limits) | ({original} if 2 <= original < longest else set()))
         result["context_use"] = _context_use(
-            model, scores.full, scores.full_ids, longest, settings, dynamic, show_progress, loaded.name
+            model, scores.full, scores.full_ids, longest, settings, limits, dynamic, show_progress, loaded.name
         )
+        result["context_use"]["original_window"] = original if original in limits else None
     result["seconds"] = round(time.perf_counter() - started, 3)
     return result
 
@@ -609,9 +615,7 @@ def document_key(ids: torch.Tensor) -> str:
     return hashlib.sha1(ids.numpy().astype(np.int64).tobytes()).hexdigest()[:16]
 
 
-def _per_document(
-    docs: Documents, scores: _Scores, longest: int, bucket: int | None, mode: str
-) -> dict[str, Any]:
+def _per_document(docs: Documents, scores: _Scores, longest: int, bucket: int | None, mode: str) -> dict[str, Any]:
     # What paired comparisons need: per-document NLL sums, keyed by content so that two models' reports
     # pair the same documents (and refuse to pair when their tokenizers differ).
     common = set(scores.full_docs)
@@ -660,8 +664,7 @@ def _buckets(full: list[torch.Tensor], longest: int, size: int, resamples: int, 
     return out
 
 
-def _context_use(model, full, full_ids, longest, settings, dynamic, show, name) -> dict[str, Any]:
-    limits = settings.context_limits
+def _context_use(model, full, full_ids, longest, settings, limits, dynamic, show, name) -> dict[str, Any]:
     first = limits[-1]
     if not full:
         return {}

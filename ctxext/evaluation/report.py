@@ -233,6 +233,7 @@ def render_markdown(report: dict[str, Any], plots: dict[str, str] | None = None)
             ]
         )
     lines += _table(["model", "base", "adapter", "rope", "factor", "θ", "original ctx", "context", "RoPE check"], rows)
+    lines += beyond_target_markdown(report)
 
     ppl_models = [m for m in models if m.get("perplexity")]
     if ppl_models:
@@ -305,15 +306,18 @@ def _ppl_markdown(models: list[dict[str, Any]], report: dict[str, Any], plots: d
             "",
             f"The same target tokens (positions {t['start']}–{t['end']} of {t['documents']} documents) scored with "
             "their context cut to k tokens (windows of k moved by k/2: each target sees k/2 to k tokens). "
-            "Gain = NLL(k) − NLL(full) in nats/token [95 % paired bootstrap CI]; > 0 means the far context helps.",
+            "Gain = NLL(k) − NLL(full) in nats/token [95 % paired bootstrap CI]; > 0 means the far context helps. "
+            "At k = the original window, a gain whose interval is above 0 means the model uses context beyond "
+            "its original window.",
             "",
         ]
         if "context_use" in plots:
             lines += [f"![context use]({plots['context_use']})", ""]
         limits = sorted({e["context"] for m in cu_models for e in m["perplexity"]["context_use"]["limits"]})
         rows = []
+        originals = {m["perplexity"]["context_use"].get("original_window") for m in cu_models}
         for k in limits:
-            row = [str(k)]
+            row = [f"{k} (original window)" if k in originals else str(k)]
             for m in cu_models:
                 e = next((x for x in m["perplexity"]["context_use"]["limits"] if x["context"] == k), None)
                 row.append("–" if e is None else _gain_cell(e))
@@ -644,5 +648,27 @@ def _common_set_line(docs: dict[str, Any], ppl: dict[str, Any]) -> list[str]:
     return [
         f"Every length is scored on the same {docs.get('common')} documents (those reaching "
         f"{ppl.get('bucket_length')} tokens), so changes across lengths are the model's.",
+        "",
+    ]
+
+
+def beyond_target_markdown(report: dict[str, Any]) -> list[str]:
+    """A note on lengths evaluated past the target (the reference model's configured context).
+
+    Args:
+        report: the report dict (``suite.beyond_target`` lists such lengths).
+
+    Returns:
+        Markdown lines (none without such lengths).
+    """
+    suite = report.get("suite") or {}
+    beyond = suite.get("beyond_target") or []
+    if not beyond:
+        return []
+    return [
+        f"**Beyond target**: lengths {', '.join(map(str, beyond))} are past the target "
+        f"({suite.get('reference_context')} tokens, the reference model's configured context): train short, test "
+        "long. Every model is evaluated "
+        "there; † marks them in the tables.",
         "",
     ]

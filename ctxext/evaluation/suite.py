@@ -4,9 +4,12 @@ Lengths (and context limits) are token counts or expressions relative to the *re
 model with the longest configured context among those evaluated, i.e. the extended one):
 
 * ``"2x"``: twice the reference's original (pretraining) context;
-* ``"target"``: the reference's configured context.
+* ``"target"``: the reference's configured context;
+* ``"2x target"``: twice the reference's configured context — *beyond the target* (train short, test
+  long: where PI, NTK and YaRN separate in the papers). Such lengths are always kept, every model is
+  evaluated there, and the report marks them "beyond target".
 
-Relative lengths above the reference's context are dropped (and noted) unless
+Other relative lengths above the reference's context are dropped (and noted) unless
 ``allow_beyond_context`` is set; models with a shorter context (the base, in a comparison) are evaluated
 at the same lengths, marked as beyond their context.
 
@@ -171,12 +174,18 @@ def resolve_length(value: Length, original: int, context: int) -> int:
     text = str(value).strip().lower()
     if text == "target":
         return context
+    beyond = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x\s*target", text)
+    if beyond:
+        return int(round(float(beyond.group(1)) * context))
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x", text)
     if m:
         return int(round(float(m.group(1)) * original))
     if text.isdigit():
         return int(text)
-    raise InputError(f"length {value!r}: use a token count, 'Nx' (N × the original context) or 'target'")
+    raise InputError(
+        f"length {value!r}: use a token count, 'Nx' (N × the original context), 'target' or 'Nx target' "
+        "(N × the target, to evaluate beyond it)"
+    )
 
 
 def resolve_lengths(
@@ -186,11 +195,16 @@ def resolve_lengths(
     out, dropped = [], []
     for v in values:
         L = resolve_length(v, original, context)
-        if L > context and not isinstance(v, int) and not allow_beyond:
+        if L > context and not isinstance(v, int) and not allow_beyond and not is_beyond_target(v):
             dropped.append(L)
         else:
             out.append(L)
     return sorted(set(out)), sorted(set(dropped))
+
+
+def is_beyond_target(value: Length) -> bool:
+    """Whether a suite length asks for a multiple of the target (``"2x target"``): kept past the context."""
+    return isinstance(value, str) and re.fullmatch(r"\s*\d+(?:\.\d+)?\s*x\s*target\s*", value.lower()) is not None
 
 
 def _auto_bucket(longest: int) -> int:
@@ -270,10 +284,17 @@ def run_suite(
     if suite.needle:
         plan["needle"] = lengths_of(suite.needle.lengths, "needle")
 
+    # Lengths past the reference's context were asked for explicitly ("2x target"): every model goes there.
+    beyond_target = sorted({L for v in plan.values() for L in (v[0] if isinstance(v, tuple) else v) if L > context})
     entries = []
     for i, spec in enumerate(specs):
         loaded = load_model(spec, device=device)
-        beyond_ok = allow or (allow_beyond_for is not None and i in allow_beyond_for) or loaded.context_length < context
+        beyond_ok = (
+            allow
+            or bool(beyond_target)
+            or (allow_beyond_for is not None and i in allow_beyond_for)
+            or loaded.context_length < context
+        )
         entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
         entries.append(entry)
         del loaded
@@ -293,6 +314,7 @@ def run_suite(
         "path": suite_path,
         "reference_context": context,
         "reference_original_context": original,
+        "beyond_target": beyond_target,
         "notes": notes,
         "definition": suite.model_dump(),
     }
