@@ -140,6 +140,14 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                     f"{task} — {m['name']}: {ov['accuracy'] * 100:.1f} % [{ov['ci_low'] * 100:.1f}, "
                     f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials"
                 )
+        if m.get("attention"):
+            a = m["attention"]
+            console.print(
+                f"attention — {m['name']} at {a['length']} tokens: mass beyond the original window "
+                f"({a['original_length']}) {a['mean']['beyond_original'] * 100:.1f} %, on the first "
+                f"{a['settings']['sink_tokens']} tokens {a['mean']['sinks'] * 100:.1f} %, entropy "
+                f"{a['mean']['entropy']:.2f} nats (means over layers)"
+            )
         if m.get("qa"):
             q = m["qa"]["overall"]
             console.print(
@@ -153,7 +161,7 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
 def _print_comparisons(comp: dict[str, Any] | None) -> None:
     from ctxext.cli import console
 
-    if not comp:
+    if not comp or not comp["comparisons"]:
         return
     ref = comp["reference"]
     for r in comp["perplexity"]:
@@ -166,6 +174,12 @@ def _print_comparisons(comp: dict[str, Any] | None) -> None:
         console.print(
             f"paired — {r['model']} vs {ref} {r['task']}@{r['length']}: {r['a_correct']} vs {r['b_correct']} of "
             f"{r['trials']}, McNemar p {r['p_value']:.2g} (Holm {r['p_holm']:.2g})"
+        )
+    for r in comp.get("attention") or []:
+        console.print(
+            f"paired — {r['model']} − {ref} attention beyond the original window at {r['length']}: "
+            f"{r['difference'] * 100:+.1f} pts [{r['ci_low'] * 100:+.1f}, {r['ci_high'] * 100:+.1f}] over "
+            f"{r['documents']} documents"
         )
     console.print(f"({comp['comparisons']} paired comparisons; p Holm is adjusted over all of them)")
 
@@ -369,6 +383,48 @@ def qa_cmd(
         {"qa": describe_source(data, split=split)},
         reference,
     )
+    _print_summary(report, out)
+
+
+@eval_app.command("attention")
+@_friendly
+def attention_cmd(
+    model: ModelOpt,
+    out: OutOpt,
+    data: Annotated[str, typer.Option(help="documents: file, folder, jsonl, Hub data set, builtin:stdlib")] = (
+        "builtin:stdlib"
+    ),
+    length: Annotated[int | None, typer.Option(help="tokens per document (default: each model's context)")] = None,
+    docs: Annotated[int, typer.Option(help="documents (each reaching the length)")] = 4,
+    bands: Annotated[str, typer.Option(help="distance band edges as fractions of the length")] = "0.01,0.1,0.5",
+    sink_tokens: Annotated[int, typer.Option(help="first tokens counted as attention sinks")] = 4,
+    allow_beyond_context: BeyondOpt = False,
+    text_field: Annotated[str, typer.Option(help="text column of table-like data")] = "text",
+    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
+    adapter: AdapterOpt = None,
+    name: NameOpt = None,
+    reference: ReferenceOpt = None,
+    device: DeviceOpt = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Attention diagnostics per layer: mass by distance band, beyond the original window, on sinks; entropy."""
+    from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
+    from ctxext.evaluation.data import describe_source, iter_texts
+
+    settings = AttentionSettings(
+        length=length,
+        docs=docs,
+        bands=_floats(bands, "--bands"),
+        sink_tokens=sink_tokens,
+        allow_beyond_context=allow_beyond_context,
+    )
+    settings.validate()
+
+    def task(loaded: Any) -> dict[str, Any]:
+        return evaluate_attention(loaded, iter_texts(data, text_field, split), settings, not quiet)
+
+    data_info = {"attention": describe_source(data, text_field, split)}
+    report = _run(model, adapter, name, out, device, "attention", task, data_info, reference)
     _print_summary(report, out)
 
 

@@ -9,6 +9,8 @@ resampled jointly for both models) and the same trials, the differences that are
   matched by a hash of their tokens, so models with different tokenizers are not paired (and say so);
 * retrieval grids (any task section with ``cells`` holding ``trials_correct``), per length and overall:
   the exact McNemar test on the discordant trials (:func:`~ctxext.evaluation.stats.mcnemar_exact`);
+* attention diagnostics: the difference in the share of attention beyond the original window (mean
+  over layers), paired bootstrap over documents;
 * every p-value of a report is also Holm-adjusted over all the comparisons the report makes, and the
   number of comparisons is recorded: with dozens of cells, a few raw p < 0.05 are expected by chance.
 
@@ -18,7 +20,8 @@ The ``comparisons`` section of ``report.json``::
      "perplexity": [{model, view: "length" | "bucket", length | start/end, ratio, ci_low, ci_high,
                      p_value, p_holm, documents}],
      "grids": [{model, task, length: int | "all", trials, a_correct, b_correct, only_a, only_b,
-                difference, p_value, p_holm}]}
+                difference, p_value, p_holm}],
+     "attention": [{model, length, difference, ci_low, ci_high, p_value, p_holm, documents}]}
 
 (in grid rows ``a`` is the model, ``b`` the reference).
 """
@@ -30,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ctxext.errors import InputError
-from ctxext.evaluation.stats import DEFAULT_RESAMPLES, holm, mcnemar_exact, paired_ppl_ratio
+from ctxext.evaluation.stats import DEFAULT_RESAMPLES, holm, mcnemar_exact, paired_mean_difference, paired_ppl_ratio
 
 
 def choose_reference(models: list[dict[str, Any]], reference: str | None) -> str:
@@ -68,12 +71,14 @@ def compare_models(
     notes: list[str] = []
     ppl_rows: list[dict[str, Any]] = []
     grid_rows: list[dict[str, Any]] = []
+    attn_rows: list[dict[str, Any]] = []
     for m in models:
         if m is ref:
             continue
         ppl_rows += _ppl_rows(m, ref, resamples, seed, notes)
         grid_rows += _grid_rows(m, ref, notes)
-    rows = ppl_rows + grid_rows
+        attn_rows += _attention_rows(m, ref, resamples, seed)
+    rows = ppl_rows + grid_rows + attn_rows
     for row, p in zip(rows, holm([r["p_value"] for r in rows]), strict=True):
         row["p_holm"] = p
     return {
@@ -83,6 +88,7 @@ def compare_models(
         "notes": notes,
         "perplexity": ppl_rows,
         "grids": grid_rows,
+        "attention": attn_rows,
     }
 
 
@@ -163,3 +169,17 @@ def _grid_rows(m: dict[str, Any], ref: dict[str, Any], notes: list[str]) -> list
         if len(by_len) > 1:
             rows.append({"model": m["name"], "task": task, "length": "all", **mcnemar_exact(all_a, all_b)})
     return rows
+
+
+def _attention_rows(m: dict[str, Any], ref: dict[str, Any], resamples: int, seed: int) -> list[dict[str, Any]]:
+    a, b = m.get("attention") or {}, ref.get("attention") or {}
+    da, db = a.get("per_document"), b.get("per_document")
+    if not da or not db or a.get("length") != b.get("length"):
+        return []
+    b_pos = {k: i for i, k in enumerate(db["keys"])}
+    pairs = [(i, b_pos[k]) for i, k in enumerate(da["keys"]) if k in b_pos]
+    if not pairs:
+        return []
+    xa = np.array([da["beyond_original"][i] for i, _ in pairs])
+    xb = np.array([db["beyond_original"][j] for _, j in pairs])
+    return [{"model": m["name"], "length": a["length"], **paired_mean_difference(xa, xb, resamples, seed)}]

@@ -32,6 +32,10 @@
             "by_length": {"<L>": {correct, trials, accuracy, ci_low, ci_high}}, "by_depth": {...}, "overall": {...},
             "settings": {...}, "prompt": {...}, "seconds": float
           },
+          "attention": {length, documents, original_length, beyond_context, band_labels, queries,
+                        layers: [{layer, bands: [share per band], beyond_original, sinks, entropy,
+                                  entropy_by_position: [nats per bucket]}],
+                        mean: {bands, beyond_original, sinks, entropy}, position_buckets, settings, seconds},
           "qa": {examples, truncated, prompt_budget, overall: {examples, exact_match, f1, exact_match_ci, f1_ci},
                  by_position: {"0-20%": {...}, ..., "not found": {...}}, by_length: {"0-4000": {...}, ...},
                  samples, settings, seconds}
@@ -245,7 +249,10 @@ def render_markdown(report: dict[str, Any], plots: dict[str, str] | None = None)
     qa_models = [m for m in models if m.get("qa")]
     if qa_models:
         lines += _qa_markdown(qa_models, plots)
-    if report.get("comparisons"):
+    attn_models = [m for m in models if m.get("attention")]
+    if attn_models:
+        lines += attention_markdown(attn_models, plots)
+    if report.get("comparisons") and (report["comparisons"]["comparisons"] or report["comparisons"]["notes"]):
         lines += comparisons_markdown(report["comparisons"])
     lines += [
         "---",
@@ -478,6 +485,7 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
             ax.set_title(f"QA F1 by {title}")
         axes[0].legend()
         written["qa"] = _save(fig, folder, "qa_by_bucket.png")
+    written.update(attention_plot(plt, models, folder))
     return written
 
 
@@ -601,6 +609,27 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
             ["model", "task", "length", "model correct", f"{ref} correct", "discordant (+ / −)", "Δ", "p", "p Holm"],
             rows,
         )
+    attn = comp.get("attention") or []
+    if attn:
+        lines += [
+            "### Attention beyond the original window, paired documents",
+            "",
+            f"Share of attention on keys beyond the original window (mean over layers), model − {ref}, in "
+            "percentage points [95 % paired bootstrap CI over documents].",
+            "",
+        ]
+        rows = [
+            [
+                r["model"],
+                str(r["length"]),
+                f"{r['difference'] * 100:+.1f} [{r['ci_low'] * 100:+.1f}, {r['ci_high'] * 100:+.1f}]",
+                str(r["documents"]),
+                _p(r["p_value"]),
+                _p(r["p_holm"]),
+            ]
+            for r in attn
+        ]
+        lines += _table(["model", "length", "Δ share (pts)", "docs", "p", "p Holm"], rows)
     for note in comp.get("notes") or []:
         lines += [f"Note: {note}", ""]
     return lines
@@ -672,3 +701,101 @@ def beyond_target_markdown(report: dict[str, Any]) -> list[str]:
         "there; † marks them in the tables.",
         "",
     ]
+
+
+def attention_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
+    """The attention-diagnostics section: per model and layer, mass by distance band, beyond the window, sinks.
+
+    Args:
+        models: model entries with an ``attention`` section.
+        plots: plot name → file name.
+
+    Returns:
+        Markdown lines.
+    """
+    first = models[0]["attention"]
+    lines = [
+        "## Attention diagnostics",
+        "",
+        f"Per layer, averaged over heads and {first['documents']} documents of {first['length']} tokens: the share "
+        "of attention mass by query–key distance (as a fraction of the length), on keys beyond the model's "
+        f"original window, and on the first {first['settings']['sink_tokens']} tokens (sinks), for queries in the "
+        "second half of the sequence; entropy (nats) over all queries. Recomputed from each layer's q and k "
+        "with the model's own rotary embedding.",
+        "",
+    ]
+    if "attention" in plots:
+        lines += [f"![attention diagnostics]({plots['attention']})", ""]
+    labels = first["band_labels"]
+    rows = []
+    for m in models:
+        a = m["attention"]
+        mark = " †" if a.get("beyond_context") else ""
+        for lay in [*a["layers"], {"layer": "mean", **a["mean"]}]:
+            rows.append(
+                [
+                    f"{m['name']}{mark}",
+                    str(lay["layer"]),
+                    *[f"{x * 100:.1f}" for x in lay["bands"]],
+                    f"{lay['beyond_original'] * 100:.1f} (> {a['original_length']})",
+                    f"{lay['sinks'] * 100:.1f}",
+                    f"{lay['entropy']:.2f}",
+                ]
+            )
+    lines += _table(["model", "layer", *[f"d {x} of L" for x in labels], "beyond window %", "sinks %", "entropy"], rows)
+    return lines
+
+
+def attention_plot(plt: Any, models: list[dict[str, Any]], folder: Path) -> dict[str, str]:
+    """``attention.png``: mass beyond the original window per layer, and entropy by query position.
+
+    Args:
+        plt: ``matplotlib.pyplot``.
+        models: report model entries (those without ``attention`` are skipped).
+        folder: where to write.
+
+    Returns:
+        ``{"attention": file name}``, or empty without attention sections.
+    """
+    have = [m for m in models if m.get("attention")]
+    if not have:
+        return {}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    width = 0.8 / len(have)
+    for i, m in enumerate(have):
+        a = m["attention"]
+        layers = [lay["layer"] for lay in a["layers"]]
+        axes[0].bar(
+            [x + i * width for x in layers],
+            [lay["beyond_original"] * 100 for lay in a["layers"]],
+            width=width,
+            label=m["name"],
+        )
+        bottom = 0.0
+        for b, (label, share) in enumerate(zip(a["band_labels"], a["mean"]["bands"], strict=True)):
+            axes[1].bar(
+                i,
+                share * 100,
+                bottom=bottom,
+                color=plt.cm.viridis(b / max(1, len(a["band_labels"]) - 1)),
+                label=label if i == 0 else None,
+            )
+            bottom += share * 100
+        centres = [(s + e) / 2 for s, e in a["position_buckets"]]
+        mean_ent = [
+            sum(col) / len(col) for col in zip(*[lay["entropy_by_position"] for lay in a["layers"]], strict=True)
+        ]
+        axes[2].plot(centres, mean_ent, marker="o", label=m["name"])
+    axes[0].set_xlabel("layer")
+    axes[0].set_ylabel("% of attention mass")
+    axes[0].set_title(f"Beyond the original window ({have[0]['attention']['original_length']} tokens)")
+    axes[0].legend()
+    axes[1].set_xticks(range(len(have)), [m["name"] for m in have])
+    axes[1].set_ylabel("% of attention mass (mean over layers)")
+    axes[1].set_title("By query–key distance (share of length)")
+    axes[1].legend(fontsize=8)
+    axes[2].set_xlabel("query position (bucket centre)")
+    axes[2].set_ylabel("entropy (nats, mean over layers)")
+    axes[2].set_title("Attention entropy by position")
+    axes[2].legend()
+    return {"attention": _save(fig, folder, "attention.png")}

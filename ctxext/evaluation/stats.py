@@ -161,17 +161,41 @@ def paired_ppl_ratio(
         out.update({"ci_low": math.nan, "ci_high": math.nan, "p_value": math.nan})
         return out
     stats = _bootstrap_means(a - b, counts, resamples, seed)
+    low, high, p = _interval_and_p(stats, resamples)
+    out.update({"ci_low": math.exp(low), "ci_high": math.exp(high), "p_value": p})
+    return out
+
+
+def _interval_and_p(stats: np.ndarray, resamples: int) -> tuple[float, float, float]:
+    # 95 % percentile interval, and the percentile-bootstrap p-value of "no difference": twice the
+    # smaller tail beyond 0, floored at one resample.
     alpha = (1 - CONFIDENCE) / 2 * 100
     low, high = np.percentile(stats, [alpha, 100 - alpha])
-    # Percentile-bootstrap p-value: twice the smaller tail beyond 0, floored at one resample.
     tail = min(float(np.mean(stats <= 0)), float(np.mean(stats >= 0)))
-    out.update(
-        {
-            "ci_low": math.exp(float(low)),
-            "ci_high": math.exp(float(high)),
-            "p_value": min(1.0, max(2 * tail, 1.0 / resamples)),
-        }
-    )
+    return float(low), float(high), min(1.0, max(2 * tail, 1.0 / resamples))
+
+
+def paired_mean_difference(
+    a: np.ndarray, b: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> dict[str, float | int]:
+    """Paired bootstrap of ``mean(a − b)`` over units (documents) measured for both models.
+
+    Args:
+        a: per-document values of model ``a``.
+        b: per-document values of model ``b``, document for document.
+        resamples: bootstrap resamples.
+        seed: RNG seed.
+
+    Returns:
+        ``difference``, ``ci_low``, ``ci_high`` (95 %), ``p_value`` and ``documents``.
+    """
+    diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    out: dict[str, float | int] = {"difference": float(diff.mean()), "documents": int(len(diff))}
+    if len(diff) < 2:
+        out.update({"ci_low": math.nan, "ci_high": math.nan, "p_value": math.nan})
+        return out
+    low, high, p = _interval_and_p(_bootstrap_means(diff, np.ones(len(diff)), resamples, seed), resamples)
+    out.update({"ci_low": low, "ci_high": high, "p_value": p})
     return out
 
 

@@ -92,6 +92,18 @@ class QATask(_Section):
     length_edges: list[int] = Field(default_factory=lambda: [4000, 8000])
 
 
+class AttentionTask(_Section):
+    """Attention diagnostics (mass by distance band, beyond the original window, sinks, entropy)."""
+
+    data: str = "builtin:stdlib"
+    text_field: str = "text"
+    split: str = "test"
+    length: Length = "target"
+    docs: int = Field(default=4, gt=0)
+    bands: list[float] = Field(default_factory=lambda: [0.01, 0.1, 0.5])
+    sink_tokens: int = Field(default=4, gt=0)
+
+
 class Suite(_Section):
     """An evaluation suite."""
 
@@ -102,6 +114,7 @@ class Suite(_Section):
     passkey: GridTask | None = None
     needle: NeedleSuiteTask | None = None
     qa: QATask | None = None
+    attention: AttentionTask | None = None
 
 
 def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -147,14 +160,14 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
         problems = "\n".join(f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise InputError(f"invalid suite {path}:\n{problems}") from None
     _resolve_paths(suite, p.resolve().parent)
-    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa)):
-        raise InputError(f"suite {path} names no task (perplexity, passkey, needle, qa)")
+    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa, suite.attention)):
+        raise InputError(f"suite {path} names no task (perplexity, passkey, needle, qa, attention)")
     return suite, raw
 
 
 def _resolve_paths(suite: Suite, folder: Path) -> None:
     # Data paths in a suite may be relative to the working folder, the suite's folder or its parent.
-    for task, key in (("perplexity", "data"), ("needle", "haystack"), ("qa", "data")):
+    for task, key in (("perplexity", "data"), ("needle", "haystack"), ("qa", "data"), ("attention", "data")):
         section = getattr(suite, task)
         if section is None:
             continue
@@ -283,6 +296,8 @@ def run_suite(
         plan["passkey"] = lengths_of(suite.passkey.lengths, "passkey")
     if suite.needle:
         plan["needle"] = lengths_of(suite.needle.lengths, "needle")
+    if suite.attention:
+        plan["attention"] = lengths_of([suite.attention.length], "attention")
 
     # Lengths past the reference's context were asked for explicitly ("2x target"): every model goes there.
     beyond_target = sorted({L for v in plan.values() for L in (v[0] if isinstance(v, tuple) else v) if L > context})
@@ -309,6 +324,9 @@ def run_suite(
         data["needle"] = describe_source(suite.needle.haystack, suite.needle.text_field, suite.needle.split)
     if suite.qa:
         data["qa"] = describe_source(suite.qa.data, split=suite.qa.split)
+    if suite.attention:
+        a = suite.attention
+        data["attention"] = describe_source(a.data, a.text_field, a.split)
     suite_info = {
         "name": suite.name,
         "path": suite_path,
@@ -390,7 +408,23 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
             ),
             show,
         )
+    if suite.attention:
+        entry["attention"] = _run_attention(suite.attention, loaded, plan["attention"][0], beyond_ok, show)
     return entry
+
+
+def _run_attention(task: AttentionTask, loaded: Any, length: int, beyond_ok: bool, show: bool) -> dict[str, Any]:
+    from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
+    from ctxext.evaluation.data import iter_texts
+
+    settings = AttentionSettings(
+        length=length,
+        docs=task.docs,
+        bands=list(task.bands),
+        sink_tokens=task.sink_tokens,
+        allow_beyond_context=beyond_ok,
+    )
+    return evaluate_attention(loaded, iter_texts(task.data, task.text_field, task.split), settings, show)
 
 
 def run_suite_for_run(run_dir: str | Path, recipe: Any, show_progress: bool = True) -> Path:
