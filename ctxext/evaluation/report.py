@@ -385,7 +385,9 @@ def _qa_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[st
         for m in models:
             buckets += [b for b in m["qa"][key] if b not in buckets]
         for b in buckets:
-            rows.append([f"{label} {b}"] + [cell(m["qa"][key].get(b)) for m in models])
+            # "answer truncated away" (cut out by the middle truncation) reads on its own.
+            name = b if b.startswith("answer") else f"{label} {b}"
+            rows.append([name] + [cell(m["qa"][key].get(b)) for m in models])
     lines += _table(["bucket"] + names, rows)
     return lines
 
@@ -786,6 +788,8 @@ def attention_plot(plt: Any, models: list[dict[str, Any]], folder: Path) -> dict
             sum(col) / len(col) for col in zip(*[lay["entropy_by_position"] for lay in a["layers"]], strict=True)
         ]
         axes[2].plot(centres, mean_ent, marker="o", label=m["name"])
+    n_layers = max(len(m["attention"]["layers"]) for m in have)
+    axes[0].set_xticks([x + 0.4 - width / 2 for x in range(n_layers)], [str(x) for x in range(n_layers)])
     axes[0].set_xlabel("layer")
     axes[0].set_ylabel("% of attention mass")
     axes[0].set_title(f"Beyond the original window ({have[0]['attention']['original_length']} tokens)")
