@@ -33,6 +33,9 @@ CUDA_FRAGMENTATION = 0.10
 # activations (all layers' saved tensors) even with checkpointing. Runs with forced mmap
 # (MALLOC_MMAP_THRESHOLD_=65536) reach the live peak that the formulas predict; see docs/planning.md.
 CPU_RUNTIME = 545 * 2**20
+# Memory held back from the device's capacity before a plan "fits": what the formulas do not count (CUDA
+# graphs, NCCL buffers growing, a longer-than-usual document mask) and their own error (docs/planning.md).
+HEADROOM = 0.05
 DEFAULT_UTILIZATION = 0.40  # model FLOPs utilisation assumed for tokens/s (QLoRA on one GPU: 30-50 % typical)
 
 
@@ -238,9 +241,14 @@ def device_footprint(shape: ModelShape, setup: Setup, device: Device) -> Footpri
     return fp
 
 
+def usable(device: Device) -> int:
+    """The memory a plan may use: the device's capacity less the headroom."""
+    return int(device.memory * (1 - HEADROOM))
+
+
 def fits(shape: ModelShape, setup: Setup, device: Device) -> bool:
-    """Whether the step's predicted peak fits the device's memory."""
-    return device_footprint(shape, setup, device).total <= device.memory
+    """Whether the step's predicted peak fits the device's usable memory."""
+    return device_footprint(shape, setup, device).total <= usable(device)
 
 
 def longest_fit(shape: ModelShape, setup: Setup, device: Device, step: int = 1024, limit: int = 1 << 24) -> int | None:
@@ -340,10 +348,14 @@ def advise(shape: ModelShape, setup: Setup, device: Device, max_cp: int = 64) ->
     def plan_one(summary: str, overrides: list[str], launch: str, new: Setup) -> Advice:
         fp = device_footprint(shape, new, device)
         longest = longest_fit(shape, new, device)
-        return Advice(summary, overrides, launch, fp.total, fp.total <= device.memory, longest)
+        return Advice(summary, overrides, launch, fp.total, fp.total <= usable(device), longest)
 
+    base_total = device_footprint(shape, setup, device).total
     for summary, overrides, launch, new in _advice_candidates(setup, device, setup.world):
-        result.append(plan_one(summary, overrides, launch, new))
+        one = plan_one(summary, overrides, launch, new)
+        if one.total >= base_total * 0.99:
+            continue  # does not lower the peak (e.g. a term that is not in the peak phase)
+        result.append(one)
         changed = {
             f.name: getattr(new, f.name)
             for f in dataclasses.fields(new)
@@ -355,22 +367,24 @@ def advise(shape: ModelShape, setup: Setup, device: Device, max_cp: int = 64) ->
     if len(result) > 1:
         result.append(plan_one("all of the above together", overrides_all, launch_all, combined))
     if not fits(shape, combined, device):
-        k = 2 * combined.context_parallel
-        while k <= max_cp:
-            candidate = _with_cp(combined, k)
-            if fits(shape, candidate, device):
+        # Context parallelism on the recipe as it is; with the other changes only if it alone does not get there.
+        for start, extra in ((setup, []), (combined, overrides_all)):
+            k = 2 * start.context_parallel
+            while k <= max_cp and not fits(shape, _with_cp(start, k), device):
+                k *= 2
+            if k <= max_cp:
+                candidate = _with_cp(start, k)
                 result.append(
                     plan_one(
                         f"context parallelism over {k} GPUs (each holds {setup.seq_len // k:,} tokens of a sequence)"
-                        + (" with the changes above" if overrides_all else ""),
-                        [*overrides_all, f"train.context_parallel_size={k}"],
+                        + (" with the changes above" if extra else ""),
+                        [*extra, f"train.context_parallel_size={k}"],
                         f"{candidate.world} GPUs: accelerate launch --config_file configs/accelerate/fsdp2.yaml "
                         f"--num_processes {candidate.world}",
                         candidate,
                     )
                 )
                 break
-            k *= 2
     return result
 
 
@@ -445,7 +459,7 @@ def plan_recipe(
     world = num_gpus * nodes
     setup = setup_for(recipe, device, world, sharding, loss)
     memory = device_footprint(shape, setup, device)
-    ok = memory.total <= device.memory
+    ok = memory.total <= usable(device)
     plan = Plan(
         model=recipe.model.path,
         config_source=config_source or "given",
@@ -486,3 +500,48 @@ def cpu_runtime_note() -> str:
         "of saved activations (a structural term with coefficient 1, chosen after forced-mmap runs showed the "
         "live peak matches the formulas and the rest is glibc keeping freed heap memory; see docs/planning.md)."
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# Before `ctxext train`
+# ------------------------------------------------------------------------------------------------
+
+
+def this_device() -> tuple[Device, int, str | None]:
+    """The device this process will train on, the job's process count, and its sharding (from accelerate's env).
+
+    On CUDA the GPU's own memory (and its bf16 peak when it is in the table); on the CPU, this machine's RAM.
+    """
+    import os
+
+    import torch
+
+    from ctxext.devices import GPUS, cpu_device
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    sharding = None
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        sharding = "fsdp2"
+    elif os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        sharding = "zero3"
+    if not torch.cuda.is_available():
+        return cpu_device(), world, sharding
+    index = int(os.environ.get("LOCAL_RANK", "0") or 0) % torch.cuda.device_count()
+    props = torch.cuda.get_device_properties(index)
+    name = props.name.lower()
+    tflops = next((d.tflops for key, d in GPUS.items() if key.split("-")[0] in name), None)
+    return Device(name=props.name, memory=int(props.total_memory), tflops=tflops, kind="cuda"), world, sharding
+
+
+def preflight(recipe: Any) -> Plan:
+    """The plan of a recipe on the device and launch this process is in (what ``ctxext train`` checks first).
+
+    Raises:
+        InputError: the model's config cannot be read (the caller decides whether that matters).
+    """
+    device, world, sharding = this_device()
+    if recipe.train.context_parallel_size > 1 and device.kind == "cpu":
+        sharding = None
+        recipe = recipe.model_copy(deep=True)
+        recipe.train.context_parallel_size = 1
+    return plan_recipe(recipe, device, num_gpus=world, sharding=sharding, search=False, advise_changes=True)
