@@ -232,15 +232,17 @@ def _matched(sizes: dict[str, int], suffixes: tuple[str, ...]) -> dict[str, int]
     return {n: s for n, s in sizes.items() if any(n.endswith(x) for x in suffixes)}
 
 
-def _optimizer_bytes(name: str, params: dict[str, int], param_bytes: dict[str, int]) -> float:
+def _optimizer_bytes(name: str, tensors: list[tuple[int, int]]) -> float:
+    """Optimizer state of ``(numel, param bytes)`` tensors: AdamW keeps two states in the parameter's dtype;
+    bitsandbytes' 8-bit AdamW two 8-bit states with an fp32 absmax per 256-value block, except for tensors under
+    4096 values, which it keeps in fp32.
+    """
     total = 0.0
-    for module, n in params.items():
-        if name == "paged_adamw_8bit" and n >= 4096:
-            # Two 8-bit states with an fp32 absmax per 256-value block (bitsandbytes keeps tensors under 4096
-            # values in 32 bits).
-            total += n * 2 * (1 + 4 / 256)
+    for n, nbytes in tensors:
+        if name == "paged_adamw_8bit":
+            total += n * 2 * ((1 + 4 / 256) if n >= 4096 else 4)
         else:
-            total += n * 2 * (4 if name == "paged_adamw_8bit" else param_bytes[module])
+            total += n * 2 * nbytes
     return total
 
 
@@ -280,12 +282,14 @@ def weights(shape: ModelShape, s: Setup, fp: Footprint) -> None:
 def trainable(shape: ModelShape, s: Setup, fp: Footprint) -> int:
     """LoRA and fully trained modules: parameters, gradients, optimizer states. Returns the parameter count."""
     dims = shape.projection_dims()
-    lora = {t: shape.layers * s.lora_r * (dims[t][0] + dims[t][1]) for t in s.lora_targets if t in dims}
-    extra = _matched(shape.module_sizes(), s.extra_trainable)
-    n_lora, n_extra = sum(lora.values()), sum(extra.values())
     fb = s.frozen_float_bytes
-    param_bytes = {**{k: 4 for k in lora}, **{k: fb for k in extra}}
-    params = {**lora, **extra}
+    # (numel, bytes per value) of every trainable tensor: LoRA A (r × in) and B (out × r), fp32 …
+    tensors = [(s.lora_r * n, 4) for t in s.lora_targets if t in dims for n in dims[t] for _ in range(shape.layers)]
+    n_lora = sum(n for n, _ in tensors)
+    # … and the trainable copies of modules_to_save, in the frozen floating weights' dtype.
+    extra = _matched(shape.module_sizes(), s.extra_trainable)
+    tensors += [(n, fb) for n in extra.values()]
+    n_extra = sum(extra.values())
     div = s.shards
     tail = f", sharded over {div}" if div > 1 else ""
     fp.add("trainable", "LoRA params", n_lora * 4 / div, f"{n_lora / 1e6:.1f}M × fp32 (r={s.lora_r}){tail}")
@@ -298,14 +302,14 @@ def trainable(shape: ModelShape, s: Setup, fp: Footprint) -> int:
     )
     grads = (n_lora * 4 + n_extra * fb) / div
     fp.add("trainable", "gradients", grads, f"same dtype as the trainable params{tail}")
-    # torch's single-tensor AdamW forms a few temporaries the size of the parameter it updates.
-    largest = max(params.values(), default=0) * max(param_bytes.values(), default=4) / div
-    fp.add("trainable", "optimizer step temporaries", 2 * largest, "2 × the largest trainable tensor", ("step",))
     if s.world > 1 and s.sharding == "none":
         fp.add("trainable", "DDP gradient buckets", grads, "DDP all-reduces a flat copy of the gradients")
-    opt = _optimizer_bytes(s.optimizer, params, param_bytes) / div
+    opt = _optimizer_bytes(s.optimizer, tensors) / div
     what = "2 fp32 states/param" if s.optimizer == "adamw" else "2 × 8-bit states/param + block constants (paged)"
     fp.add("trainable", f"optimizer ({s.optimizer})", opt, what + tail)
+    # torch's single-tensor AdamW forms a few temporaries the size of the parameter it updates.
+    largest = max((n * b for n, b in tensors), default=0) / div
+    fp.add("trainable", "optimizer step temporaries", 2 * largest, "2 × the largest trainable tensor", ("step",))
     return n_lora + n_extra
 
 
