@@ -233,9 +233,10 @@ def _matched(sizes: dict[str, int], suffixes: tuple[str, ...]) -> dict[str, int]
 
 
 def _optimizer_bytes(name: str, tensors: list[tuple[int, int]]) -> float:
-    """Optimizer state of ``(numel, param bytes)`` tensors: AdamW keeps two states in the parameter's dtype;
-    bitsandbytes' 8-bit AdamW two 8-bit states with an fp32 absmax per 256-value block, except for tensors under
-    4096 values, which it keeps in fp32.
+    """Optimizer state of ``(numel, param bytes)`` tensors.
+
+    AdamW keeps two states in the parameter's dtype; bitsandbytes' 8-bit AdamW two 8-bit states with an fp32
+    absmax per 256-value block, except for tensors under 4096 values, which it keeps in fp32.
     """
     total = 0.0
     for n, nbytes in tensors:
