@@ -39,6 +39,7 @@ from pathlib import Path
 from _memory import mem_total_gb, peak_rss_mb, run_watched
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's ctxext, not another installed copy
 RESULTS_MD = ROOT / "benchmarks" / "results" / "plan_accuracy.md"
 RESULTS_JSON = ROOT / "benchmarks" / "results" / "plan_accuracy.json"
 TOLERANCE = 0.20

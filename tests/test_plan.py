@@ -125,7 +125,8 @@ def test_verdict_and_longest_length_on_the_shipped_recipe():
 def test_longest_length_is_monotone_in_memory():
     plan = _plan(search=False, advise_changes=False)
     longest = [
-        longest_fit(plan.shape, plan.setup, Device(f"{g} GiB", g * GIB, None)) or 0 for g in (8, 16, 24, 40, 80, 141, 192)
+        longest_fit(plan.shape, plan.setup, Device(f"{g} GiB", g * GIB, None)) or 0
+        for g in (8, 16, 24, 40, 80, 141, 192)
     ]
     assert longest == sorted(longest)
     assert longest[0] < longest[-1]
