@@ -180,7 +180,7 @@ def report(store: dict, args: argparse.Namespace) -> str:
         "| model | seq len | checkpointing | loss | measured MB | predicted MB | error | within ±20 % |",
         "| --- | ---: | --- | --- | ---: | ---: | ---: | --- |",
     ]
-    errors = []
+    errors, runtime = [], []
     for key in sorted(store, key=lambda k: (k.split("/")[0], int(k.split("/")[1]), k)):
         cell = store[key]
         model, length, ckpt, loss = key.split("/")
@@ -189,6 +189,11 @@ def report(store: dict, args: argparse.Namespace) -> str:
             continue
         plan = predict(model, int(length), ckpt == "ckpt", loss, bench_dir)
         predicted = plan.memory.total / 2**20
+        # What CPU_RUNTIME is fitted to: resident memory after load + warm-up, less the predicted model state.
+        state = sum(
+            c.bytes for c in plan.memory.components if c.group in ("weights", "trainable") and "step" in c.phases
+        )
+        runtime.append(cell["warm_mb"] - state / 2**20)
         err = predicted / cell["peak_mb"] - 1
         errors.append(err)
         ok = "yes" if abs(err) <= TOLERANCE else "**no**"
@@ -198,9 +203,14 @@ def report(store: dict, args: argparse.Namespace) -> str:
         )
     table = "\n".join(rows)
     within = sum(abs(e) <= TOLERANCE for e in errors)
+    from ctxext.plan import CPU_RUNTIME
+
     summary = (
         f"{within} of {len(errors)} cells within ±{TOLERANCE:.0%}; mean |error| "
-        f"{sum(abs(e) for e in errors) / max(1, len(errors)):.1%}, worst {max(errors, key=abs, default=0):+.1%}."
+        f"{sum(abs(e) for e in errors) / max(1, len(errors)):.1%}, worst {max(errors, key=abs, default=0):+.1%}. "
+        f"Runtime fit: mean over cells of (resident MiB after load + warm-up − predicted model state) = "
+        f"{sum(runtime) / max(1, len(runtime)):.0f} MiB (range {min(runtime, default=0):.0f}–"
+        f"{max(runtime, default=0):.0f}); `CPU_RUNTIME` in ctxext/plan.py = {CPU_RUNTIME / 2**20:.0f} MiB."
     )
     return table, summary
 

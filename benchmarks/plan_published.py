@@ -70,8 +70,8 @@ def _recipe(seq_len: int, quant: str, r: int, extra: list[str], optimizer: str, 
 CASES = [
     Case(
         "QLoRA (Dettmers et al. 2023), §1 and Fig. 6",
-        "LLaMA-65B, nf4 + double quant, LoRA r=64 on all linear layers, 512 tokens, batch 1, checkpointing, "
-        "paged AdamW",
+        "LLaMA-65B, nf4 + double quant, LoRA r=64 on all linear layers, 512 tokens, batch 1, checkpointing; "
+        "AdamW (the paper's is paged: its states can move to CPU RAM; planned on the GPU)",
         "fits one 48 GB GPU",
         LLAMA_65B,
         _recipe(512, "nf4", 64, [], "adamw"),

@@ -335,7 +335,7 @@ def _print_plan(plan: Any) -> None:
 @app.command()
 @friendly_errors
 def plan(
-    recipe: Annotated[Path, typer.Argument(help="recipe YAML file (see recipes/)")],
+    recipe: Annotated[Path | None, typer.Argument(help="recipe YAML file (see recipes/)")] = None,
     overrides: Annotated[
         list[str] | None, typer.Argument(help="key=value overrides, e.g. train.seq_len=131072")
     ] = None,
@@ -368,6 +368,8 @@ def plan(
         for d in GPUS.values():
             console.print(f"{d.name:10} {d.memory / GIB:7.1f} GiB {d.tflops:7g} bf16 TFLOP/s  {d.note}")
         return
+    if recipe is None:
+        raise InputError("pass a recipe: ctxext plan RECIPE.yaml --gpu NAME (or --list-gpus)")
     if sum(x is not None and x is not False for x in (gpu, gpu_memory, cpu or None)) != 1:
         raise InputError("pass exactly one of --gpu NAME, --gpu-memory SIZE or --cpu")
     if loss not in ("chunked", "full"):
