@@ -257,7 +257,7 @@ def train(
     from ctxext.train import train as run_training
 
     parsed = load_recipe(recipe, overrides or [])
-    _preflight(parsed, strict)
+    _preflight(parsed, strict, str(recipe))
     run_training(parsed, resume=resume, command=list(sys.argv))
 
 
@@ -385,7 +385,7 @@ def plan(
         _print_plan(result)
 
 
-def _preflight(recipe: Any, strict: bool) -> None:
+def _preflight(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
     """Plan the recipe on this machine before training; warn (or, strict, refuse) when it will not fit."""
     import os
 
@@ -406,7 +406,7 @@ def _preflight(recipe: Any, strict: bool) -> None:
     hint = f" Re-planned to fit: {first.summary} ({' '.join(first.overrides) or first.launch})." if first else ""
     message = (
         f"the plan predicts {needed:.1f} GiB per process on {result.device.name} ({have:.1f} GiB): this run will "
-        f"probably run out of memory.{hint} See `ctxext plan {'RECIPE'} --help`."
+        f"probably run out of memory.{hint} The breakdown: `ctxext plan {path} --cpu` (or --gpu NAME)."
     )
     if strict:
         raise InputError(message + " (--strict: not started)")

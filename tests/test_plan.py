@@ -230,3 +230,14 @@ def test_preflight_plans_a_cpu_run_against_ram(tiny_model_dir):
     assert plan.device.kind == "cpu" and "RAM" in plan.device.name
     assert plan.setup.compute_bytes == 4 and plan.setup.optimizer == "adamw"
     assert plan.fits
+
+
+def test_train_preflight_warns_without_strict(tiny_model_dir, capsys):
+    from ctxext.cli import _preflight
+
+    big = [f"model.path={tiny_model_dir}", "rope.target_length=16777216", "train.seq_len=16777216"]
+    _preflight(load_recipe("recipes/tiny-cpu.yaml", big), strict=False)  # returns: the run would go on
+    err = " ".join(capsys.readouterr().err.split())
+    assert "warning:" in err and "will probably run out of memory" in err
+    _preflight(load_recipe("recipes/tiny-cpu.yaml", [f"model.path={tiny_model_dir}"]), strict=False)
+    assert "warning" not in capsys.readouterr().err
