@@ -275,6 +275,7 @@ def _print_plan(plan: Any) -> None:
     from rich.markup import escape
 
     from ctxext.plan import HEADROOM, usable
+
     s, dev = plan.setup, plan.device
     head = (
         f"{plan.model} ({plan.shape.layers} layers, hidden {plan.shape.hidden}, vocab {plan.shape.vocab:,}) — "
@@ -304,6 +305,8 @@ def _print_plan(plan: Any) -> None:
         console.print(
             f"[bold red]does not fit[/]: {_gib(plan.memory.total)} GiB needed, {_gib(usable(dev))} usable GiB"
         )
+    if plan.what_if:
+        console.print("same step with " + "; with ".join(f"{k}: {_gib(v)} GiB" for k, v in plan.what_if.items()))
     if plan.longest is not None or plan.fits is not None:
         longest = f"{plan.longest:,} tokens" if plan.longest else "none (not even 1,024 tokens)"
         console.print(f"longest seq_len that fits with these settings: [bold]{longest}[/]")

@@ -79,6 +79,7 @@ class Plan:
     tokens_per_step: int = 0
     max_steps: int = 0
     notes: list[str] = field(default_factory=list)
+    what_if: dict[str, int] = field(default_factory=dict)
 
     @property
     def wall_seconds(self) -> float | None:
@@ -114,6 +115,7 @@ class Plan:
             "tokens_per_step": self.tokens_per_step,
             "max_steps": self.max_steps,
             "wall_seconds": self.wall_seconds,
+            "what_if_gib": {k: v / GIB for k, v in self.what_if.items()},
             "notes": self.notes + self.memory.notes,
         }
 
@@ -475,6 +477,15 @@ def plan_recipe(
         plan.longest = longest_fit(shape, setup, device)
     if advise_changes and not ok:
         plan.advice = advise(shape, setup, device)
+    # The same step with checkpointing and the loss flipped, for comparison (the table shows the recipe's own).
+    flips = {
+        f"checkpointing {'off' if setup.checkpointing else 'on'}": {"checkpointing": not setup.checkpointing},
+        "full logits" if setup.loss == "chunked" else "chunked loss": {
+            "loss": "full" if setup.loss == "chunked" else "chunked"
+        },
+    }
+    for label, change in flips.items():
+        plan.what_if[label] = device_footprint(shape, dataclasses.replace(setup, **change), device).total
     plan.flops_per_token = flops_per_token(shape, setup)
     data_parallel = world // setup.context_parallel
     plan.tokens_per_step = recipe.train.gradient_accumulation_steps * setup.micro_batch * setup.seq_len * data_parallel
