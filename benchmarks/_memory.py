@@ -38,7 +38,7 @@ def mem_total_gb() -> float:
     return 0.0
 
 
-def run_watched(cmd: list[str], threads: int, budget_mb: float, timeout: float) -> dict:
+def run_watched(cmd: list[str], threads: int, budget_mb: float, timeout: float, env: dict | None = None) -> dict:
     """Run a child command, watching its memory and time; return its JSON result.
 
     Args:
@@ -46,12 +46,15 @@ def run_watched(cmd: list[str], threads: int, budget_mb: float, timeout: float) 
         threads: ``OMP_NUM_THREADS`` for the child.
         budget_mb: kill the child when its resident set exceeds this.
         timeout: kill the child after this many seconds.
+        env: extra environment variables for the child.
 
     Returns:
         The child's JSON with ``wall``, ``watched_mb`` (the parent's own RSS samples, every 0.2 s) and
         ``ok: True``; or ``{"ok": False, "reason": ..., "peak_mb": watched peak, "wall": ...}``.
     """
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **(env or {})
+    )
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     watched_peak = 0

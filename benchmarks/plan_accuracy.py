@@ -147,18 +147,25 @@ def cell_key(model: str, length: int, checkpointing: bool, loss: str) -> str:
     return f"{model}/{length}/{'ckpt' if checkpointing else 'nockpt'}/{loss}"
 
 
+# glibc: every allocation above 64 KiB mmap'd, and so returned to the OS when freed: the resident peak is then
+# the live peak, without the allocator's retention.
+FORCE_MMAP = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
 def measure(args: argparse.Namespace, store: dict) -> None:
     """Measure every missing cell, one fresh process at a time, saving after each."""
     bench_dir = str(bench_model_dir())
+    settings = [(c, "chunked") for c in (True, False)] if args.force_mmap else SETTINGS
     for model in args.models:
         for length in args.lengths:
-            for checkpointing, loss in SETTINGS:
-                key = cell_key(model, length, checkpointing, loss)
+            for checkpointing, loss in settings:
+                key = cell_key(model, length, checkpointing, loss) + ("/mmap" if args.force_mmap else "")
                 if key in store and store[key].get("ok") and not args.remeasure:
                     continue
                 cmd = [sys.executable, __file__, "--child", model, str(length), str(int(checkpointing)), loss]
                 cmd += ["--model-dir", bench_dir, "--threads", str(args.threads)]
-                result = run_watched(cmd, args.threads, args.budget_mb, args.timeout)
+                env = FORCE_MMAP if args.force_mmap else None
+                result = run_watched(cmd, args.threads, args.budget_mb, args.timeout, env)
                 store[key] = result
                 RESULTS_JSON.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
                 shown = f"{result['peak_mb']:,.0f} MB in {result['wall']:.0f} s" if result["ok"] else result["reason"]
@@ -167,7 +174,8 @@ def measure(args: argparse.Namespace, store: dict) -> None:
 
 def predict(model: str, length: int, checkpointing: bool, loss: str, bench_dir: str):
     """The planner's prediction for one cell, against this machine's RAM."""
-    from ctxext.plan import cpu_device, plan_recipe
+    from ctxext.devices import cpu_device
+    from ctxext.plan import plan_recipe
 
     recipe = recipe_for(model, length, checkpointing, bench_dir)
     return plan_recipe(recipe, cpu_device(), loss=loss, advise_changes=False, search=False)
@@ -183,6 +191,8 @@ def report(store: dict, args: argparse.Namespace) -> str:
     errors, runtime = [], []
     for key in sorted(store, key=lambda k: (k.split("/")[0], int(k.split("/")[1]), k)):
         cell = store[key]
+        if key.endswith("/mmap"):
+            continue
         model, length, ckpt, loss = key.split("/")
         if not cell.get("ok"):
             rows.append(f"| {model} | {int(length):,} | {ckpt} | {loss} | failed: {cell['reason']} | | | |")
@@ -212,7 +222,36 @@ def report(store: dict, args: argparse.Namespace) -> str:
         f"{sum(runtime) / max(1, len(runtime)):.0f} MiB (range {min(runtime, default=0):.0f}–"
         f"{max(runtime, default=0):.0f}); `CPU_RUNTIME` in ctxext/plan.py = {CPU_RUNTIME / 2**20:.0f} MiB."
     )
-    return table, summary
+    return table + live_table(store, bench_dir), summary
+
+
+def live_table(store: dict, bench_dir: str) -> str:
+    """Cells measured with forced mmap: the live peak against the formulas without the malloc-retention term."""
+    from ctxext.footprint import PHASES
+
+    rows = []
+    for key in sorted(store, key=lambda k: (k.split("/")[0], int(k.split("/")[1]), k)):
+        cell = store[key]
+        if not key.endswith("/mmap") or not cell.get("ok"):
+            continue
+        model, length, ckpt, loss, _ = key.split("/")
+        plan = predict(model, int(length), ckpt == "ckpt", loss, bench_dir)
+        dynamic = max(plan.memory.group_total("activations", p) + plan.memory.group_total("loss", p) for p in PHASES)
+        predicted = dynamic / 2**20
+        measured = cell["peak_mb"] - cell["warm_mb"]
+        rows.append(
+            f"| {model} | {int(length):,} | {'on' if ckpt == 'ckpt' else 'off'} | {loss} | {measured:,.0f} "
+            f"| {predicted:,.0f} | {predicted / measured - 1:+.0%} |"
+        )
+    if not rows:
+        return ""
+    return (
+        "\n\nWith `--force-mmap` (glibc `MALLOC_MMAP_THRESHOLD_=65536`: freed memory goes back to the OS, so the "
+        "resident peak is the live peak): the step's memory above the warm-up (measured peak − resident after the "
+        "warm-up step) against the formulas' activation + loss peak without the malloc-retention term.\n\n"
+        "| model | seq len | checkpointing | loss | measured step MB | formulas MB | difference |\n"
+        "| --- | ---: | --- | --- | ---: | ---: | ---: |\n" + "\n".join(rows)
+    )
 
 
 def main() -> None:
@@ -225,6 +264,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900, help="seconds per cell")
     parser.add_argument("--remeasure", action="store_true", help="measure cells already in the JSON again")
     parser.add_argument("--report-only", action="store_true", help="only predict and compare stored cells")
+    parser.add_argument(
+        "--force-mmap", action="store_true", help="measure chunked-loss cells with glibc mmap forced (live peak)"
+    )
     parser.add_argument("--child", nargs=4, metavar=("MODEL", "LENGTH", "CKPT", "LOSS"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -253,7 +295,9 @@ def main() -> None:
         "same recipe on the CPU (fp32 compute, SDPA). `bench` = the 32k-vocabulary random Llama of "
         "`train_memory.py` (hidden 128, 2 layers, LoRA r=8, loss chunk 1024); `grown` = `builtin:grown-code-64` "
         "(hidden 256, 4 layers, vocabulary 2048, LoRA r=16 + embed_tokens and norms trained, loss chunk 256). "
-        "`full` = transformers' own loss over full-length logits.\n\n"
+        "`full` = transformers' own loss over full-length logits. Measurements are kept in "
+        "`plan_accuracy.json` (the command measures only cells missing there, then re-predicts all of them; these "
+        "were measured in two runs, 1k/4k/16k then 2k/8k, one cell at a time on the shared 2 cores).\n\n"
         f"{cpu_runtime_note()}\n\n{table}\n\n{summary}\n"
     )
     print(f"wrote {RESULTS_MD}")
