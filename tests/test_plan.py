@@ -241,3 +241,37 @@ def test_train_preflight_warns_without_strict(tiny_model_dir, capsys):
     assert "warning:" in err and "will probably run out of memory" in err
     _preflight(load_recipe("recipes/tiny-cpu.yaml", [f"model.path={tiny_model_dir}"]), strict=False)
     assert "warning" not in capsys.readouterr().err
+
+
+def test_saved_activation_formula_matches_autograd(tiny_model_dir):
+    """The per-layer formula against what autograd really saves in ctxext's training forward (nf4, LoRA, SDPA)."""
+    import torch
+
+    from ctxext.footprint import layer_bytes
+    from ctxext.model import build_training_model
+    from ctxext.train import CausalLMWithChunkedLoss, shifted_labels
+
+    length = 512
+    recipe = load_recipe(
+        "recipes/tiny-cpu.yaml",
+        [f"model.path={tiny_model_dir}", f"train.seq_len={length}", "train.gradient_checkpointing=false"],
+    )
+    loaded = build_training_model(recipe)
+    model = CausalLMWithChunkedLoss(loaded.model, recipe.train.loss_chunk_size).train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    ids = torch.randint(3, 500, (1, length), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(ids, shifted_labels(ids))
+    measured = sum(saved.values())
+    shape = ModelShape.from_config(loaded.model.get_base_model().config)
+    setup = Setup(seq_len=length, compute_bytes=4, lora_r=recipe.lora.r, checkpointing=False)
+    predicted = shape.layers * layer_bytes(shape, setup)
+    assert 0.75 < predicted / measured < 1.25, (predicted, measured)
