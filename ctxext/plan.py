@@ -30,8 +30,9 @@ CUDA_FRAGMENTATION = 0.10
 # fitted as the mean over the benchmark cells of benchmarks/plan_accuracy.py (its "warm" column). And glibc
 # malloc's retention: activation tensors under its 32 MiB mmap threshold live in heap arenas that are not given
 # back when freed, so the resident peak holds, beside the live tensors, about one forward pass's worth of
-# activations (all layers' saved tensors) even with checkpointing. Runs with forced mmap
-# (MALLOC_MMAP_THRESHOLD_=65536) reach the live peak that the formulas predict; see docs/planning.md.
+# activations (all layers' saved tensors) even with checkpointing. docs/planning.md shows, from runs with mmap
+# forced, that the activation formulas are conservative for the live peak and this term is below glibc's real
+# retention: on this CPU the two offset.
 CPU_RUNTIME = 553 * 2**20
 # Memory held back from the device's capacity before a plan "fits": what the formulas do not count (CUDA
 # graphs, NCCL buffers growing, a longer-than-usual document mask) and their own error (docs/planning.md).
