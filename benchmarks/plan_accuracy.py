@@ -283,10 +283,15 @@ def main() -> None:
     print(summary)
     from ctxext.plan import cpu_runtime_note
 
-    command = "nice -n 10 python benchmarks/plan_accuracy.py " + " ".join(sys.argv[1:])
+    # The table is rebuilt from every stored cell, so it names the commands that measured them.
+    command = (
+        "`nice -n 10 python benchmarks/plan_accuracy.py --lengths 1024 2048 4096 8192 16384` (first table) and "
+        "`nice -n 10 python benchmarks/plan_accuracy.py --force-mmap --lengths 1024 4096 16384` (second table); "
+        "`--report-only` re-predicts the stored cells"
+    )
     RESULTS_MD.write_text(
         "# Predicted vs. measured peak memory (`ctxext plan` on this CPU)\n\n"
-        f"Command: `{command}`\n\n"
+        f"Commands: {command}.\n\n"
         f"Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC. Machine: {platform.machine()} CPU, {mem_total_gb():.0f} GB "
         f"RAM, no GPU, {args.threads} torch thread(s) per cell.\n\n"
         "Each cell is a fresh process: ctxext's model loading (nf4 double-quant, YaRN, LoRA, peft k-bit "
