@@ -513,3 +513,48 @@ def cpu_runtime_note() -> str:
         "glibc keeps freed heap memory; the second table shows it is below the real retention while the "
         "activation formulas are above the live peak, errors that offset here; see docs/planning.md)."
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# Before `ctxext train`
+# ------------------------------------------------------------------------------------------------
+
+
+def this_device() -> tuple[Device, int, str | None]:
+    """The device this process will train on, the job's process count, and its sharding (from accelerate's env).
+
+    On CUDA the GPU's own memory (and its bf16 peak when it is in the table); on the CPU, this machine's RAM.
+    """
+    import os
+
+    import torch
+
+    from ctxext.devices import GPUS, cpu_device
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    sharding = None
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        sharding = "fsdp2"
+    elif os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        sharding = "zero3"
+    if not torch.cuda.is_available():
+        return cpu_device(), world, sharding
+    index = int(os.environ.get("LOCAL_RANK", "0") or 0) % torch.cuda.device_count()
+    props = torch.cuda.get_device_properties(index)
+    name = props.name.lower()
+    tflops = next((d.tflops for key, d in GPUS.items() if key.split("-")[0] in name), None)
+    return Device(name=props.name, memory=int(props.total_memory), tflops=tflops, kind="cuda"), world, sharding
+
+
+def preflight(recipe: Any) -> Plan:
+    """The plan of a recipe on the device and launch this process is in (what ``ctxext train`` checks first).
+
+    Raises:
+        InputError: the model's config cannot be read (the caller decides whether that matters).
+    """
+    device, world, sharding = this_device()
+    if recipe.train.context_parallel_size > 1 and device.kind == "cpu":
+        sharding = None
+        recipe = recipe.model_copy(deep=True)
+        recipe.train.context_parallel_size = 1
+    return plan_recipe(recipe, device, num_gpus=world, sharding=sharding, search=False, advise_changes=True)
