@@ -254,6 +254,11 @@ def train(
     from ctxext.train import train as run_training
 
     parsed = load_recipe(recipe, overrides or [])
+    if parsed.search is not None:
+        # A search: section finds the longrope factors first (issue 11); training starts from them.
+        from ctxext.search.recipe import search_before_training
+
+        parsed = search_before_training(parsed, log=lambda line: console.print(line, markup=False, highlight=False))
     run_training(parsed, resume=resume, command=list(sys.argv))
 
 
@@ -292,7 +297,8 @@ def search(
 ) -> None:
     """Search per-dimension RoPE long factors (LongRoPE-style, training-free) and write the extended model."""
     from ctxext.errors import InputError
-    from ctxext.search import SearchSettings, run_search
+    from ctxext.search.budget import parse_budget
+    from ctxext.search.run import SearchSettings, run_search
 
     if recipe is not None:
         from ctxext.config import load_recipe
@@ -320,8 +326,6 @@ def search(
         )
     settings.device = device
     settings.resume, settings.overwrite = resume, overwrite
-    from ctxext.search.run import parse_budget
-
     settings.budget_seconds = parse_budget(settings.budget_seconds)
     result = run_search(settings, log=lambda line: console.print(line, markup=False, highlight=False))
     console.print(

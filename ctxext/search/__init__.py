@@ -3,10 +3,27 @@
 Modules: :mod:`~ctxext.search.factors` (named methods as factors, the seed grid, monotonicity),
 :mod:`~ctxext.search.evolution` (the evolutionary search), :mod:`~ctxext.search.objective` (the fitness
 sets), :mod:`~ctxext.search.apply` (switching a loaded model's RoPE), :mod:`~ctxext.search.log`
-(``search.jsonl`` and resume), :mod:`~ctxext.search.report` (held-out comparison) and
-:mod:`~ctxext.search.run` (the workflow). See ``docs/search.md``.
+(``search.jsonl`` and resume), :mod:`~ctxext.search.report` (held-out comparison),
+:mod:`~ctxext.search.recipe` (the recipe's ``search:`` section) and :mod:`~ctxext.search.run` (the
+workflow). See ``docs/search.md``. Names load on first use, so the recipe schema can import the budget
+parser without torch.
 """
 
-from ctxext.search.run import SearchResult, SearchSettings, parse_budget, run_search
+import importlib
+from typing import Any
 
-__all__ = ["SearchResult", "SearchSettings", "parse_budget", "run_search"]
+_LAZY = {
+    "SearchResult": "ctxext.search.run",
+    "SearchSettings": "ctxext.search.run",
+    "run_search": "ctxext.search.run",
+    "parse_budget": "ctxext.search.budget",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ctxext.search' has no attribute {name!r}")
+
+
+__all__ = list(_LAZY)

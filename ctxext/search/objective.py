@@ -17,7 +17,6 @@ between candidates are paired.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,7 +139,18 @@ def far_ppl_set(tokenizer: Any, source: str, length: int, original_length: int, 
     return ObjectiveSet("far-ppl", length, docs, spans, [None] * len(docs), info)
 
 
-SampleFn = Callable[[int, float, random.Random], tuple[list[int], tuple[int, int]]]
+_HAYSTACKS: dict[tuple[int, str, int], Any] = {}
+
+
+def _haystack(tokenizer: Any, source: str, min_tokens: int) -> Any:
+    # A report builds several sets from one source: tokenize its texts once per process.
+    from ctxext.evaluation.data import iter_texts
+    from ctxext.tasks import Haystack
+
+    key = (id(tokenizer), source, min_tokens)
+    if key not in _HAYSTACKS:
+        _HAYSTACKS[key] = Haystack.from_texts(tokenizer, iter_texts(source), min_tokens, name=source)
+    return _HAYSTACKS[key]
 
 
 def retrieval_set(
@@ -168,13 +178,11 @@ def retrieval_set(
     Returns:
         The :class:`ObjectiveSet`.
     """
-    from ctxext.tasks import Haystack, get_task
+    from ctxext.tasks import get_task
 
     spec = get_task(task)
     chosen = list(templates) if templates is not None else spec.training_templates()
-    from ctxext.evaluation.data import iter_texts
-
-    haystack = Haystack.from_texts(tokenizer, iter_texts(source), max(4 * length, 8192), name=source)
+    haystack = _haystack(tokenizer, source, max(4 * length, 8192))
     sequences: list[list[int]] = []
     spans: list[tuple[int, int]] = []
     sample_depths: list[float | None] = []
