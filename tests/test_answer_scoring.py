@@ -108,7 +108,9 @@ def test_length_dependent_rope_no_kv_cache_bug(cache_root, method):
 
     torch.set_num_threads(1)
     lm = load_model(ModelSpec("builtin:grown-code-64"))
-    patch_model(lm.model, method, 256)
+    # longrope: short factors 1 (the original rotation in-window), long factors 4 (interpolation past it).
+    options = {"short_factor": [1.0] * 32, "long_factor": [4.0] * 32} if method == "longrope" else None
+    patch_model(lm.model, method, 256, options)
     from ctxext.rope import read_rope
 
     lm.rope = read_rope(lm.model.config)
@@ -116,3 +118,37 @@ def test_length_dependent_rope_no_kv_cache_bug(cache_root, method):
     res = evaluate_needle(lm, GridSettings(lengths=[64], depths=[10, 50, 90], trials=10), task, show_progress=False)
     assert res["scoring"] == "teacher-forced"
     assert res["overall"]["accuracy"] >= 0.95
+
+
+@pytest.mark.skipif(not (GROWN_DIR / "model.safetensors").is_file(), reason="the grown model is not packaged")
+def test_checkpoint_generation_config_changes_no_retrieval_number(cache_root, tmp_path):
+    """A repetition penalty in generation_config.json leaves both scorings unchanged (it cost 18/18 → 11/18)."""
+    import json
+    import shutil
+
+    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.evaluation.passkey import GridSettings, NeedleTask, evaluate_needle
+    from ctxext.sources import resolve_model_path
+
+    torch.set_num_threads(1)
+    src = resolve_model_path("builtin:grown-code-64")
+    penalized = tmp_path / "penalized"
+    shutil.copytree(src, penalized)
+    gen_file = penalized / "generation_config.json"
+    gen = json.loads(gen_file.read_text()) if gen_file.is_file() else {}
+    gen["repetition_penalty"] = 1.3
+    gen_file.write_text(json.dumps(gen))
+    task = NeedleTask(needle="\nKEY_{name} = {key}\n", question="\nassert KEY_{name} ==", answer="{key}")
+    outcomes = {}
+    for label, ref in (("plain", str(src)), ("penalized", str(penalized))):
+        lm = load_model(ModelSpec(ref))
+        assert (lm.model.generation_config.repetition_penalty == 1.3) == (label == "penalized")
+        for scoring in ("teacher-forced", "generate"):
+            grid = GridSettings(lengths=[64], depths=[10, 50, 90], trials=6, scoring=scoring)
+            res = evaluate_needle(lm, grid, task, show_progress=False)
+            outcomes[label, scoring] = [c["outcomes"] for c in res["cells"]]
+        assert lm.model.generation_config.repetition_penalty == (1.3 if label == "penalized" else None)
+    assert outcomes["plain", "teacher-forced"] == outcomes["penalized", "teacher-forced"]
+    assert outcomes["plain", "generate"] == outcomes["penalized", "generate"]
+    assert outcomes["plain", "generate"] == outcomes["plain", "teacher-forced"]
+    assert sum(map(sum, outcomes["plain", "generate"])) >= 15  # the grown model retrieves in-window

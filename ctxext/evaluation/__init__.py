@@ -1,4 +1,4 @@
-"""Long-context evaluation: perplexity by length / position / context limit, passkey and needle grids, QA, reports.
+"""Long-context evaluation: perplexity by length / position / context limit, retrieval grids, QA, reports.
 
 The public names load lazily (torch and transformers are imported on first use, so ``ctxext --help``
 stays fast)::
@@ -28,7 +28,7 @@ _EXPORTS = {
     "NeedleTask": "passkey",
     "evaluate_passkey": "passkey",
     "evaluate_needle": "passkey",
-    "build_prompt": "passkey",
+    "evaluate_task_grid": "passkey",
     "QASettings": "qa",
     "evaluate_qa": "qa",
     "build_report": "report",
