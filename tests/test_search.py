@@ -249,3 +249,24 @@ def test_recipe_search_section(tmp_path, first_search, tiny_model_dir):
     with pytest.raises(RecipeError) as err:
         parse_recipe({**data, "search": {"budget": "0"}})
     assert "search.budget" in str(err.value)
+
+
+def test_far_ppl_objective_is_the_nll_beyond_the_window(tiny_model_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    from ctxext.evaluation.perplexity import token_nll
+    from ctxext.search.objective import far_ppl_set
+
+    out = tmp_path / "far"
+    settings = _settings(tiny_model_dir, out, objective="far-ppl", samples=2, generations=1)
+    result = run_search(settings, log=lambda _: None)
+    lines = [json.loads(x) for x in (out / "search.jsonl").read_text().splitlines()]
+    assert lines[0]["objective_set"]["scored_from"] == 256 and lines[0]["objective_set"]["documents"] == 2
+    linear = next(r for r in lines if r["type"] == "candidate" and r["origin"] == "seed:linear")
+    # The logged score of the PI seed is the mean NLL of positions ≥ 256, recomputed here independently.
+    docs = far_ppl_set(AutoTokenizer.from_pretrained(tiny_model_dir), "builtin:stdlib-train", TARGET, 256, 2)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    patch_model(model, "linear", TARGET)
+    nll = token_nll(model, torch.tensor(docs.sequences), score_from=256)
+    assert linear["score"] == pytest.approx(float(nll.double().mean()), rel=1e-5)
+    assert result.score <= linear["score"]

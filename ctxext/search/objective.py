@@ -103,6 +103,13 @@ def _score_far(model: torch.nn.Module, objective: ObjectiveSet, batch_tokens: in
 
 
 def _documents(tokenizer: Any, source: str, min_tokens: int, limit: int) -> list[list[int]]:
+    key = (_tokenizer_key(tokenizer), source, min_tokens, limit)
+    if key not in _DOCUMENTS:
+        _DOCUMENTS[key] = _read_documents(tokenizer, source, min_tokens, limit)
+    return [list(d) for d in _DOCUMENTS[key]]
+
+
+def _read_documents(tokenizer: Any, source: str, min_tokens: int, limit: int) -> list[list[int]]:
     from ctxext.evaluation.data import iter_texts
 
     docs: list[list[int]] = []
@@ -139,7 +146,13 @@ def far_ppl_set(tokenizer: Any, source: str, length: int, original_length: int, 
     return ObjectiveSet("far-ppl", length, docs, spans, [None] * len(docs), info)
 
 
-_HAYSTACKS: dict[tuple[int, str, int], Any] = {}
+_HAYSTACKS: dict[tuple[Any, str, int], Any] = {}
+_DOCUMENTS: dict[tuple[Any, str, int, int], list[list[int]]] = {}
+
+
+def _tokenizer_key(tokenizer: Any) -> tuple[str, str, int]:
+    # Sets are cached per process; a tokenizer is identified by its class, origin and vocabulary size.
+    return type(tokenizer).__name__, str(getattr(tokenizer, "name_or_path", "")), len(tokenizer)
 
 
 def _haystack(tokenizer: Any, source: str, min_tokens: int) -> Any:
@@ -147,7 +160,7 @@ def _haystack(tokenizer: Any, source: str, min_tokens: int) -> Any:
     from ctxext.evaluation.data import iter_texts
     from ctxext.tasks import Haystack
 
-    key = (id(tokenizer), source, min_tokens)
+    key = (_tokenizer_key(tokenizer), source, min_tokens)
     if key not in _HAYSTACKS:
         _HAYSTACKS[key] = Haystack.from_texts(tokenizer, iter_texts(source), min_tokens, name=source)
     return _HAYSTACKS[key]
