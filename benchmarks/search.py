@@ -32,11 +32,16 @@ ORIGINAL = 64
 TARGET_MIN_DEPTH = {4: 0.8, 8: 0.6}
 
 
-def run_factor(factor: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_dir(args: argparse.Namespace, factor: int, attention: str) -> Path:
+    """The output folder of one (factor, attention factor) search."""
+    return Path(args.out) / (f"x{factor}" if attention == "1" else f"x{factor}-att-{attention}")
+
+
+def run_factor(factor: int, attention: str, args: argparse.Namespace) -> dict[str, Any]:
     """Search (or re-read a finished search) for one factor; returns its report and summary."""
     from ctxext.search import SearchSettings, run_search
 
-    out = Path(args.out) / f"x{factor}"
+    out = run_dir(args, factor, attention)
     if not (out / "report.json").is_file():
         settings = SearchSettings(
             model=MODEL,
@@ -48,10 +53,11 @@ def run_factor(factor: int, args: argparse.Namespace) -> dict[str, Any]:
             samples=args.samples,
             seed=args.seed,
             report_trials=args.trials,
+            attention_factor=attention,
             resume=(out / "search.jsonl").is_file(),
             show_progress=False,
         )
-        run_search(settings, log=lambda line: print(f"[x{factor}] {line}", flush=True))
+        run_search(settings, log=lambda line: print(f"[x{factor} att {attention}] {line}", flush=True))
     return {
         "report": json.loads((out / "report.json").read_text()),
         "summary": json.loads((out / "search.json").read_text()),
@@ -62,7 +68,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%"
 
 
-def render(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> str:
+def render(results: dict[tuple[int, str], dict[str, Any]], args: argparse.Namespace) -> str:
     """The results page."""
     from ctxext.search.report import render_markdown
 
@@ -81,8 +87,9 @@ def render(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> str:
         "",
         "Each factor is the same as `ctxext search builtin:grown-code-64 --target-length N --out DIR "
         f"--budget {args.budget} --population {args.population} --generations {args.generations} "
-        f"--samples {args.samples} --seed {args.seed}`. Search objective: needle-driven (mean NLL of the answer "
-        "tokens of key/value needles at 8 depths over the whole target length, training-split stdlib files, "
+        f"--samples {args.samples} --seed {args.seed} --attention-factor A`. Search objective: needle-driven "
+        "(mean NLL of the answer tokens of key/value needles at 8 depths over the whole target length, "
+        "training-split stdlib files, "
         "training templates). Held-out: stdlib held-out files; needle = `KEY_xy = NNNNN` (template 0, as in the "
         f"demo suite) at depths 10/30/50/70/90 %, {args.trials} trials per depth, teacher-forced; multikey = the "
         "same needle among 3 distractor keys; held-out objective = the search objective on held-out files "
@@ -93,8 +100,9 @@ def render(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> str:
         "| target | measured | met |",
         "|---|---|---|",
     ]
-    for factor, r in results.items():
+    for (factor, attention), r in results.items():
         rep, summ = r["report"], r["summary"]
+        att = f"{factor}× (attention factor {attention})"
         s = rep["models"]["searched"]
         base = rep["models"]["base"]
         need = TARGET_MIN_DEPTH.get(factor)
@@ -102,31 +110,33 @@ def render(results: dict[int, dict[str, Any]], args: argparse.Namespace) -> str:
         by_depth = ", ".join(_pct(v["accuracy"]) for v in s["needle"]["by_depth"].values())
         if need is not None:
             lines.append(
-                f"| {factor}×: needle ≥ {_pct(need)} at every depth at {rep['target_length']} | "
+                f"| {att}: needle ≥ {_pct(need)} at every depth at {rep['target_length']} | "
                 f"{by_depth} (worst {_pct(worst)}) | {'yes' if worst >= need else 'no'} |"
             )
         same_window = rep["in_window_max_abs_nll_diff_vs_base"] == 0.0
         lines.append(
-            f"| {factor}×: in-window retrieval and ppl unchanged | needle@{ORIGINAL} "
+            f"| {att}: in-window retrieval and ppl unchanged | needle@{ORIGINAL} "
             f"{_pct(s['needle_in_window']['accuracy'])} vs base {_pct(base['needle_in_window']['accuracy'])}, "
             f"ppl@{ORIGINAL} {s['ppl_window']['ppl']:.3f} vs {base['ppl_window']['ppl']:.3f} "
             f"(max abs ΔNLL {rep['in_window_max_abs_nll_diff_vs_base']:.1e}) | {'yes' if same_window else 'no'} |"
         )
         obj = rep["comparison"]["objective"]
         lines.append(
-            f"| {factor}×: beats the best named method ({rep['comparison']['best_named']}) on the held-out "
+            f"| {att}: beats the best named method ({rep['comparison']['best_named']}) on the held-out "
             f"objective, paired CI excludes 0 | {obj['diff']:+.4f} NLL/token ({obj['ci_low']:+.4f} … "
             f"{obj['ci_high']:+.4f}) | {'yes' if obj['ci_high'] < 0 else 'no'} |"
         )
         lines.append(
-            f"| {factor}×: search ≤ 10 min on 2 cores | {summ['seconds']:.0f} s wall, {summ['cpu_seconds']:.0f} s CPU, "
+            f"| {att}: search ≤ 10 min on 2 cores | {summ['seconds']:.0f} s wall, {summ['cpu_seconds']:.0f} s CPU, "
             f"{summ['evaluations']} evaluations, ended by {summ['ended']} | "
             f"{'yes' if summ['seconds'] <= 600 else 'no'} |"
         )
-    for factor, r in results.items():
+    for (factor, attention), r in results.items():
         body = render_markdown(r["report"], r["summary"]).split("\n", 2)[2]
-        body = body.replace("![factors](factors.png)", f"![factors ×{factor}](search-x{factor}-factors.png)")
-        lines += ["", f"## {factor}× ({ORIGINAL} → {ORIGINAL * factor} tokens)", "", body.strip()]
+        png = f"search-{run_dir(args, factor, attention).name}-factors.png"
+        body = body.replace("![factors](factors.png)", f"![factors ×{factor}]({png})")
+        title = f"## {factor}× ({ORIGINAL} → {ORIGINAL * factor} tokens), attention factor {attention}"
+        lines += ["", title, "", body.strip()]
     return "\n".join(lines) + "\n"
 
 
@@ -139,6 +149,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--attention", nargs="+", default=["1"], help="attention factors to search with: 1, auto")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="/tmp/search-bench")
     parser.add_argument("--no-write", action="store_true", help="run the searches, do not write the results page")
@@ -148,11 +159,12 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    results = {f: run_factor(f, args) for f in args.factors}
+    results = {(f, a): run_factor(f, a, args) for f in args.factors for a in args.attention}
     if not args.no_write:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        for f in results:
-            shutil.copy2(Path(args.out) / f"x{f}" / "factors.png", RESULTS.parent / f"search-x{f}-factors.png")
+        for f, a in results:
+            folder = run_dir(args, f, a)
+            shutil.copy2(folder / "factors.png", RESULTS.parent / f"search-{folder.name}-factors.png")
         RESULTS.write_text(render(results, args))
         print(f"wrote {RESULTS}")
 

@@ -287,6 +287,9 @@ def search(
     original_length: Annotated[
         int | None, typer.Option(help="pretraining context, when the config cannot tell it")
     ] = None,
+    attention_factor: Annotated[
+        str, typer.Option(help="1 (model unchanged inside its window), auto (√(1+ln s/ln L), LongRoPE) or a number")
+    ] = "1",
     report: Annotated[bool, typer.Option(help="compare with PI/NTK/YaRN/llama3 on held-out files")] = True,
     recipe: Annotated[
         Path | None, typer.Option(help="take model, target and search settings from a recipe's model/rope/search")
@@ -322,6 +325,7 @@ def search(
             samples=samples,
             data=data,
             original_length=original_length,
+            attention_factor=attention_factor,
             report=report,
         )
     settings.device = device

@@ -183,6 +183,9 @@ class SearchSection(_Section):
     samples: int = Field(default=32, gt=0, description="needle samples (or documents) scored per candidate")
     data: str = Field(default="builtin:stdlib-train", description="data of the fitness set (a training split)")
     report: bool = True
+    attention_factor: str | float = Field(
+        default=1.0, description="1 (unchanged inside the window), auto (√(1 + ln s / ln L)) or a number"
+    )
     out: str | None = Field(default=None, description="the search's model folder (default: <output.dir>-search)")
 
     @model_validator(mode="after")

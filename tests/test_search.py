@@ -86,6 +86,16 @@ def test_seeds_reproduce_the_named_methods_frequencies():
     assert len({tuple(g.factors) for g in grid}) == len(grid)
 
 
+def test_attention_factor_setting():
+    from ctxext.search.apply import resolve_attention_factor
+
+    assert resolve_attention_factor("auto", 4.0, 64) == pytest.approx(math.sqrt(1 + math.log(4) / math.log(64)))
+    assert resolve_attention_factor("1", 4.0, 64) == 1.0 and resolve_attention_factor(1.2, 4.0, 64) == 1.2
+    for bad in ("big", 0, -1.0):
+        with pytest.raises(InputError):
+            resolve_attention_factor(bad, 4.0, 64)
+
+
 def test_parse_budget():
     assert parse_budget("90s") == 90 and parse_budget("10m") == 600 and parse_budget("1h") == 3600
     assert parse_budget("1.5h") == 5400 and parse_budget(" 45 ") == 45

@@ -24,6 +24,31 @@ _MISSING = object()
 _FIELDS = ("rope_parameters", "max_position_embeddings", "original_max_position_embeddings", "ctxext")
 
 
+def resolve_attention_factor(value: str | float, scale: float, original_length: int) -> float:
+    """The attention factor a search uses: ``1`` (default), ``auto`` or a number.
+
+    ``auto`` is LongRoPE / Phi-3's ``√(1 + ln s / ln L)``, what transformers computes when the key is
+    absent. transformers multiplies cos/sin by it at every length, so anything but 1 also changes the
+    model inside its original window (slightly; the report measures by how much).
+
+    Raises:
+        InputError: not ``auto`` and not a positive number.
+    """
+    import math
+
+    from ctxext.errors import InputError
+
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(original_length))
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise InputError(f"attention factor {value!r} must be 'auto' or a positive number (1 = no scaling)")
+    return number
+
+
 def longrope_options(long_factor: np.ndarray | list[float], attention_factor: float = SEARCH_ATTENTION_FACTOR) -> dict:
     """The ``longrope`` method options of a searched result: short factors 1, the long factors, the attention factor."""
     long_ = [float(v) for v in long_factor]

@@ -55,6 +55,7 @@ def settings_from_recipe(recipe: Any, out: Path | None = None) -> Any:
         data=s.data,
         original_length=recipe.model.original_length,
         report=s.report,
+        attention_factor=s.attention_factor,
     )
 
 
@@ -80,7 +81,8 @@ def search_before_training(recipe: Any, log: Callable[[str], None] = print) -> A
     else:
         settings.resume = (settings.out / LOG_NAME).is_file()
         long_factor = run_search(settings, log=log).long_factor
-    options = longrope_options(long_factor)
+    written = json.loads((settings.out / "config.json").read_text())["rope_parameters"]
+    options = longrope_options(long_factor, float(written.get("attention_factor", 1.0)))
     recipe.rope.short_factor = options["short_factor"]
     recipe.rope.long_factor = options["long_factor"]
     recipe.rope.attention_factor = options["attention_factor"]

@@ -55,6 +55,8 @@ class SearchSettings:
         original_length: overrides the pretraining length.
         mutation_rate: probability that a mutation redraws a dimension.
         step: grid of mutated factor values.
+        attention_factor: ``1`` (default: the model is unchanged inside its window), ``auto`` (LongRoPE's
+            ``√(1 + ln s / ln L)``) or a number; fixed during the search and written into the folder.
         report: compare with the named methods on held-out files and write the report.
         report_trials: retrieval trials per depth in the report.
         report_docs: held-out documents for perplexity in the report.
@@ -77,6 +79,7 @@ class SearchSettings:
     original_length: int | None = None
     mutation_rate: float = 0.3
     step: float = 0.01
+    attention_factor: str | float = 1.0
     report: bool = True
     report_trials: int = 20
     report_docs: int = 24
@@ -103,13 +106,19 @@ class SearchSettings:
             raise InputError(f"mutation rate must be in (0, 1] (got {self.mutation_rate})")
         if self.step <= 0:
             raise InputError(f"step must be positive (got {self.step})")
+        from ctxext.search.apply import resolve_attention_factor
+
+        resolve_attention_factor(self.attention_factor, 2.0, 2)
         if self.resume and self.overwrite:
             raise InputError("--resume and --overwrite contradict each other: choose one")
 
     def logged(self, original_length: int, rotary_dim: int) -> dict[str, Any]:
         """The settings recorded in the log's header (everything that defines the search)."""
-        from ctxext.search.apply import SEARCH_ATTENTION_FACTOR
+        from ctxext.search.apply import resolve_attention_factor
 
+        attention = resolve_attention_factor(
+            self.attention_factor, self.target_length / original_length, original_length
+        )
         return {
             "model": self.model,
             "target_length": self.target_length,
@@ -123,7 +132,7 @@ class SearchSettings:
             "data": self.data,
             "mutation_rate": self.mutation_rate,
             "step": self.step,
-            "attention_factor": SEARCH_ATTENTION_FACTOR,
+            "attention_factor": attention,
             "budget_seconds": self.budget_seconds,
         }
 
@@ -244,6 +253,7 @@ def run_search(
     model, tokenizer = loaded.model, loaded.tokenizer
     fingerprint = model_fingerprint(model)
     header_settings = settings.logged(state.original_length, state.rotary_dim)
+    attention = float(header_settings["attention_factor"])
     logged: list[dict[str, Any]] = []
     if settings.resume:
         records = read_log(log_path)
@@ -322,7 +332,7 @@ def run_search(
             if key in cache:
                 score = cache[key]
             else:
-                switch.use_factors(cand.factors, settings.target_length)
+                switch.use_factors(cand.factors, settings.target_length, attention)
                 score = objective.score(model).mean_nll
             search_log.append(
                 {
@@ -409,10 +419,12 @@ def run_search(
             trials=settings.report_trials,
             docs=settings.report_docs,
             seed=settings.seed,
+            attention_factor=attention,
             show_progress=settings.show_progress,
         )
     switch.restore()
-    result.out = _write_output(settings, result, state, longrope_options(winner.factors), log_path)
+    options = longrope_options(winner.factors, attention)
+    result.out = _write_output(settings, result, state, options, log_path)
     return result
 
 
