@@ -307,6 +307,11 @@ def train(
     for warning in preflight(parsed, str(recipe)):
         err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
     _memory_preflight(parsed, strict, str(recipe))
+    if parsed.search is not None:
+        # A search: section finds the longrope factors first; training starts from them.
+        from ctxext.search.recipe import search_before_training
+
+        parsed = search_before_training(parsed, log=lambda line: console.print(line, markup=False, highlight=False))
     run_training(parsed, resume=resume, command=list(sys.argv))
 
 
@@ -464,6 +469,90 @@ def _memory_preflight(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> N
         raise InputError(message + " (--strict: not started)")
     if main_process:
         err_console.print(f"[yellow]warning:[/] {message}")
+
+
+# ------------------------------------------------------------------------------------------------
+# search
+# ------------------------------------------------------------------------------------------------
+
+
+@app.command()
+@friendly_errors
+def search(
+    model: Annotated[str | None, typer.Argument(help="model folder, Hub id, or builtin:NAME")] = None,
+    target_length: Annotated[int | None, typer.Option("--target-length", "-t", help="new context length")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="output model folder (log and report inside)")] = None,
+    budget: Annotated[str, typer.Option(help="time budget of the search: 90s, 10m, 1h")] = "10m",
+    population: Annotated[int, typer.Option(help="candidates per generation (LongRoPE: 64)")] = 64,
+    generations: Annotated[int, typer.Option(help="generations after the initial population (LongRoPE: 40)")] = 40,
+    objective: Annotated[
+        str, typer.Option(help="needle (answer NLL of far-back needles, LongRoPE2) or far-ppl (NLL beyond the window)")
+    ] = "needle",
+    seed: Annotated[int, typer.Option(help="seed of the search and of its needle set")] = 0,
+    samples: Annotated[int, typer.Option(help="needle samples (or documents) scored per candidate")] = 32,
+    data: Annotated[str, typer.Option(help="data for the fitness set (training split by default)")] = (
+        "builtin:stdlib-train"
+    ),
+    original_length: Annotated[
+        int | None, typer.Option(help="pretraining context, when the config cannot tell it")
+    ] = None,
+    attention_factor: Annotated[
+        str, typer.Option(help="1 (model unchanged inside its window), auto (√(1+ln s/ln L), LongRoPE) or a number")
+    ] = "1",
+    report: Annotated[bool, typer.Option(help="compare with PI/NTK/YaRN/llama3 on held-out files")] = True,
+    recipe: Annotated[
+        Path | None, typer.Option(help="take model, target and search settings from a recipe's model/rope/search")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available)")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="continue the search logged in --out")] = False,
+    overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
+) -> None:
+    """Search per-dimension RoPE long factors (LongRoPE-style, training-free) and write the extended model."""
+    from ctxext.errors import InputError
+    from ctxext.search.budget import parse_budget
+    from ctxext.search.run import SearchSettings, run_search
+
+    if recipe is not None:
+        from ctxext.config import load_recipe
+        from ctxext.search.recipe import settings_from_recipe
+
+        settings = settings_from_recipe(load_recipe(recipe), out=out)
+    else:
+        given = (("MODEL", model), ("--target-length", target_length), ("--out", out))
+        missing = [name for name, v in given if v is None]
+        if missing:
+            raise InputError(f"missing {', '.join(missing)} (or give --recipe)")
+        settings = SearchSettings(
+            model=str(model),
+            target_length=int(target_length),  # type: ignore[arg-type]
+            out=Path(out),  # type: ignore[arg-type]
+            objective=objective,
+            budget_seconds=budget,  # type: ignore[arg-type]
+            population=population,
+            generations=generations,
+            seed=seed,
+            samples=samples,
+            data=data,
+            original_length=original_length,
+            attention_factor=attention_factor,
+            report=report,
+        )
+    settings.device = device
+    settings.resume, settings.overwrite = resume, overwrite
+    settings.budget_seconds = parse_budget(settings.budget_seconds)
+    result = run_search(settings, log=lambda line: console.print(line, markup=False, highlight=False))
+    console.print(
+        f"[green]✓[/] wrote {result.out}: longrope, {result.evaluations} candidates in {result.seconds:.0f} s "
+        f"({result.cpu_seconds:.0f} s CPU), training objective {result.score:.4f} "
+        f"(best seed {result.best_seed['name']}: {result.best_seed['score']:.4f}); runtime RoPE verified"
+    )
+    cmp_ = result.report.get("comparison") if result.report else None
+    if cmp_:
+        obj = cmp_["objective"]
+        console.print(
+            f"  held-out objective vs best named method ({cmp_['best_named']}): {obj['diff']:+.4f} NLL/token "
+            f"(95% CI {obj['ci_low']:+.4f} … {obj['ci_high']:+.4f}); report: {result.out}/report.md"
+        )
 
 
 # ------------------------------------------------------------------------------------------------

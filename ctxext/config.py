@@ -202,6 +202,34 @@ class HubSection(_Section):
         return self
 
 
+class SearchSection(_Section):
+    """A RoPE factor search (``ctxext search``) run before training; needs ``rope.method: longrope``."""
+
+    objective: Literal["needle", "far-ppl"] = "needle"
+    budget: str = Field(default="10m", description="time budget of the search: 90s, 10m, 1h")
+    population: int = Field(default=64, ge=4)
+    generations: int = Field(default=40, ge=0)
+    seed: int = 0
+    samples: int = Field(default=32, gt=0, description="needle samples (or documents) scored per candidate")
+    data: str = Field(default="builtin:stdlib-train", description="data of the fitness set (a training split)")
+    report: bool = True
+    attention_factor: str | float = Field(
+        default=1.0, description="1 (unchanged inside the window), auto (√(1 + ln s / ln L)) or a number"
+    )
+    out: str | None = Field(default=None, description="the search's model folder (default: <output.dir>-search)")
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchSection:
+        from ctxext.errors import InputError
+        from ctxext.search.budget import parse_budget
+
+        try:
+            parse_budget(self.budget)
+        except InputError as exc:
+            raise ValueError(f"budget: {exc}") from None
+        return self
+
+
 class OutputSection(_Section):
     """Where the run is written."""
 
@@ -220,9 +248,19 @@ class Recipe(_Section):
     eval: EvalSection = Field(default_factory=EvalSection)
     hub: HubSection = Field(default_factory=HubSection)
     output: OutputSection = Field(default_factory=OutputSection)
+    search: SearchSection | None = None
 
     @model_validator(mode="after")
     def _cross(self) -> Recipe:
+        if self.search is not None:
+            if self.rope.method != "longrope":
+                raise ValueError(
+                    f"rope.method: a search section finds longrope factors; set rope.method: longrope "
+                    f"(got {self.rope.method!r})"
+                )
+            given = [k for k in ("short_factor", "long_factor", "factors_file") if getattr(self.rope, k) is not None]
+            if given:
+                raise ValueError(f"rope.{given[0]}: the search section computes the factors; remove {', '.join(given)}")
         seq = self.train.seq_len or self.rope.target_length
         if seq is None:
             raise ValueError("train.seq_len: required when rope.method is none")
