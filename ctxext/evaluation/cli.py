@@ -33,6 +33,13 @@ BeyondOpt = Annotated[
     ),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")]
+ScoringOpt = Annotated[
+    str,
+    typer.Option(
+        help="teacher-forced: one forward pass over prompt + answer (exact for greedy decoding, no KV cache); "
+        "generate: greedy decoding with an explicit greedy config (cross-check)"
+    ),
+]
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -122,7 +129,8 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                 ov = m[task]["overall"]
                 console.print(
                     f"{task} — {m['name']}: {ov['accuracy'] * 100:.1f} % [{ov['ci_low'] * 100:.1f}, "
-                    f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials"
+                    f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials "
+                    f"({m[task].get('scoring', 'generate')})"
                 )
         if m.get("qa"):
             q = m["qa"]["overall"]
@@ -204,13 +212,14 @@ def passkey_cmd(
     depths: Annotated[str, typer.Option(help="needle depths in percent")] = "0,25,50,75,100",
     trials: Annotated[int, typer.Option(help="prompts (keys) per cell")] = 5,
     seed: Annotated[int, typer.Option(help="seed of the keys")] = 0,
+    scoring: ScoringOpt = "teacher-forced",
     adapter: AdapterOpt = None,
     name: NameOpt = None,
     allow_beyond_context: BeyondOpt = False,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
-    """Passkey retrieval (Landmark Attention prompt) over lengths × depths, greedy, k seeded keys per cell."""
+    """Passkey retrieval (Landmark Attention prompt) over lengths × depths, k seeded keys per cell, teacher-forced."""
     from ctxext.evaluation.passkey import GridSettings, evaluate_passkey
 
     grid = GridSettings(
@@ -219,6 +228,7 @@ def passkey_cmd(
         trials=trials,
         seed=seed,
         allow_beyond_context=allow_beyond_context,
+        scoring=scoring,
     )
     grid.validate()
     report = _run(model, adapter, name, out, device, "passkey", lambda lm: evaluate_passkey(lm, grid, not quiet), {})
@@ -236,12 +246,15 @@ def needle_cmd(
     ] = "builtin:stdlib",
     needle: Annotated[str | None, typer.Option(help="the sentence to hide")] = None,
     question: Annotated[str | None, typer.Option(help="the text that ends the prompt and asks for it")] = None,
-    answer: Annotated[str | None, typer.Option(help="expected answer (all its words must appear)")] = None,
+    answer: Annotated[
+        str | None, typer.Option(help="expected continuation of the question (scored token by token)")
+    ] = None,
     text_field: Annotated[str, typer.Option(help="text column of a table-like haystack")] = "text",
     split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
     depths: Annotated[str, typer.Option(help="needle depths in percent")] = "0,25,50,75,100",
     trials: Annotated[int, typer.Option(help="haystack offsets per cell")] = 3,
     seed: Annotated[int, typer.Option(help="seed of the haystack offsets")] = 0,
+    scoring: ScoringOpt = "teacher-forced",
     adapter: AdapterOpt = None,
     name: NameOpt = None,
     allow_beyond_context: BeyondOpt = False,
@@ -262,6 +275,7 @@ def needle_cmd(
         trials=trials,
         seed=seed,
         allow_beyond_context=allow_beyond_context,
+        scoring=scoring,
     )
     grid.validate()
     report = _run(

@@ -319,6 +319,7 @@ def _grid_markdown(models: list[dict[str, Any]], task: str, title: str, plots: d
     lines = [f"## {title}", ""]
     if task in plots:
         lines += [f"![{task}]({plots[task]})", ""]
+    lines += [_scoring_note(models, task), ""]
     for m in models:
         res = m[task]
         depths = sorted({c["depth"] for c in res["cells"]})
@@ -341,6 +342,20 @@ def _grid_markdown(models: list[dict[str, Any]], task: str, title: str, plots: d
             rows.append(row)
         lines += _table(["length \\ depth %"] + [f"{d:g}" for d in depths] + ["all [95 % CI]"], rows)
     return lines
+
+
+SCORING_NOTES = {
+    "teacher-forced": "teacher-forced (one forward pass over prompt + answer; correct iff every answer token is the "
+    "argmax — exact for greedy decoding; no KV cache, no generation config)",
+    "generate": "generation (explicit greedy config; KV cache off for dynamic / longrope; correct iff the generated "
+    "tokens start with the answer's)",
+}
+
+
+def _scoring_note(models: list[dict[str, Any]], task: str) -> str:
+    """One line naming how a retrieval section was scored (reports before scoring modes: generation)."""
+    kinds = sorted({m[task].get("scoring", "generate (legacy: first number / word recall)") for m in models})
+    return "Scoring: " + "; ".join(SCORING_NOTES.get(k, k) for k in kinds) + ". Prompt + answer fit the length."
 
 
 def _qa_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import gc
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -60,6 +60,9 @@ class GridTask(_Section):
     trials: int = Field(default=5, gt=0)
     seed: int = 0
     max_new_tokens: int = Field(default=12, gt=0)
+    scoring: Literal["teacher-forced", "generate"] = Field(
+        default="teacher-forced", description="teacher-forced (exact for greedy decoding) or generate"
+    )
 
 
 class NeedleSuiteTask(GridTask):
@@ -332,6 +335,7 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
             seed=t.seed,
             max_new_tokens=t.max_new_tokens,
             allow_beyond_context=beyond_ok,
+            scoring=t.scoring,
         )
         if task == "passkey":
             entry[task] = evaluate_passkey(loaded, grid, show)
