@@ -48,6 +48,12 @@ class DemoSettings:
         trials: needle trials per (length, depth) cell.
         max_docs: held-out documents for perplexity.
         fresh: recompute every step.
+        plain: fine-tune on plain code only (the mixture's baseline) instead of the mixture.
+        short_fraction: mixture: share of rows made of blocks at the original length.
+        task_weight: mixture: share of rows of synthetic key/value retrieval tasks.
+        pose: mixture: train with PoSE at ``pose_seq_factor`` × the window instead of the full target.
+        pose_seq_factor: PoSE row length in windows.
+        lora_r: LoRA rank.
     """
 
     model: str = "builtin:grown-code-64"
@@ -61,6 +67,12 @@ class DemoSettings:
     trials: int = 10
     max_docs: int = 24
     fresh: bool = False
+    plain: bool = False
+    short_fraction: float = 0.2
+    task_weight: float = 0.5
+    pose: bool = False
+    pose_seq_factor: int = 2
+    lora_r: int = 16
 
     @classmethod
     def quick(cls, out: Path) -> DemoSettings:
@@ -68,19 +80,63 @@ class DemoSettings:
         return cls(out=out, train_steps=6, micro_batch_size=2, max_documents=40, trials=2, max_docs=4)
 
 
-def _recipe(settings: DemoSettings, target: int, run_dir: Path) -> Any:
+def training_mixture(settings: DemoSettings, original: int) -> list[dict[str, Any]]:
+    """The demo's training mixture: training-split stdlib code and key/value retrieval tasks on it.
+
+    The tasks use the registry's training templates (template 4, ``{name}_id = {key}``, is held out
+    for evaluation); sample lengths run from the original window to the row length, needle depths are
+    uniform, so needle distances cover the whole target.
+    """
+    tasks = settings.task_weight
+    return [
+        {"path": "builtin:stdlib", "weight": 1.0 - tasks},
+        {"task": "needle", "weight": tasks / 2, "min_length": original},
+        # Three key/value needles need ~2 windows with the prose template; the code templates fit shorter.
+        {"task": "multikey", "weight": tasks / 2, "distractors": 2, "min_length": 2 * original},
+    ]
+
+
+def finetune_recipe(settings: DemoSettings, original: int, target: int, run_dir: Path) -> Any:
+    """The demo's fine-tuning recipe (the mixture by default; plain code with ``settings.plain``).
+
+    Args:
+        settings: what to run.
+        original: the base model's window.
+        target: the extended length.
+        run_dir: the run's output folder.
+
+    Returns:
+        The validated :class:`ctxext.config.Recipe`.
+    """
     from ctxext.config import parse_recipe
 
+    # builtin:stdlib trains on the standard library's train split; the evaluation reads held-out files.
+    data: dict[str, Any] = {
+        "path": "builtin:stdlib",
+        "max_documents": settings.max_documents,
+        "validation_fraction": 0.05,
+    }
+    seq_len = target
+    train_extra: dict[str, Any] = {}
+    if not settings.plain:
+        data = {
+            "mixture": training_mixture(settings, original),
+            "short_fraction": settings.short_fraction,
+            "max_documents": settings.max_documents,
+            "validation_fraction": 0.05,
+        }
+        if settings.pose:
+            seq_len = min(target, settings.pose_seq_factor * original)
+            train_extra["pose"] = {"chunks": 2}
     return parse_recipe(
         {
             "model": {"path": settings.model},
             "rope": {"method": settings.method, "target_length": target},
             "quantization": {"mode": "nf4", "double_quant": True},
-            "lora": {"r": 16, "alpha": 32, "extra_trainable": ["embed_tokens", "norm"]},
-            # builtin:stdlib trains on the standard library's train split; the evaluation reads held-out files.
-            "data": {"path": "builtin:stdlib", "max_documents": settings.max_documents, "validation_fraction": 0.05},
+            "lora": {"r": settings.lora_r, "alpha": 2 * settings.lora_r, "extra_trainable": ["embed_tokens", "norm"]},
+            "data": data,
             "train": {
-                "seq_len": target,
+                "seq_len": seq_len,
                 "micro_batch_size": settings.micro_batch_size,
                 "max_steps": settings.train_steps,
                 "learning_rate": settings.learning_rate,
@@ -90,6 +146,7 @@ def _recipe(settings: DemoSettings, target: int, run_dir: Path) -> Any:
                 "save_every": max(1, settings.train_steps // 2),
                 "loss_chunk_size": 256,
                 "seed": 0,
+                **train_extra,
             },
             "output": {"dir": str(run_dir)},
         },
@@ -154,7 +211,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
         if run_dir.exists():
             shutil.rmtree(run_dir)
         console.print(f"[cyan]2/3[/] fine-tuning with nf4 QLoRA: {settings.train_steps} steps at {target} tokens")
-        run_training(_recipe(settings, target, run_dir), command=["ctxext", "demo"])
+        run_training(finetune_recipe(settings, original, target, run_dir), command=["ctxext", "demo"])
 
     # 4. One suite, three models, the same held-out data.
     report_dir = out / "report"
