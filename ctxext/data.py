@@ -19,6 +19,7 @@ Two ways to make training examples of ``seq_len`` tokens:
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,17 @@ def _stdlib_generator(paths: list[str]):
         yield {"text": Path(path).read_text(encoding="utf-8", errors="replace"), "source": path}
 
 
+@functools.lru_cache(maxsize=8)
+def _stdlib_paths(path: str) -> tuple[str, ...]:
+    # Listing the standard library walks thousands of files; a mixture reads the same source several
+    # times (blocks, short blocks, haystack), so the list is computed once per process.
+    from ctxext.builtin import stdlib_source_files
+
+    # Plain builtin:stdlib trains on the 90 % train split: the evaluator's held-out files stay unseen.
+    files = stdlib_source_files(path.removeprefix("builtin:"), default_split="train")
+    return tuple(str(p) for p in files if p.stat().st_size >= 1)
+
+
 def load_documents(path: str, text_field: str = "text", split: str = "train", name: str | None = None) -> Any:
     """Load the raw documents as a ``datasets.Dataset``.
 
@@ -85,14 +97,10 @@ def load_documents(path: str, text_field: str = "text", split: str = "train", na
     import datasets
 
     if path == BUILTIN_STDLIB or path.startswith(BUILTIN_STDLIB + "-"):
-        from ctxext.builtin import stdlib_source_files
-
         try:
-            # Plain builtin:stdlib trains on the 90 % train split: the evaluator's held-out files stay unseen.
-            files = stdlib_source_files(path.removeprefix("builtin:"), default_split="train")
+            paths = list(_stdlib_paths(path))
         except KeyError as exc:
             raise InputError(f"data.path: {exc.args[0]}") from None
-        paths = [str(p) for p in files if p.stat().st_size >= 1]
         # from_generator caches the result under a fingerprint of the generator and its arguments.
         ds = datasets.Dataset.from_generator(_stdlib_generator, gen_kwargs={"paths": paths})
         text_field_used = "text"

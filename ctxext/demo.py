@@ -90,9 +90,9 @@ def training_mixture(settings: DemoSettings, original: int) -> list[dict[str, An
     tasks = settings.task_weight
     return [
         {"path": "builtin:stdlib", "weight": 1.0 - tasks},
-        {"task": "needle", "weight": tasks / 2, "min_length": original},
-        # Three key/value needles need ~2 windows with the prose template; the code templates fit shorter.
-        {"task": "multikey", "weight": tasks / 2, "distractors": 2, "min_length": 2 * original},
+        # Templates 0-2 (code and comment forms) fit a 64-token window; the prose template 3 needs more.
+        {"task": "needle", "weight": tasks / 2, "min_length": original, "templates": [0, 1, 2]},
+        {"task": "multikey", "weight": tasks / 2, "distractors": 2, "min_length": 2 * original, "templates": [0, 1, 2]},
     ]
 
 

@@ -201,7 +201,15 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
             hay_path = source.haystack or next((s.path for s in sources if s.path), data.path)
             min_length = min(source.min_length or seq_len, seq_len)
             made = _task_rows(
-                key, source, tokenizer, _haystack(hay_path, tokenizer), count, seq_len, min_length, seed, stats
+                key,
+                source,
+                tokenizer,
+                _haystack(hay_path, tokenizer, count * seq_len),
+                count,
+                seq_len,
+                min_length,
+                seed,
+                stats,
             )
             entry.update(task=source.task, haystack=hay_path, answer_only=source.answer_only, samples=dict(stats))
         entry["tokens"] = count * seq_len
@@ -243,8 +251,10 @@ def _whole_path_source(data: Any) -> Any:
     return MixtureSource(path=data.path, weight=1.0, text_field=data.text_field)
 
 
-def _haystack(path: str, tokenizer: Any) -> Any:
+def _haystack(path: str, tokenizer: Any, tokens: int) -> Any:
     from ctxext.tasks import Haystack
 
+    # The rows never use more filler than their own tokens: a bigger haystack only costs tokenizing.
     docs = load_documents(path)
-    return Haystack.from_texts(tokenizer, (t for t in docs["text"] if t and t.strip()), HAYSTACK_MIN_TOKENS, path)
+    need = max(1, min(HAYSTACK_MIN_TOKENS, tokens))
+    return Haystack.from_texts(tokenizer, (t for t in docs["text"] if t and t.strip()), need, path)
