@@ -206,24 +206,21 @@ def make_samples(
     length: int,
     depth: float,
     settings: GridSettings,
-    template: int | Template = 0,
+    template: int | Template | list[int] = 0,
     options: dict[str, int] | None = None,
 ) -> list[TaskSample]:
-    """The ``trials`` samples of one cell (depth in percent), seeded by the cell alone."""
+    """The ``trials`` samples of one cell (depth in percent), seeded by the cell alone.
+
+    A list of template indices is cycled over the trials (trial ``t`` uses ``template[t % n]``).
+    """
     t = get_task(task)
-    tag = template if isinstance(template, int) else "custom"
-    return [
-        t.generate(
-            loaded.tokenizer,
-            haystack,
-            length,
-            depth / 100,
-            random.Random(f"{settings.seed}-{task}-{tag}-{length}-{depth:g}-{trial}"),
-            template=template,
-            **(options or {}),
-        )
-        for trial in range(settings.trials)
-    ]
+    out = []
+    for trial in range(settings.trials):
+        tpl = template[trial % len(template)] if isinstance(template, list) else template
+        tag = tpl if isinstance(tpl, int) else "custom"
+        rng = random.Random(f"{settings.seed}-{task}-{tag}-{length}-{depth:g}-{trial}")
+        out.append(t.generate(loaded.tokenizer, haystack, length, depth / 100, rng, template=tpl, **(options or {})))
+    return out
 
 
 def _score_generate(loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings) -> list[dict[str, Any]]:
@@ -263,7 +260,7 @@ def evaluate_task_grid(
     settings: GridSettings,
     task: str,
     haystack: Haystack,
-    template: int | Template = 0,
+    template: int | Template | list[int] = 0,
     options: dict[str, int] | None = None,
     show_progress: bool = True,
     label: str | None = None,
@@ -275,7 +272,8 @@ def evaluate_task_grid(
         settings: lengths, depths (percent), trials, seed, scoring.
         task: a registered task name (:func:`ctxext.tasks.task_names`).
         haystack: the filler.
-        template: a template index or a custom :class:`~ctxext.tasks.Template`.
+        template: a template index, a list of them (cycled over trials), or a custom
+            :class:`~ctxext.tasks.Template`.
         options: task options (e.g. ``{"distractors": 3}``).
         show_progress: draw a progress bar.
         label: the section name (default: the task name).
@@ -311,7 +309,7 @@ def evaluate_task_grid(
     return {
         "task": label or task,
         "registry_task": task,
-        "template": template if isinstance(template, int) else asdict(template),
+        "template": asdict(template) if isinstance(template, Template) else template,
         "options": dict(options or {}),
         "haystack": haystack.name,
         "scoring": settings.scoring,

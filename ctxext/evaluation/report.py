@@ -232,6 +232,9 @@ def render_markdown(report: dict[str, Any], plots: dict[str, str] | None = None)
         grid_models = [m for m in models if m.get(task)]
         if grid_models:
             lines += _grid_markdown(grid_models, task, title, plots)
+    ruler_models = [m for m in models if m.get("ruler")]
+    if ruler_models:
+        lines += _ruler_markdown(ruler_models, plots)
     qa_models = [m for m in models if m.get("qa")]
     if qa_models:
         lines += _qa_markdown(qa_models, plots)
@@ -358,6 +361,71 @@ def _scoring_note(models: list[dict[str, Any]], task: str) -> str:
     return "Scoring: " + "; ".join(SCORING_NOTES.get(k, k) for k in kinds) + ". Prompt + answer fit the length."
 
 
+def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
+    """The RULER-style section: score by task × length per model, and effective lengths side by side."""
+    first = models[0]["ruler"]
+    st = first["settings"]
+    ref = (
+        f"{st['threshold'] * 100:g} % of the model's own score at its original length"
+        if st["threshold_reference"] == "original"
+        else f"an absolute {st['threshold'] * 100:g} %"
+    )
+    lines = ["## RULER-style tasks", ""]
+    if "ruler" in plots:
+        lines += [f"![ruler]({plots['ruler']})", ""]
+    lines += [
+        f"Haystack: `{first['haystack']}`; depths {', '.join(f'{d:g}' for d in st['depths'])} %; {st['trials']} trials "
+        f"per cell; templates: {st['templates']}. {_scoring_note([{'r': first}], 'r')} Effective length: the longest "
+        f"length up to which every evaluated length scores ≥ {ref} (RULER). Cells: accuracy % over all depths "
+        "(trials); ✱ the model was fine-tuned on this task; † beyond the model's context.",
+        "",
+    ]
+    names = [m["name"] for m in models]
+    tasks = list(first["tasks"])
+    rows = []
+    for t in tasks:
+        row = [t]
+        for m in models:
+            e = m["ruler"]["tasks"].get(t, {}).get("effective_length", {})
+            trained = t in (m["ruler"].get("trained_tasks") or []) or (
+                m["ruler"]["tasks"].get(t, {}).get("registry_task") in (m["ruler"].get("trained_tasks") or [])
+            )
+            row.append(_eff(e) + (" ✱" if trained else ""))
+        rows.append(row)
+    rows.append(["**mean over tasks**"] + [_eff(m["ruler"]["effective_length"]) for m in models])
+    lines += ["### Effective length", ""]
+    lines += _table(["task"] + names, rows)
+    for m in models:
+        r = m["ruler"]
+        lengths = [str(L) for L in r["settings"]["lengths"]]
+        lines += [f"### {m['name']}", ""]
+        body = []
+        for t, res in r["tasks"].items():
+            row = [t + (" ✱" if res.get("registry_task") in (r.get("trained_tasks") or []) else "")]
+            for L in lengths:
+                bl = res["by_length"].get(L)
+                cell = next((c for c in res["cells"] if str(c["length"]) == L), {})
+                row.append(
+                    "–"
+                    if bl is None
+                    else f"{bl['accuracy'] * 100:.0f} ({bl['trials']}){' †' if cell.get('beyond_context') else ''}"
+                )
+            body.append(row)
+        body.append(["**mean**"] + [f"{r['mean_by_length'][L] * 100:.0f}" for L in lengths])
+        header = [f"{L}{' (orig.)' if int(L) == r['original_length'] else ''}" for L in lengths]
+        lines += _table(["task \\ length", *header], body)
+    return lines
+
+
+def _eff(e: dict[str, Any]) -> str:
+    if not e:
+        return "–"
+    if e.get("length") is None:
+        return f"none ({e.get('note') or 'below threshold'})"
+    bar = e.get("threshold")
+    return f"{e['length']}" + (f" (≥ {bar * 100:.0f} %)" if bar is not None else "")
+
+
 def _qa_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
     names = [m["name"] for m in models]
     lines = ["## Long-document QA", ""]
@@ -458,6 +526,9 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
         grid = [m for m in models if m.get(task)]
         if grid:
             written[task] = _heatmap(plt, grid, task, folder)
+    ruler = [m for m in models if m.get("ruler")]
+    if ruler:
+        written["ruler"] = _ruler_heatmap(plt, ruler, folder)
 
     qa = [m for m in models if m.get("qa")]
     if qa:
@@ -500,6 +571,38 @@ def _heatmap(plt: Any, models: list[dict[str, Any]], task: str, folder: Path) ->
     fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     fig.suptitle("Passkey retrieval" if task == "passkey" else "Needle in a haystack")
     return _save(fig, folder, f"{task}_heatmap.png", tight=False)
+
+
+def _ruler_heatmap(plt: Any, models: list[dict[str, Any]], folder: Path) -> str:
+    """Tasks × lengths accuracy per model, the effective length of each task marked by a black frame."""
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    fig, axes = plt.subplots(
+        1, len(models), figsize=(3.2 * len(models) + 2, 0.45 * len(models[0]["ruler"]["tasks"]) + 2.2), squeeze=False,
+        constrained_layout=True,
+    )
+    image = None
+    for ax, m in zip(axes[0], models, strict=True):
+        r = m["ruler"]
+        tasks = list(r["tasks"])
+        lengths = [str(L) for L in r["settings"]["lengths"]]
+        grid = np.array([[r["scores"][t].get(L, np.nan) for L in lengths] for t in tasks], dtype=float)
+        image = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+        for i, t in enumerate(tasks):
+            eff = r["tasks"][t]["effective_length"].get("length")
+            if eff is not None and str(eff) in lengths:
+                j = lengths.index(str(eff))
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
+            for j in range(len(lengths)):
+                ax.text(j, i, f"{grid[i, j] * 100:.0f}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(len(lengths)), lengths, rotation=45)
+        ax.set_yticks(range(len(tasks)), tasks)
+        ax.set_xlabel("length (tokens)")
+        ax.set_title(m["name"])
+    fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
+    fig.suptitle("RULER-style tasks (frame: effective length)")
+    return _save(fig, folder, "ruler_heatmap.png", tight=False)
 
 
 def _save(fig: Any, folder: Path, name: str, tight: bool = True) -> str:

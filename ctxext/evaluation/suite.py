@@ -76,6 +76,35 @@ class NeedleSuiteTask(GridTask):
     answer: str | None = None
 
 
+TemplateChoice = Literal["heldout", "training", "all"] | list[int]
+
+
+class RulerTaskEntry(_Section):
+    """One task of the RULER-style section."""
+
+    task: str = Field(description="a registered task: needle, multikey, multivalue, multiquery, variable_tracking, …")
+    name: str | None = Field(default=None, description="label in the report (default: the task name)")
+    options: dict[str, int] = Field(default_factory=dict, description="task options, e.g. {distractors: 3}")
+    templates: TemplateChoice | None = None
+
+
+class RulerSection(_Section):
+    """RULER-style synthetic tasks × lengths × depths, with effective length."""
+
+    tasks: list[RulerTaskEntry]
+    lengths: list[Length] = Field(default_factory=lambda: ["1x", "2x", "4x"])
+    depths: list[float] = Field(default_factory=lambda: [10, 50, 90])
+    trials: int = Field(default=10, gt=0)
+    seed: int = 0
+    haystack: str = Field(default="builtin:stdlib", description="haystack text source, or noise")
+    text_field: str = "text"
+    split: str = "test"
+    templates: TemplateChoice = "heldout"
+    threshold: float = Field(default=0.85, gt=0, le=1)
+    threshold_reference: Literal["original", "absolute"] = "original"
+    scoring: Literal["teacher-forced", "generate"] = "teacher-forced"
+
+
 class QATask(_Section):
     """A long-document QA task."""
 
@@ -101,6 +130,7 @@ class Suite(_Section):
     passkey: GridTask | None = None
     needle: NeedleSuiteTask | None = None
     qa: QATask | None = None
+    ruler: RulerSection | None = None
 
 
 def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -146,19 +176,43 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
         problems = "\n".join(f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise InputError(f"invalid suite {path}:\n{problems}") from None
     _resolve_paths(suite, p.resolve().parent)
-    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa)):
-        raise InputError(f"suite {path} names no task (perplexity, passkey, needle, qa)")
+    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa, suite.ruler)):
+        raise InputError(f"suite {path} names no task (perplexity, passkey, needle, qa, ruler)")
+    if suite.ruler:
+        # Unknown tasks, options or templates fail now, before any model is loaded.
+        ruler_settings(suite.ruler, [1], False).validate()
     return suite, raw
+
+
+def ruler_settings(section: RulerSection, lengths: list[int], allow_beyond: bool) -> Any:
+    """The :class:`~ctxext.evaluation.ruler.RulerSettings` of a suite's ``ruler`` section."""
+    from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec
+
+    return RulerSettings(
+        tasks=[RulerTaskSpec(t.task, t.name, dict(t.options), t.templates) for t in section.tasks],
+        lengths=lengths,
+        depths=list(section.depths),
+        trials=section.trials,
+        seed=section.seed,
+        haystack=section.haystack,
+        text_field=section.text_field,
+        split=section.split,
+        templates=section.templates,
+        threshold=section.threshold,
+        threshold_reference=section.threshold_reference,
+        scoring=section.scoring,
+        allow_beyond_context=allow_beyond,
+    )
 
 
 def _resolve_paths(suite: Suite, folder: Path) -> None:
     # Data paths in a suite may be relative to the working folder, the suite's folder or its parent.
-    for task, key in (("perplexity", "data"), ("needle", "haystack"), ("qa", "data")):
+    for task, key in (("perplexity", "data"), ("needle", "haystack"), ("qa", "data"), ("ruler", "haystack")):
         section = getattr(suite, task)
         if section is None:
             continue
         value = getattr(section, key)
-        if value.startswith("builtin:") or Path(value).exists():
+        if value.startswith("builtin:") or value == "noise" or Path(value).exists():
             continue
         for base in (folder, folder.parent):
             if (base / value).exists():
@@ -269,12 +323,19 @@ def run_suite(
         plan["passkey"] = lengths_of(suite.passkey.lengths, "passkey")
     if suite.needle:
         plan["needle"] = lengths_of(suite.needle.lengths, "needle")
+    if suite.ruler:
+        plan["ruler"] = lengths_of(suite.ruler.lengths, "ruler")
 
     entries = []
     for i, spec in enumerate(specs):
         loaded = load_model(spec, device=device)
         beyond_ok = allow or (allow_beyond_for is not None and i in allow_beyond_for) or loaded.context_length < context
         entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
+        if "ruler" in entry:
+            from ctxext.evaluation.ruler import trained_tasks
+
+            # Marks the tasks this model was fine-tuned on (from a run folder's recipe data.mixture).
+            entry["ruler"]["trained_tasks"] = trained_tasks(spec.adapter or spec.ref)
         entries.append(entry)
         del loaded
         gc.collect()
@@ -288,6 +349,8 @@ def run_suite(
         data["needle"] = describe_source(suite.needle.haystack, suite.needle.text_field, suite.needle.split)
     if suite.qa:
         data["qa"] = describe_source(suite.qa.data, split=suite.qa.split)
+    if suite.ruler and suite.ruler.haystack != "noise":
+        data["ruler"] = describe_source(suite.ruler.haystack, suite.ruler.text_field, suite.ruler.split)
     suite_info = {
         "name": suite.name,
         "path": suite_path,
@@ -345,6 +408,10 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
                 if getattr(t, name):
                     setattr(needle, name, getattr(t, name))
             entry[task] = evaluate_needle(loaded, grid, needle, show)
+    if suite.ruler:
+        from ctxext.evaluation.ruler import evaluate_ruler
+
+        entry["ruler"] = evaluate_ruler(loaded, ruler_settings(suite.ruler, plan["ruler"], beyond_ok), show)
     if suite.qa:
         from ctxext.evaluation.qa import QA_TEMPLATE, QASettings, evaluate_qa
 
