@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 
 from ctxext.errors import InputError
@@ -157,7 +157,11 @@ def finetune_recipe(settings: DemoSettings, original: int, target: int, run_dir:
 def _suite(settings: DemoSettings) -> Any:
     from ctxext.evaluation.suite import load_suite
 
-    overrides = [f"needle.trials={settings.trials}", f"perplexity.max_docs={settings.max_docs}"]
+    overrides = [
+        f"needle.trials={settings.trials}",
+        f"ruler.trials={settings.trials}",
+        f"perplexity.max_docs={settings.max_docs}",
+    ]
     if settings.trials < 5:
         overrides.append("perplexity.resamples=200")
     suite, _ = load_suite(SUITE, overrides)
@@ -253,8 +257,8 @@ def _acc(grid: dict[str, Any] | None, length: int) -> str:
     return f"{100 * cell['accuracy']:.0f}%\n[dim]{100 * cell['ci_low']:.0f}–{100 * cell['ci_high']:.0f}%[/]"
 
 
-def comparison_table(report: dict[str, Any], original: int, target: int) -> Table:
-    """The demo's summary: one row per model.
+def comparison_table(report: dict[str, Any], original: int, target: int) -> Group:
+    """The demo's summary: a perplexity table and a retrieval table, one row per model each.
 
     Args:
         report: an evaluation report (``ctxext.eval.report/v1``).
@@ -262,31 +266,38 @@ def comparison_table(report: dict[str, Any], original: int, target: int) -> Tabl
         target: the extended length.
 
     Returns:
-        A rich table.
+        A rich renderable (two tables, each narrow enough for an 80-column terminal).
     """
-    table = Table(
-        title=f"window {original} → {target} tokens, held-out stdlib files",
-        caption="base = unpatched (†: past its window); second lines: 95% CIs; needle = in-domain key retrieval",
+    ppl_table = Table(
+        title=f"window {original} → {target} tokens, held-out stdlib files: perplexity",
+        caption="base = unpatched (†: past its window); second lines: 95% CIs",
     )
-    for col in (
-        "model",
-        f"ppl@{original}",
-        f"ppl@{target}",
-        f"ppl pos≥{target - target // 8}",
-        f"needle@{original}",
-        f"needle@{target}",
-    ):
-        table.add_column(col, no_wrap=True)
+    for col in ("model", f"ppl@{original}", f"ppl@{target}", f"ppl pos≥{target - target // 8}"):
+        ppl_table.add_column(col, no_wrap=True)
+    ret_table = Table(
+        title="key retrieval (teacher-forced)",
+        caption="needle: KEY_xy = 12345 hidden in code, asked after `assert KEY_xy ==`; 2 keys: two other keys "
+        "hidden too; new form: xy_id = 12345, never trained on. Second lines: 95% CIs",
+    )
+    for col in ("model", f"needle@{original}", f"needle@{target}", f"2 keys@{target}", f"new form@{target}"):
+        ret_table.add_column(col, no_wrap=True)
     for model in report.get("models", []):
         ppl = model.get("perplexity") or {}
         by_length = ppl.get("by_length", {})
         buckets = ppl.get("by_bucket") or []
-        table.add_row(
-            model.get("name", "?"),
+        ruler = (model.get("ruler") or {}).get("tasks", {})
+        name = model.get("name", "?")
+        ppl_table.add_row(
+            name,
             _ppl(by_length.get(str(original))),
             _ppl(by_length.get(str(target))),
             _ppl(buckets[-1]) if buckets else "-",
+        )
+        ret_table.add_row(
+            name,
             _acc(model.get("needle"), original),
             _acc(model.get("needle"), target),
+            _acc(ruler.get("multikey-2"), target),
+            _acc(ruler.get("needle-heldout-form"), target),
         )
-    return table
+    return Group(ppl_table, ret_table)
