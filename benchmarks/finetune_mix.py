@@ -12,8 +12,10 @@ same number of optimizer steps and rows for every arm:
 
 Every model is evaluated on held-out stdlib files, teacher-forced (:mod:`ctxext.evaluation.answer_scoring`):
 ``needle`` with the template it was trained on (t0, the demo's ``KEY_xy = …``) and with the held-out
-template t4 (``xy_id = …``), by length and depth; ``multikey`` with 2 distractor keys (t4, held out) at the
-target; perplexity at the original length and at the target on the same documents. Paired statistics
+template t4 (``xy_id = …``), by length and depth; ``multikey`` with 2 distractor keys at the
+target (the trained form t0; the grown model retrieves no other form even inside its window, so t4
+multi-key would read 0 % for every model); perplexity at the original length and at the target on the
+same documents, and the unpatched base's perplexity at the original length. Paired statistics
 against YaRN training-free: exact McNemar on the same trials (retrieval) and a paired bootstrap of the
 NLL difference over documents (perplexity). Training time and peak memory (each run in its own process,
 peak RSS) are reported per arm.
@@ -120,28 +122,30 @@ def evaluate(path: str, name: str, args: argparse.Namespace, docs: list[Any], ha
 
     from ctxext.evaluation.loading import ModelSpec, load_model
     from ctxext.evaluation.passkey import GridSettings, evaluate_task_grid
-    from ctxext.evaluation.perplexity import token_nll
 
     loaded = load_model(ModelSpec(path, name=name), device="cpu")
+    if name == "base":  # the unpatched model: only its own window (the original-length ppl reference)
+        return {"name": name, "doc_nll": {str(args.original): _doc_nll(loaded, docs, args.original)}}
     orig, target = args.original, args.original * args.factor
     out: dict[str, Any] = {"name": name}
     grid = GridSettings(lengths=[orig, target], depths=DEPTHS, trials=args.trials, seed=1234)
     out["needle_t0"] = evaluate_task_grid(loaded, grid, "needle", hay, template=0, show_progress=False)
     out["needle_t4"] = evaluate_task_grid(loaded, grid, "needle", hay, template=4, show_progress=False)
     far = GridSettings(lengths=[target], depths=DEPTHS, trials=args.trials, seed=4321)
-    out["multikey2_t4"] = evaluate_task_grid(
-        loaded, far, "multikey", hay, template=4, options={"distractors": 2}, show_progress=False
+    out["multikey2_t0"] = evaluate_task_grid(
+        loaded, far, "multikey", hay, template=0, options={"distractors": 2}, show_progress=False
     )
-    nll: dict[str, list[float]] = {}
-    for length in (orig, target):
-        sums = []
-        for ids in docs:
-            sums.append(float(token_nll(loaded.model, ids[:length].unsqueeze(0))[0].sum()))
-        nll[str(length)] = sums
-    out["doc_nll"] = nll
+    out["doc_nll"] = {str(length): _doc_nll(loaded, docs, length) for length in (orig, target)}
     del loaded
     torch.cuda.empty_cache() if torch.cuda.is_available() else None
     return out
+
+
+def _doc_nll(loaded: Any, docs: list[Any], length: int) -> list[float]:
+    """Per-document NLL sums of the first ``length`` tokens (the same tokens for every model)."""
+    from ctxext.evaluation.perplexity import token_nll
+
+    return [float(token_nll(loaded.model, ids[:length].unsqueeze(0))[0].sum()) for ids in docs]
 
 
 def flat_outcomes(grid: dict[str, Any], length: int | None = None) -> list[int]:
@@ -149,27 +153,31 @@ def flat_outcomes(grid: dict[str, Any], length: int | None = None) -> list[int]:
     return [o for c in grid["cells"] if length is None or c["length"] == length for o in c["outcomes"]]
 
 
-def compare(results: dict[str, Any], ref: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """Paired statistics of one model against the reference (YaRN training-free)."""
+def _ppl_ratio(a_sums: list[float], b_sums: list[float], n: int) -> dict[str, Any]:
+    """ppl(a) / ppl(b) on the same documents, with its 95 % paired-bootstrap interval."""
     import numpy as np
 
     from ctxext.evaluation.stats import bootstrap_mean_diff
 
+    a, b = np.array(a_sums), np.array(b_sums)
+    cnt = np.full(len(a), n, dtype=float)
+    low, high = bootstrap_mean_diff(a, b, cnt, resamples=2000, seed=0)
+    return {"ratio": math.exp((a.sum() - b.sum()) / cnt.sum()), "ratio_ci": [math.exp(low), math.exp(high)]}
+
+
+def compare(
+    results: dict[str, Any], ref: dict[str, Any], base: dict[str, Any], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Paired statistics of one model against the reference (YaRN training-free) and the unpatched base."""
     target = args.original * args.factor
     stats: dict[str, Any] = {}
-    for key in ("needle_t0", "needle_t4", "multikey2_t4"):
+    for key in ("needle_t0", "needle_t4", "multikey2_t0"):
         a, b = flat_outcomes(results[key], target), flat_outcomes(ref[key], target)
         stats[f"{key}@{target}"] = mcnemar_exact(a, b)
-    counts = {str(args.original): args.original - 1, str(target): target - 1}
-    for length, n in counts.items():
-        a = np.array(results["doc_nll"][length])
-        b = np.array(ref["doc_nll"][length])
-        cnt = np.full(len(a), n, dtype=float)
-        low, high = bootstrap_mean_diff(a, b, cnt, resamples=2000, seed=0)
-        stats[f"ppl@{length}"] = {
-            "ratio": math.exp((a.sum() - b.sum()) / cnt.sum()),
-            "ratio_ci": [math.exp(low), math.exp(high)],
-        }
+    for length in (args.original, target):
+        stats[f"ppl@{length}"] = _ppl_ratio(results["doc_nll"][str(length)], ref["doc_nll"][str(length)], length - 1)
+    o = str(args.original)
+    stats["ppl_vs_base"] = _ppl_ratio(results["doc_nll"][o], base["doc_nll"][o], args.original - 1)
     return stats
 
 
@@ -185,10 +193,11 @@ def markdown(payload: dict[str, Any]) -> str:
     orig, target = args["original"], args["original"] * args["factor"]
     lines = [
         f"### ×{args['factor']} ({orig} → {target} tokens), {args['steps']} steps × {args['micro_batch_size']} rows, "
-        f"{args['trials']} trials per cell, held-out stdlib files",
+        f"{args['trials']} trials per cell, held-out stdlib files; unpatched base ppl@{orig}: "
+        f"{payload['base_ppl_original']:.2f}",
         "",
         f"| model | seed | seq_len | train s | peak MB | needle t0 @{orig} | needle t0 @{target} min-depth | "
-        f"needle t0 @{target} | needle t4 (held-out) @{target} | multikey-2 t4 @{target} | ppl@{orig} | "
+        f"needle t0 @{target} | needle t4 (held-out) @{target} | multikey-2 t0 @{target} | ppl@{orig} | "
         f"ppl@{target} |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -206,19 +215,21 @@ def markdown(payload: dict[str, Any]) -> str:
             f"| {m['arm']} | {t.get('seed', '-')} | {t.get('seq_len', '-')} | {t.get('train_seconds', '-')} | "
             f"{round(t['peak_mem_mb']) if t else '-'} | {acc(r['needle_t0'], orig)} | "
             f"{100 * worst['accuracy']:.0f}% @d{worst['depth']:g} (LB {100 * worst['ci_low']:.0f}) | "
-            f"{acc(r['needle_t0'], target)} | {acc(r['needle_t4'], target)} | {acc(r['multikey2_t4'], target)} | "
+            f"{acc(r['needle_t0'], target)} | {acc(r['needle_t4'], target)} | {acc(r['multikey2_t0'], target)} | "
             f"{ppl(r, orig):.2f} | {ppl(r, target):.2f} |"
         )
     lines += ["", "Paired against YaRN training-free (McNemar exact p; ppl ratio with 95 % paired-bootstrap CI):", ""]
-    lines.append(f"| model | seed | needle t0 @{target} | needle t4 @{target} | multikey-2 @{target} | "
-                 f"ppl@{orig} ratio | ppl@{target} ratio |")
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append(
+        f"| model | seed | needle t0 @{target} | needle t4 @{target} | multikey-2 @{target} | "
+        f"ppl@{orig} ratio | ppl@{target} ratio | ppl@{orig} / unpatched base's |"
+    )
+    lines.append("|---|---|---|---|---|---|---|---|")
     for m in payload["models"]:
         if "stats" not in m:
             continue
         s = m["stats"]
-        mc = [s[f"{key}@{target}"] for key in ("needle_t0", "needle_t4", "multikey2_t4")]
-        pr = [s[f"ppl@{length}"] for length in (orig, target)]
+        mc = [s[f"{key}@{target}"] for key in ("needle_t0", "needle_t4", "multikey2_t0")]
+        pr = [s[f"ppl@{length}"] for length in (orig, target)] + [s["ppl_vs_base"]]
         lines.append(
             f"| {m['arm']} | {m['train']['seed']} | "
             + " | ".join(f"+{x['only_this']}/−{x['only_reference']}, p={x['p_value']:.2g}" for x in mc)
@@ -269,15 +280,21 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(patched)
     docs = tokenize_documents(iter_texts("builtin:stdlib"), tok, target, args.docs).ids
     hay = Haystack.from_texts(tok, iter_texts("builtin:stdlib"), 200_000, "builtin:stdlib")
+    base = evaluate(args.model, "base", args, docs, hay)
     ref = evaluate(str(patched), "yarn", args, docs, hay)
     models: list[dict[str, Any]] = [{"arm": "yarn (training-free)", "eval": ref}]
+    print(f"unpatched base: ppl@{args.original} {ppl(base, args.original):.2f}", flush=True)
     for seed in [int(s) for s in args.seeds.split(",")]:
         for arm in args.arms.split(","):
             info = train_arm(arm, seed, args, out)
             print(f"trained {arm} seed {seed}: {info['train_seconds']} s, {info['peak_mem_mb']:.0f} MB", flush=True)
             result = evaluate(info["run_dir"], arm, args, docs, hay)
-            models.append({"arm": arm, "train": info, "eval": result, "stats": compare(result, ref, args)})
-            payload = {"settings": {**vars(args), "out": str(args.out), "md": str(args.md)}, "models": models}
+            models.append({"arm": arm, "train": info, "eval": result, "stats": compare(result, ref, base, args)})
+            payload = {
+                "settings": {**vars(args), "out": str(args.out), "md": str(args.md)},
+                "base_ppl_original": ppl(base, args.original),
+                "models": models,
+            }
             (out / "results.json").write_text(json.dumps(payload, indent=1, default=str))
             print(markdown(payload), flush=True)
     text = markdown(payload)
