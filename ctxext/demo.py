@@ -5,7 +5,9 @@ a 64-token window (``benchmarks/grow_base.py``). The demo
 
 1. evaluates it unpatched at 4× its window (the failure context extension exists to fix),
 2. extends it 4× with YaRN, training-free (``ctxext extend``),
-3. fine-tunes the extended model with nf4 QLoRA on long training-split source files (``ctxext train``),
+3. fine-tunes the extended model with nf4 QLoRA (``ctxext train``) on a training mixture: training-split
+   source files, synthetic key/value retrieval tasks on them (``ctxext.tasks``) and short blocks at the
+   original window (``--plain``: source files only, the comparison),
 4. evaluates all three on held-out files with the same suite (``eval/demo.yaml``): perplexity by
    length and position bucket, the context-use curve, and in-domain needle retrieval by depth
    (``KEY_xy = 68310`` hidden in code, retrieved after ``assert KEY_xy ==``),
@@ -206,19 +208,21 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
     else:
         console.print(f"[cyan]1/3[/] extended model cached: {patched}")
 
-    # 3. nf4 QLoRA fine-tune of the extended model on long training-split files.
-    run_dir = out / "finetuned"
+    # 3. nf4 QLoRA fine-tune of the extended model: the retrieval mixture, or plain code (--plain).
+    kind = "plain" if settings.plain else "mix"
+    run_dir = out / ("finetuned-plain" if settings.plain else "finetuned")
     try:
         read_run(run_dir)
         console.print(f"[cyan]2/3[/] fine-tuned run cached: {run_dir}")
     except InputError:
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        console.print(f"[cyan]2/3[/] fine-tuning with nf4 QLoRA: {settings.train_steps} steps at {target} tokens")
+        what = "plain code" if settings.plain else "code + retrieval tasks + short blocks"
+        console.print(f"[cyan]2/3[/] fine-tuning with nf4 QLoRA on {what}: {settings.train_steps} steps")
         run_training(finetune_recipe(settings, original, target, run_dir), command=["ctxext", "demo"])
 
     # 4. One suite, three models, the same held-out data.
-    report_dir = out / "report"
+    report_dir = out / ("report-plain" if settings.plain else "report")
     report_file = report_dir / "report.json"
     if report_file.is_file():
         console.print(f"[cyan]3/3[/] report cached: {report_file}")
@@ -228,7 +232,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
         specs = [
             ModelSpec(settings.model, name="base"),
             ModelSpec(str(patched), name=f"{settings.method}×{settings.factor}"),
-            ModelSpec(str(run_dir), name=f"{settings.method}×{settings.factor}+QLoRA"),
+            ModelSpec(str(run_dir), name=f"{settings.method}×{settings.factor}+QLoRA {kind}"),
         ]
         report = run_suite(
             _suite(settings), specs, report_dir, suite_path=str(SUITE), allow_beyond_for={0}, command="ctxext demo"
