@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from _train_helpers import write_recipe
 
 from ctxext.config import RecipeError, load_recipe, parse_recipe
