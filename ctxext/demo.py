@@ -66,7 +66,7 @@ class DemoSettings:
     micro_batch_size: int = 8
     learning_rate: float = 1e-3
     max_documents: int = 400
-    trials: int = 10
+    trials: int = 50
     max_docs: int = 24
     fresh: bool = False
     plain: bool = False
