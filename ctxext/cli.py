@@ -664,12 +664,15 @@ def demo(
     steps: Annotated[int | None, typer.Option(help="QLoRA steps (default 120; 6 with --quick)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a reduced setting (CI): same steps, little work")] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="recompute every step instead of reusing --out")] = False,
+    plain: Annotated[
+        bool, typer.Option("--plain", help="fine-tune on plain code only, not the retrieval mixture (comparison)")
+    ] = False,
 ) -> None:
     """Grown model → evaluate unpatched at 4× → extend with YaRN → nf4 QLoRA → evaluate all three, compared."""
     from ctxext.demo import DemoSettings, run_demo
 
     settings = DemoSettings.quick(out) if quick else DemoSettings(out=out)
-    settings.model, settings.method, settings.fresh = model, method, fresh
+    settings.model, settings.method, settings.fresh, settings.plain = model, method, fresh, plain
     if steps is not None:
         settings.train_steps = steps
     run_demo(settings, console)
