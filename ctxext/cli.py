@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from ctxext.console import EXIT_BAD_INPUT, EXIT_FAILED, console, err_console, friendly_errors
 
 app = typer.Typer(
     name="ctxext",
@@ -20,56 +19,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-# Exit codes: 2 for bad input (recipe, options, paths), 1 for a failure while working.
-EXIT_BAD_INPUT = 2
-EXIT_FAILED = 1
-
-
-def _print_error(exc: BaseException) -> None:
-    # One unwrapped line per message line (paths and commands in it stay copyable), no markup parsing.
-    from rich.markup import escape
-
-    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
-
-
-def friendly_errors(fn: F) -> F:
-    """Turn ctxext's user-facing errors into a red message and an exit code, without a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from ctxext.config import RecipeError
-        from ctxext.rope import RopeError
-        from ctxext.sources import SourceError
-
-        try:
-            return fn(*args, **kwargs)
-        except RecipeError as exc:
-            err_console.print(f"[bold red]invalid recipe[/] {exc.source}: {len(exc.problems)} problem(s)")
-            for key, msg in exc.problems:
-                err_console.print(f"  [yellow]{key}[/]: {msg}")
-            raise typer.Exit(EXIT_BAD_INPUT) from None
-        except (RopeError, SourceError, FileExistsError, FileNotFoundError) as exc:
-            _print_error(exc)
-            raise typer.Exit(EXIT_BAD_INPUT) from None
-        except KeyboardInterrupt:
-            err_console.print("[bold red]interrupted[/]")
-            raise typer.Exit(130) from None
-        except Exception as exc:
-            # Errors of the later stages (training, evaluation, hub) subclass CtxextError.
-            from ctxext.errors import CtxextError
-
-            if isinstance(exc, CtxextError):
-                _print_error(exc)
-                raise typer.Exit(exc.exit_code) from None
-            raise
-
-    return wrapper  # type: ignore[return-value]
-
 
 # ------------------------------------------------------------------------------------------------
 # Core commands: inspect, extend, validate, methods
@@ -312,7 +261,21 @@ def train(
         from ctxext.search.recipe import search_before_training
 
         parsed = search_before_training(parsed, log=lambda line: console.print(line, markup=False, highlight=False))
-    run_training(parsed, resume=resume, command=list(sys.argv))
+    result = run_training(parsed, resume=resume, command=list(sys.argv))
+    if result.model is not None:  # the main process: evaluate, then publish, as the recipe asks
+        _after_training(result.run_dir, parsed)
+
+
+def _after_training(run_dir: Path, recipe: Any) -> None:
+    """The recipe's eval suite, then its Hub push: the CLI chains these workflows, training does not."""
+    if recipe.eval.suite:
+        from ctxext.evaluation.suite import run_suite_for_run
+
+        run_suite_for_run(run_dir, recipe)
+    if recipe.hub.push:
+        from ctxext.hub import push_run
+
+        push_run(run_dir, recipe.hub)
 
 
 # ------------------------------------------------------------------------------------------------

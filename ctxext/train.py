@@ -679,8 +679,6 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     if cfg.tracker != "none":
         accelerator.end_training()
     accelerator.print(f"run complete: {out} (train loss {last_loss:.4f}, val loss {last_val})")
-    if main:
-        _after_training(out, recipe)
     unwrapped = accelerator.unwrap_model(model).peft_model.eval() if main else None
     return TrainResult(run_dir=out, model=unwrapped, run=dict(run))
 
@@ -736,26 +734,6 @@ def _write_outputs(out: Path, peft_model: Any, state_dict: dict, loaded: Any, pl
             shutil.rmtree(target)
         os.replace(item, target)
     stage.rmdir()
-
-
-def _after_training(out: Path, recipe: Recipe) -> None:
-    """The recipe's eval suite and Hub push, written by their own modules; skipped with a warning if absent."""
-    from ctxext.cli import err_console
-
-    if recipe.eval.suite:
-        try:
-            from ctxext.evaluation.suite import run_suite_for_run
-        except ImportError:
-            err_console.print("[yellow]warning:[/] eval.suite is set but ctxext.evaluation.suite is not available")
-        else:
-            run_suite_for_run(out, recipe)
-    if recipe.hub.push:
-        try:
-            from ctxext.hub import push_run
-        except ImportError:
-            err_console.print("[yellow]warning:[/] hub.push is set but ctxext.hub is not available")
-        else:
-            push_run(out, recipe.hub)
 
 
 def run_summary(run_dir: str | Path) -> str:

@@ -233,7 +233,7 @@ def test_preflight_plans_a_cpu_run_against_ram(tiny_model_dir):
 
 
 def test_train_preflight_warns_without_strict(tiny_model_dir, capsys):
-    from ctxext.cli import _preflight
+    from ctxext.cli import _memory_preflight as _preflight
 
     big = [f"model.path={tiny_model_dir}", "rope.target_length=16777216", "train.seq_len=16777216"]
     _preflight(load_recipe("recipes/tiny-cpu.yaml", big), strict=False)  # returns: the run would go on

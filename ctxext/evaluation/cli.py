@@ -90,7 +90,7 @@ def _run(
     reference: str | None = None,
 ) -> dict[str, Any]:
     from ctxext.atomic import check_inputs_outside, check_output
-    from ctxext.cli import console
+    from ctxext.console import console
     from ctxext.evaluation.loading import load_model, parse_model_specs
     from ctxext.evaluation.report import REPORT_KIND, build_report, model_entry, write_report
 
@@ -121,7 +121,7 @@ def _run(
 def _print_summary(report: dict[str, Any], out: Path) -> None:
     from rich.table import Table
 
-    from ctxext.cli import console
+    from ctxext.console import console
 
     for m in report["models"]:
         if m.get("perplexity"):
@@ -176,7 +176,7 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
 
 
 def _print_comparisons(comp: dict[str, Any] | None) -> None:
-    from ctxext.cli import console
+    from ctxext.console import console
 
     if not comp or not comp["comparisons"]:
         return
@@ -202,7 +202,7 @@ def _print_comparisons(comp: dict[str, Any] | None) -> None:
 
 
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    from ctxext.cli import friendly_errors
+    from ctxext.console import friendly_errors
 
     return friendly_errors(fn)
 
@@ -510,7 +510,7 @@ def run_cmd(
         reference=reference,
     )
     for note in report["suite"]["notes"]:
-        from ctxext.cli import console
+        from ctxext.console import console
 
         console.print(f"[yellow]note:[/] {note}")
     _print_summary(report, out)
