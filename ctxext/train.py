@@ -41,9 +41,12 @@ from ctxext.atomic import check_output
 from ctxext.config import Recipe, dump_recipe
 from ctxext.errors import CtxextError, InputError
 from ctxext.losses import chunked_cross_entropy
+from ctxext.rows import build_inputs, shifted_labels
 from ctxext.runfolder import RUN_FILE, read_run
 from ctxext.sources import resolve_model_path
 from ctxext.weights import check_fingerprint, check_weights_readable, fingerprint
+
+__all__ = ["CausalLMWithChunkedLoss", "TrainResult", "micro_batches", "shifted_labels", "train"]
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
@@ -128,25 +131,27 @@ class CausalLMWithChunkedLoss(torch.nn.Module):
         self.peft_model = peft_model
         self.chunk_size = chunk_size
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed next-token loss and the number of scored tokens (``labels`` are already shifted)."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed next-token loss and the number of scored tokens (``labels`` are already shifted).
+
+        ``position_ids`` / ``attention_mask`` come from :func:`ctxext.rows.build_inputs` (PoSE, packed
+        documents); ``None`` is the model's default causal path.
+        """
         base = self.peft_model.get_base_model()
-        hidden = base.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+        hidden = base.base_model(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state
         head = base.get_output_embeddings()
         total = chunked_cross_entropy(
             hidden, head.weight, labels, bias=head.bias, chunk_size=self.chunk_size, reduction="sum"
         )
         return total, (labels != -100).sum()
-
-
-def shifted_labels(input_ids: torch.Tensor) -> torch.Tensor:
-    """Labels aligned with positions (position t is scored on token t+1; the last is ignored).
-
-    Shifting before the forward keeps the loss correct when context parallelism splits the sequence.
-    """
-    labels = torch.full_like(input_ids, -100)
-    labels[:, :-1] = input_ids[:, 1:]
-    return labels
 
 
 def micro_batches(
@@ -258,7 +263,10 @@ def _configure_deepspeed(accelerator: Any, recipe: Recipe, world: int) -> None:
     ds.setdefault("bf16", {})["enabled"] = torch.cuda.is_available()
 
 
-def _validation_loss(model: Any, data: Any, recipe: Recipe, accelerator: Any, world: int, rank: int) -> float | None:
+def _validation_loss(
+    model: Any, data: Any, recipe: Recipe, accelerator: Any, world: int, rank: int, attn: str = "sdpa"
+) -> float | None:
+    # Validation rows keep their plain positions (no PoSE): the loss at seq_len stays comparable across runs.
     if data is None:
         return None
     mb = recipe.train.micro_batch_size
@@ -272,9 +280,9 @@ def _validation_loss(model: Any, data: Any, recipe: Recipe, accelerator: Any, wo
     with torch.no_grad():
         for j in range(rounds):
             first = (j * world + rank) * mb
-            ids = data[first : min(first + mb, n)]["input_ids"] if first < n else data[0:1]["input_ids"]
-            ids = ids.to(accelerator.device)
-            t, c = model(ids, shifted_labels(ids))
+            rows = data[first : min(first + mb, n)] if first < n else data[0:1]
+            inputs = build_inputs(rows, attn_implementation=attn).to(accelerator.device)
+            t, c = model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
             if first < n:
                 total += t.float()
                 count += c
@@ -338,13 +346,12 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         if saved is not None and saved != recipe_text:
             import yaml
 
-            old, new = yaml.safe_load(saved), yaml.safe_load(recipe_text)
+            old, new = _flat_keys(yaml.safe_load(saved)), _flat_keys(yaml.safe_load(recipe_text))
             diffs = [
-                f"{s}.{k}: {old[s].get(k)!r} → {new[s].get(k)!r}"
-                for s in new
-                for k in set(old.get(s, {})) | set(new[s])
+                f"{k}: {old.get(k)!r} → {new.get(k)!r}"
+                for k in set(old) | set(new)
                 # A run folder may be moved: its new place is not a change of recipe.
-                if old.get(s, {}).get(k) != new[s].get(k) and (s, k) != ("output", "dir")
+                if old.get(k) != new.get(k) and k != "output.dir"
             ]
             if diffs:
                 raise InputError(
@@ -403,13 +410,16 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     )
 
     # --- data ---------------------------------------------------------------------------------
-    from ctxext.data import prepare_data
+    from ctxext.mixture import prepare_training_data
 
     with accelerator.main_process_first():  # the main process tokenizes; the others read the datasets cache
-        data = prepare_data(recipe.data, loaded.tokenizer, recipe.seq_len, seed=cfg.seed)
+        rows = cfg.max_steps * cfg.gradient_accumulation_steps * cfg.micro_batch_size * world
+        data = prepare_training_data(recipe, loaded.tokenizer, plan, rows)
     accelerator.print(f"data: {data.summary}")
     # Too little data for one micro-batch is bad input: say so before the run folder exists.
     next(micro_batches(len(data.train), cfg.micro_batch_size, world, rank, cfg.seed))
+    if cp > 1 and (cfg.pose or recipe.data.document_mask or recipe.data.short_fraction):
+        raise InputError("train.context_parallel_size: PoSE, data.document_mask and data.short_fraction need 1")
 
     # --- the run folder: created only once the model and the data are known to be usable -------------
     accelerator.wait_for_everyone()
@@ -417,6 +427,10 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
         (out / "recipe.yaml").write_text(recipe_text)
         _write_json_atomic(out / "versions.json", _versions(recipe, command))
+        if data.mixture is not None:
+            _write_json_atomic(out / "mixture.json", data.mixture)
+    if data.mixture is not None:
+        run["mixture"] = data.mixture["realised"]
 
     def write_run(**changes: Any) -> None:
         run.update(changes)
@@ -521,7 +535,9 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     )
     if cfg.eval_every and counters.step == 0:
         # The held-out loss before any training: the baseline every later val_loss is compared with.
-        initial_val = _validation_loss(model, data.validation, recipe, accelerator, world, rank)
+        initial_val = _validation_loss(
+            model, data.validation, recipe, accelerator, world, rank, loaded.attn_implementation
+        )
         write_run(initial_val_loss=initial_val)
     model.train()
     try:
@@ -533,8 +549,15 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
                 for micro in range(ga):
                     idx = next(batches)
                     consumed.extend(idx)
-                    ids = data.train[idx]["input_ids"].to(accelerator.device)
-                    labels = shifted_labels(ids)
+                    inputs = build_inputs(
+                        data.train[idx],
+                        attn_implementation=loaded.attn_implementation,
+                        target_length=plan.target_length if plan else None,
+                        pose_chunks=cfg.pose.chunks if cfg.pose else None,
+                        seed=cfg.seed,
+                        first_example=((counters.step * ga + micro) * world + rank) * mb,
+                    ).to(accelerator.device)
+                    ids, labels = inputs.input_ids, inputs.labels
                     sync = accelerator.no_sync(model) if micro < ga - 1 else nullcontext()
                     cp_ctx = (
                         accelerator.maybe_context_parallel(
@@ -544,7 +567,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
                         else nullcontext()
                     )
                     with sync, cp_ctx:
-                        total, count = model(ids, labels)
+                        total, count = model(ids, labels, inputs.position_ids, inputs.attention_mask)
                         loss = total / count.clamp(min=1) / ga
                         accelerator.backward(loss)
                     step_loss += loss.detach()
@@ -582,7 +605,9 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
                 if grad_norm is not None:
                     record["grad_norm"] = float(grad_norm)
                 if cfg.eval_every and (counters.step % cfg.eval_every == 0 or counters.step == cfg.max_steps):
-                    last_val = _validation_loss(model, data.validation, recipe, accelerator, world, rank)
+                    last_val = _validation_loss(
+                        model, data.validation, recipe, accelerator, world, rank, loaded.attn_implementation
+                    )
                     if last_val is not None:
                         record["val_loss"] = last_val
                 if main and (counters.step % cfg.log_every == 0 or "val_loss" in record):
@@ -636,7 +661,9 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         json.dumps({"blocks": consumed, "trainable_sha256": _trainable_digest(model)})
     )
     if last_val is None:
-        last_val = _validation_loss(model, data.validation, recipe, accelerator, world, rank)
+        last_val = _validation_loss(
+            model, data.validation, recipe, accelerator, world, rank, loaded.attn_implementation
+        )
     state_dict = accelerator.get_state_dict(model)
     accelerator.wait_for_everyone()
     if main:
@@ -653,10 +680,19 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     if cfg.tracker != "none":
         accelerator.end_training()
     accelerator.print(f"run complete: {out} (train loss {last_loss:.4f}, val loss {last_val})")
-    if main:
-        _after_training(out, recipe)
     unwrapped = accelerator.unwrap_model(model).peft_model.eval() if main else None
     return TrainResult(run_dir=out, model=unwrapped, run=dict(run))
+
+
+def _flat_keys(data: Any) -> dict[str, Any]:
+    """``section.key`` → value of a recipe dict (sections may be null or scalars)."""
+    flat: dict[str, Any] = {}
+    for section, fields in (data or {}).items():
+        if isinstance(fields, dict):
+            flat.update({f"{section}.{key}": value for key, value in fields.items()})
+        else:
+            flat[section] = fields
+    return flat
 
 
 def _flat_config(recipe: Recipe) -> dict[str, Any]:
@@ -710,26 +746,6 @@ def _write_outputs(out: Path, peft_model: Any, state_dict: dict, loaded: Any, pl
             shutil.rmtree(target)
         os.replace(item, target)
     stage.rmdir()
-
-
-def _after_training(out: Path, recipe: Recipe) -> None:
-    """The recipe's eval suite and Hub push, written by their own modules; skipped with a warning if absent."""
-    from ctxext.cli import err_console
-
-    if recipe.eval.suite:
-        try:
-            from ctxext.evaluation.suite import run_suite_for_run
-        except ImportError:
-            err_console.print("[yellow]warning:[/] eval.suite is set but ctxext.evaluation.suite is not available")
-        else:
-            run_suite_for_run(out, recipe)
-    if recipe.hub.push:
-        try:
-            from ctxext.hub import push_run
-        except ImportError:
-            err_console.print("[yellow]warning:[/] hub.push is set but ctxext.hub is not available")
-        else:
-            push_run(out, recipe.hub)
 
 
 def run_summary(run_dir: str | Path) -> str:

@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from ctxext.errors import InputError
 from ctxext.evaluation.passkey import (
-    PASSKEY_FILLER,
     PASSKEY_PREFIX,
     GridSettings,
     NeedleTask,
-    build_prompt,
     evaluate_needle,
     evaluate_passkey,
-    filler_stream,
     first_number,
     needle_recall,
     passkey_correct,
 )
 from ctxext.evaluation.qa import QASettings, evaluate_qa, load_metric, normalize_answer, truncate_middle
+from ctxext.tasks import Haystack, get_task
 from tests._eval_helpers import (
     loaded,
     one_thread,  # noqa: F401  (autouse: one thread per test)
@@ -30,33 +29,39 @@ from tests._eval_helpers import (
 
 @pytest.mark.parametrize("length", [200, 257, 1000])
 @pytest.mark.parametrize("depth", [0, 10, 33, 50, 100])
-def test_passkey_prompt_exact_length_and_depth(tiny_tokenizer, length, depth):
+def test_passkey_sample_exact_length_and_depth(tiny_tokenizer, length, depth):
     tok = tiny_tokenizer
-    filler = filler_stream(tok, PASSKEY_FILLER)
-    needle = " The pass key is 12345. Remember it. 12345 is the pass key."
-    question = " What is the pass key? The pass key is"
-    p = build_prompt(tok, length, depth, filler, needle, question, "12345", PASSKEY_PREFIX)
-    assert len(p.ids) == length
+    hay = Haystack.noise(tok)
+    s = get_task("passkey").generate(tok, hay, length, depth / 100, random.Random(3), template=0)
+    key = s.fields["key"]
+    assert len(s.ids) == length and s.answer_span[1] == length
     head = tok(PASSKEY_PREFIX)["input_ids"]
-    assert p.ids[: len(head)] == head and head[0] == tok.bos_token_id
-    needle_ids = tok(needle, add_special_tokens=False)["input_ids"]
-    assert p.ids[p.needle_start : p.needle_end] == needle_ids
-    q = tok(question, add_special_tokens=False)["input_ids"]
-    assert p.ids[-len(q) :] == q
-    assert p.filler_tokens == length - len(head) - len(needle_ids) - len(q)
-    assert p.filler_before == round(depth / 100 * p.filler_tokens)
-    assert p.needle_start == len(head) + p.filler_before
-    # The filler around the needle is the filler stream, in order.
-    around = p.ids[len(head) : p.needle_start] + p.ids[p.needle_end : -len(q)]
-    assert around == [filler[i % len(filler)] for i in range(p.filler_tokens)]
+    assert s.ids[: len(head)] == head and head[0] == tok.bos_token_id
+    needle_ids = tok(f" The pass key is {key}. Remember it. {key} is the pass key.", add_special_tokens=False)[
+        "input_ids"
+    ]
+    ((n_start, n_end),) = s.needle_spans
+    assert s.ids[n_start:n_end] == needle_ids
+    q = tok(" What is the pass key? The pass key is", add_special_tokens=False)["input_ids"]
+    a = tok(f" {key}", add_special_tokens=False)["input_ids"]
+    assert s.answer_ids == a and s.ids[s.answer_span[0] - len(q) : s.answer_span[0]] == q
+    assert s.filler_tokens == length - len(head) - len(needle_ids) - len(q) - len(a)
+    assert n_start == len(head) + round(depth / 100 * s.filler_tokens)
+    # The filler around the needle is the haystack stream, in order, from the sample's offset.
+    around = s.ids[len(head) : n_start] + s.ids[n_end : s.answer_span[0] - len(q)]
+    assert around == hay.take(s.filler_tokens, s.haystack_offset)
 
 
 def test_prompt_too_short_and_bad_depth(tiny_tokenizer):
-    filler = filler_stream(tiny_tokenizer, PASSKEY_FILLER)
+    hay = Haystack.noise(tiny_tokenizer)
     with pytest.raises(InputError, match="cannot hold"):
-        build_prompt(tiny_tokenizer, 10, 50, filler, " needle", " question", "x", PASSKEY_PREFIX)
-    with pytest.raises(InputError, match="between 0 and 100"):
-        build_prompt(tiny_tokenizer, 500, 120, filler, " needle", " question", "x")
+        get_task("passkey").generate(tiny_tokenizer, hay, 10, 0.5, random.Random(0))
+    with pytest.raises(InputError, match="between 0 and 1"):
+        get_task("passkey").generate(tiny_tokenizer, hay, 500, 1.2, random.Random(0))
+    with pytest.raises(InputError, match="outside 0–100"):
+        GridSettings(lengths=[100], depths=[120]).validate()
+    with pytest.raises(InputError, match="scoring"):
+        GridSettings(lengths=[100], scoring="sample").validate()
 
 
 def test_scoring_rules():
@@ -80,18 +85,25 @@ def test_passkey_grid_runs_and_scores(tiny_tokenizer):
     lm = loaded(tiny_lm(tiny_tokenizer), tiny_tokenizer)
     settings = GridSettings(lengths=[180, 256], depths=[0, 100], trials=2, max_new_tokens=4)
     res = evaluate_passkey(lm, settings, show_progress=False)
+    assert res["scoring"] == "teacher-forced"
     assert len(res["cells"]) == 4
     for cell in res["cells"]:
-        assert cell["trials"] == 2
-        for ex in cell["examples"]:
-            assert ex["correct"] == passkey_correct(ex["output"], ex["key"])
+        assert cell["trials"] == 2 and len(cell["outcomes"]) == 2 and sum(cell["outcomes"]) == cell["correct"]
         assert 0 <= cell["ci_low"] <= cell["accuracy"] <= cell["ci_high"] <= 1
+        assert all(ex["answer_nll"] > 0 for ex in cell["examples"])
     keys = [ex["key"] for c in res["cells"] for ex in c["examples"]]
     assert len(set(keys)) == len(keys)  # different keys per trial / cell
     again = evaluate_passkey(lm, GridSettings(lengths=[180, 256], depths=[0, 100], trials=2, max_new_tokens=4), False)
     assert [c["examples"] for c in again["cells"]] == [c["examples"] for c in res["cells"]]  # seeded
+    # Generation scoring: same samples (same keys), outputs recorded, same outcomes on static RoPE.
+    gen = evaluate_passkey(lm, GridSettings(**{**vars(settings), "scoring": "generate"}), False)
+    assert gen["scoring"] == "generate"
+    assert [ex["key"] for c in gen["cells"] for ex in c["examples"]] == keys
+    assert all("output" in ex for c in gen["cells"] for ex in c["examples"])
+    assert [c["outcomes"] for c in gen["cells"]] == [c["outcomes"] for c in res["cells"]]
     needle = evaluate_needle(lm, GridSettings(lengths=[150], depths=[50], trials=1), NeedleTask(), False)
     assert needle["cells"][0]["trials"] == 1 and 0 <= needle["cells"][0]["score"] <= 1
+    assert needle["cells"][0]["examples"][0]["answer"] == "eat a sandwich and sit in Dolores Park on a sunny day"
 
 
 def test_squad_normalization_and_metric():
@@ -131,3 +143,52 @@ def test_qa_end_to_end_with_truncation(tiny_tokenizer, tmp_path):
         evaluate_qa(lm, QASettings(data=str(tmp_path / "missing.jsonl")), show_progress=False)
     with pytest.raises(InputError, match="no column"):
         evaluate_qa(lm, QASettings(data=str(path), context_field="doc"), show_progress=False)
+
+
+def test_kept_position_follows_truncate_middle():
+    from ctxext.evaluation.qa import kept_position
+
+    for n, budget in ((10, 5), (11, 6), (9, 20), (100, 7)):
+        ids = list(range(n))
+        kept, _ = truncate_middle(ids, budget)
+        for t in ids:
+            where = kept_position(t, n, budget)
+            if where is None:
+                assert t not in kept
+            else:
+                assert kept[where] == t
+
+
+def test_qa_answer_positions_from_kept_tokens(tiny_tokenizer):
+    from ctxext.evaluation.qa import TRUNCATED_AWAY, build_qa_prompt
+
+    filler = "value = compute(item)\n"
+    template = "{context}\n\nQuestion: {question}\nAnswer:"
+
+    def bucket(context, budget):
+        ex = {"context": context, "question": "What colour?", "answers": ["blue"], "answer_start": None}
+        ids, info = build_qa_prompt(tiny_tokenizer, ex, template, budget)
+        assert len(ids) <= budget
+        if info["answer_kept_token"] is not None:
+            # The kept position points at the answer's tokens in the prompt (after the template's prefix).
+            pre = len(tiny_tokenizer("", verbose=False)["input_ids"])
+            at = pre + info["answer_kept_token"]
+            assert "blue" in tiny_tokenizer.decode(ids[at : at + 3])
+        return info
+
+    # Answer in the middle of a long context: the truncation cuts it out.
+    middle = filler * 60 + "The answer is blue.\n" + filler * 60
+    info = bucket(middle, 200)
+    assert info["truncated"] and info["position_bucket"] == TRUNCATED_AWAY and info["answer_kept_token"] is None
+    # Answer near the end of the full context (> 80 %), inside the kept tail, where it sits at 60-80 % of
+    # what the model sees: the bucket follows the kept text.
+    late = filler * 200 + "The answer is blue.\n" + filler * 12
+    info = bucket(late, 420)
+    assert info["truncated"] and info["position_bucket"] != TRUNCATED_AWAY
+    assert late.index("blue") / len(late) > 0.8
+    kept_share = info["answer_kept_token"] / info["kept_tokens"]
+    assert 0.6 <= kept_share < 0.8 and info["position_bucket"] == "60-80%"
+    # No truncation: the kept position is the full position.
+    info = bucket("The answer is blue. " + filler * 3, 400)
+    assert not info["truncated"] and info["position_bucket"] == "0-20%"
+    assert bucket(filler * 3, 400)["position_bucket"] == "not found"

@@ -1,4 +1,4 @@
-"""Long-context evaluation: perplexity by length / position / context limit, passkey and needle grids, QA, reports.
+"""Long-context evaluation: perplexity, retrieval grids, QA, attention diagnostics, paired comparisons, reports.
 
 The public names load lazily (torch and transformers are imported on first use, so ``ctxext --help``
 stays fast)::
@@ -22,11 +22,13 @@ _EXPORTS = {
     "evaluate_perplexity": "perplexity",
     "token_nll": "perplexity",
     "sliding_nll": "perplexity",
+    "AnswerScore": "answer_scoring",
+    "score_answers": "answer_scoring",
     "GridSettings": "passkey",
     "NeedleTask": "passkey",
     "evaluate_passkey": "passkey",
     "evaluate_needle": "passkey",
-    "build_prompt": "passkey",
+    "evaluate_task_grid": "passkey",
     "QASettings": "qa",
     "evaluate_qa": "qa",
     "build_report": "report",
@@ -36,6 +38,9 @@ _EXPORTS = {
     "run_suite": "suite",
     "run_suite_for_run": "suite",
     "iter_texts": "data",
+    "AttentionSettings": "attention",
+    "evaluate_attention": "attention",
+    "compare_models": "paired",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -5,7 +5,11 @@ SHA-1 of the path relative to the stdlib root, read as an integer, is divisible 
 the files, the same on every machine with the same Python; the split lives in
 :func:`ctxext.builtin.stdlib_split` and is shared with training, where plain ``builtin:stdlib`` means
 the other 90 %). ``builtin:stdlib-heldout`` / ``builtin:stdlib-train`` name a split explicitly,
-``builtin:stdlib-all`` is every file.
+``builtin:stdlib-all`` is every file. ``builtin:stdlib-long`` joins the held-out files, in path order
+(a package's files stay together), into documents of at least ``LONG_DOC_CHARS`` characters (~128 KB,
+about 32k+ tokens for a Llama tokenizer): long documents for 32k+ evaluation lengths on a machine with
+no data sets. It is few documents (about eight) of one domain; for real runs use a long-document set
+(PG19, proof-pile, code repositories concatenated).
 """
 
 from __future__ import annotations
@@ -18,15 +22,39 @@ from ctxext.errors import InputError
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".tex")
 TABLE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-STDLIB_SPLITS = ("stdlib", "stdlib-heldout", "stdlib-train", "stdlib-all")
+STDLIB_SPLITS = ("stdlib", "stdlib-heldout", "stdlib-train", "stdlib-all", "stdlib-long")
+LONG_DOC_CHARS = 128_000
 
 
 def _stdlib_texts(name: str) -> Iterator[str]:
     from ctxext.builtin import stdlib_source_files
 
+    if name == "stdlib-long":
+        yield from _stdlib_long_texts()
+        return
     # Plain builtin:stdlib evaluates on the held-out split, which training never uses by default.
     for path in stdlib_source_files(name, default_split="heldout"):
         yield path.read_text(encoding="utf-8", errors="replace")
+
+
+def _stdlib_long_texts() -> Iterator[str]:
+    import sysconfig
+
+    from ctxext.builtin import stdlib_source_files
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts: list[str] = []
+    size = 0
+    for path in stdlib_source_files("stdlib-heldout", default_split="heldout"):
+        # A file header keeps the joined document valid Python and marks where each file starts.
+        text = f"# ---- {path.relative_to(root).as_posix()} ----\n" + path.read_text(encoding="utf-8", errors="replace")
+        parts.append(text)
+        size += len(text)
+        if size >= LONG_DOC_CHARS:
+            yield "\n".join(parts)
+            parts, size = [], 0
+    if parts:
+        yield "\n".join(parts)
 
 
 def describe_source(source: str, text_field: str = "text", split: str = "train") -> dict[str, Any]:
@@ -36,6 +64,8 @@ def describe_source(source: str, text_field: str = "text", split: str = "train")
         info["note"] = (
             "Python standard-library source; builtin:stdlib = held-out files (int(sha1(relative path)) % 10 == 0)"
         )
+        if source == "builtin:stdlib-long":
+            info["note"] += f"; stdlib-long = those files joined in path order, documents of >= {LONG_DOC_CHARS} chars"
     return info
 
 

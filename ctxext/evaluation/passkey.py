@@ -1,142 +1,59 @@
-"""Passkey retrieval (Landmark Attention) and needle in a haystack: accuracy over lengths × depths.
+"""Retrieval grids (passkey, needle in a haystack, any registered task): accuracy over lengths × depths.
 
-Prompts are built in tokens, so their total length and the needle's depth are exact:
+Samples come from the task registry (:mod:`ctxext.tasks`): each is exactly ``length`` tokens, prompt
+*and* answer, so a model is scored at the length it is said to be evaluated at::
 
-    [task prefix (tokenized with the tokenizer's defaults, BOS included)]
-    [filler: the first round(depth/100 · F) filler tokens]
-    [needle]
-    [the remaining filler tokens]
-    [question]
+    [task prefix (BOS included)] [haystack with the needle(s) at their depth] [question] [answer]
 
-where ``F = length − |prefix| − |needle| − |question|``. Depth 0 % puts the needle right after the
-prefix; 100 % right before the question. Each (length, depth) cell runs ``trials`` prompts (seeded
-keys for the passkey; seeded haystack offsets for the needle), decodes greedily, and scores:
+Each (length, depth) cell runs ``trials`` samples, seeded by ``(seed, task, length, depth, trial)``
+alone, so every model of a comparison sees the same samples (paired trials) in any order.
 
-* passkey: correct if the first number generated equals the key;
-* needle: correct if every word of the expected answer (SQuAD normalization) appears in the output.
+Scoring (``GridSettings.scoring``, recorded in the report):
 
-Accuracies carry 95 % Wilson intervals (exact enough for a handful of trials, and sound at 0 % / 100 %).
+* ``teacher-forced`` (default): one forward pass over prompt + answer
+  (:func:`ctxext.evaluation.answer_scoring.score_answers`); correct iff every answer token is the
+  argmax at its position — exactly "greedy decoding produces the answer" for static RoPE, with no KV
+  cache (which is wrong for ``dynamic`` / ``longrope``, transformers#25104) and no
+  ``generation_config`` (a checkpoint's repetition penalty cannot change a number);
+* ``generate``: greedy decoding with an explicit :func:`greedy_config` (the checkpoint's
+  ``generation_config.json`` is ignored) and no KV cache for length-dependent RoPE; correct iff the
+  generated tokens start with the answer's tokens (the same criterion, for a cross-check and for the
+  speed benchmark).
+
+Accuracies carry 95 % Wilson intervals (exact enough for a handful of trials, and sound at 0 % / 100 %);
+every cell lists its per-trial outcomes, for paired tests between models.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.loading import LoadedModel
+from ctxext.evaluation.loading import LoadedModel, base_model
 from ctxext.evaluation.perplexity import check_lengths
 from ctxext.evaluation.progress import progress_bar
 from ctxext.evaluation.stats import wilson_interval
-from ctxext.rope import reset_dynamic_rope
+from ctxext.rope import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
+from ctxext.tasks import Haystack, TaskSample, Template, get_task
+from ctxext.tasks.base import NOISE_TEXT
+from ctxext.tasks.passkey import PASSKEY_PREFIX  # noqa: F401  (re-exported)
 
-PASSKEY_PREFIX = (
-    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
-    "I will quiz you about the important information there."
-)
-PASSKEY_FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
-PASSKEY_NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
-PASSKEY_QUESTION = " What is the pass key? The pass key is"
+SCORINGS = ("teacher-forced", "generate")
+
+# Kept for callers of the old names: the passkey task's template 0 and its noise haystack.
+PASSKEY_FILLER = NOISE_TEXT
 
 NEEDLE_TEXT = " The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day. "
 NEEDLE_QUESTION = "\n\nWhat is the best thing to do in San Francisco? The best thing to do in San Francisco is"
 NEEDLE_ANSWER = "eat a sandwich and sit in Dolores Park on a sunny day"
-
-
-@dataclass
-class Prompt:
-    """A prompt built in tokens.
-
-    Attributes:
-        ids: the token ids (exactly the requested length).
-        needle_start: index of the needle's first token.
-        needle_end: one past its last token.
-        filler_tokens: filler tokens in the prompt (``F``).
-        filler_before: filler tokens before the needle (``round(depth/100 · F)``).
-        answer: what a correct output contains.
-    """
-
-    ids: list[int]
-    needle_start: int
-    needle_end: int
-    filler_tokens: int
-    filler_before: int
-    answer: str
-
-
-def _encode(tokenizer: Any, text: str, special: bool = False) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=special, verbose=False)["input_ids"])
-
-
-def build_prompt(
-    tokenizer: Any,
-    length: int,
-    depth: float,
-    filler: Sequence[int],
-    needle: str,
-    question: str,
-    answer: str,
-    prefix: str = "",
-    filler_offset: int = 0,
-) -> Prompt:
-    """Assemble a prompt of exactly ``length`` tokens with the needle at ``depth`` percent of the filler.
-
-    Args:
-        tokenizer: the model's tokenizer.
-        length: total prompt length in tokens.
-        depth: needle depth in percent of the filler (0 = start, 100 = end).
-        filler: a stream of filler token ids, cycled as needed.
-        needle: the text to hide.
-        question: the text asking for it (ends the prompt).
-        answer: the expected answer (for scoring).
-        prefix: task description before the filler (tokenized with the tokenizer's defaults, BOS included).
-        filler_offset: where in the filler stream to start.
-
-    Returns:
-        The :class:`Prompt`.
-
-    Raises:
-        InputError: the length cannot hold the prefix, needle and question, or depth is outside 0–100.
-    """
-    if not 0 <= depth <= 100:
-        raise InputError(f"depth {depth} must be a percentage between 0 and 100")
-    if not filler:
-        raise InputError("the filler / haystack is empty")
-    head = list(tokenizer(prefix, verbose=False)["input_ids"])
-    needle_ids = _encode(tokenizer, needle)
-    question_ids = _encode(tokenizer, question)
-    fixed = len(head) + len(needle_ids) + len(question_ids)
-    n_fill = length - fixed
-    if n_fill < 0:
-        raise InputError(f"length {length} cannot hold the prompt: prefix, needle and question need {fixed} tokens")
-    before = round(depth / 100 * n_fill)
-    stream = [filler[(filler_offset + i) % len(filler)] for i in range(n_fill)]
-    ids = head + stream[:before] + needle_ids + stream[before:] + question_ids
-    start = len(head) + before
-    return Prompt(ids, start, start + len(needle_ids), n_fill, before, answer)
-
-
-def filler_stream(tokenizer: Any, text: str, min_tokens: int = 4096) -> list[int]:
-    """Token ids of ``text`` repeated until at least ``min_tokens`` (tokenized once, without special tokens).
-
-    Args:
-        tokenizer: the tokenizer.
-        text: filler text (one period of it).
-        min_tokens: how many tokens to produce at least.
-
-    Returns:
-        The ids (a whole number of repetitions, so cycling them keeps the text's period).
-    """
-    one = _encode(tokenizer, text)
-    reps = max(1, -(-min_tokens // max(1, len(one))))
-    return _encode(tokenizer, text * reps)
-
 
 def first_number(text: str) -> str | None:
     """The first run of digits in ``text``, or None."""
@@ -145,22 +62,64 @@ def first_number(text: str) -> str | None:
 
 
 def passkey_correct(output: str, key: int | str) -> bool:
-    """Passkey scoring: the first number generated equals the key."""
+    """Free-text passkey check: the first number in ``output`` equals the key."""
     return first_number(output) == str(key)
 
 
 def needle_recall(output: str, answer: str) -> float:
     """Fraction of the answer's words (SQuAD-normalized) present in the output."""
-    from ctxext.evaluation.qa import normalize_answer
+    from ctxext.evaluation.metrics.squad_offline.squad_offline import normalize_answer
 
     want = normalize_answer(answer).split()
     have = set(normalize_answer(output).split())
     return sum(w in have for w in want) / len(want) if want else 0.0
 
 
+# ---------------------------------------------------------------------------------------------
+# Generation (free-form answers, and the cross-check of teacher-forced scoring)
+# ---------------------------------------------------------------------------------------------
+
+
+def greedy_config(tokenizer: Any, max_new_tokens: int, use_cache: bool = True) -> Any:
+    """An explicit greedy ``GenerationConfig``: no sampling, beams, repetition penalty or n-gram blocking."""
+    from transformers import GenerationConfig
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        pad_token_id=pad,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        use_cache=use_cache,
+    )
+
+
+@contextlib.contextmanager
+def _without_checkpoint_generation_config(model: torch.nn.Module) -> Iterator[None]:
+    # transformers fills every field a passed GenerationConfig leaves unset from model.generation_config
+    # (the checkpoint's generation_config.json: bad_words_ids, suppress_tokens, min_length …); a blank one
+    # for the duration of the call leaves nothing to inherit.
+    from transformers import GenerationConfig
+
+    base = base_model(model)
+    saved = getattr(base, "generation_config", None)
+    base.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        base.generation_config = saved
+
+
 @torch.no_grad()
-def greedy_generate(loaded: LoadedModel, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
-    """Greedy continuations of equal-length prompts (no padding needed), decoded without special tokens.
+def greedy_generate_ids(loaded: LoadedModel, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuations (token ids) of equal-length prompts, with :func:`greedy_config`.
+
+    The KV cache is off for length-dependent RoPE (``dynamic`` / ``longrope``): cached keys would keep
+    the rotation of the prompt length while the frequencies change (transformers#25104).
 
     Args:
         loaded: the model.
@@ -168,22 +127,37 @@ def greedy_generate(loaded: LoadedModel, prompts: list[list[int]], max_new_token
         max_new_tokens: tokens to generate.
 
     Returns:
-        The decoded continuations.
+        The generated ids of each prompt (shorter where generation stopped at EOS).
     """
     tok = loaded.tokenizer
     x = torch.tensor(prompts, dtype=torch.long, device=loaded.device)
+    use_cache = loaded.rope.rope_type not in LENGTH_DEPENDENT_TYPES
     reset_dynamic_rope(loaded.model)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    out = loaded.model.generate(
-        input_ids=x,
-        attention_mask=torch.ones_like(x),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        num_beams=1,
-        pad_token_id=pad,
-    )
+    with _without_checkpoint_generation_config(loaded.model):
+        out = loaded.model.generate(
+            input_ids=x,
+            attention_mask=torch.ones_like(x),
+            generation_config=greedy_config(tok, max_new_tokens, use_cache),
+        )
     reset_dynamic_rope(loaded.model)
-    return [tok.decode(row[x.shape[1] :], skip_special_tokens=True) for row in out.cpu()]
+    rows = []
+    for row in out[:, x.shape[1] :].cpu().tolist():
+        # generate pads rows that stopped at EOS: keep the EOS itself, drop the padding after it.
+        if tok.eos_token_id is not None and tok.eos_token_id in row:
+            row = row[: row.index(tok.eos_token_id) + 1]
+        rows.append(row)
+    return rows
+
+
+def greedy_generate(loaded: LoadedModel, prompts: list[list[int]], max_new_tokens: int) -> list[str]:
+    """Greedy continuations of equal-length prompts, decoded without special tokens (:func:`greedy_generate_ids`)."""
+    rows = greedy_generate_ids(loaded, prompts, max_new_tokens)
+    return [loaded.tokenizer.decode(r, skip_special_tokens=True) for r in rows]
+
+
+# ---------------------------------------------------------------------------------------------
+# Grids
+# ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -191,13 +165,14 @@ class GridSettings:
     """A retrieval grid.
 
     Attributes:
-        lengths: prompt lengths in tokens.
+        lengths: sample lengths in tokens (prompt + answer).
         depths: needle depths in percent.
-        trials: prompts per cell.
-        seed: seed of the keys / haystack offsets.
-        max_new_tokens: tokens to generate.
-        batch_tokens: prompt tokens per generate call (trials of a cell run batched).
+        trials: samples per cell.
+        seed: seed of the samples (keys, names, haystack offsets).
+        max_new_tokens: ``generate`` scoring: tokens generated at least (more if the answer is longer).
+        batch_tokens: tokens per forward pass / generate call.
         allow_beyond_context: accept lengths above the model's context (marked).
+        scoring: ``teacher-forced`` (default) or ``generate``.
     """
 
     lengths: list[int]
@@ -207,6 +182,7 @@ class GridSettings:
     max_new_tokens: int = 12
     batch_tokens: int = 32768
     allow_beyond_context: bool = False
+    scoring: str = "teacher-forced"
 
     def validate(self) -> None:
         """Raise :class:`InputError` for an empty or malformed grid."""
@@ -219,59 +195,153 @@ class GridSettings:
             raise InputError(f"depths {bad} are outside 0–100 (percent)")
         if self.trials < 1:
             raise InputError("trials must be at least 1")
+        if self.scoring not in SCORINGS:
+            raise InputError(f"scoring {self.scoring!r}: use {' or '.join(SCORINGS)}")
 
 
-PromptFn = Callable[[int, float, int], tuple[Prompt, dict[str, Any]]]
-ScoreFn = Callable[[str, Prompt], tuple[bool, float]]
+def make_samples(
+    loaded: LoadedModel,
+    task: str,
+    haystack: Haystack,
+    length: int,
+    depth: float,
+    settings: GridSettings,
+    template: int | Template | list[int] = 0,
+    options: dict[str, int] | None = None,
+) -> list[TaskSample]:
+    """The ``trials`` samples of one cell (depth in percent), seeded by the cell alone.
+
+    A list of template indices is cycled over the trials (trial ``t`` uses ``template[t % n]``).
+    """
+    t = get_task(task)
+    out = []
+    for trial in range(settings.trials):
+        tpl = template[trial % len(template)] if isinstance(template, list) else template
+        tag = tpl if isinstance(tpl, int) else "custom"
+        rng = random.Random(f"{settings.seed}-{task}-{tag}-{length}-{depth:g}-{trial}")
+        out.append(t.generate(loaded.tokenizer, haystack, length, depth / 100, rng, template=tpl, **(options or {})))
+    return out
 
 
-def _run_grid(
-    loaded: LoadedModel, settings: GridSettings, make: PromptFn, score: ScoreFn, task: str, show: bool
+def _score_generate(loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings) -> list[dict[str, Any]]:
+    # Prompts of one length run batched (answers of different token lengths give different prompt lengths).
+    out: list[dict[str, Any] | None] = [None] * len(samples)
+    groups: dict[int, list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(len(s.prompt), []).append(i)
+    for plen, members in groups.items():
+        n_new = max(settings.max_new_tokens, *(len(samples[i].answer_ids) for i in members))
+        per_batch = max(1, settings.batch_tokens // (plen + n_new))
+        for b in range(0, len(members), per_batch):
+            batch = members[b : b + per_batch]
+            gens = greedy_generate_ids(loaded, [samples[i].prompt for i in batch], n_new)
+            for i, gen in zip(batch, gens, strict=True):
+                want = samples[i].answer_ids
+                out[i] = {
+                    "correct": gen[: len(want)] == want,
+                    "output": loaded.tokenizer.decode(gen, skip_special_tokens=True),
+                }
+    return [o for o in out if o is not None]
+
+
+def _score_teacher_forced(
+    loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings
+) -> list[dict[str, Any]]:
+    from ctxext.evaluation.answer_scoring import score_answers
+
+    scores = score_answers(
+        loaded.model, [s.ids for s in samples], [s.answer_span for s in samples], batch_tokens=settings.batch_tokens
+    )
+    return [{"correct": sc.correct, "answer_nll": round(sc.nll, 4)} for sc in scores]
+
+
+def evaluate_task_grid(
+    loaded: LoadedModel,
+    settings: GridSettings,
+    task: str,
+    haystack: Haystack,
+    template: int | Template | list[int] = 0,
+    options: dict[str, int] | None = None,
+    show_progress: bool = True,
+    label: str | None = None,
 ) -> dict[str, Any]:
+    """Accuracy of one model on one registered task over lengths × depths.
+
+    Args:
+        loaded: the model.
+        settings: lengths, depths (percent), trials, seed, scoring.
+        task: a registered task name (:func:`ctxext.tasks.task_names`).
+        haystack: the filler.
+        template: a template index, a list of them (cycled over trials), or a custom
+            :class:`~ctxext.tasks.Template`.
+        options: task options (e.g. ``{"distractors": 3}``).
+        show_progress: draw a progress bar.
+        label: the section name (default: the task name).
+
+    Returns:
+        The grid section of a report: cells (with per-trial ``outcomes``), by length, by depth, overall.
+
+    Raises:
+        InputError: a bad grid, lengths beyond the context, or a length too short for the task.
+    """
     settings.validate()
     started = time.perf_counter()
     lengths = sorted({int(x) for x in settings.lengths})
     beyond = check_lengths(loaded, lengths, settings.allow_beyond_context)
+    scorer = _score_teacher_forced if settings.scoring == "teacher-forced" else _score_generate
     cells: list[dict[str, Any]] = []
     total = len(lengths) * len(settings.depths) * settings.trials
-    with progress_bar(f"{task} {loaded.name}", total, show) as advance:
+    with progress_bar(f"{label or task} {loaded.name}", total, show_progress) as advance:
         for L in lengths:
-            per_batch = max(1, settings.batch_tokens // L)
-            for depth in settings.depths:
-                built = [make(L, float(depth), t) for t in range(settings.trials)]
-                outputs: list[str] = []
-                for i in range(0, len(built), per_batch):
-                    batch = [p.ids for p, _ in built[i : i + per_batch]]
-                    outputs += greedy_generate(loaded, batch, settings.max_new_tokens)
-                    advance(len(batch))
-                results = [score(o, p) for o, (p, _) in zip(outputs, built, strict=True)]
-                correct = sum(ok for ok, _ in results)
-                low, high = wilson_interval(correct, len(results))
-                cells.append(
-                    {
-                        "length": L,
-                        "depth": float(depth),
-                        "trials": len(results),
-                        "correct": int(correct),
-                        "accuracy": correct / len(results),
-                        "score": sum(s for _, s in results) / len(results),
-                        "ci_low": low,
-                        "ci_high": high,
-                        "beyond_context": L in beyond,
-                        "examples": [
-                            {**meta, "output": out, "correct": ok}
-                            for (p, meta), out, (ok, _) in list(zip(built, outputs, results, strict=True))[:2]
-                        ],
-                    }
-                )
+            # Every sample of a length is built first, so the scorer batches across depths too.
+            built = [
+                (float(d), make_samples(loaded, task, haystack, L, float(d), settings, template, options))
+                for d in settings.depths
+            ]
+            flat = [s for _, samples in built for s in samples]
+            results = scorer(loaded, flat, settings)
+            at = 0
+            for depth, samples in built:
+                res = results[at : at + len(samples)]
+                at += len(samples)
+                cells.append(_cell(L, depth, samples, res, L in beyond))
+                advance(len(samples))
     return {
-        "task": task,
+        "task": label or task,
+        "registry_task": task,
+        "template": asdict(template) if isinstance(template, Template) else template,
+        "options": dict(options or {}),
+        "haystack": haystack.name,
+        "scoring": settings.scoring,
         "settings": asdict(settings),
         "cells": cells,
         "by_length": _aggregate(cells, "length"),
         "by_depth": _aggregate(cells, "depth"),
         "overall": _aggregate(cells, None)["all"],
         "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def _cell(
+    length: int, depth: float, samples: list[TaskSample], results: list[dict[str, Any]], beyond: bool
+) -> dict[str, Any]:
+    outcomes = [int(r["correct"]) for r in results]
+    correct = sum(outcomes)
+    low, high = wilson_interval(correct, len(outcomes))
+    return {
+        "length": length,
+        "depth": depth,
+        "trials": len(outcomes),
+        "correct": correct,
+        "accuracy": correct / len(outcomes),
+        "score": correct / len(outcomes),
+        "ci_low": low,
+        "ci_high": high,
+        "beyond_context": beyond,
+        "outcomes": outcomes,
+        "examples": [
+            {**s.fields, "answer": s.answer, **r} for s, r in list(zip(samples, results, strict=True))[:2]
+        ],
     }
 
 
@@ -289,39 +359,23 @@ def _aggregate(cells: list[dict[str, Any]], key: str | None) -> dict[str, Any]:
     return out
 
 
-def evaluate_passkey(loaded: LoadedModel, settings: GridSettings, show_progress: bool = True) -> dict[str, Any]:
-    """The passkey retrieval grid of one model.
+def evaluate_passkey(
+    loaded: LoadedModel, settings: GridSettings, show_progress: bool = True, template: int = 0
+) -> dict[str, Any]:
+    """The passkey retrieval grid of one model (the ``passkey`` task in the noise haystack).
 
     Args:
         loaded: the model.
-        settings: lengths, depths, trials, seed.
+        settings: lengths, depths, trials, seed, scoring.
         show_progress: draw a progress bar.
+        template: the passkey task's template (0: the Landmark Attention prompt).
 
     Returns:
         The ``passkey`` section of a report.
     """
-    tok = loaded.tokenizer
-    filler = filler_stream(tok, PASSKEY_FILLER)
-
-    def make(length: int, depth: float, trial: int) -> tuple[Prompt, dict[str, Any]]:
-        # Keys depend on (seed, length, depth, trial) only: the same grid gets the same keys in any order.
-        key = random.Random(f"{settings.seed}-{length}-{depth:g}-{trial}").randint(10000, 99999)
-        prompt = build_prompt(
-            tok, length, depth, filler, PASSKEY_NEEDLE.format(key=key), PASSKEY_QUESTION, str(key), PASSKEY_PREFIX
-        )
-        return prompt, {"key": key}
-
-    def score(output: str, prompt: Prompt) -> tuple[bool, float]:
-        ok = passkey_correct(output, prompt.answer)
-        return ok, float(ok)
-
-    result = _run_grid(loaded, settings, make, score, "passkey", show_progress)
-    result["prompt"] = {
-        "prefix": PASSKEY_PREFIX,
-        "filler": PASSKEY_FILLER,
-        "needle": PASSKEY_NEEDLE,
-        "question": PASSKEY_QUESTION,
-    }
+    hay = Haystack.noise(loaded.tokenizer)
+    result = evaluate_task_grid(loaded, settings, "passkey", hay, template, None, show_progress)
+    result["prompt"] = {**asdict(get_task("passkey").templates[template]), "filler": NOISE_TEXT}
     return result
 
 
@@ -333,13 +387,16 @@ class NeedleTask:
         haystack: a data source for the haystack text (see :func:`ctxext.evaluation.data.iter_texts`).
         needle: the sentence hidden in it. A needle containing ``{key}`` is *keyed*: every trial draws a
             fresh 5-digit ``{key}`` and a 2-letter ``{name}`` (seeded), formatted into needle, question and
-            answer, and is scored like the passkey (first number generated == key). E.g. the in-domain
-            code needle ``"\nKEY_{name} = {key}\n"`` / ``"\nassert KEY_{name} =="`` / ``"{key}"``.
+            answer. E.g. the in-domain code needle ``"\nKEY_{name} = {key}\n"`` / ``"\nassert KEY_{name} =="``
+            / ``"{key}"``.
         question: the text that ends the prompt and asks for it.
-        answer: the expected answer; correct when all its words appear in the output.
+        answer: the expected continuation of the question; a space is put before it unless the question
+            ends in whitespace or the answer starts with it.
         text_field: column of table-like haystack sources.
         split: split of a Hub data set.
         haystack_tokens: how much haystack text to read (tokens).
+        template: use the ``needle`` task's registered template of this index instead of needle /
+            question / answer.
     """
 
     haystack: str = "builtin:stdlib"
@@ -349,60 +406,47 @@ class NeedleTask:
     text_field: str = "text"
     split: str = "train"
     haystack_tokens: int | None = None
+    template: int | None = None
+
+    def to_template(self) -> int | Template:
+        """The registry template (an index) or a custom one built from needle / question / answer."""
+        if self.template is not None:
+            return self.template
+        answer = self.answer
+        if not self.question[-1:].isspace() and not answer[:1].isspace():
+            answer = " " + answer
+        return Template(needle=self.needle, question=self.question, answer=answer)
+
+
+def load_haystack(loaded: LoadedModel, source: str, text_field: str, split: str, tokens: int) -> Haystack:
+    """A text haystack of at least ``tokens`` tokens from a data source (``noise`` for the noise filler)."""
+    from ctxext.evaluation.data import iter_texts
+
+    if source == "noise":
+        return Haystack.noise(loaded.tokenizer, tokens)
+    return Haystack.from_texts(loaded.tokenizer, iter_texts(source, text_field, split), tokens, source)
 
 
 def evaluate_needle(
     loaded: LoadedModel, settings: GridSettings, task: NeedleTask | None = None, show_progress: bool = True
 ) -> dict[str, Any]:
-    """A needle-in-a-haystack grid of one model.
+    """A needle-in-a-haystack grid of one model (the ``needle`` task).
 
     Each trial starts the haystack at a different seeded offset, so trials differ in their text.
 
     Args:
         loaded: the model.
-        settings: lengths, depths, trials, seed (``max_new_tokens`` is raised to fit the answer).
-        task: haystack source and needle / question / answer.
+        settings: lengths, depths, trials, seed, scoring.
+        task: haystack source and needle / question / answer (or a registry template).
         show_progress: draw a progress bar.
 
     Returns:
         The ``needle`` section of a report.
     """
-    from ctxext.evaluation.data import iter_texts
-
     task = task or NeedleTask()
-    tok = loaded.tokenizer
-    want = task.haystack_tokens or 2 * max(settings.lengths)
-    hay: list[int] = []
-    for text in iter_texts(task.haystack, task.text_field, task.split):
-        hay += _encode(tok, text + "\n\n")
-        if len(hay) >= want:
-            break
-    answer_tokens = len(_encode(tok, " " + task.answer.format(key=99999, name="aa")))
-    settings.max_new_tokens = max(settings.max_new_tokens, answer_tokens + 8)
-
-    keyed = "{key}" in task.needle
-
-    def make(length: int, depth: float, trial: int) -> tuple[Prompt, dict[str, Any]]:
-        rng = random.Random(f"{settings.seed}-{length}-{depth:g}-{trial}")
-        offset = rng.randrange(len(hay))
-        fields: dict[str, Any] = {}
-        if keyed:
-            # A fresh key (and name) per trial, so a model cannot pass by remembering one answer.
-            fields = {"key": rng.randint(10000, 99999), "name": "".join(rng.choice("abcdefghij") for _ in range(2))}
-        needle, question, answer = (
-            t.format(**fields) if keyed else t for t in (task.needle, task.question, task.answer)
-        )
-        prompt = build_prompt(tok, length, depth, hay, needle, question, answer, "", offset)
-        return prompt, {"haystack_offset": offset, **fields}
-
-    def score(output: str, prompt: Prompt) -> tuple[bool, float]:
-        if keyed:
-            # Keyed needles are scored like the passkey: the first number generated equals the key.
-            ok = passkey_correct(output, prompt.answer)
-            return ok, float(ok)
-        recall = needle_recall(output, prompt.answer)
-        return recall >= 1.0, recall
-
-    result = _run_grid(loaded, settings, make, score, "needle", show_progress)
+    hay = load_haystack(
+        loaded, task.haystack, task.text_field, task.split, task.haystack_tokens or 2 * max(settings.lengths)
+    )
+    result = evaluate_task_grid(loaded, settings, "needle", hay, task.to_template(), None, show_progress)
     result["prompt"] = asdict(task) | {"haystack_tokens_read": len(hay)}
     return result

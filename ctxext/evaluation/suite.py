@@ -4,9 +4,12 @@ Lengths (and context limits) are token counts or expressions relative to the *re
 model with the longest configured context among those evaluated, i.e. the extended one):
 
 * ``"2x"``: twice the reference's original (pretraining) context;
-* ``"target"``: the reference's configured context.
+* ``"target"``: the reference's configured context;
+* ``"2x target"``: twice the reference's configured context — *beyond the target* (train short, test
+  long: where PI, NTK and YaRN separate in the papers). Such lengths are always kept, every model is
+  evaluated there, and the report marks them "beyond target".
 
-Relative lengths above the reference's context are dropped (and noted) unless
+Other relative lengths above the reference's context are dropped (and noted) unless
 ``allow_beyond_context`` is set; models with a shorter context (the base, in a comparison) are evaluated
 at the same lengths, marked as beyond their context.
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 import gc
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -47,7 +50,8 @@ class PerplexityTask(_Section):
     bucket_size: int | str | None = Field(default="auto", description="tokens per bucket, 'auto' (longest/8) or null")
     context_limits: list[Length] = Field(default_factory=list)
     stride: int | None = None
-    max_docs: int | None = Field(default=20, gt=0)
+    max_docs: int | None = Field(default=20, gt=0, description="documents reaching the longest length")
+    min_docs: int = Field(default=3, gt=0, description="fewest documents a perplexity may average")
     short_context: bool = True
     resamples: int = Field(default=1000, gt=0)
 
@@ -60,6 +64,9 @@ class GridTask(_Section):
     trials: int = Field(default=5, gt=0)
     seed: int = 0
     max_new_tokens: int = Field(default=12, gt=0)
+    scoring: Literal["teacher-forced", "generate"] = Field(
+        default="teacher-forced", description="teacher-forced (exact for greedy decoding) or generate"
+    )
 
 
 class NeedleSuiteTask(GridTask):
@@ -71,6 +78,36 @@ class NeedleSuiteTask(GridTask):
     needle: str | None = None
     question: str | None = None
     answer: str | None = None
+
+
+TemplateChoice = Literal["heldout", "training", "all"] | list[int]
+
+
+class RulerTaskEntry(_Section):
+    """One task of the RULER-style section."""
+
+    task: str = Field(description="a registered task: needle, multikey, multivalue, multiquery, variable_tracking, …")
+    name: str | None = Field(default=None, description="label in the report (default: the task name)")
+    options: dict[str, int] = Field(default_factory=dict, description="task options, e.g. {distractors: 3}")
+    templates: TemplateChoice | None = None
+
+
+class RulerSection(_Section):
+    """RULER-style synthetic tasks × lengths × depths, with effective length."""
+
+    tasks: list[RulerTaskEntry]
+    lengths: list[Length] = Field(default_factory=lambda: ["1x", "2x", "4x"])
+    depths: list[float] = Field(default_factory=lambda: [10, 50, 90])
+    trials: int = Field(default=10, gt=0)
+    seed: int = 0
+    haystack: str = Field(default="builtin:stdlib", description="haystack text source, or noise")
+    text_field: str = "text"
+    split: str = "test"
+    templates: TemplateChoice = "heldout"
+    threshold: float = Field(default=0.85, gt=0, le=1)
+    threshold_reference: Literal["original", "absolute"] = "original"
+    min_reference: float = Field(default=0.25, ge=0, le=1)
+    scoring: Literal["teacher-forced", "generate"] = "teacher-forced"
 
 
 class QATask(_Section):
@@ -88,6 +125,18 @@ class QATask(_Section):
     length_edges: list[int] = Field(default_factory=lambda: [4000, 8000])
 
 
+class AttentionTask(_Section):
+    """Attention diagnostics (mass by distance band, beyond the original window, sinks, entropy)."""
+
+    data: str = "builtin:stdlib"
+    text_field: str = "text"
+    split: str = "test"
+    length: Length = "target"
+    docs: int = Field(default=4, gt=0)
+    bands: list[float] = Field(default_factory=lambda: [0.01, 0.1, 0.5])
+    sink_tokens: int = Field(default=4, gt=0)
+
+
 class Suite(_Section):
     """An evaluation suite."""
 
@@ -98,14 +147,8 @@ class Suite(_Section):
     passkey: GridTask | None = None
     needle: NeedleSuiteTask | None = None
     qa: QATask | None = None
-
-
-def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = tree
-    for k in keys[:-1]:
-        node = node.setdefault(k, {}) if isinstance(node.get(k), dict) or k not in node else node[k]
-    node[keys[-1]] = value
+    ruler: RulerSection | None = None
+    attention: AttentionTask | None = None
 
 
 def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Suite, dict[str, Any]]:
@@ -132,30 +175,62 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML: {exc}") from None
-    for item in overrides or []:
-        if "=" not in item:
-            raise InputError(f"override {item!r} must be key=value")
-        key, value = item.split("=", 1)
-        _set(raw, key.strip(), yaml.safe_load(value))
+    from ctxext.config import RecipeError, apply_overrides
+
+    try:
+        apply_overrides(raw, list(overrides or []))  # the one key=value parser, shared with recipes
+    except RecipeError as exc:
+        raise InputError("suite overrides: " + "; ".join(f"{k}: {m}" for k, m in exc.problems)) from None
     try:
         suite = Suite.model_validate(raw)
     except ValidationError as exc:
         problems = "\n".join(f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise InputError(f"invalid suite {path}:\n{problems}") from None
     _resolve_paths(suite, p.resolve().parent)
-    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa)):
-        raise InputError(f"suite {path} names no task (perplexity, passkey, needle, qa)")
+    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa, suite.ruler, suite.attention)):
+        raise InputError(f"suite {path} names no task (perplexity, passkey, needle, qa, ruler, attention)")
+    if suite.ruler:
+        # Unknown tasks, options or templates fail now, before any model is loaded.
+        ruler_settings(suite.ruler, [1], False).validate()
     return suite, raw
+
+
+def ruler_settings(section: RulerSection, lengths: list[int], allow_beyond: bool) -> Any:
+    """The :class:`~ctxext.evaluation.ruler.RulerSettings` of a suite's ``ruler`` section."""
+    from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec
+
+    return RulerSettings(
+        tasks=[RulerTaskSpec(t.task, t.name, dict(t.options), t.templates) for t in section.tasks],
+        lengths=lengths,
+        depths=list(section.depths),
+        trials=section.trials,
+        seed=section.seed,
+        haystack=section.haystack,
+        text_field=section.text_field,
+        split=section.split,
+        templates=section.templates,
+        threshold=section.threshold,
+        threshold_reference=section.threshold_reference,
+        min_reference=section.min_reference,
+        scoring=section.scoring,
+        allow_beyond_context=allow_beyond,
+    )
 
 
 def _resolve_paths(suite: Suite, folder: Path) -> None:
     # Data paths in a suite may be relative to the working folder, the suite's folder or its parent.
-    for task, key in (("perplexity", "data"), ("needle", "haystack"), ("qa", "data")):
+    for task, key in (
+        ("perplexity", "data"),
+        ("needle", "haystack"),
+        ("qa", "data"),
+        ("ruler", "haystack"),
+        ("attention", "data"),
+    ):
         section = getattr(suite, task)
         if section is None:
             continue
         value = getattr(section, key)
-        if value.startswith("builtin:") or Path(value).exists():
+        if value.startswith("builtin:") or value == "noise" or Path(value).exists():
             continue
         for base in (folder, folder.parent):
             if (base / value).exists():
@@ -170,12 +245,18 @@ def resolve_length(value: Length, original: int, context: int) -> int:
     text = str(value).strip().lower()
     if text == "target":
         return context
+    beyond = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x\s*target", text)
+    if beyond:
+        return int(round(float(beyond.group(1)) * context))
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x", text)
     if m:
         return int(round(float(m.group(1)) * original))
     if text.isdigit():
         return int(text)
-    raise InputError(f"length {value!r}: use a token count, 'Nx' (N × the original context) or 'target'")
+    raise InputError(
+        f"length {value!r}: use a token count, 'Nx' (N × the original context), 'target' or 'Nx target' "
+        "(N × the target, to evaluate beyond it)"
+    )
 
 
 def resolve_lengths(
@@ -185,11 +266,16 @@ def resolve_lengths(
     out, dropped = [], []
     for v in values:
         L = resolve_length(v, original, context)
-        if L > context and not isinstance(v, int) and not allow_beyond:
+        if L > context and not isinstance(v, int) and not allow_beyond and not is_beyond_target(v):
             dropped.append(L)
         else:
             out.append(L)
     return sorted(set(out)), sorted(set(dropped))
+
+
+def is_beyond_target(value: Length) -> bool:
+    """Whether a suite length asks for a multiple of the target (``"2x target"``): kept past the context."""
+    return isinstance(value, str) and re.fullmatch(r"\s*\d+(?:\.\d+)?\s*x\s*target\s*", value.lower()) is not None
 
 
 def _auto_bucket(longest: int) -> int:
@@ -209,6 +295,7 @@ def run_suite(
     command: str | None = None,
     device: str | None = None,
     overwrite: bool = False,
+    reference: str | None = None,
 ) -> dict[str, Any]:
     """Run every task of a suite on every model (one model in memory at a time) and write the report.
 
@@ -222,6 +309,7 @@ def run_suite(
         command: the command line, for the report.
         device: ``cpu`` / ``cuda``.
         overwrite: replace a previous report folder at ``out`` (never anything else).
+        reference: report label of the model the others are compared with, paired (default: the first).
 
     Returns:
         The report dict (also written to ``out``).
@@ -240,7 +328,7 @@ def run_suite(
     states = []
     for spec in specs:
         cfg_ref = spec.config_from or spec.ref
-        from ctxext.evaluation.loading import is_run_folder
+        from ctxext.runfolder import is_run_folder
 
         if spec.adapter and not spec.config_from:
             if (Path(spec.adapter) / "config.json").is_file():
@@ -274,12 +362,28 @@ def run_suite(
         plan["passkey"] = lengths_of(suite.passkey.lengths, "passkey")
     if suite.needle:
         plan["needle"] = lengths_of(suite.needle.lengths, "needle")
+    if suite.ruler:
+        plan["ruler"] = lengths_of(suite.ruler.lengths, "ruler")
+    if suite.attention:
+        plan["attention"] = lengths_of([suite.attention.length], "attention")
 
+    # Lengths past the reference's context were asked for explicitly ("2x target"): every model goes there.
+    beyond_target = sorted({L for v in plan.values() for L in (v[0] if isinstance(v, tuple) else v) if L > context})
     entries = []
     for i, spec in enumerate(specs):
         loaded = load_model(spec, device=device)
-        beyond_ok = allow or (allow_beyond_for is not None and i in allow_beyond_for) or loaded.context_length < context
+        beyond_ok = (
+            allow
+            or bool(beyond_target)
+            or (allow_beyond_for is not None and i in allow_beyond_for)
+            or loaded.context_length < context
+        )
         entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
+        if "ruler" in entry:
+            from ctxext.evaluation.ruler import trained_tasks
+
+            # Marks the tasks this model was fine-tuned on (from a run folder's recipe data.mixture).
+            entry["ruler"]["trained_tasks"] = trained_tasks(spec.adapter or spec.ref)
         entries.append(entry)
         del loaded
         gc.collect()
@@ -293,15 +397,21 @@ def run_suite(
         data["needle"] = describe_source(suite.needle.haystack, suite.needle.text_field, suite.needle.split)
     if suite.qa:
         data["qa"] = describe_source(suite.qa.data, split=suite.qa.split)
+    if suite.ruler and suite.ruler.haystack != "noise":
+        data["ruler"] = describe_source(suite.ruler.haystack, suite.ruler.text_field, suite.ruler.split)
+    if suite.attention:
+        a = suite.attention
+        data["attention"] = describe_source(a.data, a.text_field, a.split)
     suite_info = {
         "name": suite.name,
         "path": suite_path,
         "reference_context": context,
         "reference_original_context": original,
+        "beyond_target": beyond_target,
         "notes": notes,
         "definition": suite.model_dump(),
     }
-    report = build_report(entries, data=data, suite=suite_info, command=command)
+    report = build_report(entries, data=data, suite=suite_info, command=command, reference=reference)
     write_report(report, out, overwrite=overwrite)
     return report
 
@@ -322,6 +432,7 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
             stride=t.stride,
             context_limits=limits,
             max_docs=t.max_docs,
+            min_docs=t.min_docs,
             resamples=t.resamples,
             short_context=t.short_context,
             allow_beyond_context=beyond_ok,
@@ -340,6 +451,7 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
             seed=t.seed,
             max_new_tokens=t.max_new_tokens,
             allow_beyond_context=beyond_ok,
+            scoring=t.scoring,
         )
         if task == "passkey":
             entry[task] = evaluate_passkey(loaded, grid, show)
@@ -349,6 +461,10 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
                 if getattr(t, name):
                     setattr(needle, name, getattr(t, name))
             entry[task] = evaluate_needle(loaded, grid, needle, show)
+    if suite.ruler:
+        from ctxext.evaluation.ruler import evaluate_ruler
+
+        entry["ruler"] = evaluate_ruler(loaded, ruler_settings(suite.ruler, plan["ruler"], beyond_ok), show)
     if suite.qa:
         from ctxext.evaluation.qa import QA_TEMPLATE, QASettings, evaluate_qa
 
@@ -372,6 +488,8 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
             ),
             show,
         )
+    if suite.attention:
+        entry["attention"] = _run_attention(suite.attention, loaded, plan["attention"][0], beyond_ok, show)
     return entry
 
 
@@ -382,6 +500,18 @@ def find_suite(ref: str | Path) -> Path:
         shipped = Path(__file__).resolve().parents[2] / suite_path
         suite_path = shipped if shipped.is_file() else suite_path
     return suite_path
+def _run_attention(task: AttentionTask, loaded: Any, length: int, beyond_ok: bool, show: bool) -> dict[str, Any]:
+    from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
+    from ctxext.evaluation.data import iter_texts
+
+    settings = AttentionSettings(
+        length=length,
+        docs=task.docs,
+        bands=list(task.bands),
+        sink_tokens=task.sink_tokens,
+        allow_beyond_context=beyond_ok,
+    )
+    return evaluate_attention(loaded, iter_texts(task.data, task.text_field, task.split), settings, show)
 
 
 def run_suite_for_run(run_dir: str | Path, recipe: Any, show_progress: bool = True) -> Path:

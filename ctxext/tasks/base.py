@@ -1,0 +1,378 @@
+"""The pieces every synthetic task shares: templates, haystacks, samples, and the one prompt assembler.
+
+A task sample is a token sequence of exactly ``length`` tokens::
+
+    [prefix (tokenized with the tokenizer's defaults, BOS included)]
+    [haystack filler, with the task's inserts (needles) placed at their depths]
+    [question]
+    [answer]
+
+The answer's tokens are the last ones, at ``answer_span``; a model is scored (or trained) on them
+teacher-forced (:func:`ctxext.evaluation.answer_scoring.score_answers`). ``F = length − |prefix| −
+|inserts| − |question| − |answer|`` filler tokens are taken from the haystack at a seeded offset; an
+insert at depth ``d`` goes after the first ``round(d · F)`` of them (``d = 0``: right after the prefix;
+``d = 1``: right before the question).
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ctxext.errors import InputError
+
+# The noise haystack (Landmark Attention's passkey filler): repetitive, so only the needle carries information.
+NOISE_TEXT = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+
+# Keys are 5-digit numbers and names 2 letters of a–j: short, and made of pieces every byte-level BPE
+# vocabulary has (the grown model's 2048-token tokenizer splits " 12345" into " 1", "23", "4", "5").
+NAME_LETTERS = "abcdefghij"
+KEY_RANGE = (10000, 99999)
+
+
+@dataclass(frozen=True)
+class Template:
+    """One surface form of a task; which fields each string receives is documented by the task.
+
+    Attributes:
+        needle: the text hidden in the haystack (formatted per insert, e.g. with ``{name}`` / ``{key}``).
+        question: the text after the haystack that asks for the answer.
+        answer: the exact continuation scored (or trained on); it follows the question verbatim, so it
+            carries its own leading space where one belongs.
+        prefix: a task description before the haystack.
+        link: a second insert form (variable tracking's chain step, the copy task's closing marker).
+        item: the form of one item in a list (queried names, extracted words).
+        join: the separator of list items (in questions and answers).
+    """
+
+    needle: str = ""
+    question: str = ""
+    answer: str = ""
+    prefix: str = ""
+    link: str = ""
+    item: str = "{name}"
+    join: str = ", "
+
+
+@dataclass
+class TaskSample:
+    """One generated sample.
+
+    Attributes:
+        task: the task name.
+        ids: the token ids (exactly the requested length), prompt then answer.
+        answer_span: ``(start, end)`` of the answer tokens in ``ids`` (``end == len(ids)``).
+        answer: the answer text.
+        depth: the depth asked for (0–1).
+        template: the template index, or None for a custom template.
+        fields: what was drawn (keys, names, …), JSON-ready.
+        needle_spans: ``(start, end)`` of every insert in ``ids``, in order of position.
+        filler_tokens: haystack tokens in the sample (``F``).
+        haystack_offset: where in the haystack the filler starts.
+    """
+
+    task: str
+    ids: list[int]
+    answer_span: tuple[int, int]
+    answer: str
+    depth: float
+    template: int | None
+    fields: dict[str, Any] = field(default_factory=dict)
+    needle_spans: list[tuple[int, int]] = field(default_factory=list)
+    filler_tokens: int = 0
+    haystack_offset: int = 0
+
+    @property
+    def prompt(self) -> list[int]:
+        """The ids before the answer."""
+        return self.ids[: self.answer_span[0]]
+
+    @property
+    def answer_ids(self) -> list[int]:
+        """The answer's token ids."""
+        return self.ids[self.answer_span[0] : self.answer_span[1]]
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` without special tokens."""
+    if not text:
+        return []
+    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def encode_prefix(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of the prompt's start, with the tokenizer's defaults (BOS where it adds one)."""
+    return list(tokenizer(text, verbose=False)["input_ids"])
+
+
+def fill(text: str, **fields: Any) -> str:
+    """``text.format(**fields)`` with an error naming the unknown field and the ones available."""
+    try:
+        return text.format(**fields)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise InputError(
+            f"template text {text!r} has a field this task does not provide ({exc}); fields: "
+            f"{', '.join('{' + k + '}' for k in fields) or 'none'} (double literal braces: {{{{ }}}})"
+        ) from None
+
+
+@dataclass
+class Haystack:
+    """A token stream that fills the context around the needles (cycled when a sample needs more).
+
+    Attributes:
+        ids: the token ids.
+        name: what it is (``noise`` or the data source), for reports.
+    """
+
+    ids: list[int]
+    name: str = "text"
+
+    def __post_init__(self) -> None:
+        if not self.ids:
+            raise InputError(f"the haystack {self.name!r} is empty: give a data source with text in it")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def take(self, n: int, offset: int) -> list[int]:
+        """``n`` tokens starting at ``offset``, wrapping around."""
+        size = len(self.ids)
+        return [self.ids[(offset + i) % size] for i in range(n)]
+
+    @classmethod
+    def from_texts(cls, tokenizer: Any, texts: Iterable[str], min_tokens: int, name: str = "text") -> Haystack:
+        """Real text: documents tokenized one by one (each followed by a blank line) until ``min_tokens``.
+
+        Args:
+            tokenizer: the tokenizer.
+            texts: documents (read lazily).
+            min_tokens: stop reading once this many tokens are collected.
+            name: the source's name (for reports).
+        """
+        ids: list[int] = []
+        for text in texts:
+            ids += encode(tokenizer, text + "\n\n")
+            if len(ids) >= min_tokens:
+                break
+        return cls(ids, name)
+
+    @classmethod
+    def noise(cls, tokenizer: Any, min_tokens: int = 4096) -> Haystack:
+        """The repetitive noise filler (a whole number of repetitions, so cycling keeps its period)."""
+        one = encode(tokenizer, NOISE_TEXT)
+        reps = max(1, -(-min_tokens // max(1, len(one))))
+        return cls(encode(tokenizer, NOISE_TEXT * reps), "noise")
+
+
+def draw_names(rng: random.Random, n: int) -> list[str]:
+    """``n`` distinct 2-letter names (a–j)."""
+    pool = [a + b for a in NAME_LETTERS for b in NAME_LETTERS]
+    if n > len(pool):
+        raise InputError(f"a sample needs {n} distinct names; at most {len(pool)} are available")
+    return rng.sample(pool, n)
+
+
+def draw_keys(rng: random.Random, n: int) -> list[int]:
+    """``n`` distinct 5-digit keys."""
+    keys: list[int] = []
+    while len(keys) < n:
+        k = rng.randint(*KEY_RANGE)
+        if k not in keys:
+            keys.append(k)
+    return keys
+
+
+def draw_words(rng: random.Random, n: int) -> list[str]:
+    """``n`` distinct 3-letter lowercase words."""
+    letters = string.ascii_lowercase
+    words: set[str] = set()
+    out: list[str] = []
+    while len(out) < n:
+        w = "".join(rng.choice(letters) for _ in range(3))
+        if w not in words:
+            words.add(w)
+            out.append(w)
+    return out
+
+
+def assemble(
+    tokenizer: Any,
+    *,
+    task: str,
+    length: int,
+    depth: float,
+    rng: random.Random,
+    haystack: Haystack,
+    prefix: str,
+    inserts: Sequence[tuple[float, list[int]]],
+    question: list[int],
+    answer: list[int],
+    answer_text: str,
+    template: int | None,
+    fields: dict[str, Any],
+) -> TaskSample:
+    """The one prompt builder: prefix, haystack with inserts at their depths, question, answer.
+
+    Args:
+        tokenizer: the tokenizer (for the prefix).
+        task: the task's name (for messages and the sample).
+        length: total tokens, answer included.
+        depth: the depth asked for (recorded in the sample).
+        rng: draws the haystack offset.
+        haystack: the filler stream.
+        prefix: text before the haystack.
+        inserts: ``(depth, ids)`` of every insert; equal depths keep this order.
+        question: question ids.
+        answer: answer ids.
+        answer_text: the answer's text.
+        template: the template index.
+        fields: what was drawn.
+
+    Returns:
+        The :class:`TaskSample`.
+
+    Raises:
+        InputError: the length cannot hold the prefix, inserts, question and answer.
+    """
+    head = encode_prefix(tokenizer, prefix)
+    fixed = len(head) + sum(len(ids) for _, ids in inserts) + len(question) + len(answer)
+    n_fill = length - fixed
+    if n_fill < 0:
+        raise InputError(
+            f"task {task}: length {length} cannot hold its prompt: prefix, {len(inserts)} needle(s), question and "
+            f"answer need {fixed} tokens. Use a length of at least {fixed} tokens (or fewer needles / distractors)."
+        )
+    if not answer:
+        raise InputError(f"task {task}: the answer is empty (check the template's answer text)")
+    offset = rng.randrange(len(haystack))
+    stream = haystack.take(n_fill, offset)
+    placed = sorted(
+        ((round(min(max(d, 0.0), 1.0) * n_fill), i, ids) for i, (d, ids) in enumerate(inserts)),
+        key=lambda t: (t[0], t[1]),
+    )
+    ids = list(head)
+    spans: list[tuple[int, int]] = []
+    cursor = 0
+    for pos, _, piece in placed:
+        ids += stream[cursor:pos]
+        cursor = pos
+        spans.append((len(ids), len(ids) + len(piece)))
+        ids += piece
+    ids += stream[cursor:]
+    ids += question
+    start = len(ids)
+    ids += answer
+    return TaskSample(
+        task=task,
+        ids=ids,
+        answer_span=(start, len(ids)),
+        answer=answer_text,
+        depth=depth,
+        template=template,
+        fields=fields,
+        needle_spans=spans,
+        filler_tokens=n_fill,
+        haystack_offset=offset,
+    )
+
+
+class Task:
+    """A synthetic long-range task: a generator of samples from a haystack at a length and a depth.
+
+    Subclasses set the class attributes and implement :meth:`build`; :func:`register_task` makes them
+    available by name.
+
+    Attributes:
+        name: the registry name.
+        description: one line for listings.
+        templates: the surface forms (data: a suite can hold some out of what training uses).
+        heldout: template indices reserved for evaluation by default (training uses the others).
+        options: option name → default (e.g. ``distractors``), each a non-negative int.
+        haystack: ``text`` (real text) or ``noise`` — the haystack the task is meant for by default.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    templates: ClassVar[tuple[Template, ...]] = ()
+    heldout: ClassVar[tuple[int, ...]] = ()
+    options: ClassVar[dict[str, int]] = {}
+    haystack: ClassVar[str] = "text"
+
+    def training_templates(self) -> list[int]:
+        """The template indices training uses by default (all but the held-out ones)."""
+        return [i for i in range(len(self.templates)) if i not in self.heldout]
+
+    def template(self, which: int | Template) -> tuple[Template, int | None]:
+        """The template for an index (or a custom :class:`Template`), with its index."""
+        if isinstance(which, Template):
+            return which, None
+        if not 0 <= which < len(self.templates):
+            raise InputError(
+                f"task {self.name} has templates 0–{len(self.templates) - 1}; template {which} does not exist"
+            )
+        return self.templates[which], which
+
+    def resolve_options(self, given: dict[str, Any]) -> dict[str, int]:
+        """The task's options with defaults filled in; unknown or negative options are errors."""
+        unknown = sorted(set(given) - set(self.options))
+        if unknown:
+            known = ", ".join(self.options) or "none"
+            raise InputError(f"task {self.name}: unknown option(s) {', '.join(unknown)}; its options: {known}")
+        out = dict(self.options)
+        for k, v in given.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InputError(f"task {self.name}: option {k} must be a non-negative integer (got {v!r})")
+            out[k] = v
+        return out
+
+    def generate(
+        self,
+        tokenizer: Any,
+        haystack: Haystack,
+        length: int,
+        depth: float,
+        rng: random.Random,
+        *,
+        template: int | Template = 0,
+        **options: Any,
+    ) -> TaskSample:
+        """One sample of exactly ``length`` tokens, its answer last.
+
+        Args:
+            tokenizer: the model's tokenizer.
+            haystack: the filler (:meth:`Haystack.from_texts` or :meth:`Haystack.noise`).
+            length: total tokens, answer included.
+            depth: where the (first) needle goes, 0 (start) to 1 (end).
+            rng: the only source of randomness (seed it per sample for reproducible sets).
+            template: a template index or a custom :class:`Template`.
+            **options: task options (see :attr:`options`).
+
+        Returns:
+            The :class:`TaskSample`.
+
+        Raises:
+            InputError: bad depth, template or option, or a length too short for the task.
+        """
+        if not 0.0 <= float(depth) <= 1.0:
+            raise InputError(f"task {self.name}: depth {depth} must be between 0 and 1")
+        tpl, index = self.template(template)
+        opts = self.resolve_options(options)
+        return self.build(tokenizer, haystack, int(length), float(depth), rng, tpl, index, opts)
+
+    def build(
+        self,
+        tokenizer: Any,
+        haystack: Haystack,
+        length: int,
+        depth: float,
+        rng: random.Random,
+        tpl: Template,
+        index: int | None,
+        opts: dict[str, int],
+    ) -> TaskSample:
+        """Make the sample (subclasses); arguments are validated by :meth:`generate`."""
+        raise NotImplementedError

@@ -1,0 +1,71 @@
+"""``multiquery``: several key/value pairs; one question asks for all of them (RULER's MQ-NIAH).
+
+Template fields: needle ``{name}``, ``{key}``; ``item`` ``{name}`` (one queried name as the question
+writes it); question ``{items}`` (the items joined by ``join``); answer ``{keys}`` (the values in the
+order asked). The first pair sits at the depth asked for, the others at random depths. Option
+``queries`` (default 2).
+"""
+
+from __future__ import annotations
+
+from ctxext.tasks.base import Task, TaskSample, Template, assemble, draw_keys, draw_names, encode, fill
+from ctxext.tasks.registry import register_task
+
+MULTIQUERY_TEMPLATES = (
+    Template(needle="\nKEY_{name} = {key}\n", item="KEY_{name}", question="\nassert ({items}) == (", answer="{keys}"),
+    Template(
+        needle="\nconfig['{name}'] = {key}\n",
+        item="config['{name}']",
+        question="\nassert ({items}) == (",
+        answer="{keys}",
+    ),
+    Template(
+        needle="\n# The secret number of {name} is {key}.\n",
+        question="\n# The secret numbers of {items} are",
+        answer=" {keys}",
+    ),
+    Template(
+        needle=" One of the special magic numbers for {name} is: {key}. ",
+        question=" What are the special magic numbers for {items} mentioned in the provided text? "
+        "The special magic numbers for {items} mentioned in the provided text are",
+        answer=" {keys}",
+    ),
+    Template(needle="\n{name}_id = {key}\n", item="{name}_id", question="\nassert ({items}) == (", answer="{keys}"),
+)
+
+
+@register_task
+class MultiQuery(Task):
+    """Several keys asked at once."""
+
+    name = "multiquery"
+    description = "several key/value pairs; asks for all values at once"
+    templates = MULTIQUERY_TEMPLATES
+    heldout = (4,)
+    options = {"queries": 2}
+
+    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> TaskSample:  # noqa: D102
+        n = max(1, opts["queries"])
+        names, keys = draw_names(rng, n), draw_keys(rng, n)
+        depths = [depth] + [rng.random() for _ in range(n - 1)]
+        inserts = [
+            (d, encode(tokenizer, fill(tpl.needle, name=nm, key=k)))
+            for d, nm, k in zip(depths, names, keys, strict=True)
+        ]
+        items = tpl.join.join(fill(tpl.item, name=nm) for nm in names)
+        answer = fill(tpl.answer, keys=tpl.join.join(str(k) for k in keys))
+        return assemble(
+            tokenizer,
+            task=self.name,
+            length=length,
+            depth=depth,
+            rng=rng,
+            haystack=haystack,
+            prefix=fill(tpl.prefix),
+            inserts=inserts,
+            question=encode(tokenizer, fill(tpl.question, items=items)),
+            answer=encode(tokenizer, answer),
+            answer_text=answer.strip(),
+            template=index,
+            fields={"names": names, "keys": keys},
+        )
