@@ -279,3 +279,12 @@ def test_changed_base_weights_are_refused_by_merge_eval_and_push(tmp_path_factor
         assert result.exit_code == 2, (args[0], result.output)
         assert "not the ones this run was trained on" in flat(result), result.output
     assert not (tmp_path / "merged").exists() and not (tmp_path / "rep").exists()
+
+
+def test_search_overwrite_never_deletes_a_foreign_folder(tiny_model_dir, user_folder):
+    before = hashes(user_folder)
+    for extra in ([], ["--overwrite"]):
+        result = run("search", tiny_model_dir, "-t", "1024", "--out", user_folder, "--budget", "5s", *extra)
+        assert result.exit_code == 2, result.output
+    assert "a folder ctxext did not write" in flat(result)
+    assert hashes(user_folder) == before

@@ -31,10 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from ctxext.atomic import OUTPUT_MARKER
 from ctxext.errors import InputError
 from ctxext.search.budget import parse_budget
 from ctxext.search.evolution import Candidate, Evolution, EvolutionSettings, StopSearch, best, run_evolution
 from ctxext.search.log import LOG_NAME, SearchLog, check_resume, model_fingerprint, read_log
+
+SEARCH_KIND = "search"
 
 
 @dataclass
@@ -174,6 +177,11 @@ def _prepare_out(settings: SearchSettings) -> Path:
         raise FileExistsError(
             f"{out} already exists; pass --resume to continue its search or --overwrite to replace it"
         )
+    elif out.exists() and any(out.iterdir()):
+        from ctxext.atomic import check_output
+
+        # --overwrite replaces only a search folder ctxext wrote (never a model, a run or the user's files).
+        check_output(out, SEARCH_KIND, overwrite=True)
     return log_path
 
 
@@ -289,8 +297,10 @@ def run_search(
         tmp.replace(log_path)
     else:
         if settings.out.exists():
-            shutil.rmtree(settings.out)  # --overwrite, checked above
+            shutil.rmtree(settings.out)  # --overwrite of a search folder, checked in _prepare_out
         settings.out.mkdir(parents=True)
+        # The folder is the search's from now on: its log is a file ctxext wrote (see ctxext.atomic).
+        (settings.out / OUTPUT_MARKER).write_text(json.dumps({"kind": SEARCH_KIND, "files": [LOG_NAME]}) + "\n")
         SearchLog(log_path).append(
             {
                 "type": "header",
@@ -436,7 +446,8 @@ def _write_output(
     from ctxext.extend import extend_folder
 
     out = settings.out
-    with atomic_folder(out) as tmp:
+    # Replaces the search's own working folder (its log), never anything else.
+    with atomic_folder(out, kind=SEARCH_KIND, overwrite=True) as tmp:
         plan = extend_folder(
             settings.model,
             tmp,
