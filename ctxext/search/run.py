@@ -177,7 +177,7 @@ def _prepare_out(settings: SearchSettings) -> Path:
         raise FileExistsError(
             f"{out} already exists; pass --resume to continue its search or --overwrite to replace it"
         )
-    elif out.exists() and any(out.iterdir()):
+    elif out.exists():
         from ctxext.atomic import check_output
 
         # --overwrite replaces only a search folder ctxext wrote (never a model, a run or the user's files).
