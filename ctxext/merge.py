@@ -26,9 +26,13 @@ from typing import Any
 
 import torch
 
-from ctxext.atomic import atomic_folder
+from ctxext.atomic import atomic_folder, check_inputs_outside, check_output
 from ctxext.errors import CtxextError, InputError
-from ctxext.runfolder import MERGE_FILE, read_run
+from ctxext.runfolder import MERGE_FILE, plan_from_run, read_run
+from ctxext.verify import verify_folder
+from ctxext.weights import check_fingerprint, check_weights_readable
+
+MERGED_KIND = "merged-model"
 
 # Default max |Δlogit| between the reloaded merged model and base + adapter. float32 merging only
 # reorders additions (W x + B A x vs (W + B A) x): ~1e-6 relative. 16-bit weights round W + BA.
@@ -126,9 +130,9 @@ def _base_folder(run: dict[str, Any]) -> Path:
 def _patched_config(base_dir: Path, run_dir: Path, run: dict[str, Any]) -> tuple[Any, int | None]:
     # The base's own config with the run's RoPE fields: the run's config.json may carry training-only
     # fields (quantization_config) that must not reach a full-precision model.
-    from transformers import AutoConfig
+    from ctxext.sources import config_from_folder
 
-    config = AutoConfig.from_pretrained(base_dir)
+    config = config_from_folder(base_dir)
     if getattr(config, "quantization_config", None):
         raise InputError(
             f"the base model {base_dir} is stored quantized ({config.quantization_config.get('quant_method', '?')}); "
@@ -346,7 +350,8 @@ def merge_run(
         The :class:`SmokeResult` (also saved in ``<out>/ctxext_merge.json``).
 
     Raises:
-        FileExistsError: ``out`` exists and ``overwrite`` is false.
+        InputError: ``out`` exists (without ``overwrite``, or is not an earlier merge output), is or contains
+            the run or the base, or the base's weights are damaged or not the ones the run was trained on.
         MergeCheckError: the smoke test failed; nothing is left at ``out``.
     """
     from peft import PeftModel
@@ -359,12 +364,14 @@ def merge_run(
     run = read_run(run_dir, allow_incomplete=allow_incomplete)
     if not (run_dir / "adapter_config.json").is_file():
         raise InputError(f"run {run_dir} has no adapter_config.json: there is no adapter to merge")
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists; choose another --out or pass --overwrite")
-    if out.resolve() == run_dir.resolve():
-        raise InputError("--out must differ from the run folder")
+    check_inputs_outside(out, [run_dir])
+    check_output(out, MERGED_KIND, overwrite)
     base_dir = _base_folder(run)
+    check_inputs_outside(out, [base_dir])
+    check_weights_readable(base_dir)
+    check_fingerprint(base_dir, run.get("base_fingerprint"), "merge")
     config, resized = _patched_config(base_dir, run_dir, run)
+    plan = plan_from_run(run, config)
     dev = _device(device)
     torch_dtype = _dtype(dtype, dev, config)
     tol = float(tolerance if tolerance is not None else DEFAULT_TOLERANCE[torch_dtype])
@@ -394,7 +401,7 @@ def merge_run(
     untied = _untie_if_trained(merged)
     if untied:
         log("  untied lm_head from the trained embeddings (tie_word_embeddings=false)")
-    with atomic_folder(out) as tmp:
+    with atomic_folder(out, kind=MERGED_KIND, overwrite=overwrite) as tmp:
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name in _COPY_FILES:
@@ -410,6 +417,9 @@ def merge_run(
             AutoModelForCausalLM.from_pretrained(tmp, dtype=torch_dtype, attn_implementation="sdpa").to(dev).eval()
         )
         rope = verify_model_rope(reloaded).summary()
+        if plan is not None:
+            # Against the run's plan, not the reloaded config: what was trained is what must be published.
+            rope = verify_folder(tmp, plan)
         diffs, agree, total = [], 0, 0
         for ids, ref in zip(inputs, reference, strict=True):
             got = _logits_at(reloaded, ids.to(dev), where)

@@ -1,0 +1,477 @@
+"""``ctxext search``: find per-dimension RoPE long factors for one model and one target length, training-free.
+
+The workflow, top to bottom:
+
+1. check the inputs (a RoPE model, a target above its context, a positive budget, the output folder)
+   before anything is written;
+2. load the model once (fp32 on the CPU) and build the fitness set on the training split;
+3. run the evolutionary search (:mod:`ctxext.search.evolution`) from the seeds of
+   :mod:`ctxext.search.factors`, each candidate applied in place (:class:`~ctxext.search.apply.RopeSwitch`)
+   and scored teacher-forced (:mod:`ctxext.search.objective`), logging every candidate to
+   ``OUT/search.jsonl`` until the generations are done or the time budget is spent;
+4. compare the best factors with the named methods on held-out files (:mod:`ctxext.search.report`);
+5. write ``OUT`` as a model folder (``rope_type: longrope``, short factors 1, the found long factors)
+   through :func:`ctxext.extend.extend_folder` in a temporary folder, reload it with plain transformers
+   and check its runtime RoPE, then rename it into place — with the log, the factors and the report.
+
+While the search runs, ``OUT`` holds only ``search.jsonl`` (no ``config.json``: it does not load as a
+model); ``--resume`` continues from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ctxext.errors import InputError
+from ctxext.search.budget import parse_budget
+from ctxext.search.evolution import Candidate, Evolution, EvolutionSettings, StopSearch, best, run_evolution
+from ctxext.search.log import LOG_NAME, SearchLog, check_resume, model_fingerprint, read_log
+
+
+@dataclass
+class SearchSettings:
+    """What to search and how.
+
+    Attributes:
+        model: model folder, Hub id or ``builtin:NAME``.
+        target_length: the context to extend to.
+        out: output folder (the model folder, with the log and the report).
+        objective: ``needle`` (default) or ``far-ppl``.
+        budget_seconds: wall-clock budget of the search phase.
+        population: candidates per generation.
+        generations: generations after the initial population.
+        seed: seeds the search and the fitness set.
+        samples: needle samples (or documents for far-ppl) in the fitness set.
+        data: data source of the fitness set (training split by default).
+        original_length: overrides the pretraining length.
+        mutation_rate: probability that a mutation redraws a dimension.
+        step: grid of mutated factor values.
+        attention_factor: ``1`` (default: the model is unchanged inside its window), ``auto`` (LongRoPE's
+            ``√(1 + ln s / ln L)``) or a number; fixed during the search and written into the folder.
+        report: compare with the named methods on held-out files and write the report.
+        report_trials: retrieval trials per depth in the report.
+        report_docs: held-out documents for perplexity in the report.
+        device: ``cpu`` / ``cuda`` (default: CUDA when available).
+        resume: continue the search logged in ``out``.
+        overwrite: replace an existing ``out``.
+        show_progress: draw a progress bar.
+    """
+
+    model: str
+    target_length: int
+    out: Path
+    objective: str = "needle"
+    budget_seconds: float = 600.0
+    population: int = 64
+    generations: int = 40
+    seed: int = 0
+    samples: int = 32
+    data: str = "builtin:stdlib-train"
+    original_length: int | None = None
+    mutation_rate: float = 0.3
+    step: float = 0.01
+    attention_factor: str | float = 1.0
+    report: bool = True
+    report_trials: int = 20
+    report_docs: int = 24
+    device: str | None = None
+    resume: bool = False
+    overwrite: bool = False
+    show_progress: bool = True
+
+    def validate(self) -> None:
+        """Raise :class:`InputError` for settings that cannot run."""
+        from ctxext.search.objective import OBJECTIVES
+
+        self.out = Path(self.out)
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"unknown objective {self.objective!r}; choose one of: {', '.join(OBJECTIVES)}")
+        parse_budget(self.budget_seconds)
+        if self.population < 4:
+            raise InputError(f"population must be at least 4 (got {self.population})")
+        if self.generations < 0:
+            raise InputError(f"generations must be 0 or more (got {self.generations})")
+        if self.samples < 1:
+            raise InputError(f"samples must be at least 1 (got {self.samples})")
+        if not 0 < self.mutation_rate <= 1:
+            raise InputError(f"mutation rate must be in (0, 1] (got {self.mutation_rate})")
+        if self.step <= 0:
+            raise InputError(f"step must be positive (got {self.step})")
+        from ctxext.search.apply import resolve_attention_factor
+
+        resolve_attention_factor(self.attention_factor, 2.0, 2)
+        if self.resume and self.overwrite:
+            raise InputError("--resume and --overwrite contradict each other: choose one")
+
+    def logged(self, original_length: int, rotary_dim: int) -> dict[str, Any]:
+        """The settings recorded in the log's header (everything that defines the search)."""
+        from ctxext.search.apply import resolve_attention_factor
+
+        attention = resolve_attention_factor(
+            self.attention_factor, self.target_length / original_length, original_length
+        )
+        return {
+            "model": self.model,
+            "target_length": self.target_length,
+            "original_length": original_length,
+            "rotary_dim": rotary_dim,
+            "objective": self.objective,
+            "population": self.population,
+            "generations": self.generations,
+            "seed": self.seed,
+            "samples": self.samples,
+            "data": self.data,
+            "mutation_rate": self.mutation_rate,
+            "step": self.step,
+            "attention_factor": attention,
+            "budget_seconds": self.budget_seconds,
+        }
+
+
+@dataclass
+class SearchResult:
+    """What a search found.
+
+    Attributes:
+        out: the written folder (None when nothing was written).
+        long_factor: the best factors.
+        score: their training-split objective.
+        best_seed: the best seed (named method / grid point) and its score.
+        evaluations: candidates evaluated (replayed ones included).
+        ended: ``generations`` or ``budget``.
+        seconds: search wall time over all sessions; ``cpu_seconds`` likewise in CPU time.
+        report: the held-out comparison (empty without a report).
+    """
+
+    out: Path | None
+    long_factor: list[float]
+    score: float
+    best_seed: dict[str, Any]
+    evaluations: int
+    ended: str
+    seconds: float
+    cpu_seconds: float
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+def _prepare_out(settings: SearchSettings) -> Path:
+    out, log_path = settings.out, settings.out / LOG_NAME
+    if settings.resume:
+        if not log_path.is_file():
+            raise InputError(f"nothing to resume: {log_path} does not exist (run without --resume to start a search)")
+        if (out / "config.json").exists():
+            raise InputError(f"the search in {out} is complete (it holds a model); nothing to resume")
+    elif out.exists() and not settings.overwrite:
+        raise FileExistsError(
+            f"{out} already exists; pass --resume to continue its search or --overwrite to replace it"
+        )
+    return log_path
+
+
+class _Progress:
+    """A rich progress bar over evaluations, showing the generation and the best score so far."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.enabled = enabled
+        self.progress: Any = None
+        self.total = total
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+            console = Console(stderr=True)
+            if console.is_terminal:
+                self.progress = Progress(
+                    TextColumn("[progress.description]{task.description}"),
+                    BarColumn(),
+                    TaskProgressColumn(),
+                    TimeElapsedColumn(),
+                    console=console,
+                )
+                self.progress.__enter__()
+                self.task = self.progress.add_task("search", total=self.total)
+        return self
+
+    def update(self, done: int, generation: int, best_score: float) -> None:
+        if self.progress is not None:
+            self.progress.update(
+                self.task, completed=done, description=f"search gen {generation} · best {best_score:.4f}"
+            )
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+
+def run_search(
+    settings: SearchSettings,
+    log: Callable[[str], None] = print,
+    on_candidate: Callable[[Candidate], None] | None = None,
+) -> SearchResult:
+    """Search long factors for a model and write the extended model folder with its report.
+
+    Args:
+        settings: what to search.
+        log: receives progress lines.
+        on_candidate: called after each newly evaluated candidate (tests use it to interrupt a search).
+
+    Returns:
+        The :class:`SearchResult`.
+
+    Raises:
+        InputError: bad settings, or a log that belongs to another search.
+        FileExistsError: ``out`` exists without ``--resume`` / ``--overwrite``.
+        ctxext.rope.RopeError: a model without RoPE, or a target not above its context.
+    """
+    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.rope import plan_extension, read_rope
+    from ctxext.search.apply import RopeSwitch, longrope_options
+    from ctxext.search.factors import seeds as make_seeds
+    from ctxext.search.objective import build_objective
+    from ctxext.sources import load_config
+
+    settings.validate()
+    budget = parse_budget(settings.budget_seconds)
+    # Everything that can be checked from the config is checked before a weight is loaded or a file written.
+    config, _ = load_config(settings.model)
+    state = read_rope(config, original_length=settings.original_length)
+    plan_extension(config, "linear", settings.target_length, None, settings.original_length)
+    log_path = _prepare_out(settings)
+
+    loaded = load_model(ModelSpec(settings.model), device=settings.device)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    fingerprint = model_fingerprint(model)
+    header_settings = settings.logged(state.original_length, state.rotary_dim)
+    attention = float(header_settings["attention_factor"])
+    logged: list[dict[str, Any]] = []
+    if settings.resume:
+        records = read_log(log_path)
+        check_resume(records[0], header_settings, fingerprint, log_path)
+        logged = [r for r in records if r.get("type") == "candidate"]
+
+    objective = build_objective(
+        settings.objective,
+        tokenizer,
+        settings.target_length,
+        state.original_length,
+        settings.samples,
+        settings.seed,
+        settings.data,
+    )
+    seeds = make_seeds(config, settings.target_length, settings.original_length)
+    scale = settings.target_length / state.original_length
+    upper = max(1.0 + scale, max(float(s.factors.max()) for s in seeds))
+    evo_settings = EvolutionSettings(
+        population=settings.population,
+        generations=settings.generations,
+        mutation_rate=settings.mutation_rate,
+        step=settings.step,
+        seed=settings.seed,
+    )
+    evolution = Evolution(evo_settings, lower=1.0, upper=upper)
+
+    # From here on files are written: a fresh log, or the resumed one rewritten without a cut-off line.
+    if settings.resume:
+        keep = read_log(log_path)
+        tmp = log_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        tmp.replace(log_path)
+    else:
+        if settings.out.exists():
+            shutil.rmtree(settings.out)  # --overwrite, checked above
+        settings.out.mkdir(parents=True)
+        SearchLog(log_path).append(
+            {
+                "type": "header",
+                "settings": header_settings,
+                "fingerprint": fingerprint,
+                "objective_set": objective.info,
+                "seeds": [s.name for s in seeds],
+                "bounds": [1.0, upper],
+            }
+        )
+    search_log = SearchLog(log_path)
+    switch = RopeSwitch(model, settings.original_length)
+    prior_wall = float(logged[-1]["seconds"]) if logged else 0.0
+    prior_cpu = float(logged[-1]["cpu_seconds"]) if logged else 0.0
+    start_wall, start_cpu = time.perf_counter(), time.process_time()
+    cache: dict[tuple[float, ...], float] = {}
+    best_score = math.inf
+    progress = _Progress(evo_settings.expected_evaluations(len(seeds)), settings.show_progress)
+    done = 0
+    n_generations_logged = sum(1 for r in read_log(log_path) if r.get("type") == "generation")
+
+    def wall() -> float:
+        return prior_wall + time.perf_counter() - start_wall
+
+    def evaluate(cand: Candidate) -> float:
+        nonlocal best_score, done
+        key = tuple(np.round(cand.factors, 12))
+        if cand.index < len(logged):
+            record = logged[cand.index]
+            if record["index"] != cand.index or not np.array_equal(np.asarray(record["factors"]), cand.factors):
+                raise InputError(
+                    f"{log_path}: candidate {cand.index} of the log differs from the replay (was the log written by "
+                    "another ctxext version?); start afresh with --overwrite"
+                )
+            score = float(record["score"])
+        else:
+            if wall() >= budget:
+                raise StopSearch
+            if key in cache:
+                score = cache[key]
+            else:
+                switch.use_factors(cand.factors, settings.target_length, attention)
+                score = objective.score(model).mean_nll
+            search_log.append(
+                {
+                    "type": "candidate",
+                    "index": cand.index,
+                    "generation": cand.generation,
+                    "origin": cand.origin,
+                    "factors": [float(v) for v in cand.factors],
+                    "score": score,
+                    "seconds": round(wall(), 3),
+                    "cpu_seconds": round(prior_cpu + time.process_time() - start_cpu, 3),
+                }
+            )
+        cache[key] = score
+        best_score = min(best_score, score)
+        done += 1
+        progress.update(done, cand.generation, best_score)
+        if on_candidate is not None and cand.index >= len(logged):
+            on_candidate(cand)
+        return score
+
+    def on_generation(generation: int, population: list[Candidate]) -> None:
+        top = best(population)
+        if generation >= n_generations_logged:
+            search_log.append(
+                {
+                    "type": "generation",
+                    "generation": generation,
+                    "best_index": top.index,
+                    "best_score": top.score,
+                    "best_origin": top.origin,
+                    "evaluations": done,
+                    "seconds": round(wall(), 3),
+                }
+            )
+        log(f"generation {generation}: best {top.score:.4f} ({top.origin}, candidate {top.index}), {done} evaluations")
+
+    if logged:
+        log(f"resuming {log_path}: replaying {len(logged)} logged candidates")
+    with progress:
+        evaluated, ended = run_evolution(evolution, [(s.name, s.factors) for s in seeds], evaluate, on_generation)
+    seconds = wall()
+    cpu_seconds = prior_cpu + time.process_time() - start_cpu
+    winner = best(evaluated)
+    seed_cands = [c for c in evaluated if c.origin.startswith("seed:")]
+    top_seed = best(seed_cands) if seed_cands else winner
+    search_log.append(
+        {
+            "type": "end",
+            "reason": ended,
+            "evaluations": len(evaluated),
+            "best_index": winner.index,
+            "best_score": winner.score,
+            "best_seed": top_seed.origin,
+            "best_seed_score": top_seed.score,
+            "seconds": round(seconds, 3),
+            "cpu_seconds": round(cpu_seconds, 3),
+        }
+    )
+    log(
+        f"search ended ({ended}) after {len(evaluated)} evaluations, {seconds:.0f} s wall / {cpu_seconds:.0f} s CPU: "
+        f"best {winner.score:.4f} ({winner.origin}); best seed {top_seed.origin} {top_seed.score:.4f}"
+    )
+    result = SearchResult(
+        out=None,
+        long_factor=[float(v) for v in winner.factors],
+        score=float(winner.score),
+        best_seed={"name": top_seed.origin.removeprefix("seed:"), "score": top_seed.score},
+        evaluations=len(evaluated),
+        ended=ended,
+        seconds=seconds,
+        cpu_seconds=cpu_seconds,
+    )
+    if settings.report:
+        from ctxext.search.report import compare_heldout
+
+        log("comparing with the named methods on held-out files")
+        result.report = compare_heldout(
+            switch,
+            tokenizer,
+            winner.factors,
+            settings.target_length,
+            objective=settings.objective,
+            trials=settings.report_trials,
+            docs=settings.report_docs,
+            seed=settings.seed,
+            attention_factor=attention,
+            show_progress=settings.show_progress,
+        )
+    switch.restore()
+    options = longrope_options(winner.factors, attention)
+    result.out = _write_output(settings, result, state, options, log_path)
+    return result
+
+
+def _write_output(
+    settings: SearchSettings, result: SearchResult, state: Any, options: dict[str, Any], log_path: Path
+) -> Path:
+    """Write the model folder (with log, factors and report) atomically, after reloading and verifying it."""
+    from ctxext.atomic import atomic_folder
+    from ctxext.extend import extend_folder
+
+    out = settings.out
+    with atomic_folder(out) as tmp:
+        plan = extend_folder(
+            settings.model,
+            tmp,
+            "longrope",
+            settings.target_length,
+            options=options,
+            original_length=settings.original_length,
+            overwrite=True,
+        )
+        _verify_folder(tmp, options["long_factor"])
+        shutil.copy2(log_path, tmp / LOG_NAME)
+        (tmp / "factors.json").write_text(
+            json.dumps({"short_factor": options["short_factor"], "long_factor": options["long_factor"]}, indent=2)
+            + "\n"
+        )
+        summary = {k: v for k, v in asdict(result).items() if k not in ("out", "report")}
+        summary["settings"] = settings.logged(state.original_length, state.rotary_dim)
+        summary["rope_parameters"] = plan.rope_parameters
+        (tmp / "search.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if result.report:
+            from ctxext.search.report import write_report
+
+            write_report(result.report, tmp, summary)
+    return out
+
+
+def _verify_folder(folder: Path, long_factor: list[float]) -> None:
+    """Reload a written folder with plain transformers and check its runtime RoPE and its long factors."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ctxext.rope import RopeMismatchError, verify_model_rope
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    verify_model_rope(model)
+    params = model.config.rope_parameters
+    if params.get("rope_type") != "longrope" or list(params.get("long_factor") or []) != list(long_factor):
+        raise RopeMismatchError(f"{folder}: the reloaded config does not carry the searched long factors")
