@@ -189,25 +189,14 @@ def _logits_at(model: Any, ids: torch.Tensor, positions: torch.Tensor) -> torch.
 
 
 @torch.no_grad()
-def _nll(causal_lm: Any, ids: torch.Tensor, chunk: int = 1024) -> tuple[float, int]:
-    # Mean next-token NLL from the final hidden states, scored in chunks so the full-length
-    # float32 logits never exist at once (a 128k vocabulary at 32k tokens would be 16 GB).
+def _nll(causal_lm: Any, ids: torch.Tensor) -> tuple[float, int]:
+    # Mean next-token NLL through the evaluator's one scorer (chunked projection, logit softcapping).
+    from ctxext.evaluation.perplexity import token_nll
     from ctxext.rope import reset_dynamic_rope
 
     reset_dynamic_rope(causal_lm)
-    hidden = causal_lm.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[:, :-1]
-    head = causal_lm.get_output_embeddings()
-    total, count = 0.0, 0
-    targets = ids[:, 1:]
-    for start in range(0, targets.shape[1], chunk):
-        logits = head(hidden[:, start : start + chunk]).float()
-        part = targets[:, start : start + chunk]
-        loss = torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), part.reshape(-1), reduction="sum"
-        )
-        total += float(loss)
-        count += part.numel()
-    return total / max(count, 1), count
+    nll = token_nll(causal_lm, ids)
+    return float(nll.double().mean()), nll.numel()
 
 
 def text_tokens(tokenizer: Any, length: int) -> torch.Tensor:

@@ -109,7 +109,8 @@ def run_dir(tmp_path_factory, tiny_model_dir):
 
 
 def test_run_folder_loads_base_adapter_and_patched_rope(run_dir, tiny_model_dir):
-    from ctxext.evaluation.loading import ModelSpec, is_run_folder, load_model
+    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.runfolder import is_run_folder
 
     assert is_run_folder(run_dir)
     ft = load_model(ModelSpec(ref=str(run_dir)))

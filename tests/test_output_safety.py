@@ -140,7 +140,7 @@ def test_eval_refuses_existing_output_and_never_replaces_a_run(
 def test_eval_overwrite_replaces_only_its_own_report(tiny_model_dir, tmp_path, text_file):
     out = tmp_path / "rep"
     args = ["eval", "ppl", "--model", tiny_model_dir, "--data", text_file, "--lengths", "32", "--out", out, "-q"]
-    args += ["--resamples", "10", "--no-short-context"]
+    args += ["--resamples", "10", "--no-short-context", "--min-docs", "1"]  # the fixture is one document
     first = run(*args)
     assert first.exit_code == 0, first.output
     assert (out / "report.json").is_file() and (out / OUTPUT_MARKER).is_file()

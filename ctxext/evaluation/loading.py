@@ -88,19 +88,6 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
 
-def is_run_folder(path: str | Path) -> bool:
-    """Whether a path is a ctxext run folder (``run.json`` next to a LoRA adapter).
-
-    Args:
-        path: a folder.
-
-    Returns:
-        True for a run folder.
-    """
-    p = Path(path)
-    return (p / "run.json").is_file() and _adapter_dir(p) is not None
-
-
 def _adapter_dir(path: Path) -> Path | None:
     for cand in (path, path / "adapter", path / "final"):
         if (cand / "adapter_config.json").is_file():
@@ -164,7 +151,7 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM
 
-    from ctxext.runfolder import check_run_base
+    from ctxext.runfolder import check_run_base, is_run_folder
     from ctxext.sources import config_from_folder, resolve_model_path
     from ctxext.weights import check_weights_readable
 

@@ -151,14 +151,6 @@ class Suite(_Section):
     attention: AttentionTask | None = None
 
 
-def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
-    node = tree
-    for k in keys[:-1]:
-        node = node.setdefault(k, {}) if isinstance(node.get(k), dict) or k not in node else node[k]
-    node[keys[-1]] = value
-
-
 def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Suite, dict[str, Any]]:
     """Read and validate a suite; ``overrides`` are ``key=value`` (dotted keys, YAML values).
 
@@ -183,11 +175,12 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML: {exc}") from None
-    for item in overrides or []:
-        if "=" not in item:
-            raise InputError(f"override {item!r} must be key=value")
-        key, value = item.split("=", 1)
-        _set(raw, key.strip(), yaml.safe_load(value))
+    from ctxext.config import RecipeError, apply_overrides
+
+    try:
+        apply_overrides(raw, list(overrides or []))  # the one key=value parser, shared with recipes
+    except RecipeError as exc:
+        raise InputError("suite overrides: " + "; ".join(f"{k}: {m}" for k, m in exc.problems)) from None
     try:
         suite = Suite.model_validate(raw)
     except ValidationError as exc:
@@ -335,7 +328,7 @@ def run_suite(
     states = []
     for spec in specs:
         cfg_ref = spec.config_from or spec.ref
-        from ctxext.evaluation.loading import is_run_folder
+        from ctxext.runfolder import is_run_folder
 
         if spec.adapter and not spec.config_from:
             if (Path(spec.adapter) / "config.json").is_file():
