@@ -346,9 +346,11 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         if saved is not None and saved != recipe_text:
             import yaml
 
-            old, new = yaml.safe_load(saved), yaml.safe_load(recipe_text)
+            # Optional sections (search) dump as null: compare them as empty sections.
+            old = {s: v or {} for s, v in yaml.safe_load(saved).items()}
+            new = {s: v or {} for s, v in yaml.safe_load(recipe_text).items()}
             diffs = [
-                f"{s}.{k}: {old[s].get(k)!r} → {new[s].get(k)!r}"
+                f"{s}.{k}: {old.get(s, {}).get(k)!r} → {new[s].get(k)!r}"
                 for s in new
                 for k in set(old.get(s, {})) | set(new[s])
                 # A run folder may be moved: its new place is not a change of recipe.
@@ -687,7 +689,7 @@ def _flat_config(recipe: Recipe) -> dict[str, Any]:
     """The recipe as flat ``section.key`` scalars: trackers (tensorboard hparams) take nothing nested."""
     flat: dict[str, Any] = {}
     for section, fields in json.loads(recipe.model_dump_json()).items():
-        for key, value in fields.items():
+        for key, value in (fields or {}).items():  # optional sections (search) may be absent
             scalar = isinstance(value, (int, float, str, bool))
             flat[f"{section}.{key}"] = value if scalar else json.dumps(value)
     return flat

@@ -36,18 +36,18 @@ def test_interrupt_move_damage_and_changed_base(tmp_path, base_copy, monkeypatch
         )
     )
     calls = {"n": 0}
-    real = train_module.shifted_labels
+    real = train_module.build_inputs  # called once per training micro-batch (no validation here)
 
-    def interrupt_at_step_3(ids):
+    def interrupt_at_step_3(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return real(ids)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "shifted_labels", interrupt_at_step_3)
+    monkeypatch.setattr(train_module, "build_inputs", interrupt_at_step_3)
     with pytest.raises(CtxextError) as err:
         train_module.train(recipe)
-    monkeypatch.setattr(train_module, "shifted_labels", real)
+    monkeypatch.setattr(train_module, "build_inputs", real)
     message = str(err.value)
     assert err.value.exit_code == 130
     assert "interrupted at step 2 of 4" in message and "step-0000002 (step 2)" in message
