@@ -157,6 +157,12 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                     f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials "
                     f"({m[task].get('scoring', 'generate')})"
                 )
+        if m.get("ruler"):
+            eff = m["ruler"]["effective_length"]
+            per_task = ", ".join(
+                f"{t} {e['effective_length']['length'] or 'n/a'}" for t, e in m["ruler"]["tasks"].items()
+            )
+            console.print(f"ruler — {m['name']}: effective length {eff['length'] or 'n/a'} ({per_task})")
         if m.get("attention"):
             a = m["attention"]
             console.print(
