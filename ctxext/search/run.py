@@ -133,7 +133,7 @@ class SearchSettings:
             "mutation_rate": self.mutation_rate,
             "step": self.step,
             "attention_factor": attention,
-            "budget_seconds": self.budget_seconds,
+            "budget_seconds": parse_budget(self.budget_seconds),
         }
 
 
