@@ -24,35 +24,18 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from _memory import mem_total_gb, run_watched, status_kb
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "max_length.md"
 MODEL = "builtin:grown-code-64"
 SIDES = ("ctxext", "plain")
-
-
-def _status_kb(field: str, pid: int | str = "self") -> int:
-    """A ``/proc/<pid>/status`` memory field in KiB (0 when the process is gone)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def _mem_total_gb() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) / 2**20
-    return 0.0
 
 
 def _version(package: str) -> str:
@@ -97,7 +80,7 @@ def child(side: str, length: int, threads: int, chunk: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         recipe = _recipe(length, tmp, chunk)
         loaded = build_training_model(recipe)
-    loaded_mb = _status_kb("VmHWM") / 1024
+    loaded_mb = status_kb("VmHWM") / 1024
     vocab = loaded.model.get_base_model().config.vocab_size
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (1, recipe.train.seq_len), generator=gen)
@@ -133,7 +116,7 @@ def child(side: str, length: int, threads: int, chunk: int) -> dict:
         "length": length,
         "loss": float(loss.detach()),
         "seconds": seconds,
-        "peak_mb": _status_kb("VmHWM") / 1024,
+        "peak_mb": status_kb("VmHWM") / 1024,
         "loaded_mb": loaded_mb,
         "params_with_grad": grads,
     }
@@ -143,34 +126,10 @@ def run_one(side: str, length: int, args: argparse.Namespace) -> dict:
     """Run :func:`child` in a fresh process, watching its memory and time."""
     cmd = [sys.executable, __file__, "--child", side, str(length), "--threads", str(args.threads)]
     cmd += ["--chunk", str(args.chunk)]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), HF_HUB_OFFLINE="1")
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    watched_peak = 0
-    reason = None
-    while proc.poll() is None:
-        watched_peak = max(watched_peak, _status_kb("VmRSS", proc.pid))
-        if watched_peak / 1024 > args.budget_mb:
-            reason = f"over {args.budget_mb / 1024:.0f} GB"
-        elif time.monotonic() - start > args.timeout:
-            reason = f"timeout {args.timeout:.0f} s"
-        if reason:
-            proc.kill()
-            break
-        time.sleep(0.2)
-    stdout, stderr = proc.communicate()
-    wall = time.monotonic() - start
-    if reason is None and proc.returncode == 0:
-        result = json.loads(stdout.strip().splitlines()[-1])
-        result["wall"] = wall
-        # Cross-check of VmHWM: the parent's own 0.2 s samples of the child's VmRSS.
-        result["watched_mb"] = watched_peak / 1024
-        result["ok"] = True
-        return result
-    if reason is None:
-        last = (stderr.strip().splitlines() or ["?"])[-1]
-        reason = f"exit {proc.returncode}: {last[:120]}"
-    return {"side": side, "length": length, "ok": False, "reason": reason, "peak_mb": watched_peak / 1024, "wall": wall}
+    result = run_watched(cmd, args.threads, args.budget_mb, args.timeout)
+    result.setdefault("side", side)
+    result.setdefault("length", length)
+    return result
 
 
 def _cell(r: dict | None, key: str, fmt: str) -> str:
@@ -268,7 +227,7 @@ def main() -> None:
         f"Command: `{command}`\n\n"
         f"Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC. Machine: {platform.machine()} CPU, "
         f"{os.cpu_count()} cores (shared with another benchmark), {args.threads} torch threads per run, "
-        f"{_mem_total_gb():.0f} GB RAM, no GPU; torch {_version('torch')}, transformers "
+        f"{mem_total_gb():.0f} GB RAM, no GPU; torch {_version('torch')}, transformers "
         f"{_version('transformers')}, peft {_version('peft')}, bitsandbytes {_version('bitsandbytes')}.\n\n"
         + f"Model: `{MODEL}` (4.2M-param Llama, 4 layers, hidden 256, vocab 2048, 64-token window), loaded by "
         "`ctxext.model.build_training_model` from a `parse_recipe` recipe: YaRN to the tested length, nf4 "

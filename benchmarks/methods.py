@@ -144,6 +144,7 @@ def run_factor(factor: int, args: argparse.Namespace, timings: dict[str, float])
             show_progress=False,
             allow_beyond_for=beyond,
             command="benchmarks/methods.py",
+            overwrite=True,
         )
         timings[f"x{factor} eval {stage}"] = time.time() - t0
     return reports

@@ -5,36 +5,33 @@ The public API for notebooks::
     from ctxext import patch_model, verify_model_rope, extend_folder, load_recipe
     from ctxext import load_model, ModelSpec, evaluate_perplexity, merge_run, push
 
-The RoPE functions are imported eagerly; training, evaluation and Hub functions load on first use.
+Every name loads its module on first use, so ``import ctxext`` (and ``ctxext --help``) does not import torch.
 """
 
 import importlib
 from typing import Any
 
-from ctxext.rope import (
-    METHODS,
-    RopeCheck,
-    RopeConfigError,
-    RopeError,
-    RopeMismatchError,
-    RopePlan,
-    RopeState,
-    apply_plan,
-    check_model_rope,
-    patch_model,
-    plan_extension,
-    read_rope,
-    rebuild_rotary,
-    reference_rope,
-    register_method,
-    reset_dynamic_rope,
-    verify_model_rope,
-)
-
 __version__ = "0.1.0"
 
 # name -> module, imported on first attribute access (keeps `import ctxext` light).
 _LAZY = {
+    "METHODS": "ctxext.rope",
+    "RopeCheck": "ctxext.rope",
+    "RopeConfigError": "ctxext.rope",
+    "RopeError": "ctxext.rope",
+    "RopeMismatchError": "ctxext.rope",
+    "RopePlan": "ctxext.rope",
+    "RopeState": "ctxext.rope",
+    "apply_plan": "ctxext.rope",
+    "check_model_rope": "ctxext.rope",
+    "patch_model": "ctxext.rope",
+    "plan_extension": "ctxext.rope",
+    "read_rope": "ctxext.rope",
+    "rebuild_rotary": "ctxext.rope",
+    "reference_rope": "ctxext.rope",
+    "register_method": "ctxext.rope",
+    "reset_dynamic_rope": "ctxext.rope",
+    "verify_model_rope": "ctxext.rope",
     "extend_folder": "ctxext.extend",
     "load_recipe": "ctxext.config",
     "Recipe": "ctxext.config",
@@ -68,23 +65,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "METHODS",
-    "RopeCheck",
-    "RopeConfigError",
-    "RopeError",
-    "RopeMismatchError",
-    "RopePlan",
-    "RopeState",
-    "apply_plan",
-    "check_model_rope",
-    "patch_model",
-    "plan_extension",
-    "read_rope",
-    "rebuild_rotary",
-    "reference_rope",
-    "register_method",
-    "reset_dynamic_rope",
-    "verify_model_rope",
     "__version__",
     *_LAZY,
 ]

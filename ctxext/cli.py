@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from ctxext.console import EXIT_BAD_INPUT, EXIT_FAILED, console, err_console, friendly_errors
 
 app = typer.Typer(
     name="ctxext",
@@ -20,49 +19,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err_console = Console(stderr=True)
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-# Exit codes: 2 for bad input (recipe, options, paths), 1 for a failure while working.
-EXIT_BAD_INPUT = 2
-EXIT_FAILED = 1
-
-
-def friendly_errors(fn: F) -> F:
-    """Turn ctxext's user-facing errors into a red message and an exit code, without a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from ctxext.config import RecipeError
-        from ctxext.rope import RopeError
-        from ctxext.sources import SourceError
-
-        try:
-            return fn(*args, **kwargs)
-        except RecipeError as exc:
-            err_console.print(f"[bold red]invalid recipe[/] {exc.source}: {len(exc.problems)} problem(s)")
-            for key, msg in exc.problems:
-                err_console.print(f"  [yellow]{key}[/]: {msg}")
-            raise typer.Exit(EXIT_BAD_INPUT) from None
-        except (RopeError, SourceError, FileExistsError, FileNotFoundError) as exc:
-            err_console.print(f"[bold red]error:[/] {exc}")
-            raise typer.Exit(EXIT_BAD_INPUT) from None
-        except KeyboardInterrupt:
-            err_console.print("[bold red]interrupted[/]")
-            raise typer.Exit(130) from None
-        except Exception as exc:
-            # Errors of the later stages (training, evaluation, hub) subclass CtxextError.
-            from ctxext.errors import CtxextError
-
-            if isinstance(exc, CtxextError):
-                err_console.print(f"[bold red]error:[/] {exc}")
-                raise typer.Exit(exc.exit_code) from None
-            raise
-
-    return wrapper  # type: ignore[return-value]
-
 
 # ------------------------------------------------------------------------------------------------
 # Core commands: inspect, extend, validate, methods
@@ -79,11 +35,14 @@ def inspect(
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
     revision: Annotated[str | None, typer.Option(help="Hub revision")] = None,
+    original_length: Annotated[
+        int | None, typer.Option(help="pretraining context, when the config cannot tell it")
+    ] = None,
 ) -> None:
-    """Show a model's RoPE (type, theta, factor, contexts, wavelengths) and check its runtime frequencies."""
+    """Show a model's RoPE (type, theta, factor, contexts, wavelengths) and check its runtime against its config."""
     from ctxext.inspect import inspect_model
 
-    info = inspect_model(model, config_only=config_only, revision=revision)
+    info = inspect_model(model, config_only=config_only, revision=revision, original_length=original_length)
     if as_json:
         print(json.dumps(info, indent=2, default=str))
     else:
@@ -115,6 +74,8 @@ def inspect(
             table.add_row(key, value)
         for key, msg in info["config_problems"].items():
             table.add_row(f"[red]problem[/] {key}", msg)
+        for note in info["notes"]:
+            table.add_row("[yellow]note[/]", note)
         check = info["runtime_check"]
         mark = "[green]✓[/]" if check["ok"] else "[bold red]✗ MISMATCH[/]"
         table.add_row("runtime RoPE", f"{mark} {check['summary']} — {check['mode']}")
@@ -151,7 +112,17 @@ def extend(
     legacy_fields: Annotated[
         bool, typer.Option("--legacy-fields", help="also write rope_scaling/rope_theta for transformers < 5")
     ] = False,
-    overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
+    overwrite: Annotated[
+        bool, typer.Option(help="replace an earlier `ctxext extend` output at --out (never any other folder)")
+    ] = False,
+    relative_to: Annotated[
+        str | None,
+        typer.Option(
+            "--relative-to",
+            help="for an already-extended model: 'original' replaces its extension (scale from the pretraining "
+            "length), 'current' stacks on it (scale from its current context)",
+        ),
+    ] = None,
 ) -> None:
     """Write a RoPE-extended copy of a model that plain transformers loads (training-free)."""
     from ctxext.extend import extend_folder
@@ -182,12 +153,17 @@ def extend(
             original_length=original_length,
             write_legacy=legacy_fields,
             overwrite=overwrite,
+            relative_to=relative_to,
         )
+    verified = plan.notes.pop()  # extend_folder's last note: what was verified on the written folder
+    console.print("[green]✓[/] ", end="")
     console.print(
-        f"[green]✓[/] wrote {out}: {method} ×{plan.factor:g} ({plan.original_length} → {plan.target_length} tokens), "
-        "runtime RoPE verified"
+        f"wrote {out}: {method} ×{plan.factor:g} ({plan.original_length} → {plan.target_length} tokens); "
+        f"reloaded from disk: {verified}",
+        markup=False,
+        highlight=False,
     )
-    console.print(f"  rope_parameters = {json.dumps(plan.rope_parameters)}")
+    console.print(f"  rope_parameters = {json.dumps(plan.rope_parameters)}", markup=False, highlight=False)
     console.print(f"  max_position_embeddings = {plan.max_position_embeddings}")
     for note in plan.notes:
         console.print(f"  [yellow]note:[/] {note}")
@@ -196,16 +172,31 @@ def extend(
 @app.command()
 @friendly_errors
 def validate(
-    recipes: Annotated[list[Path], typer.Argument(help="recipe YAML file(s)")],
+    recipes: Annotated[list[Path] | None, typer.Argument(help="recipe YAML file(s)")] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="key=value override (repeatable)")] = None,
+    schema: Annotated[
+        bool, typer.Option("--schema", help="list every recipe key with its type, default and meaning")
+    ] = False,
 ) -> None:
-    """Validate recipe files; every problem is reported with its key (exit code 2 if any)."""
+    """Validate recipe files against the schema, the model, the RoPE plan and the eval suite (exit code 2 if any)."""
     from ctxext.config import RecipeError, load_recipe
+    from ctxext.preflight import preflight
 
+    if schema:
+        from ctxext.config import schema_lines
+
+        for line in schema_lines():
+            console.print(line, markup=False, highlight=False)
+        if not recipes:
+            return
+    if not recipes:
+        err_console.print("[bold red]error:[/] give a recipe file (or --schema to list the keys)")
+        raise typer.Exit(EXIT_BAD_INPUT)
     failed = False
     for path in recipes:
         try:
             recipe = load_recipe(path, overrides or [])
+            warnings = preflight(recipe, str(path))
         except RecipeError as exc:
             failed = True
             err_console.print(f"[bold red]✗ {exc.source}[/]: {len(exc.problems)} problem(s)")
@@ -216,6 +207,8 @@ def validate(
             f"[green]✓[/] {path}: {recipe.model.path}, {recipe.rope.method} → {recipe.rope.target_length}, "
             f"seq_len {recipe.seq_len}, {recipe.train.max_steps} steps"
         )
+        for warning in warnings:
+            err_console.print(f"  [yellow]warning:[/] {warning}", soft_wrap=True)
     if failed:
         raise typer.Exit(EXIT_BAD_INPUT)
 
@@ -234,7 +227,7 @@ def methods() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# train (issue 3)
+# train
 # ------------------------------------------------------------------------------------------------
 
 
@@ -248,22 +241,201 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="continue the run in output.dir from its last checkpoint")
     ] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="refuse to start when `ctxext plan` predicts it will not fit")
+    ] = False,
 ) -> None:
     """Fine-tune a RoPE-extended model with QLoRA on long documents (also under `accelerate launch -m ctxext train`)."""
     from ctxext.config import load_recipe
+    from ctxext.preflight import preflight
     from ctxext.train import train as run_training
 
     parsed = load_recipe(recipe, overrides or [])
+    # Before any model is loaded: problems that would surface only after training (an eval suite that
+    # does not exist), and settings that run but teach nothing (train.seq_len within the original window).
+    for warning in preflight(parsed, str(recipe)):
+        err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
+    _memory_preflight(parsed, strict, str(recipe))
     if parsed.search is not None:
-        # A search: section finds the longrope factors first (issue 11); training starts from them.
+        # A search: section finds the longrope factors first; training starts from them.
         from ctxext.search.recipe import search_before_training
 
         parsed = search_before_training(parsed, log=lambda line: console.print(line, markup=False, highlight=False))
-    run_training(parsed, resume=resume, command=list(sys.argv))
+    result = run_training(parsed, resume=resume, command=list(sys.argv))
+    if result.model is not None:  # the main process: evaluate, then publish, as the recipe asks
+        _after_training(result.run_dir, parsed)
+
+
+def _after_training(run_dir: Path, recipe: Any) -> None:
+    """The recipe's eval suite, then its Hub push: the CLI chains these workflows, training does not."""
+    if recipe.eval.suite:
+        from ctxext.evaluation.suite import run_suite_for_run
+
+        run_suite_for_run(run_dir, recipe)
+    if recipe.hub.push:
+        from ctxext.hub import push_run
+
+        push_run(run_dir, recipe.hub)
 
 
 # ------------------------------------------------------------------------------------------------
-# search (issue 11)
+# plan
+# ------------------------------------------------------------------------------------------------
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:,.2f}"
+
+
+def _print_plan(plan: Any) -> None:
+    """The per-component table, the verdict, the longest length, throughput and advice."""
+    from rich.markup import escape
+
+    from ctxext.plan import HEADROOM, usable
+
+    s, dev = plan.setup, plan.device
+    head = (
+        f"{plan.model} ({plan.shape.layers} layers, hidden {plan.shape.hidden}, vocab {plan.shape.vocab:,}) — "
+        f"seq_len {s.seq_len:,} × micro-batch {s.micro_batch}, {s.quantization}, LoRA r={s.lora_r}, "
+        f"{s.optimizer}, checkpointing {'on' if s.checkpointing else 'off'}, {s.attention}, {s.loss} loss"
+        + (f" (chunk {s.loss_chunk})" if s.loss == "chunked" else "")
+        + f", {s.world} GPU(s)"
+        + (f", context parallel {s.context_parallel}" if s.context_parallel > 1 else "")
+        + (f", {s.sharding}" if s.sharding != "none" else "")
+    )
+    console.print(head)
+    console.print(f"[dim]config: {plan.config_source}[/]")
+    table = Table(title=f"memory per {'process' if dev.kind == 'cpu' else 'GPU'} (GiB)")
+    for col, kw in (("group", {}), ("component", {}), ("GiB", {"justify": "right"}), ("how", {"style": "dim"})):
+        table.add_column(col, **kw)
+    peak = plan.memory.peak_phase
+    for c in plan.memory.components:
+        name = c.name if peak in c.phases else f"{c.name} [dim](not at the peak)[/]"
+        table.add_row(c.group, name, _gib(c.bytes), escape(c.detail))
+    table.add_row("[bold]total[/]", f"[bold]peak ({peak} phase)[/]", f"[bold]{_gib(plan.memory.total)}[/]", "")
+    table.add_row("device", dev.name, _gib(dev.memory), dev.note)
+    table.add_row("", f"usable ({1 - HEADROOM:.0%})", _gib(usable(dev)), "headroom for what the model leaves out")
+    console.print(table)
+    if plan.fits:
+        console.print(f"[bold green]fits[/]: {_gib(plan.memory.total)} of {_gib(usable(dev))} usable GiB")
+    else:
+        console.print(
+            f"[bold red]does not fit[/]: {_gib(plan.memory.total)} GiB needed, {_gib(usable(dev))} usable GiB"
+        )
+    if plan.what_if:
+        console.print("same step with " + "; with ".join(f"{k}: {_gib(v)} GiB" for k, v in plan.what_if.items()))
+    if plan.longest is not None or plan.fits is not None:
+        longest = f"{plan.longest:,} tokens" if plan.longest else "none (not even 1,024 tokens)"
+        console.print(f"longest seq_len that fits with these settings: [bold]{longest}[/]")
+    if plan.tokens_per_second:
+        hours = plan.wall_seconds / 3600
+        console.print(
+            f"throughput: ~{plan.tokens_per_second:,.0f} tokens/s at {plan.utilization:.0%} of {dev.tflops:g} bf16 "
+            f"TFLOP/s × {s.world} ({plan.flops_per_token / 1e9:.1f} GFLOP/token); {plan.max_steps} steps × "
+            f"{plan.tokens_per_step:,} tokens ≈ {hours:.1f} h"
+        )
+    for note in plan.notes + plan.memory.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    if plan.advice:
+        adv = Table(title="advice (each re-planned)")
+        for col in ("change", "recipe overrides / launch", "GiB", "fits", "longest seq_len"):
+            adv.add_column(col)
+        for a in plan.advice:
+            how = " ".join(a.overrides) + (f"\n{a.launch}" if a.launch else "")
+            adv.add_row(
+                escape(a.summary),
+                escape(how) or "-",
+                _gib(a.total),
+                "[green]yes[/]" if a.fits else "[red]no[/]",
+                f"{a.longest:,}" if a.longest else "-",
+            )
+        console.print(adv)
+
+
+@app.command()
+@friendly_errors
+def plan(
+    recipe: Annotated[Path | None, typer.Argument(help="recipe YAML file (see recipes/)")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="key=value overrides, e.g. train.seq_len=131072")
+    ] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="a GPU from the table (ctxext plan --list-gpus)")] = None,
+    gpu_memory: Annotated[
+        str | None, typer.Option("--gpu-memory", help="memory of another GPU: 80GB, 80GiB, 24g")
+    ] = None,
+    tflops: Annotated[float | None, typer.Option(help="bf16 TFLOP/s of a --gpu-memory GPU, for tokens/s")] = None,
+    cpu: Annotated[bool, typer.Option("--cpu", help="plan a CPU run against this machine's RAM")] = False,
+    num_gpus: Annotated[int, typer.Option("--num-gpus", help="GPUs per node")] = 1,
+    nodes: Annotated[int, typer.Option("--nodes", help="nodes")] = 1,
+    sharding: Annotated[
+        str, typer.Option(help="auto (FSDP2 with context parallelism, else none/DDP), ddp, fsdp2, zero3")
+    ] = "auto",
+    loss: Annotated[
+        str, typer.Option(help="chunked (ctxext) or full (full-length logits, for comparison)")
+    ] = "chunked",
+    utilization: Annotated[float, typer.Option(help="fraction of the bf16 peak assumed for tokens/s")] = 0.4,
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
+    list_gpus: Annotated[bool, typer.Option("--list-gpus", help="list the GPU table and exit")] = False,
+) -> None:
+    """Predict per-GPU training memory of a recipe from its model config (no weights): fit, longest length, advice."""
+    from ctxext.config import load_recipe
+    from ctxext.devices import GIB, GPUS, cpu_device, custom_gpu
+    from ctxext.devices import gpu as lookup_gpu
+    from ctxext.errors import InputError
+    from ctxext.plan import plan_recipe
+
+    if list_gpus:
+        for d in GPUS.values():
+            console.print(f"{d.name:10} {d.memory / GIB:7.1f} GiB {d.tflops:7g} bf16 TFLOP/s  {d.note}")
+        return
+    if recipe is None:
+        raise InputError("pass a recipe: ctxext plan RECIPE.yaml --gpu NAME (or --list-gpus)")
+    if sum(x is not None and x is not False for x in (gpu, gpu_memory, cpu or None)) != 1:
+        raise InputError("pass exactly one of --gpu NAME, --gpu-memory SIZE or --cpu")
+    if loss not in ("chunked", "full"):
+        raise InputError(f"--loss: {loss!r} is not chunked or full")
+    device = lookup_gpu(gpu) if gpu else custom_gpu(gpu_memory, tflops) if gpu_memory else cpu_device()
+    parsed = load_recipe(recipe, overrides or [])
+    result = plan_recipe(
+        parsed, device, num_gpus=num_gpus, nodes=nodes, sharding=sharding, loss=loss, utilization=utilization
+    )
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        _print_plan(result)
+
+
+def _memory_preflight(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
+    """Plan the recipe on this machine before training; warn (or, strict, refuse) when it will not fit."""
+    import os
+
+    from ctxext.errors import InputError
+    from ctxext.plan import preflight
+
+    main_process = os.environ.get("RANK", "0") == "0"
+    try:
+        result = preflight(recipe)
+    except InputError as exc:
+        if main_process:
+            err_console.print(f"[yellow]warning:[/] could not plan the memory of this run: {exc}")
+        return
+    if result.fits:
+        return
+    needed, have = result.memory.total / 2**30, result.device.memory / 2**30
+    first = next((a for a in result.advice if a.fits), None)
+    hint = f" Re-planned to fit: {first.summary} ({' '.join(first.overrides) or first.launch})." if first else ""
+    message = (
+        f"the plan predicts {needed:.1f} GiB per process on {result.device.name} ({have:.1f} GiB): this run will "
+        f"probably run out of memory.{hint} The breakdown: `ctxext plan {path} --cpu` (or --gpu NAME)."
+    )
+    if strict:
+        raise InputError(message + " (--strict: not started)")
+    if main_process:
+        err_console.print(f"[yellow]warning:[/] {message}")
+
+
+# ------------------------------------------------------------------------------------------------
+# search
 # ------------------------------------------------------------------------------------------------
 
 
@@ -347,7 +519,7 @@ def search(
 
 
 # ------------------------------------------------------------------------------------------------
-# eval (issue 4)
+# eval
 # ------------------------------------------------------------------------------------------------
 
 # The eval commands live in ctxext/evaluation/cli.py (typer only; heavy imports happen inside commands).
@@ -356,7 +528,7 @@ from ctxext.evaluation.cli import eval_app  # noqa: E402
 app.add_typer(eval_app, name="eval")
 
 # ------------------------------------------------------------------------------------------------
-# merge, push (issue 5)
+# merge, push
 # ------------------------------------------------------------------------------------------------
 
 
@@ -442,7 +614,7 @@ def push(
 
 
 # ------------------------------------------------------------------------------------------------
-# demo (issue 6)
+# demo
 # ------------------------------------------------------------------------------------------------
 
 
@@ -455,12 +627,15 @@ def demo(
     steps: Annotated[int | None, typer.Option(help="QLoRA steps (default 120; 6 with --quick)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a reduced setting (CI): same steps, little work")] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="recompute every step instead of reusing --out")] = False,
+    plain: Annotated[
+        bool, typer.Option("--plain", help="fine-tune on plain code only, not the retrieval mixture (comparison)")
+    ] = False,
 ) -> None:
     """Grown model → evaluate unpatched at 4× → extend with YaRN → nf4 QLoRA → evaluate all three, compared."""
     from ctxext.demo import DemoSettings, run_demo
 
     settings = DemoSettings.quick(out) if quick else DemoSettings(out=out)
-    settings.model, settings.method, settings.fresh = model, method, fresh
+    settings.model, settings.method, settings.fresh, settings.plain = model, method, fresh, plain
     if steps is not None:
         settings.train_steps = steps
     run_demo(settings, console)

@@ -8,6 +8,7 @@ at once, each naming its YAML key; a misspelt key is an error, never silently ig
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +16,19 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ctxext.rope import METHODS
+
+# A Hub repository id: namespace/name, each of letters, digits, '-', '_', '.'.
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+
+
+def repo_id_problem(repo_id: str | None) -> str | None:
+    """What is wrong with a Hub repository id, or ``None`` when it is valid (``USER/NAME``)."""
+    if not repo_id or not _REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".", "-")):
+        return (
+            f"{repo_id!r} is not a Hub repository id; use USER/NAME (letters, digits, '-', '_', '.'), "
+            "e.g. me/llama2-7b-yarn-32k"
+        )
+    return None
 
 
 class RecipeError(ValueError):
@@ -60,10 +74,15 @@ class RopeSection(_Section):
     short_factor: list[float] | None = None
     long_factor: list[float] | None = None
     factors_file: str | None = None
+    relative_to: Literal["original", "current"] | None = Field(
+        default=None,
+        description="for an already-extended model: replace its extension (original) or stack on it (current)",
+    )
 
     def options(self) -> dict[str, Any]:
         """The method options that are set."""
-        return {k: v for k, v in self.model_dump().items() if k not in ("method", "target_length") and v is not None}
+        skip = ("method", "target_length", "relative_to")
+        return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
 
     @model_validator(mode="after")
     def _check(self) -> RopeSection:
@@ -106,19 +125,117 @@ class LoraSection(_Section):
         description="module name suffixes trained in full (LongLoRA: embeddings and norms)",
     )
 
+    @model_validator(mode="after")
+    def _check(self) -> LoraSection:
+        if not self.target_modules:
+            raise ValueError(
+                "target_modules: must name at least one module (e.g. [q_proj, k_proj, v_proj, o_proj]); an empty "
+                "list would put no LoRA adapter anywhere"
+            )
+        return self
+
+
+class MixtureSource(_Section):
+    """One source of a training mixture: a real corpus (``path``) or a synthetic task (``task``).
+
+    A corpus is anything the data reader reads (a local json/jsonl/parquet/txt file or folder, a Hub
+    data set, ``builtin:stdlib``); a task is a name in the ``ctxext.tasks`` registry, generated at
+    ``train.seq_len`` tokens with its needle depth uniform in [0, 1] on a haystack from ``haystack``.
+    """
+
+    weight: float = Field(description="share of the training rows (normalised over all sources)")
+    path: str | None = Field(default=None, description="a corpus, read like data.path")
+    text_field: str = "text"
+    max_documents: int | None = Field(default=None, gt=0)
+    long_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="corpus: share of this source's rows taken from documents at least train.seq_len long "
+        "(length up-sampling, Fu et al. 2024); null keeps the natural share",
+    )
+    task: str | None = Field(default=None, description="a synthetic task name (ctxext.tasks registry)")
+    templates: list[int] | None = Field(
+        default=None, description="task: template indices used for training (null: all the task's templates)"
+    )
+    distractors: int | None = Field(default=None, ge=0, description="task: distractor keys (tasks that take them)")
+    min_length: int | None = Field(
+        default=None, gt=0, description="task: shortest sample (lengths uniform up to train.seq_len; null: seq_len)"
+    )
+    answer_only: bool = Field(default=False, description="task: loss only on the answer tokens (default: all tokens)")
+    haystack: str | None = Field(
+        default=None, description="task: the haystack corpus (default: the first corpus source, else data.path)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> MixtureSource:
+        if (self.path is None) == (self.task is None):
+            raise ValueError("path: give exactly one of path (a corpus) or task (a synthetic task)")
+        if self.weight < 0:
+            raise ValueError(f"weight: {self.weight} is negative; weights are shares, use a value >= 0")
+        if self.task is not None:
+            from ctxext.tasks import task_names
+
+            if self.task not in task_names():
+                raise ValueError(f"task: unknown task {self.task!r}; choose one of: {', '.join(task_names())}")
+            stray = [k for k in ("max_documents", "long_fraction") if getattr(self, k) is not None]
+        else:
+            stray = [k for k in ("templates", "distractors", "haystack", "min_length") if getattr(self, k) is not None]
+            stray += ["answer_only"] if self.answer_only else []
+        if stray:
+            kind = "a task" if self.task is not None else "a corpus"
+            raise ValueError(f"{stray[0]}: not an option of {kind} source")
+        return self
+
 
 class DataSection(_Section):
-    """Long documents to train on."""
+    """Long documents to train on: one corpus (``path``) or a weighted ``mixture`` of corpora and tasks."""
 
-    path: str = Field(description="local jsonl/json/parquet/txt file or folder, a Hub data set, or 'builtin:stdlib'")
+    path: str | None = Field(
+        default=None, description="local jsonl/json/parquet/txt file or folder, a Hub data set, or 'builtin:stdlib'"
+    )
     text_field: str = "text"
     split: str = "train"
     name: str | None = Field(default=None, description="Hub data set configuration name")
     packing: bool = True
+    document_mask: bool = Field(
+        default=False, description="packing: no attention across packed documents (positions restart per document)"
+    )
     min_tokens: int | None = Field(default=None, gt=0, description="without packing: keep documents this long")
     validation_fraction: float = Field(default=0.05, ge=0, lt=1)
     max_documents: int | None = Field(default=None, gt=0)
     num_proc: int = Field(default=2, gt=0)
+    mixture: list[MixtureSource] | None = Field(
+        default=None, description="weighted corpora and synthetic tasks (replaces path); see README"
+    )
+    short_fraction: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="share of rows made of blocks at the model's original length (unscaled positions; ProLong ~0.4)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> DataSection:
+        if self.mixture is None:
+            if self.path is None:
+                raise ValueError("path: required (or give data.mixture)")
+            return self
+        if not self.mixture:
+            raise ValueError("mixture: empty; list at least one source, or drop it and set data.path")
+        if sum(s.weight for s in self.mixture) <= 0:
+            raise ValueError("mixture: the weights sum to 0; give at least one source a positive weight")
+        if not any(s.path for s in self.mixture) and self.path is None:
+            raise ValueError("mixture: tasks need a haystack; add a corpus source or set data.path")
+        if self.short_fraction > 0 and not any(s.path and s.weight > 0 for s in self.mixture) and self.path is None:
+            raise ValueError("short_fraction: short blocks are cut from corpus sources; add one with a positive weight")
+        return self
+
+
+class PoseSection(_Section):
+    """PoSE (Zhu et al. 2024): position ids that skip, so short rows cover distances up to the target."""
+
+    chunks: int = Field(default=2, ge=2, description="contiguous pieces per row (the paper uses 2)")
 
 
 class TrainSection(_Section):
@@ -144,6 +261,9 @@ class TrainSection(_Section):
     keep_checkpoints: int = Field(default=2, gt=0, description="how many of the latest checkpoints to keep")
     tracker: Literal["none", "tensorboard", "wandb"] = "none"
     context_parallel_size: int = Field(default=1, gt=0, description="accelerate context parallelism (CUDA + FSDP2)")
+    pose: PoseSection | None = Field(
+        default=None, description="PoSE: train positions up to rope.target_length with train.seq_len-token rows"
+    )
 
 
 class EvalSection(_Section):
@@ -169,6 +289,8 @@ class HubSection(_Section):
     def _check(self) -> HubSection:
         if self.push and not self.repo_id:
             raise ValueError("repo_id: required when hub.push is true")
+        if self.repo_id is not None and repo_id_problem(self.repo_id):
+            raise ValueError(f"repo_id: {repo_id_problem(self.repo_id)}")
         return self
 
 
@@ -239,6 +361,22 @@ class Recipe(_Section):
                 f"train.seq_len: {seq} is longer than rope.target_length ({self.rope.target_length}); "
                 "train at most at the target length"
             )
+        pose = self.train.pose
+        if pose is not None:
+            from ctxext.pose import pose_refusal
+
+            refusal = pose_refusal(self.rope.method)
+            if self.rope.target_length is None:
+                raise ValueError("train.pose: PoSE covers positions up to rope.target_length; set a rope method")
+            if refusal:
+                raise ValueError(f"train.pose: {refusal}")
+            if seq >= self.rope.target_length:
+                raise ValueError(
+                    f"train.pose: train.seq_len ({seq}) already reaches rope.target_length; PoSE has nothing to skip. "
+                    "Lower train.seq_len (e.g. to the original window or 2x it) or drop train.pose"
+                )
+            if pose.chunks > seq:
+                raise ValueError(f"train.pose.chunks: {pose.chunks} chunks cannot split a row of {seq} tokens")
         return self
 
     @property
@@ -297,7 +435,7 @@ def _format_errors(exc: ValidationError) -> list[tuple[str, str]]:
         loc = ".".join(str(p) for p in err["loc"])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (misspelt? see `ctxext validate --schema`)"
+            msg = "unknown key (misspelt? `ctxext validate --schema` lists every key)"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
             # Our validators name the field first ("target_length: ..."); fold it into the location.
@@ -359,3 +497,19 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 def dump_recipe(recipe: Recipe) -> str:
     """The fully resolved recipe as YAML (defaults included), for a run folder."""
     return yaml.safe_dump(json.loads(recipe.model_dump_json()), sort_keys=False)
+
+
+def schema_lines() -> list[str]:
+    """Every recipe key, one line each: ``section.key: type = default  — meaning`` (``ctxext validate --schema``)."""
+    lines = []
+    for section_name, section_field in Recipe.model_fields.items():
+        section = section_field.annotation
+        if not (isinstance(section, type) and issubclass(section, BaseModel)):
+            continue
+        lines.append(f"{section_name}:  {(section.__doc__ or '').strip().splitlines()[0]}")
+        for key, info in section.model_fields.items():
+            kind = getattr(info.annotation, "__name__", None) or str(info.annotation).replace("typing.", "")
+            default = "required" if info.is_required() else f"= {info.get_default(call_default_factory=True)!r}"
+            meaning = f"  — {info.description}" if info.description else ""
+            lines.append(f"  {section_name}.{key}: {kind} {default}{meaning}")
+    return lines

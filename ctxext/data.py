@@ -10,12 +10,16 @@ Two ways to make training examples of ``seq_len`` tokens:
 
 * packing (default): documents are concatenated, each ending with EOS (and starting with BOS when
   the tokenizer adds one), then cut into blocks of exactly ``seq_len`` tokens; the tail is dropped.
+  With ``document_mask: true`` each block also gets a ``segments`` column (which packed document each
+  token belongs to): training then restarts positions and blocks attention at every document start
+  (:mod:`ctxext.rows`).
 * ``packing: false``: only documents of at least ``min_tokens`` (default ``seq_len``) tokens are
   kept, each truncated to its first ``seq_len`` tokens.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +51,7 @@ class TrainingData:
         documents: number of documents read (before the split).
         train_tokens: tokens in the training blocks.
         summary: a one-line description for logs.
+        mixture: for a mixture (:mod:`ctxext.mixture`), what it holds (written to ``mixture.json``).
     """
 
     train: Any
@@ -55,11 +60,23 @@ class TrainingData:
     documents: int
     train_tokens: int
     summary: str
+    mixture: dict[str, Any] | None = None
 
 
 def _stdlib_generator(paths: list[str]):
     for path in paths:
         yield {"text": Path(path).read_text(encoding="utf-8", errors="replace"), "source": path}
+
+
+@functools.lru_cache(maxsize=8)
+def _stdlib_paths(path: str) -> tuple[str, ...]:
+    # Listing the standard library walks thousands of files; a mixture reads the same source several
+    # times (blocks, short blocks, haystack), so the list is computed once per process.
+    from ctxext.builtin import stdlib_source_files
+
+    # Plain builtin:stdlib trains on the 90 % train split: the evaluator's held-out files stay unseen.
+    files = stdlib_source_files(path.removeprefix("builtin:"), default_split="train")
+    return tuple(str(p) for p in files if p.stat().st_size >= 1)
 
 
 def load_documents(path: str, text_field: str = "text", split: str = "train", name: str | None = None) -> Any:
@@ -80,14 +97,10 @@ def load_documents(path: str, text_field: str = "text", split: str = "train", na
     import datasets
 
     if path == BUILTIN_STDLIB or path.startswith(BUILTIN_STDLIB + "-"):
-        from ctxext.builtin import stdlib_source_files
-
         try:
-            # Plain builtin:stdlib trains on the 90 % train split: the evaluator's held-out files stay unseen.
-            files = stdlib_source_files(path.removeprefix("builtin:"), default_split="train")
+            paths = list(_stdlib_paths(path))
         except KeyError as exc:
             raise InputError(f"data.path: {exc.args[0]}") from None
-        paths = [str(p) for p in files if p.stat().st_size >= 1]
         # from_generator caches the result under a fingerprint of the generator and its arguments.
         ds = datasets.Dataset.from_generator(_stdlib_generator, gen_kwargs={"paths": paths})
         text_field_used = "text"
@@ -108,17 +121,29 @@ def load_documents(path: str, text_field: str = "text", split: str = "train", na
                 f"{', '.join(sorted(LOADERS))} files"
             )
         kind = kinds.pop()
+        from ctxext.sources import check_utf8
+
+        check_utf8(files, "data.path")
         extra = {"sample_by": "document"} if kind == "text" else {}
         try:
             ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train", **extra)
         except Exception as exc:  # datasets raises many types for unreadable files
-            raise InputError(f"data.path: cannot read {local} as {kind}: {exc}") from None
+            from ctxext.sources import read_error_message
+
+            raise InputError(f"data.path: {read_error_message(exc, local, kind)}") from None
     else:
         ds = _load_hub(path, split, name)
     if text_field not in ds.column_names:
         raise InputError(
             f"data.text_field: {path} has no field {text_field!r} ({len(ds)} documents); its fields are: "
             f"{', '.join(ds.column_names) or 'none'}. Set data.text_field=NAME."
+        )
+    feature = ds.features.get(text_field)
+    if getattr(feature, "dtype", None) not in ("string", "large_string"):
+        kind = getattr(feature, "dtype", None) or type(feature).__name__
+        raise InputError(
+            f"data.text_field: the field {text_field!r} of {path} holds {kind} values, not text; set "
+            "data.text_field to a column of strings"
         )
     return ds
 
@@ -151,11 +176,18 @@ def _tokenize_fn(tokenizer: Any, text_field: str):
     return tokenize
 
 
-def _pack_fn(seq_len: int):
+def _pack_fn(seq_len: int, segments: bool):
     def pack(batch: dict[str, list]) -> dict[str, list]:
         flat = [t for ids in batch["input_ids"] for t in ids]
         n = len(flat) // seq_len
-        return {"input_ids": [flat[i * seq_len : (i + 1) * seq_len] for i in range(n)]}
+        out: dict[str, list] = {"input_ids": [flat[i * seq_len : (i + 1) * seq_len] for i in range(n)]}
+        # The longest document each block touches (length up-sampling picks blocks of long documents).
+        doc = [d for d, ids in enumerate(batch["input_ids"]) for _ in ids]
+        lengths = [len(ids) for ids in batch["input_ids"]]
+        out["doc_tokens"] = [max(lengths[d] for d in set(doc[i * seq_len : (i + 1) * seq_len])) for i in range(n)]
+        if segments:
+            out["segments"] = [[d - doc[i * seq_len] for d in doc[i * seq_len : (i + 1) * seq_len]] for i in range(n)]
+        return out
 
     return pack
 
@@ -225,8 +257,9 @@ def prepare_data(
             f"validation ({_describe_lengths(lengths)}). Add documents or lower train.seq_len."
         )
     train_docs, val_docs = _split(tokenized, data.validation_fraction, seed)
-    train = _blocks(train_docs, seq_len, data.packing)
-    val = _blocks(val_docs, seq_len, data.packing) if val_docs is not None else None
+    segments = data.packing and data.document_mask
+    train = _blocks(train_docs, seq_len, data.packing, segments)
+    val = _blocks(val_docs, seq_len, data.packing, segments) if val_docs is not None else None
     if len(train) == 0:
         raise InputError(
             f"data: after holding out {data.validation_fraction:.0%} for validation, the training documents of "
@@ -235,9 +268,10 @@ def prepare_data(
         )
     if val is not None and len(val) == 0:
         val = None
-    train.set_format("torch", columns=["input_ids"])
+    columns = ["input_ids", "segments"] if segments else ["input_ids"]
+    train.set_format("torch", columns=columns, output_all_columns=False)
     if val is not None:
-        val.set_format("torch", columns=["input_ids"])
+        val.set_format("torch", columns=columns)
     summary = f"{n_docs} documents ({sum(lengths)} tokens) → {len(train)} training blocks of {seq_len} tokens" + (
         f", {len(val)} validation blocks" if val is not None else ", no validation split"
     )
@@ -260,17 +294,17 @@ def _split(tokenized: Any, fraction: float, seed: int) -> tuple[Any, Any]:
     return parts["train"], parts["test"]
 
 
-def _blocks(tokenized: Any, seq_len: int, packing: bool) -> Any:
+def _blocks(tokenized: Any, seq_len: int, packing: bool, segments: bool = False) -> Any:
     if packing:
         return tokenized.map(
-            _pack_fn(seq_len),
+            _pack_fn(seq_len, segments),
             batched=True,
             batch_size=10_000,
             remove_columns=tokenized.column_names,
             desc="packing",
         )
     return tokenized.map(
-        lambda b: {"input_ids": [ids[:seq_len] for ids in b["input_ids"]]},
+        lambda b: {"input_ids": [ids[:seq_len] for ids in b["input_ids"]], "doc_tokens": b["length"]},
         batched=True,
         remove_columns=tokenized.column_names,
         desc="truncating",

@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ctxext.atomic import atomic_folder
+from ctxext.atomic import OUTPUT_MARKER, atomic_folder
 from ctxext.errors import CtxextError, InputError
 from ctxext.runfolder import (
     Report,
+    check_run_base,
     find_reports,
     is_merged_folder,
     is_run_folder,
@@ -37,7 +37,6 @@ from ctxext.sources import exception_chain
 __all__ = ["PushPlan", "PushResult", "plan_push", "push", "push_run", "read_run", "stage"]
 
 STAGING_DIR = "hub"
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 
 # Files that make up a model or adapter besides its weights, uploaded when present.
 _TOKENIZER_FILES = (
@@ -151,11 +150,11 @@ def check_repo_id(repo_id: str) -> str:
     Raises:
         InputError: the id is not ``namespace/name``.
     """
-    if not repo_id or not _REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".", "-")):
-        raise InputError(
-            f"--repo-id {repo_id!r} is not a Hub repository id; use USER/NAME (letters, digits, '-', '_', '.'), "
-            "e.g. me/llama2-7b-yarn-32k"
-        )
+    from ctxext.config import repo_id_problem
+
+    problem = repo_id_problem(repo_id)
+    if problem:
+        raise InputError(f"--repo-id {problem}")
     return repo_id
 
 
@@ -196,6 +195,7 @@ def _resolve_source(
             "`ctxext merge` (ctxext_merge.json); pass one of those"
         )
     run = read_run(run_or_dir, allow_incomplete=force)
+    check_run_base(run, "push")
     if not merged:
         if not (run_or_dir / "adapter_config.json").is_file():
             raise InputError(f"run {run_or_dir} has no adapter_config.json: there is no adapter to publish")
@@ -253,7 +253,8 @@ def stage(
     inputs = card_inputs(folder, run, reports, smoke)
     card = render_card(inputs, merged=merged, repo_id=repo_id)
     staging = folder / STAGING_DIR
-    with atomic_folder(staging) as tmp:
+    # Replaced on every push, but only when ctxext staged it: a user's own ``hub/`` folder is refused.
+    with atomic_folder(staging, kind="hub-staging", overwrite=True, flag="staging folder") as tmp:
         for src in files:
             if src.name == "adapter_config.json":
                 (tmp / src.name).write_text(_adapter_config_for_hub(src, run.get("base_model")))
@@ -268,7 +269,11 @@ def stage(
             if md.is_file():
                 _link_or_copy(md, tmp / sub / "report.md")
         (tmp / "README.md").write_text(card)
-    listing = sorted((p.relative_to(staging).as_posix(), p.stat().st_size) for p in staging.rglob("*") if p.is_file())
+    listing = sorted(
+        (p.relative_to(staging).as_posix(), p.stat().st_size)
+        for p in staging.rglob("*")
+        if p.is_file() and p.name != OUTPUT_MARKER
+    )
     return staging, listing
 
 
@@ -453,6 +458,8 @@ def push(
             revision=revision,
             commit_message=message,
             repo_type="model",
+            # ctxext's record of which staged files it wrote stays local.
+            ignore_patterns=[OUTPUT_MARKER],
         )
     except Exception as exc:  # huggingface_hub raises many types; translate those a user can fix
         failure = hub_failure(exc, endpoint, repo_id)

@@ -7,6 +7,7 @@ from typing import Any
 from ctxext.rope import (
     check_model_rope,
     check_rope_parameters,
+    intent_problems,
     read_rope,
     reference_rope,
     runtime_model_from_config,
@@ -15,20 +16,27 @@ from ctxext.rope import (
 from ctxext.sources import load_config, resolve_model_path
 
 
-def inspect_model(ref: str, config_only: bool = False, revision: str | None = None) -> dict[str, Any]:
-    """Describe a model's RoPE and check its runtime against ctxext's reference.
+def inspect_model(
+    ref: str, config_only: bool = False, revision: str | None = None, original_length: int | None = None
+) -> dict[str, Any]:
+    """Describe a model's RoPE and check its runtime against ctxext's reference and the config's intent.
+
+    ``config_problems`` lists invalid values and disagreements between what the config states and what
+    transformers runs: the dynamic-NTK trap, a YaRN factor that contradicts max_position_embeddings,
+    rotary modules whose cos/sin (at 0, L − 1, T − 1) are not the config's.
 
     Args:
         ref: local folder, Hub id or ``builtin:NAME``.
         config_only: do not load weights; the runtime check builds the model's rotary modules from
             the config on an empty (meta) model instead.
         revision: Hub revision.
+        original_length: the pretraining length, when the config cannot tell it.
 
     Returns:
         A JSON-ready dict (the ``--json`` output).
     """
     config, _ = load_config(ref, revision)
-    state = read_rope(config)
+    state = read_rope(config, original_length=original_length)
     problems: dict[str, str] = {}
     try:
         check_rope_parameters(state.parameters, state.rotary_dim, state.max_position_embeddings)
@@ -42,9 +50,15 @@ def inspect_model(ref: str, config_only: bool = False, revision: str | None = No
     else:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(ref, revision), dtype="auto")
+        from ctxext.weights import check_weights_readable
+
+        folder = resolve_model_path(ref, revision)
+        check_weights_readable(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype="auto")
         loaded = "weights loaded"
     check = check_model_rope(model)
+    if not problems:
+        problems.update(intent_problems(state, model))
     architectures = getattr(config, "architectures", None) or [type(model).__name__]
     return {
         "model": ref,
@@ -65,5 +79,6 @@ def inspect_model(ref: str, config_only: bool = False, revision: str | None = No
         "dims_longer_than_current_context": int((waves > state.current_length).sum()),
         "rope_parameters": state.parameters,
         "config_problems": problems,
+        "notes": state.notes,
         "runtime_check": {"ok": check.ok, "summary": check.summary(), "mode": loaded, "checks": check.checks},
     }

@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -27,9 +26,13 @@ from typing import Any
 
 import torch
 
-from ctxext.atomic import atomic_folder
+from ctxext.atomic import atomic_folder, check_inputs_outside, check_output
 from ctxext.errors import CtxextError, InputError
-from ctxext.runfolder import MERGE_FILE, read_run
+from ctxext.runfolder import MERGE_FILE, plan_from_run, read_run
+from ctxext.verify import verify_folder
+from ctxext.weights import check_fingerprint, check_weights_readable
+
+MERGED_KIND = "merged-model"
 
 # Default max |Δlogit| between the reloaded merged model and base + adapter. float32 merging only
 # reorders additions (W x + B A x vs (W + B A) x): ~1e-6 relative. 16-bit weights round W + BA.
@@ -37,14 +40,6 @@ DEFAULT_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _COPY_FILES = ("recipe.yaml", "versions.json")
 _TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-
-# The landmark-attention passkey prompt (Mohtashami & Jaggi 2023), as used by PI, YaRN and LongLoRA.
-_PASSKEY_INTRO = (
-    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-    "I will quiz you about the important information there. "
-)
-_PASSKEY_FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-_PASSKEY_QUESTION = "What is the pass key? The pass key is"
 
 
 class MergeCheckError(CtxextError):
@@ -71,8 +66,8 @@ class SmokeResult:
         reference_ppl: the same for base + adapter.
         ppl_tokens: scored tokens.
         passkey_key: the key hidden in the passkey prompt.
-        passkey_answer: what the merged model generated.
-        passkey_correct: whether the first number generated equals the key.
+        passkey_answer: the merged model's argmax continuation at the answer positions (teacher-forced).
+        passkey_correct: whether every answer token is the argmax (greedy decoding produces the key).
         passkey_depth: where the key was hidden (fraction of the filler).
         rope: the runtime RoPE check of the reloaded model.
         ok: the logits agreed within tolerance and the perplexity is finite.
@@ -135,9 +130,9 @@ def _base_folder(run: dict[str, Any]) -> Path:
 def _patched_config(base_dir: Path, run_dir: Path, run: dict[str, Any]) -> tuple[Any, int | None]:
     # The base's own config with the run's RoPE fields: the run's config.json may carry training-only
     # fields (quantization_config) that must not reach a full-precision model.
-    from transformers import AutoConfig
+    from ctxext.sources import config_from_folder
 
-    config = AutoConfig.from_pretrained(base_dir)
+    config = config_from_folder(base_dir)
     if getattr(config, "quantization_config", None):
         raise InputError(
             f"the base model {base_dir} is stored quantized ({config.quantization_config.get('quant_method', '?')}); "
@@ -242,44 +237,33 @@ def text_tokens(tokenizer: Any, length: int) -> torch.Tensor:
     return torch.tensor([ids], dtype=torch.long)
 
 
-def passkey_prompt(tokenizer: Any, length: int, depth: float, key: int, answer_tokens: int) -> torch.Tensor:
-    """A landmark-attention passkey prompt of exactly ``length - answer_tokens`` tokens.
+def passkey_prompt(tokenizer: Any, length: int, depth: float, seed: int = 0) -> Any:
+    """The passkey task's sample (:mod:`ctxext.tasks`, template 0: the landmark-attention prompt).
 
     Args:
         tokenizer: the model's tokenizer.
-        length: the total length including the answer.
+        length: the total length, answer included.
         depth: where the key sits in the filler (0 = start, 1 = end).
-        key: the pass key.
-        answer_tokens: tokens left for the answer.
+        seed: chooses the key and the filler offset.
 
     Returns:
-        A ``(1, n)`` tensor of token ids.
+        A :class:`ctxext.tasks.TaskSample` (``ids`` = prompt + answer, ``answer_span``).
     """
+    import random
 
-    def enc(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False).input_ids
+    from ctxext.tasks import Haystack, get_task
 
-    bos = (
-        [tokenizer.bos_token_id]
-        if getattr(tokenizer, "add_bos_token", False) and tokenizer.bos_token_id is not None
-        else []
-    )
-    intro, filler = enc(_PASSKEY_INTRO), enc(_PASSKEY_FILLER)
-    needle = enc(f" The pass key is {key}. Remember it. {key} is the pass key. ")
-    question = enc(" " + _PASSKEY_QUESTION)
-    budget = length - answer_tokens - len(bos) - len(intro) - len(needle) - len(question)
-    if budget < len(filler):
-        raise CtxextError(f"a passkey prompt does not fit in {length} tokens")
-    units = budget // len(filler)
-    haystack = (filler * (units + 1))[:budget]
-    cut = round(depth * units) * len(filler)
-    ids = bos + intro + haystack[:cut] + needle + haystack[cut:] + question
-    return torch.tensor([ids], dtype=torch.long)
+    hay = Haystack.noise(tokenizer, length)
+    return get_task("passkey").generate(tokenizer, hay, length, depth, random.Random(seed))
 
 
 @torch.no_grad()
 def passkey_trial(model: Any, tokenizer: Any, length: int, seed: int = 0, depth: float = 0.5) -> tuple[str, str, bool]:
-    """One passkey retrieval at ``length`` tokens: greedy decoding, correct if the first number is the key.
+    """One passkey retrieval at ``length`` tokens (prompt + answer), scored teacher-forced.
+
+    Correct iff every answer token is the argmax at its position — exactly what greedy decoding would
+    produce, with no KV cache and no ``generation_config`` (see
+    :func:`ctxext.evaluation.answer_scoring.score_answers`).
 
     Args:
         model: a causal LM.
@@ -289,25 +273,21 @@ def passkey_trial(model: Any, tokenizer: Any, length: int, seed: int = 0, depth:
         depth: where the key is hidden.
 
     Returns:
-        ``(key, generated text, correct)``.
+        ``(key, the model's argmax continuation at the answer positions, correct)``.
     """
+    from ctxext.evaluation.answer_scoring import score_answers
     from ctxext.rope import reset_dynamic_rope
 
-    key = int(torch.randint(10_000, 100_000, (1,), generator=torch.Generator().manual_seed(seed)))
-    answer_tokens = 8
-    ids = passkey_prompt(tokenizer, length, depth, key, answer_tokens).to(model.device)
+    sample = passkey_prompt(tokenizer, length, depth, seed)
+    (score,) = score_answers(model, [sample.ids], [sample.answer_span])
+    # What the model predicts at the answer positions, for the log (the score above decides correctness).
+    start, end = sample.answer_span
     reset_dynamic_rope(model)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=answer_tokens,
-        do_sample=False,
-        pad_token_id=pad,
-    )
-    text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
-    found = re.search(r"\d+", text)
-    return str(key), text.strip(), bool(found and found.group(0) == str(key))
+    ids = torch.tensor([sample.ids], device=next(model.parameters()).device)
+    predicted = model(input_ids=ids, use_cache=False).logits[0, start - 1 : end - 1].argmax(-1)
+    reset_dynamic_rope(model)
+    text = tokenizer.decode(predicted.tolist(), skip_special_tokens=True)
+    return str(sample.fields["key"]), text.strip(), score.correct
 
 
 def _untie_if_trained(model: Any) -> bool:
@@ -370,7 +350,8 @@ def merge_run(
         The :class:`SmokeResult` (also saved in ``<out>/ctxext_merge.json``).
 
     Raises:
-        FileExistsError: ``out`` exists and ``overwrite`` is false.
+        InputError: ``out`` exists (without ``overwrite``, or is not an earlier merge output), is or contains
+            the run or the base, or the base's weights are damaged or not the ones the run was trained on.
         MergeCheckError: the smoke test failed; nothing is left at ``out``.
     """
     from peft import PeftModel
@@ -383,12 +364,14 @@ def merge_run(
     run = read_run(run_dir, allow_incomplete=allow_incomplete)
     if not (run_dir / "adapter_config.json").is_file():
         raise InputError(f"run {run_dir} has no adapter_config.json: there is no adapter to merge")
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists; choose another --out or pass --overwrite")
-    if out.resolve() == run_dir.resolve():
-        raise InputError("--out must differ from the run folder")
+    check_inputs_outside(out, [run_dir])
+    check_output(out, MERGED_KIND, overwrite)
     base_dir = _base_folder(run)
+    check_inputs_outside(out, [base_dir])
+    check_weights_readable(base_dir)
+    check_fingerprint(base_dir, run.get("base_fingerprint"), "merge")
     config, resized = _patched_config(base_dir, run_dir, run)
+    plan = plan_from_run(run, config)
     dev = _device(device)
     torch_dtype = _dtype(dtype, dev, config)
     tol = float(tolerance if tolerance is not None else DEFAULT_TOLERANCE[torch_dtype])
@@ -418,7 +401,7 @@ def merge_run(
     untied = _untie_if_trained(merged)
     if untied:
         log("  untied lm_head from the trained embeddings (tie_word_embeddings=false)")
-    with atomic_folder(out) as tmp:
+    with atomic_folder(out, kind=MERGED_KIND, overwrite=overwrite) as tmp:
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         for name in _COPY_FILES:
@@ -434,6 +417,9 @@ def merge_run(
             AutoModelForCausalLM.from_pretrained(tmp, dtype=torch_dtype, attn_implementation="sdpa").to(dev).eval()
         )
         rope = verify_model_rope(reloaded).summary()
+        if plan is not None:
+            # Against the run's plan, not the reloaded config: what was trained is what must be published.
+            rope = verify_folder(tmp, plan)
         diffs, agree, total = [], 0, 0
         for ids, ref in zip(inputs, reference, strict=True):
             got = _logits_at(reloaded, ids.to(dev), where)
@@ -474,7 +460,7 @@ def merge_run(
             f"  perplexity @ {length} ({ppl_tokens} tokens of stdlib source): merged {result.ppl:.4g}, "
             f"base + adapter {result.reference_ppl:.4g}"
         )
-        log(f"  passkey @ {length}, depth 50%: key {key}, generated {answer!r} → {'✓' if correct else '✗'}")
+        log(f"  passkey @ {length}, depth 50%: key {key}, predicted {answer!r} → {'✓' if correct else '✗'}")
         log(f"  runtime RoPE: {rope}")
         if not result.ok:
             raise MergeCheckError(

@@ -158,6 +158,9 @@ def load_base(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ctxext.sources import config_from_folder
+    from ctxext.weights import check_weights_readable
+
     folder = resolve_model_path(path, revision)
     device = torch.device(device)
     kwargs: dict[str, Any] = {
@@ -165,8 +168,9 @@ def load_base(
         "attn_implementation": attn_implementation,
         "trust_remote_code": trust_remote_code,
     }
-    if config is not None:
-        kwargs["config"] = config
+    # Damaged files are named as such before transformers fails on them with a traceback.
+    kwargs["config"] = config if config is not None else config_from_folder(folder, trust_remote_code)
+    check_weights_readable(folder)
     qconf = quantization_config(quantization, double_quant, compute_dtype, sharded)
     if qconf is not None:
         kwargs["quantization_config"] = qconf
@@ -233,13 +237,11 @@ def add_lora(model: Any, lora: Any, gradient_checkpointing: bool, quantized: boo
         )
     ckpt_kwargs = {"use_reentrant": False}  # non-reentrant checkpointing works with DDP and frozen inputs
     if quantized:
-        model = prepare_model_for_kbit_training(
-            model,
-            use_gradient_checkpointing=gradient_checkpointing,
-            gradient_checkpointing_kwargs=ckpt_kwargs,
-        )
-    elif gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt_kwargs)
+        # peft would enable checkpointing through transformers' deprecated `gradient_checkpointing_enable`
+        # (removed in v6); with non-reentrant checkpointing its input-grad hack is not needed, so enable it here.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if gradient_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=ckpt_kwargs)
     if gradient_checkpointing:
         model.config.use_cache = False
     config = LoraConfig(
@@ -287,6 +289,7 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
             int(recipe.rope.target_length),
             recipe.rope.options(),
             recipe.model.original_length,
+            relative_to=recipe.rope.relative_to,
         )
     else:
         verify_model_rope(model)

@@ -20,7 +20,7 @@ import copy
 import json
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,9 @@ _TYPE_KEYS: dict[str, set[str]] = {
     },
     "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
 }
+
+# Shortest pretraining context of released RoPE models (LLaMA 1); used to read ambiguous linear configs.
+_MIN_PRETRAIN_LENGTH = 2048
 
 # Absolute and relative tolerance between ctxext's float64 reference and the runtime float32 values.
 _RTOL = 1e-4
@@ -92,6 +95,8 @@ class RopeState:
         current_length: the context the model is configured for now.
         max_position_embeddings: ``config.max_position_embeddings`` as written.
         parameters: the normalised ``rope_parameters`` dict (``type`` folded into ``rope_type``).
+        notes: how an ambiguous config was read (and how to override it).
+        extension: ``config.ctxext`` of a folder ctxext extended (method, lengths, the base RoPE), else ``{}``.
     """
 
     model_type: str
@@ -103,6 +108,8 @@ class RopeState:
     current_length: int
     max_position_embeddings: int
     parameters: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    extension: dict[str, Any] = field(default_factory=dict)
 
     @property
     def factor(self) -> float:
@@ -185,11 +192,18 @@ def read_rope(config: Any, original_length: int | None = None) -> RopeState:
 
     How the original (pretraining) length is found, by rope type:
 
-    - ``yarn``, ``llama3``, ``longrope``: ``rope_parameters.original_max_position_embeddings``.
+    - ``yarn``, ``llama3``, ``longrope``: ``rope_parameters.original_max_position_embeddings``; the
+      current context is ``max_position_embeddings``, or ``factor × original`` when a config kept
+      ``max_position_embeddings`` at the original length (Qwen2.5's documented YaRN recipe: 32768,
+      factor 4 → 131072).
     - ``dynamic``: ``max_position_embeddings`` (transformers starts scaling there); the current
       context is ``factor × max_position_embeddings``.
-    - ``linear``: ``max_position_embeddings / factor`` (the common convention; pass
-      ``original_length`` when a checkpoint kept the original length in ``max_position_embeddings``).
+    - ``linear``: transformers ignores ``max_position_embeddings`` here, and checkpoints disagree on
+      it: LongChat-16k writes the *target* (16384, factor 8 → original 2048), Vicuna-v1.5-16k the
+      *original* (4096, factor 4 → 16384). Released RoPE models were pretrained at ≥ 2048 tokens, so
+      when ``max_position_embeddings / factor`` falls below 2048 while ``max_position_embeddings``
+      is at least 2048, ``max_position_embeddings`` is taken as the original length; otherwise as
+      the target. A note says which reading was used; ``original_length`` overrides it.
     - ``default`` (incl. raised theta, e.g. Code Llama): ``max_position_embeddings``.
 
     A folder written by ``ctxext extend`` records both lengths under ``config.ctxext``, which wins.
@@ -207,15 +221,31 @@ def read_rope(config: Any, original_length: int | None = None) -> RopeState:
     max_pos = int(text.max_position_embeddings)
     factor = float(params.get("factor") or 1.0)
     meta = getattr(text, "ctxext", None) or {}
+    notes: list[str] = []
     if rope_type in ("yarn", "llama3", "longrope"):
         original = int(params["original_max_position_embeddings"])
         current = max_pos
+        if max_pos <= original and factor > 1:
+            current = int(round(original * factor))
+            notes.append(
+                f"max_position_embeddings ({max_pos}) is not above the original length ({original}); the context is "
+                f"read from the factor: {factor:g} × {original} = {current}"
+            )
     elif rope_type == "dynamic":
         original = max_pos
         current = int(round(max_pos * factor))
     elif rope_type == "linear":
-        original = int(round(max_pos / factor))
-        current = max_pos
+        if max_pos / factor < _MIN_PRETRAIN_LENGTH <= max_pos:
+            original, current = max_pos, int(round(max_pos * factor))
+            reading = "the original length (Vicuna-v1.5-16k convention)"
+        else:
+            original, current = int(round(max_pos / factor)), max_pos
+            reading = "the extended length (LongChat convention)"
+        if original_length is None and not meta:
+            notes.append(
+                f"linear scaling: max_position_embeddings ({max_pos}) read as {reading}: original {original}, "
+                f"context {current}; pass --original-length if the model was pretrained at another length"
+            )
     else:
         original = max_pos
         current = max_pos
@@ -223,6 +253,8 @@ def read_rope(config: Any, original_length: int | None = None) -> RopeState:
         original = int(meta.get("original_length", original))
         current = int(meta.get("target_length", current))
     if original_length is not None:
+        if rope_type == "linear" and not meta:
+            current = int(round(original_length * factor))
         original = int(original_length)
         if rope_type == "default" and not meta:
             # Unscaled RoPE works up to its pretraining length, whatever max_position_embeddings
@@ -240,12 +272,18 @@ def read_rope(config: Any, original_length: int | None = None) -> RopeState:
         current_length=current,
         max_position_embeddings=max_pos,
         parameters=params,
+        notes=notes,
+        extension=dict(meta) if isinstance(meta, dict) else {},
     )
 
 
 # ---------------------------------------------------------------------------------------------
 # Checking values that transformers only warns about
 # ---------------------------------------------------------------------------------------------
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def check_rope_parameters(params: dict[str, Any], rotary_dim: int, max_position_embeddings: int) -> None:
@@ -267,32 +305,42 @@ def check_rope_parameters(params: dict[str, Any], rotary_dim: int, max_position_
         )
         raise RopeConfigError(problems)
     theta = params.get("rope_theta")
-    if not isinstance(theta, (int, float)) or theta <= 1:
+    if not _finite(theta) or theta <= 1:
         problems["rope_parameters.rope_theta"] = f"must be a number > 1, got {theta!r}"
     if rotary_dim < 2 or rotary_dim % 2:
         problems["rotary_dim"] = f"the rotary dimension must be even and ≥ 2, got {rotary_dim}"
     factor = params.get("factor")
     if "factor" in _TYPE_KEYS[rope_type] and factor is not None:
-        if not isinstance(factor, (int, float)) or factor < 1:
+        if not _finite(factor) or factor < 1:
             problems["rope_parameters.factor"] = (
                 f"must be a number ≥ 1 (target length / original length), got {factor!r}"
             )
     if rope_type in ("linear", "dynamic") and factor is None:
         problems["rope_parameters.factor"] = f"rope type {rope_type!r} needs a factor"
     if rope_type == "yarn":
-        fast = params.get("beta_fast") or 32
-        slow = params.get("beta_slow") or 1
-        if fast <= slow:
+        fast = params.get("beta_fast", 32)
+        slow = params.get("beta_slow", 1)
+        fast, slow = (32 if fast is None else fast), (1 if slow is None else slow)
+        for key, value in (("beta_fast", fast), ("beta_slow", slow)):
+            if not _finite(value) or value <= 0:
+                problems[f"rope_parameters.{key}"] = (
+                    f"must be a finite number > 0 (rotations within the original context), got {value!r}"
+                )
+        if not problems and fast <= slow:
             problems["rope_parameters.beta_fast"] = (
                 f"must be greater than beta_slow, got beta_fast={fast}, beta_slow={slow}"
             )
         att = params.get("attention_factor")
-        if att is not None and (not isinstance(att, (int, float)) or att <= 0):
+        if att is not None and (not _finite(att) or att <= 0):
             problems["rope_parameters.attention_factor"] = f"must be a number > 0, got {att!r}"
     if rope_type == "llama3":
         low, high = params.get("low_freq_factor"), params.get("high_freq_factor")
         if low is None or high is None:
             problems["rope_parameters.low_freq_factor"] = "llama3 needs low_freq_factor and high_freq_factor"
+        elif not (_finite(low) and _finite(high) and low > 0):
+            problems["rope_parameters.low_freq_factor"] = (
+                f"low_freq_factor and high_freq_factor must be finite numbers > 0, got {low!r} and {high!r}"
+            )
         elif low >= high:
             problems["rope_parameters.low_freq_factor"] = (
                 f"must be smaller than high_freq_factor, got low_freq_factor={low}, high_freq_factor={high}"
@@ -306,7 +354,7 @@ def check_rope_parameters(params: dict[str, Any], rotary_dim: int, max_position_
                 problems[f"rope_parameters.{key}"] = (
                     f"must have rotary_dim/2 = {rotary_dim // 2} entries, got {len(values)}"
                 )
-            elif any(v <= 0 for v in values):
+            elif any(not _finite(v) or v <= 0 for v in values):
                 problems[f"rope_parameters.{key}"] = "every rescale factor must be > 0"
     if rope_type in ("yarn", "llama3", "longrope"):
         original = params.get("original_max_position_embeddings")
@@ -344,7 +392,7 @@ def reference_rope(
 ) -> tuple[torch.Tensor, float]:
     """Compute, independently of transformers, ``inv_freq`` and the attention scaling of a RoPE setting.
 
-    Written from the papers (REFERENCES.md), not from transformers, so a disagreement between the
+    Written from the papers (formulas in ``docs/methods.md``), not from transformers, so a disagreement between the
     two is caught instead of copied.
 
     Args:
@@ -457,6 +505,9 @@ class RopePlan:
         target_length: the context the model is extended to.
         factor: target / original.
         notes: facts a user should know about this method in transformers.
+        rotary_dim: the rotary dimension ``d`` the plan was made for (verification checks it).
+        base_parameters: the RoPE the extension starts from (unscaled).
+        composed_on: with ``relative_to="current"``, the previous extension this one is stacked on.
     """
 
     method: str
@@ -466,6 +517,9 @@ class RopePlan:
     target_length: int
     factor: float
     notes: list[str] = field(default_factory=list)
+    rotary_dim: int = 0
+    base_parameters: dict[str, Any] = field(default_factory=dict)
+    composed_on: dict[str, Any] = field(default_factory=dict)
 
 
 MethodFn = Callable[[RopeState, int, float, dict[str, Any]], RopePlan]
@@ -526,6 +580,8 @@ def _plan(state: RopeState, method: str, target: int, s: float, params: dict[str
         original_length=state.original_length,
         target_length=target,
         factor=s,
+        rotary_dim=state.rotary_dim,
+        base_parameters=dict(state.parameters),
     )
 
 
@@ -538,16 +594,31 @@ def _linear(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> Ro
 def _ntk(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
     # NTK-aware scaling is a pure change of base, so it is written as a default-type RoPE with a new
     # theta: every consumer (vLLM, llama.cpp, older transformers) understands it.
-    alpha = float(opts.get("alpha") or s)
+    alpha = float(opts["alpha"]) if opts.get("alpha") is not None else s
+    if not math.isfinite(alpha) or alpha <= 1:
+        raise RopeConfigError(
+            {
+                "alpha": f"must be a number > 1 (it multiplies the wavelengths; ≤ 1 keeps or shortens them), got "
+                f"{alpha:g}; leave it out to use target/original = {s:g}"
+            }
+        )
     d = state.rotary_dim
     params = {"rope_type": "default", **_base_params(state)}
     params["rope_theta"] = state.rope_theta * alpha ** (d / (d - 2))
     return _plan(state, "ntk", target, s, params, target)
 
 
-@register_method("dynamic", "dynamic NTK: NTK base recomputed from the current sequence length", ("factor",))
+@register_method(
+    "dynamic",
+    "dynamic NTK (YaRN paper §3.3): NTK base with α = T/L for a sequence of T > L tokens (transformers factor 1); "
+    "--factor f uses transformers' α = f·T/L − (f−1) instead",
+    ("factor",),
+)
 def _dynamic(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
-    factor = float(opts.get("factor") or s)
+    # One definition: the YaRN paper's Dynamic NTK, α = max(1, T/L), is transformers'
+    # base·((f·T/L) − (f−1))^(d/(d−2)) with f = 1 (transformers accepts factor ≥ 1). Writing f = s, as
+    # is common, gives α = s² − s + 1 at the target (13 at 4×), far more than the NTK scale s.
+    factor = float(opts["factor"]) if opts.get("factor") is not None else 1.0
     plan = _plan(
         state,
         "dynamic",
@@ -676,18 +747,81 @@ def load_factors_file(path: str | Path) -> tuple[list[float], list[float]]:
     return list(data["short_factor"]), list(data["long_factor"])
 
 
+RELATIVE_TO = ("original", "current")
+
+
+def _describe_extension(state: RopeState) -> str | None:
+    # What the model already is, if it is extended: a ctxext extension, or a scaled rope type.
+    meta = state.extension
+    if meta.get("method"):
+        base_theta = (meta.get("base_rope_parameters") or {}).get("rope_theta")
+        theta = (
+            f", rope_theta {base_theta:g} → {state.rope_theta:g}"
+            if base_theta and base_theta != state.rope_theta
+            else ""
+        )
+        return f"extended by ctxext with {meta['method']} from {state.original_length} to {state.current_length}{theta}"
+    if state.rope_type != "default":
+        return (
+            f"already scaled: {state.rope_type} ×{state.factor:g} ({state.original_length} → {state.current_length} "
+            "tokens), and was most likely trained with it"
+        )
+    return None
+
+
+def _base_state(state: RopeState) -> RopeState:
+    # The unscaled RoPE an extension started from: ctxext's record, or the scaled config without its scaling.
+    base = dict(state.extension.get("base_rope_parameters") or {})
+    if base.get("rope_type", "default") != "default":
+        return _base_state(replace(state, rope_type=base["rope_type"], parameters=base, extension={}))
+    params = {"rope_type": "default", "rope_theta": float(base.get("rope_theta", state.rope_theta))}
+    prf = base.get("partial_rotary_factor", state.parameters.get("partial_rotary_factor"))
+    if prf is not None:
+        params["partial_rotary_factor"] = prf
+    return replace(
+        state,
+        rope_type="default",
+        rope_theta=params["rope_theta"],
+        parameters=params,
+        current_length=state.original_length,
+    )
+
+
+def _changes(old: RopeState, plan: RopePlan) -> str:
+    # What replacing an existing scaling changes, measured at the target length.
+    seq = plan.target_length
+    old_f, old_att = reference_rope(old.parameters, old.rotary_dim, old.max_position_embeddings, seq)
+    new_f, new_att = reference_rope(plan.rope_parameters, plan.rotary_dim, plan.max_position_embeddings, seq)
+    moved = int(((new_f - old_f).abs() / old_f > 0.01).sum())
+    text = f"{moved} of {old.rotary_dim // 2} rotary frequencies change by more than 1 %"
+    if not math.isclose(old_att, new_att, rel_tol=1e-6):
+        text += f", and the attention scaling goes from {old_att:.4g} to {new_att:.4g}"
+    return text
+
+
 def plan_extension(
     config: Any,
     method: str,
     target_length: int,
     options: dict[str, Any] | None = None,
     original_length: int | None = None,
+    relative_to: str | None = None,
 ) -> RopePlan:
     """Compute the RoPE settings that extend ``config`` to ``target_length`` with ``method``.
 
-    The factor is ``target_length / original_length``, relative to the model's *pretraining*
-    length, also for models that are already extended (Llama 3.1: relative to 8192 on the base
-    theta, replacing its llama3 scaling).
+    For an unscaled model the factor is ``target_length / original_length``. A model that is already
+    extended (by ctxext, or a scaled config such as Llama 3.1's llama3 ×8) is never scaled twice
+    silently: ``relative_to`` must say how to compose, otherwise a :class:`RopeError` explains both
+    choices.
+
+    - ``"original"``: replace the existing extension. Start from the unscaled base RoPE (ctxext's
+      record of the base ``rope_theta``, or the config without its scaling) and scale from the
+      pretraining length. The plan's notes say what changes for the model (frequencies, attention
+      temperature).
+    - ``"current"``: stack on the current state. The model as it is (its ``rope_theta``, its context)
+      is treated as the new base, and the factor is ``target / current``. Only unscaled (e.g. NTK- or
+      theta-extended) models and linear-on-linear compose this way; transformers holds one scaling per
+      model, so other combinations are refused.
 
     Args:
         config: the model's config (not modified).
@@ -695,15 +829,19 @@ def plan_extension(
         target_length: the new context length.
         options: method options (``beta_fast``, ``low_freq_factor``, ``rope_theta``, ``factors_file`` …).
         original_length: overrides the pretraining length read from the config.
+        relative_to: ``None``, ``"original"`` or ``"current"`` (see above).
 
     Returns:
         The :class:`RopePlan`.
 
     Raises:
-        RopeError: unknown method, unknown option, a target not above the current context, or bad values.
+        RopeError: unknown method, unknown option, a target not above the current context, bad values,
+            or an already-extended model without ``relative_to``.
     """
     if method not in METHODS:
         raise RopeError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    if relative_to is not None and relative_to not in RELATIVE_TO:
+        raise RopeError(f"--relative-to {relative_to!r}: choose one of {', '.join(RELATIVE_TO)}")
     spec = METHODS[method]
     options = {k: v for k, v in (options or {}).items() if v is not None}
     unknown = set(options) - spec.options
@@ -712,16 +850,46 @@ def plan_extension(
         raise RopeConfigError(
             {k: f"not an option of method {method!r} (its options: {allowed})" for k in sorted(unknown)}
         )
-    state = read_rope(config, original_length=original_length)
-    check_rope_parameters(state.parameters, state.rotary_dim, state.max_position_embeddings)
-    if target_length <= state.current_length:
+    current = read_rope(config, original_length=original_length)
+    check_rope_parameters(current.parameters, current.rotary_dim, current.max_position_embeddings)
+    if target_length <= current.current_length:
         raise RopeError(
-            f"target length {target_length} is not above the model's current context ({state.current_length}); "
-            f"choose a target longer than {state.current_length} (the model's original length is "
-            f"{state.original_length})."
+            f"target length {target_length} is not above the model's current context ({current.current_length}); "
+            f"choose a target longer than {current.current_length} (the model's original length is "
+            f"{current.original_length})."
         )
+    existing = _describe_extension(current)
+    state, composed_on = current, {}
+    if existing and relative_to is None:
+        raise RopeError(
+            f"this model is {existing}. Extending it again must not scale it twice by accident; say how to compose:\n"
+            f"  --relative-to original: replace that extension: {method} from the unscaled base RoPE, "
+            f"{current.original_length} → {target_length} (×{target_length / current.original_length:g});\n"
+            f"  --relative-to current: keep it and stack {method} on top, {current.current_length} → {target_length} "
+            f"(×{target_length / current.current_length:g}); possible for NTK/theta-extended models and linear on "
+            "linear only.\n(recipes: rope.relative_to)"
+        )
+    if existing and relative_to == "original":
+        state = _base_state(current)
+    elif existing and relative_to == "current":
+        composable = current.rope_type == "default" or (current.rope_type == method == "linear")
+        if not composable:
+            raise RopeError(
+                f"--relative-to current: {method} cannot be stacked on {current.rope_type} scaling; transformers "
+                "holds one RoPE scaling per model. Use --relative-to original to replace it."
+            )
+        composed_on = dict(current.extension) or {"rope_parameters": dict(current.parameters)}
+        if current.rope_type == "linear":
+            # Linear on linear is one linear scaling by the product of the factors: relative to the original.
+            state = _base_state(current)
+        else:
+            params = {
+                k: v for k, v in current.parameters.items() if k in ("rope_type", "rope_theta", "partial_rotary_factor")
+            }
+            state = replace(current, original_length=current.current_length, parameters=params, extension={})
     s = target_length / state.original_length
     plan = spec.build(state, target_length, s, options)
+    plan.composed_on = composed_on
     check_rope_parameters(plan.rope_parameters, state.rotary_dim, plan.max_position_embeddings)
     if (
         plan.rope_parameters["rope_type"] not in ("default", "dynamic")
@@ -734,7 +902,50 @@ def plan_extension(
                 )
             }
         )
+    check_plan_intent(plan)
+    if existing:
+        plan.notes.append(f"the model was {existing}; {_changes(current, plan)} (relative to {relative_to})")
     return plan
+
+
+def check_plan_intent(plan: RopePlan) -> None:
+    """Check that a plan's ``rope_parameters`` express its intent: method, factor, original and target length.
+
+    The plan's parameters come from the method's builder; this re-derives what they must say from the
+    plan's own numbers (``factor = target / original`` and the method's defining relation), so a builder
+    that writes something else cannot produce a "verified" model.
+
+    Args:
+        plan: from :func:`plan_extension`.
+
+    Raises:
+        RopeMismatchError: naming the first disagreement.
+    """
+    p, s = plan.rope_parameters, plan.factor
+    problems = []
+    if not math.isclose(s, plan.target_length / plan.original_length, rel_tol=1e-9):
+        problems.append(f"factor {s:g} is not target/original = {plan.target_length}/{plan.original_length}")
+    rope_type = p.get("rope_type")
+    if rope_type in ("yarn", "llama3", "longrope"):
+        if int(p.get("original_max_position_embeddings", -1)) != plan.original_length:
+            problems.append(f"original_max_position_embeddings is not the original length {plan.original_length}")
+        if not math.isclose(float(p.get("factor", 0)), s, rel_tol=1e-9):
+            problems.append(f"{rope_type} factor {p.get('factor')} is not {s:g}")
+        if plan.max_position_embeddings != plan.target_length:
+            problems.append(f"max_position_embeddings {plan.max_position_embeddings} is not the target")
+    if rope_type == "linear" and not math.isclose(float(p.get("factor", 0)), s, rel_tol=1e-9):
+        problems.append(f"linear factor {p.get('factor')} is not {s:g}")
+    if rope_type == "dynamic" and plan.max_position_embeddings != plan.original_length:
+        problems.append(
+            f"dynamic NTK with max_position_embeddings {plan.max_position_embeddings} ≠ original "
+            f"{plan.original_length} runs unscaled up to max_position_embeddings"
+        )
+    if plan.method in ("ntk", "theta") and not float(p["rope_theta"]) > float(
+        plan.base_parameters.get("rope_theta", 0)
+    ):
+        problems.append("rope_theta is not above the base rope_theta")
+    if problems:
+        raise RopeMismatchError(f"the {plan.method} plan does not match its intent: " + "; ".join(problems))
 
 
 def apply_plan(config: Any, plan: RopePlan) -> None:
@@ -755,7 +966,11 @@ def apply_plan(config: Any, plan: RopePlan) -> None:
         "original_length": plan.original_length,
         "target_length": plan.target_length,
         "factor": plan.factor,
+        # The RoPE the extension started from: re-extending restarts from it (--relative-to original).
+        "base_rope_parameters": dict(plan.base_parameters),
     }
+    if plan.composed_on:
+        text.ctxext["composed_on"] = dict(plan.composed_on)
 
 
 def legacy_fields(rope_parameters: dict[str, Any]) -> dict[str, Any]:
@@ -765,14 +980,20 @@ def legacy_fields(rope_parameters: dict[str, Any]) -> dict[str, Any]:
         rope_parameters: standard parameters.
 
     Returns:
-        ``{"rope_theta": ..., "rope_scaling": {...} | None}``; ``rope_scaling`` carries both ``type``
-        and ``rope_type`` because readers disagree on the key (transformers#32916).
+        ``{"rope_theta": ..., "rope_scaling": {...}, "partial_rotary_factor": ...}``; ``rope_scaling``
+        carries every RoPE key, with both ``type`` and ``rope_type`` because readers disagree on the key
+        (transformers#32916).
     """
-    scaling = {k: v for k, v in rope_parameters.items() if k not in ("rope_theta", "partial_rotary_factor")}
-    out: dict[str, Any] = {"rope_theta": rope_parameters["rope_theta"], "rope_scaling": None}
-    if scaling.get("rope_type", "default") != "default":
-        scaling["type"] = scaling["rope_type"]
-        out["rope_scaling"] = scaling
+    # transformers 5 reads ``rope_scaling`` as an alias of ``rope_parameters``: a ``rope_scaling`` that
+    # lacks a key (partial_rotary_factor, rope_theta) makes it fall back to the class default on reload
+    # (a Phi model's 0.4 became 0.5). So every key is written in both places, and at top level too.
+    scaling = dict(rope_parameters)
+    scaling["type"] = scaling.get("rope_type", "default")
+    # Unscaled RoPE has no rope_scaling in the old format (transformers < 4.43 rejects type "default").
+    unscaled = scaling["type"] == "default"
+    out: dict[str, Any] = {"rope_theta": rope_parameters["rope_theta"], "rope_scaling": None if unscaled else scaling}
+    if rope_parameters.get("partial_rotary_factor") is not None:
+        out["partial_rotary_factor"] = rope_parameters["partial_rotary_factor"]
     return out
 
 
@@ -968,6 +1189,7 @@ def patch_model(
     target_length: int,
     options: dict[str, Any] | None = None,
     original_length: int | None = None,
+    relative_to: str | None = None,
 ) -> RopePlan:
     """Extend a loaded model in place: patch its config, rebuild its rotary modules, verify.
 
@@ -977,15 +1199,199 @@ def patch_model(
         target_length: the new context length.
         options: method options.
         original_length: overrides the pretraining length.
+        relative_to: how to compose with an existing extension (see :func:`plan_extension`).
 
     Returns:
         The applied :class:`RopePlan`.
     """
-    plan = plan_extension(model.config, method, target_length, options, original_length)
+    plan = plan_extension(model.config, method, target_length, options, original_length, relative_to)
     apply_plan(model.config, plan)
     rebuild_rotary(model)
     verify_model_rope(model)
     return plan
+
+
+def _phase_tolerance(position: int) -> float:
+    # transformers computes position × inv_freq in float32: a relative error of a few ulp on a phase
+    # of up to ``position`` radians. A wrong factor or base moves phases by O(1) long before that.
+    return 1e-5 + 1e-6 * position
+
+
+def probe_positions(original_length: int, target_length: int) -> list[int]:
+    """Positions whose cos/sin are checked: 0, the last original position and the last target position."""
+    return sorted({0, max(original_length - 1, 0), max(target_length - 1, 0)})
+
+
+def check_cos_sin(
+    model: torch.nn.Module,
+    rope_parameters: dict[str, Any],
+    rotary_dim: int,
+    max_position_embeddings: int,
+    positions: list[int],
+) -> RopeCheck:
+    """Compare the cos/sin every rotary module hands to attention with the reference of a RoPE setting.
+
+    Each position ``p`` is probed as the last token of a ``p + 1``-token sequence (what length-dependent
+    types scale for), on a copy of the module. The reference is ``cos(p·θ_i)·a`` and ``sin(p·θ_i)·a``
+    from :func:`reference_rope` of the *given* parameters, so a module that ignores its config, drops
+    rotary dimensions, or computes cos/sin from something other than its ``inv_freq`` fails here.
+
+    Args:
+        model: a model with rotary modules (possibly a meta skeleton from :func:`runtime_model_from_config`).
+        rope_parameters: the intended parameters (a plan's, not the model's config).
+        rotary_dim: the intended rotary dimension.
+        max_position_embeddings: the intended ``max_position_embeddings``.
+        positions: positions to probe.
+
+    Returns:
+        A :class:`RopeCheck` with one entry per (module, position).
+    """
+    checks: list[dict[str, Any]] = []
+    modules = list(rotary_modules(model))
+    if not modules:
+        raise RopeError(f"{type(model).__name__} has no rotary embedding module (no inv_freq buffer)")
+    for p in positions:
+        inv_freq, att = reference_rope(rope_parameters, rotary_dim, max_position_embeddings, p + 1)
+        emb = torch.cat([p * inv_freq, p * inv_freq])
+        ref_cos, ref_sin = torch.cos(emb) * att, torch.sin(emb) * att
+        for name, module in modules:
+            probe = copy.deepcopy(module).cpu()
+            with torch.no_grad():
+                cos, sin = probe(torch.zeros(1, 1, 1, dtype=torch.float32), torch.tensor([[p]], dtype=torch.long))
+            cos, sin = cos.reshape(-1).double(), sin.reshape(-1).double()
+            if cos.shape != ref_cos.shape:
+                err = float("inf")
+            else:
+                err = float(max((cos - ref_cos).abs().max(), (sin - ref_sin).abs().max()))
+            checks.append(
+                {
+                    "module": name,
+                    "position": p,
+                    "seq_len": p + 1,
+                    "rotary_dim": int(cos.numel()),
+                    "expected_rotary_dim": int(ref_cos.numel()),
+                    "max_abs_error": err,
+                    "tolerance": _phase_tolerance(p),
+                    "ok": err <= _phase_tolerance(p) * max(att, 1.0),
+                }
+            )
+    return RopeCheck(ok=all(c["ok"] for c in checks), checks=checks)
+
+
+def _cos_sin_summary(check: RopeCheck) -> str:
+    bad = next(c for c in check.checks if not c["ok"])
+    if bad["rotary_dim"] != bad["expected_rotary_dim"]:
+        return (
+            f"{bad['module'] or 'the rotary module'} rotates {bad['rotary_dim']} dimensions, the plan "
+            f"{bad['expected_rotary_dim']}"
+        )
+    return (
+        f"cos/sin of {bad['module'] or 'the rotary module'} at position {bad['position']} differ from the reference "
+        f"by {bad['max_abs_error']:.3g} (tolerance {bad['tolerance']:.3g})"
+    )
+
+
+def verify_against_plan(model: torch.nn.Module, plan: RopePlan) -> str:
+    """Verify a model's runtime RoPE against a plan: ``inv_freq`` and the cos/sin at 0, L − 1, T − 1.
+
+    Args:
+        model: the model as a user will load it (reloaded from disk).
+        plan: the plan it should implement.
+
+    Returns:
+        A one-line summary of what was checked.
+
+    Raises:
+        RopeMismatchError: the model does not implement the plan.
+    """
+    text = _text_config(model.config)
+    written = read_rope(text)
+    if written.rotary_dim != plan.rotary_dim:
+        raise RopeMismatchError(
+            f"the written config rotates {written.rotary_dim} dimensions per head, the plan {plan.rotary_dim} "
+            f"(partial_rotary_factor {written.parameters.get('partial_rotary_factor')!r}); the folder would load "
+            "with different positions than planned"
+        )
+    if (written.original_length, written.current_length) != (plan.original_length, plan.target_length):
+        raise RopeMismatchError(
+            f"the written config reads as {written.original_length} → {written.current_length} tokens, the plan "
+            f"is {plan.original_length} → {plan.target_length}"
+        )
+    positions = probe_positions(plan.original_length, plan.target_length)
+    freq = RopeCheck(ok=True, checks=[])
+    for seq_len in sorted({plan.original_length, plan.target_length}):
+        ref_freq, ref_scale = reference_rope(
+            plan.rope_parameters, plan.rotary_dim, plan.max_position_embeddings, seq_len
+        )
+        for name, module in rotary_modules(model):
+            run_freq, run_scale = _runtime_values(module, seq_len)
+            same = (
+                run_freq.shape == ref_freq.shape
+                and float(((run_freq - ref_freq).abs() / (ref_freq.abs() + _ATOL)).max()) <= _RTOL
+                and math.isclose(run_scale, ref_scale, rel_tol=_RTOL)
+            )
+            freq.checks.append({"module": name, "seq_len": seq_len, "ok": same})
+    freq.ok = all(c["ok"] for c in freq.checks)
+    if not freq.ok:
+        bad = next(c for c in freq.checks if not c["ok"])
+        raise RopeMismatchError(
+            f"the runtime inv_freq / attention scaling of {bad['module'] or 'the rotary module'} at length "
+            f"{bad['seq_len']} differ from the plan ({plan.method} ×{plan.factor:g})"
+        )
+    cos_sin = check_cos_sin(model, plan.rope_parameters, plan.rotary_dim, plan.max_position_embeddings, positions)
+    if not cos_sin.ok:
+        raise RopeMismatchError(_cos_sin_summary(cos_sin) + f" (plan: {plan.method} ×{plan.factor:g})")
+    return (
+        f"runtime RoPE matches the plan ({plan.method} ×{plan.factor:g}): inv_freq at lengths "
+        f"{sorted({plan.original_length, plan.target_length})}, cos/sin at positions {positions}"
+    )
+
+
+def intent_problems(state: RopeState, model: torch.nn.Module | None = None) -> dict[str, str]:
+    """Disagreements between what a config states and what transformers will run.
+
+    - the dynamic-NTK trap: ``max_position_embeddings`` above the pretraining length, so positions up
+      to it run unscaled (transformers starts dynamic scaling there);
+    - a YaRN / llama3 / longrope factor that disagrees with ``max_position_embeddings / original``;
+    - rotary modules whose cos/sin (at 0, L − 1, T − 1) do not match the config's reference.
+
+    Args:
+        state: from :func:`read_rope` (ctxext's ``config.ctxext`` record counts as stated intent).
+        model: a model (or meta skeleton) whose rotary modules are probed; ``None`` skips that check.
+
+    Returns:
+        ``{field: problem}``; empty when config and runtime agree.
+    """
+    problems: dict[str, str] = {}
+    meta = state.extension
+    if state.rope_type == "dynamic":
+        stated_original = meta.get("original_length")
+        if stated_original is not None and int(stated_original) < state.max_position_embeddings:
+            problems["max_position_embeddings"] = (
+                f"dynamic NTK scales only beyond max_position_embeddings ({state.max_position_embeddings}), but the "
+                f"original context is {stated_original}: positions {stated_original}–{state.max_position_embeddings} "
+                f"run unscaled (extrapolated). Set max_position_embeddings to {stated_original}."
+            )
+    if state.rope_type in ("yarn", "llama3", "longrope") and state.parameters.get("factor"):
+        original = int(state.parameters["original_max_position_embeddings"])
+        implied = state.factor * original
+        max_pos = state.max_position_embeddings
+        if max_pos > original and not math.isclose(implied, max_pos, rel_tol=0.01):
+            problems["rope_parameters.factor"] = (
+                f"{state.rope_type} factor {state.factor:g} scales the original {original} tokens to {implied:g}, but "
+                f"max_position_embeddings says {max_pos} (factor {max_pos / original:g}); one of them is wrong. "
+                f"Re-extend with `ctxext extend --target-length N --relative-to original`."
+            )
+    if model is not None and not problems:
+        positions = probe_positions(state.original_length, state.current_length)
+        try:
+            check = check_cos_sin(model, state.parameters, state.rotary_dim, state.max_position_embeddings, positions)
+        except RopeError as exc:
+            problems["runtime"] = str(exc)
+        else:
+            if not check.ok:
+                problems["runtime cos/sin"] = _cos_sin_summary(check) + " (reference: the config's RoPE)"
+    return problems
 
 
 def runtime_model_from_config(config: Any) -> torch.nn.Module:

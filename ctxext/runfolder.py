@@ -175,3 +175,57 @@ def find_reports(folder: str | Path) -> list[Report]:
     if root.is_dir():
         paths.extend(sorted(p for p in root.glob("*/report.json") if p.is_file()))
     return [load_report(p) for p in paths]
+
+
+def plan_from_run(run: dict[str, Any], config: Any) -> Any:
+    """The RoPE plan a run was trained with, rebuilt from its ``run.json`` (``None`` for ``method: none``).
+
+    Verification of a merged model compares its runtime RoPE with this plan, not with the config it
+    was saved with.
+
+    Args:
+        run: the run's ``run.json``.
+        config: the base config (for the rotary dimension and ``max_position_embeddings``).
+
+    Returns:
+        A :class:`ctxext.rope.RopePlan`, or ``None``.
+    """
+    from ctxext.rope import RopePlan, read_rope
+
+    params = run.get("rope_parameters")
+    method = run.get("method")
+    original, target = run.get("original_length"), run.get("target_length")
+    if method in (None, "none") or not isinstance(params, dict) or not original or not target:
+        return None
+    state = read_rope(config)
+    max_pos = int(original) if params.get("rope_type") == "dynamic" else int(target)
+    return RopePlan(
+        method=str(method),
+        rope_parameters=dict(params),
+        max_position_embeddings=max_pos,
+        original_length=int(original),
+        target_length=int(target),
+        factor=int(target) / int(original),
+        rotary_dim=state.rotary_dim,
+    )
+
+
+def check_run_base(run: dict[str, Any], what: str) -> None:
+    """Check that the base weights a run names are still the ones it was trained on, when they are on disk.
+
+    Runs written before fingerprints existed (no ``base_fingerprint``) and bases not present locally are
+    not checked.
+
+    Args:
+        run: the run's ``run.json``.
+        what: the command, for the message.
+
+    Raises:
+        InputError: the base's weights changed.
+    """
+    from ctxext.weights import check_fingerprint
+
+    expected = run.get("base_fingerprint")
+    base = run.get("base_model_resolved")
+    if expected and base and (Path(str(base)) / "config.json").is_file():
+        check_fingerprint(Path(str(base)), expected, what)

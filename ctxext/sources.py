@@ -50,6 +50,71 @@ def hub_error_message(exc: BaseException, what: str) -> str | None:
     return None
 
 
+def read_error_message(exc: BaseException, path: str | Path, kind: str) -> str:
+    """Why a data file could not be read, in words that say what to do.
+
+    ``datasets`` wraps the real cause (a ``UnicodeDecodeError`` inside a ``DatasetGenerationError``, or a
+    bare ``StopIteration`` for an empty file); this finds it.
+
+    Args:
+        exc: the exception raised while reading.
+        path: the file or folder.
+        kind: the format it was read as (``json``, ``text`` …).
+
+    Returns:
+        A one-line message naming the problem and the fix.
+    """
+    chain = exception_chain(exc)
+    for err in chain:
+        if isinstance(err, UnicodeDecodeError):
+            return (
+                f"{path} is not UTF-8 text (byte 0x{err.object[err.start]:02x} at position {err.start} cannot be "
+                f"decoded as {err.encoding}); it is probably Latin-1 / cp1252. Convert it, e.g. "
+                f"`iconv -f latin1 -t utf-8 FILE > FILE.utf8`, and point at the converted file."
+            )
+    if any(isinstance(err, StopIteration) for err in chain) or all(not str(err).strip() for err in chain):
+        return f"{path} holds no {kind} records (is it empty?); put one record per line, e.g. {{\"text\": \"...\"}}"
+    detail = next((str(err).strip() for err in reversed(chain) if str(err).strip()), type(exc).__name__)
+    return f"cannot read {path} as {kind}: {detail.splitlines()[0]}"
+
+
+_TEXT_LIKE = (".jsonl", ".json", ".txt", ".csv", ".md", ".py")
+
+
+def check_utf8(files: list[Path], what: str = "data") -> None:
+    """Check that text-like data files are UTF-8, streaming (~1 GB/s), before a loader trips over them.
+
+    ``datasets`` reads a Latin-1 JSON Lines file without complaint and fails later, deep inside a
+    ``map`` or an iteration; checking first gives one clear message instead.
+
+    Args:
+        files: the files to check (binary formats such as parquet are skipped).
+        what: the option or key that named them, for the message.
+
+    Raises:
+        SourceError: the first file that is not UTF-8, with an encoding hint.
+    """
+    import codecs
+
+    for path in files:
+        if Path(path).suffix.lower() not in _TEXT_LIKE:
+            continue
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0
+        with open(path, "rb") as handle:
+            try:
+                while chunk := handle.read(1 << 20):
+                    decoder.decode(chunk)
+                    offset += len(chunk)
+                decoder.decode(b"", final=True)
+            except UnicodeDecodeError as exc:
+                shifted = UnicodeDecodeError(exc.encoding, exc.object, exc.start, exc.end, exc.reason)
+                message = read_error_message(shifted, path, "text").replace(
+                    f"position {exc.start}", f"byte offset {offset + exc.start}"
+                )
+                raise SourceError(f"{what}: {message}") from None
+
+
 def exception_chain(exc: BaseException) -> list[BaseException]:
     """An exception and its causes / contexts, outermost first (library errors wrap the real one)."""
     seen: list[BaseException] = []
@@ -58,6 +123,25 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
         seen.append(cur)
         cur = cur.__cause__ or cur.__context__
     return seen
+
+
+def _lookup_failed(ref: str, exc: BaseException) -> str:
+    # A reference of the form a/b that is not a local folder was tried as a Hub id; say both, because a
+    # mistyped local path (runs/my-run) is the likelier mistake.
+    local = Path(ref).expanduser()
+    hint = (
+        f"there is no folder {ref} here ({Path.cwd()}); "
+        if local.parent.exists() and str(local.parent) not in ("", ".")
+        else ""
+    )
+    message = hub_error_message(exc, ref)
+    if message is None:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        message = f"cannot load {ref} as a Hub model id ({first})"
+    return (
+        f"{hint}{message} If {ref} is a local folder, check the path (it must hold config.json); a Hub id is "
+        "written org/name."
+    )
 
 
 def resolve_model_path(ref: str, revision: str | None = None) -> Path:
@@ -96,10 +180,7 @@ def resolve_model_path(ref: str, revision: str | None = None) -> Path:
             )
         )
     except Exception as exc:  # huggingface_hub raises many types; translate the ones a user can fix
-        message = hub_error_message(exc, ref)
-        if message:
-            raise SourceError(message) from None
-        raise
+        raise SourceError(_lookup_failed(ref, exc)) from None
 
 
 def load_config(ref: str, revision: str | None = None, trust_remote_code: bool = False) -> tuple[Any, Path]:
@@ -120,10 +201,47 @@ def load_config(ref: str, revision: str | None = None, trust_remote_code: bool =
         try:
             config = AutoConfig.from_pretrained(ref, revision=revision, trust_remote_code=trust_remote_code)
         except Exception as exc:
-            message = hub_error_message(exc, ref)
-            if message:
-                raise SourceError(message) from None
-            raise
+            raise SourceError(_lookup_failed(ref, exc)) from None
         return config, Path(ref)
     folder = resolve_model_path(ref, revision)
-    return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code), folder
+    return config_from_folder(folder, trust_remote_code), folder
+
+
+def config_from_folder(folder: str | Path, trust_remote_code: bool = False) -> Any:
+    """Load ``config.json`` from a local model folder; a damaged or unknown config is a :class:`SourceError`.
+
+    Args:
+        folder: the model folder.
+        trust_remote_code: allow custom configuration code.
+
+    Returns:
+        The transformers config.
+
+    Raises:
+        SourceError: ``config.json`` is not valid JSON, is not a JSON object, or names no model type
+            transformers knows; the message says which and what to do.
+    """
+    import json
+
+    from transformers import AutoConfig
+
+    path = Path(folder) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise SourceError(f"{path} is not UTF-8 text; restore the model's config.json") from None
+    except json.JSONDecodeError as exc:
+        raise SourceError(
+            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); fix it or restore "
+            "the model's config.json"
+        ) from None
+    if not isinstance(data, dict):
+        raise SourceError(f"{path} must hold a JSON object (the model's settings), not {type(data).__name__}")
+    try:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SourceError(
+            f"{path} cannot be used by transformers ({first}); check model_type and the values in it, or restore "
+            "the model's config.json"
+        ) from None

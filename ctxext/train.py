@@ -37,10 +37,16 @@ from typing import Any
 
 import torch
 
+from ctxext.atomic import check_output
 from ctxext.config import Recipe, dump_recipe
 from ctxext.errors import CtxextError, InputError
 from ctxext.losses import chunked_cross_entropy
+from ctxext.rows import build_inputs, shifted_labels
 from ctxext.runfolder import RUN_FILE, read_run
+from ctxext.sources import resolve_model_path
+from ctxext.weights import check_fingerprint, check_weights_readable, fingerprint
+
+__all__ = ["CausalLMWithChunkedLoss", "TrainResult", "micro_batches", "shifted_labels", "train"]
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
@@ -125,25 +131,27 @@ class CausalLMWithChunkedLoss(torch.nn.Module):
         self.peft_model = peft_model
         self.chunk_size = chunk_size
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed next-token loss and the number of scored tokens (``labels`` are already shifted)."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed next-token loss and the number of scored tokens (``labels`` are already shifted).
+
+        ``position_ids`` / ``attention_mask`` come from :func:`ctxext.rows.build_inputs` (PoSE, packed
+        documents); ``None`` is the model's default causal path.
+        """
         base = self.peft_model.get_base_model()
-        hidden = base.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+        hidden = base.base_model(
+            input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False
+        ).last_hidden_state
         head = base.get_output_embeddings()
         total = chunked_cross_entropy(
             hidden, head.weight, labels, bias=head.bias, chunk_size=self.chunk_size, reduction="sum"
         )
         return total, (labels != -100).sum()
-
-
-def shifted_labels(input_ids: torch.Tensor) -> torch.Tensor:
-    """Labels aligned with positions (position t is scored on token t+1; the last is ignored).
-
-    Shifting before the forward keeps the loss correct when context parallelism splits the sequence.
-    """
-    labels = torch.full_like(input_ids, -100)
-    labels[:, :-1] = input_ids[:, 1:]
-    return labels
 
 
 def micro_batches(
@@ -215,7 +223,7 @@ def _make_optimizer(recipe: Recipe, params: list[torch.nn.Parameter], device: to
 
 def _check_launch(accelerator: Any, recipe: Recipe) -> None:
     # A launcher that started several processes which accelerate does not see as one job: each would
-    # train its own unsynchronised copy and write the same folder (DESIGN.md lists how this happens).
+    # train its own unsynchronised copy and write the same folder (``docs/design.md`` lists how this happens).
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
     if world_env > 1 and accelerator.num_processes == 1:
         raise CtxextError(
@@ -255,7 +263,10 @@ def _configure_deepspeed(accelerator: Any, recipe: Recipe, world: int) -> None:
     ds.setdefault("bf16", {})["enabled"] = torch.cuda.is_available()
 
 
-def _validation_loss(model: Any, data: Any, recipe: Recipe, accelerator: Any, world: int, rank: int) -> float | None:
+def _validation_loss(
+    model: Any, data: Any, recipe: Recipe, accelerator: Any, world: int, rank: int, attn: str = "sdpa"
+) -> float | None:
+    # Validation rows keep their plain positions (no PoSE): the loss at seq_len stays comparable across runs.
     if data is None:
         return None
     mb = recipe.train.micro_batch_size
@@ -269,9 +280,9 @@ def _validation_loss(model: Any, data: Any, recipe: Recipe, accelerator: Any, wo
     with torch.no_grad():
         for j in range(rounds):
             first = (j * world + rank) * mb
-            ids = data[first : min(first + mb, n)]["input_ids"] if first < n else data[0:1]["input_ids"]
-            ids = ids.to(accelerator.device)
-            t, c = model(ids, shifted_labels(ids))
+            rows = data[first : min(first + mb, n)] if first < n else data[0:1]
+            inputs = build_inputs(rows, attn_implementation=attn).to(accelerator.device)
+            t, c = model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
             if first < n:
                 total += t.float()
                 count += c
@@ -340,15 +351,25 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
                 f"{s}.{k}: {old[s].get(k)!r} → {new[s].get(k)!r}"
                 for s in new
                 for k in set(old.get(s, {})) | set(new[s])
-                if old.get(s, {}).get(k) != new[s].get(k)
+                # A run folder may be moved: its new place is not a change of recipe.
+                if old.get(s, {}).get(k) != new[s].get(k) and (s, k) != ("output", "dir")
             ]
-            raise InputError(
-                "--resume: the recipe differs from the run's recipe.yaml (" + "; ".join(sorted(diffs)) + "); "
-                "resume with the same recipe and overrides"
-            )
-    elif out.exists() and any(out.iterdir()):
+            if diffs:
+                raise InputError(
+                    "--resume: the recipe differs from the run's recipe.yaml (" + "; ".join(sorted(diffs)) + "); "
+                    f"resume with the same recipe and overrides: `ctxext train {out}/recipe.yaml output.dir={out} "
+                    "--resume`"
+                )
+    elif out.exists() and out.is_dir() and any(out.iterdir()):
         hint = "pass --resume to continue it, or " if run_file.is_file() else ""
         raise InputError(f"output.dir: {out} already exists and is not empty; {hint}choose another output.dir")
+    else:
+        check_output(out, "run", overwrite=False, flag="output.dir")
+    base_dir = resolve_model_path(recipe.model.path, recipe.model.revision)
+    check_weights_readable(base_dir)
+    base_fingerprint = fingerprint(base_dir)
+    if resume:
+        check_fingerprint(base_dir, previous.get("base_fingerprint"), "--resume")
 
     # --- model: load → patch RoPE → quantize → LoRA --------------------------------------------
     set_seed(cfg.seed)
@@ -364,6 +385,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         status="running",
         base_model=recipe.model.path,
         base_model_resolved=str(loaded.base_path),
+        base_fingerprint=base_fingerprint,
         rope_parameters=plan.rope_parameters if plan else dict(loaded.model.config.rope_parameters or {}),
         original_length=plan.original_length if plan else None,
         target_length=plan.target_length if plan else None,
@@ -389,11 +411,14 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     )
 
     # --- data ---------------------------------------------------------------------------------
-    from ctxext.data import prepare_data
+    from ctxext.mixture import prepare_training_data
 
     with accelerator.main_process_first():  # the main process tokenizes; the others read the datasets cache
-        data = prepare_data(recipe.data, loaded.tokenizer, recipe.seq_len, seed=cfg.seed)
+        rows = cfg.max_steps * cfg.gradient_accumulation_steps * cfg.micro_batch_size * world
+        data = prepare_training_data(recipe, loaded.tokenizer, plan, rows)
     accelerator.print(f"data: {data.summary}")
+    if cp > 1 and (cfg.pose or recipe.data.document_mask or recipe.data.short_fraction):
+        raise InputError("train.context_parallel_size: PoSE, data.document_mask and data.short_fraction need 1")
 
     # --- the run folder: created only once the model and the data are known to be usable -------------
     accelerator.wait_for_everyone()
@@ -401,6 +426,10 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         (out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
         (out / "recipe.yaml").write_text(recipe_text)
         _write_json_atomic(out / "versions.json", _versions(recipe, command))
+        if data.mixture is not None:
+            _write_json_atomic(out / "mixture.json", data.mixture)
+    if data.mixture is not None:
+        run["mixture"] = data.mixture["realised"]
 
     def write_run(**changes: Any) -> None:
         run.update(changes)
@@ -442,7 +471,15 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     if resume:
         ckpts = sorted(ckpt_root.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
         if ckpts:
-            accelerator.load_state(str(ckpts[-1]), strict=False)
+            try:
+                accelerator.load_state(str(ckpts[-1]), strict=False)
+            except Exception as exc:  # torch / safetensors / accelerate raise many types for a damaged file
+                earlier = f"; the one before it is {ckpts[-2]}" if len(ckpts) > 1 else ""
+                raise InputError(
+                    f"--resume: checkpoint {ckpts[-1]} cannot be loaded ({type(exc).__name__}: "
+                    f"{str(exc).strip()[:200] or 'damaged'}). Move that folder away to resume from the previous "
+                    f"checkpoint{earlier}, or start over in a new output.dir."
+                ) from None
             accelerator.print(f"resumed from {ckpts[-1]} (step {counters.step})")
         else:
             accelerator.print(f"no checkpoint in {ckpt_root} yet: starting from step 0")
@@ -497,7 +534,9 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     )
     if cfg.eval_every and counters.step == 0:
         # The held-out loss before any training: the baseline every later val_loss is compared with.
-        initial_val = _validation_loss(model, data.validation, recipe, accelerator, world, rank)
+        initial_val = _validation_loss(
+            model, data.validation, recipe, accelerator, world, rank, loaded.attn_implementation
+        )
         write_run(initial_val_loss=initial_val)
     model.train()
     try:
@@ -509,8 +548,15 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
                 for micro in range(ga):
                     idx = next(batches)
                     consumed.extend(idx)
-                    ids = data.train[idx]["input_ids"].to(accelerator.device)
-                    labels = shifted_labels(ids)
+                    inputs = build_inputs(
+                        data.train[idx],
+                        attn_implementation=loaded.attn_implementation,
+                        target_length=plan.target_length if plan else None,
+                        pose_chunks=cfg.pose.chunks if cfg.pose else None,
+                        seed=cfg.seed,
+                        first_example=((counters.step * ga + micro) * world + rank) * mb,
+                    ).to(accelerator.device)
+                    ids, labels = inputs.input_ids, inputs.labels
                     sync = accelerator.no_sync(model) if micro < ga - 1 else nullcontext()
                     cp_ctx = (
                         accelerator.maybe_context_parallel(
@@ -520,7 +566,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
                         else nullcontext()
                     )
                     with sync, cp_ctx:
-                        total, count = model(ids, labels)
+                        total, count = model(ids, labels, inputs.position_ids, inputs.attention_mask)
                         loss = total / count.clamp(min=1) / ga
                         accelerator.backward(loss)
                     step_loss += loss.detach()
@@ -558,7 +604,9 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
                 if grad_norm is not None:
                     record["grad_norm"] = float(grad_norm)
                 if cfg.eval_every and (counters.step % cfg.eval_every == 0 or counters.step == cfg.max_steps):
-                    last_val = _validation_loss(model, data.validation, recipe, accelerator, world, rank)
+                    last_val = _validation_loss(
+                        model, data.validation, recipe, accelerator, world, rank, loaded.attn_implementation
+                    )
                     if last_val is not None:
                         record["val_loss"] = last_val
                 if main and (counters.step % cfg.log_every == 0 or "val_loss" in record):
@@ -573,16 +621,31 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
                 if cfg.save_every and counters.step % cfg.save_every == 0 and counters.step < cfg.max_steps:
                     save_checkpoint()
     except torch.OutOfMemoryError:
-        write_run(status="failed", error="out of memory")
+        write_run(status="failed", steps=counters.step, tokens_seen=counters.tokens_seen, error="out of memory")
         raise CtxextError(_OOM_ADVICE.format(seq=seq, mb=mb)) from None
     except RuntimeError as exc:
         # The CPU allocator reports exhaustion as a plain RuntimeError.
-        write_run(status="failed", error=str(exc))
+        write_run(status="failed", steps=counters.step, tokens_seen=counters.tokens_seen, error=str(exc))
         if "can't allocate memory" in str(exc):
             raise CtxextError(_OOM_ADVICE.format(seq=seq, mb=mb)) from None
         raise
+    except KeyboardInterrupt:
+        write_run(status="interrupted", steps=counters.step, tokens_seen=counters.tokens_seen, error="interrupted")
+        good = sorted(ckpt_root.glob("step-*"))
+        where = (
+            f"the last checkpoint is {good[-1]} (step {int(good[-1].name.split('-')[1])})"
+            if good
+            else "no checkpoint was saved yet (train.save_every), so a resume starts from step 0"
+        )
+        raise CtxextError(
+            f"interrupted at step {counters.step} of {cfg.max_steps}; {where}. Continue with "
+            f"`ctxext train {out}/recipe.yaml output.dir={out} --resume`.",
+            exit_code=130,
+        ) from None
     except BaseException as exc:
-        write_run(status="failed", error=str(exc) or type(exc).__name__)
+        write_run(
+            status="failed", steps=counters.step, tokens_seen=counters.tokens_seen, error=str(exc) or type(exc).__name__
+        )
         raise
     finally:
         if metrics_file:
@@ -597,7 +660,9 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         json.dumps({"blocks": consumed, "trainable_sha256": _trainable_digest(model)})
     )
     if last_val is None:
-        last_val = _validation_loss(model, data.validation, recipe, accelerator, world, rank)
+        last_val = _validation_loss(
+            model, data.validation, recipe, accelerator, world, rank, loaded.attn_implementation
+        )
     state_dict = accelerator.get_state_dict(model)
     accelerator.wait_for_everyone()
     if main:
@@ -614,8 +679,6 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     if cfg.tracker != "none":
         accelerator.end_training()
     accelerator.print(f"run complete: {out} (train loss {last_loss:.4f}, val loss {last_val})")
-    if main:
-        _after_training(out, recipe)
     unwrapped = accelerator.unwrap_model(model).peft_model.eval() if main else None
     return TrainResult(run_dir=out, model=unwrapped, run=dict(run))
 
@@ -659,6 +722,11 @@ def _write_outputs(out: Path, peft_model: Any, state_dict: dict, loaded: Any, pl
     if plan is not None:
         apply_plan(config, plan)
     config.save_pretrained(stage)
+    if plan is not None:
+        from ctxext.rope import runtime_model_from_config, verify_against_plan
+
+        # The run's config.json is what merge and eval load: reloaded from disk, it must be the plan.
+        verify_against_plan(runtime_model_from_config(AutoConfig.from_pretrained(stage)), plan)
     loaded.tokenizer.save_pretrained(stage)
     for item in stage.iterdir():
         target = out / item.name
@@ -666,26 +734,6 @@ def _write_outputs(out: Path, peft_model: Any, state_dict: dict, loaded: Any, pl
             shutil.rmtree(target)
         os.replace(item, target)
     stage.rmdir()
-
-
-def _after_training(out: Path, recipe: Recipe) -> None:
-    """The recipe's eval suite and Hub push, written by their own modules; skipped with a warning if absent."""
-    from ctxext.cli import err_console
-
-    if recipe.eval.suite:
-        try:
-            from ctxext.evaluation.suite import run_suite_for_run
-        except ImportError:
-            err_console.print("[yellow]warning:[/] eval.suite is set but ctxext.evaluation.suite is not available")
-        else:
-            run_suite_for_run(out, recipe)
-    if recipe.hub.push:
-        try:
-            from ctxext.hub import push_run
-        except ImportError:
-            err_console.print("[yellow]warning:[/] hub.push is set but ctxext.hub is not available")
-        else:
-            push_run(out, recipe.hub)
 
 
 def run_summary(run_dir: str | Path) -> str:

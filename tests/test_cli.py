@@ -83,8 +83,10 @@ def test_extend_failure_leaves_nothing(tiny_model_dir, tmp_path):
 def test_extend_refuses_existing_out(tiny_model_dir, tmp_path):
     out = tmp_path / "exists"
     out.mkdir()
+    (out / "notes.txt").write_text("mine")
     result = run("extend", str(tiny_model_dir), "-m", "linear", "-t", "1024", "-o", str(out))
     assert result.exit_code == 2 and "already exists" in result.output
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 def test_inspect_json_and_table(tiny_model_dir, tmp_path):

@@ -21,7 +21,7 @@ def test_demo_quick_end_to_end(tmp_path, cache_root):
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report" / "report.json").read_text())
     names = [m["name"] for m in report["models"]]
-    assert names == ["base", "yarn×4", "yarn×4+QLoRA"]
+    assert names == ["base", "yarn×4", "yarn×4+QLoRA mix"]
     assert json.loads((out / "finetuned" / "run.json").read_text())["status"] == "complete"
     assert (out / "patched-yarn" / "config.json").is_file()
     base, patched, tuned = report["models"]
@@ -34,7 +34,11 @@ def test_demo_quick_end_to_end(tmp_path, cache_root):
     for model in report["models"]:
         assert {"64", "128", "256"} <= set(model["perplexity"]["by_length"])
         assert len(model["perplexity"]["by_bucket"]) == 8
-    assert "needle@256" in result.output and "report:" in result.output
+    assert "needle@256" in result.output and "2 keys@256" in result.output and "report:" in result.output
+    mixture = json.loads((out / "finetuned" / "mixture.json").read_text())["realised"]
+    assert {s["source"] for s in mixture["sources"]} >= {"builtin:stdlib", "task:needle", "task:multikey"}
+    for model in report["models"]:
+        assert {"multikey-2", "needle-heldout-form"} <= set(model["ruler"]["tasks"])
     assert (out / "report" / "ppl_by_position.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # A second run reuses every step (the cache) and prints the same table.
     again = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out)], catch_exceptions=False)

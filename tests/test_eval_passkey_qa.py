@@ -143,3 +143,52 @@ def test_qa_end_to_end_with_truncation(tiny_tokenizer, tmp_path):
         evaluate_qa(lm, QASettings(data=str(tmp_path / "missing.jsonl")), show_progress=False)
     with pytest.raises(InputError, match="no column"):
         evaluate_qa(lm, QASettings(data=str(path), context_field="doc"), show_progress=False)
+
+
+def test_kept_position_follows_truncate_middle():
+    from ctxext.evaluation.qa import kept_position
+
+    for n, budget in ((10, 5), (11, 6), (9, 20), (100, 7)):
+        ids = list(range(n))
+        kept, _ = truncate_middle(ids, budget)
+        for t in ids:
+            where = kept_position(t, n, budget)
+            if where is None:
+                assert t not in kept
+            else:
+                assert kept[where] == t
+
+
+def test_qa_answer_positions_from_kept_tokens(tiny_tokenizer):
+    from ctxext.evaluation.qa import TRUNCATED_AWAY, build_qa_prompt
+
+    filler = "value = compute(item)\n"
+    template = "{context}\n\nQuestion: {question}\nAnswer:"
+
+    def bucket(context, budget):
+        ex = {"context": context, "question": "What colour?", "answers": ["blue"], "answer_start": None}
+        ids, info = build_qa_prompt(tiny_tokenizer, ex, template, budget)
+        assert len(ids) <= budget
+        if info["answer_kept_token"] is not None:
+            # The kept position points at the answer's tokens in the prompt (after the template's prefix).
+            pre = len(tiny_tokenizer("", verbose=False)["input_ids"])
+            at = pre + info["answer_kept_token"]
+            assert "blue" in tiny_tokenizer.decode(ids[at : at + 3])
+        return info
+
+    # Answer in the middle of a long context: the truncation cuts it out.
+    middle = filler * 60 + "The answer is blue.\n" + filler * 60
+    info = bucket(middle, 200)
+    assert info["truncated"] and info["position_bucket"] == TRUNCATED_AWAY and info["answer_kept_token"] is None
+    # Answer near the end of the full context (> 80 %), inside the kept tail, where it sits at 60-80 % of
+    # what the model sees: the bucket follows the kept text.
+    late = filler * 200 + "The answer is blue.\n" + filler * 12
+    info = bucket(late, 420)
+    assert info["truncated"] and info["position_bucket"] != TRUNCATED_AWAY
+    assert late.index("blue") / len(late) > 0.8
+    kept_share = info["answer_kept_token"] / info["kept_tokens"]
+    assert 0.6 <= kept_share < 0.8 and info["position_bucket"] == "60-80%"
+    # No truncation: the kept position is the full position.
+    info = bucket("The answer is blue. " + filler * 3, 400)
+    assert not info["truncated"] and info["position_bucket"] == "0-20%"
+    assert bucket(filler * 3, 400)["position_bucket"] == "not found"

@@ -43,13 +43,20 @@ def test_ppl_matches_full_logits(tiny_tokenizer, texts, method):
     res = evaluate_perplexity(lm, texts, settings, show_progress=False)
     assert res["mode"] == "one-pass"
     docs = _docs(tiny_tokenizer, texts)
+    longest = lengths[-1]
+    common = [d for d in docs if len(d) >= longest]
+    assert res["document_set"] == "common" and res["documents"]["common"] == len(common)
     for L in lengths:
-        ref, count = reference_ppl(model, docs, L)
+        # Main view: every length on the documents reaching the longest length.
+        ref, count = reference_ppl(model, common, L)
         entry = res["by_length"][str(L)]
-        assert entry["tokens"] == count
+        assert entry["tokens"] == count and entry["documents"] == len(common)
         assert entry["ppl"] == pytest.approx(ref, rel=1e-4)
         assert entry["ci_low"] <= entry["ppl"] <= entry["ci_high"]
-    longest = lengths[-1]
+        # Secondary view: all documents with at least L tokens.
+        ref_all, count_all = reference_ppl(model, docs, L)
+        assert res["by_length_all"][str(L)]["tokens"] == count_all
+        assert res["by_length_all"][str(L)]["ppl"] == pytest.approx(ref_all, rel=1e-4)
     buckets = res["by_bucket"]
     assert [(b["start"], b["end"]) for b in buckets] == [(s, s + 64) for s in range(0, longest, 64)]
     assert buckets[0]["tokens"] == 63 * res["bucket_documents"]
@@ -151,12 +158,35 @@ def test_clear_errors(tiny_tokenizer, texts):
         evaluate_perplexity(lm, texts, PerplexitySettings(lengths=[512]), show_progress=False)
     with pytest.raises(InputError, match="does not divide"):
         evaluate_perplexity(lm, texts, PerplexitySettings(lengths=[256], bucket_size=100), show_progress=False)
-    with pytest.raises(InputError, match=r"no document reaches 200 tokens.*6 read, 6 shorter"):
+    with pytest.raises(InputError, match=r"0 document\(s\) reach 200 tokens.*6 read, 6 shorter"):
         evaluate_perplexity(lm, ["x = 1\n"] * 6, PerplexitySettings(lengths=[200]), show_progress=False)
     beyond = evaluate_perplexity(
         lm, texts, PerplexitySettings(lengths=[300], allow_beyond_context=True, resamples=50), show_progress=False
     )
     assert beyond["by_length"]["300"]["beyond_context"] is True
+
+
+def test_common_document_set_and_minimum(tiny_tokenizer, texts):
+    lm = loaded(tiny_lm(tiny_tokenizer), tiny_tokenizer)
+    short = [t[:200] for t in texts[:4]]  # documents that reach 64 but not 200 tokens
+    mixed = short + list(texts)
+    res = evaluate_perplexity(
+        lm, mixed, PerplexitySettings(lengths=[64, 200], max_docs=3, resamples=50), show_progress=False
+    )
+    # max_docs counts documents reaching the longest length; the short ones only enter the secondary view.
+    assert res["by_length"]["64"]["documents"] == res["by_length"]["200"]["documents"] == 3
+    n_short = [len(d) for d in _docs(tiny_tokenizer, short)]
+    assert max(n_short) < 200
+    expected = 3 + sum(n >= 64 for n in n_short)
+    assert res["by_length_all"]["64"]["documents"] == expected > 3 and res["by_length_all"]["200"]["documents"] == 3
+    keys = res["per_document"]["keys"]
+    assert len(keys) == expected and len(set(keys)) == expected
+    with pytest.raises(InputError, match=r"1 document\(s\) reach 200 tokens.*3 needed.*builtin:stdlib-long"):
+        evaluate_perplexity(lm, short + texts[:1], PerplexitySettings(lengths=[64, 200]), show_progress=False)
+    one = evaluate_perplexity(
+        lm, texts[:1], PerplexitySettings(lengths=[64], min_docs=1, resamples=50), show_progress=False
+    )
+    assert one["by_length"]["64"]["documents"] == 1
 
 
 def test_longrope_scores_each_length_in_its_own_pass(tiny_tokenizer, texts):
@@ -183,3 +213,14 @@ def test_longrope_scores_each_length_in_its_own_pass(tiny_tokenizer, texts):
     # A 128-token prefix of a 400-token pass uses the long factors: the shortcut would be wrong.
     x = torch.tensor(docs[0][:400])[None]
     assert not torch.allclose(token_nll(fresh(), x)[0, :127], token_nll(fresh(), x[:, :128])[0], atol=1e-4)
+
+
+def test_stdlib_long_joins_heldout_files_into_long_documents():
+    from ctxext.builtin import stdlib_source_files
+    from ctxext.evaluation.data import LONG_DOC_CHARS, iter_texts
+
+    docs = list(iter_texts("builtin:stdlib-long"))
+    assert len(docs) >= 3
+    assert all(len(d) >= LONG_DOC_CHARS for d in docs[:-1])
+    files = stdlib_source_files("stdlib-heldout", default_split="heldout")
+    assert sum(d.count("\n# ---- ") + d.startswith("# ---- ") for d in docs) == len(files)

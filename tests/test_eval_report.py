@@ -62,10 +62,29 @@ def test_report_two_models_side_by_side(tiny_tokenizer, tmp_path):
     assert yarn["perplexity"]["short_context"]["length"] == 256
     md = (out / "report.md").read_text()
     assert "| length | base | yarn |" in md and "Passkey retrieval" in md and "Context use" in md
+    # Paired comparisons against the first model: per length and bucket, and McNemar on passkey trials.
+    comp = data["comparisons"]
+    assert comp["reference"] == "base"
+    by_len = {r["length"]: r for r in comp["perplexity"] if r["view"] == "length"}
+    assert set(by_len) == {128, 256}
+    for L, r in by_len.items():
+        ratio = (
+            yarn["perplexity"]["by_length"][str(L)]["ppl"] / data["models"][0]["perplexity"]["by_length"][str(L)]["ppl"]
+        )
+        assert r["ratio"] == pytest.approx(ratio, rel=1e-9) and r["ci_low"] <= r["ratio"] <= r["ci_high"]
+    assert len([r for r in comp["perplexity"] if r["view"] == "bucket"]) == 4
+    cell = yarn["passkey"]["cells"][0]
+    assert len(cell["outcomes"]) == cell["trials"] and sum(cell["outcomes"]) == cell["correct"]
+    assert {r["length"] for r in comp["grids"]} == {180, 256, "all"}
+    assert "## Paired comparisons against `base`" in md and "p Holm" in md
     for png in ("ppl_by_position.png", "ppl_by_length.png", "context_use.png", "passkey_heatmap.png"):
         _check_png(out / png)
-    # Writing again replaces the report whole.
-    write_report(report, out)
+    # Writing again replaces the report whole, with --overwrite only.
+    from ctxext.errors import InputError
+
+    with pytest.raises(InputError, match="already exists"):
+        write_report(report, out)
+    write_report(report, out, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]
 
 
@@ -149,12 +168,15 @@ def test_cli_ppl_and_errors(tiny_model_dir, tmp_path):
             "--out",
             str(out),
             "--quiet",
+            "--min-docs",
+            "1",
         ],
     )
     assert res.exit_code == 0, res.output
     rep = json.loads((out / "report.json").read_text())
     assert rep["models"][0]["perplexity"]["by_length"]["128"]["documents"] == 1
     cases = [
+        (["--data", str(doc), "--lengths", "64,128"], "1 document(s) reach 128 tokens"),
         (["--data", str(tmp_path / "nope.jsonl"), "--lengths", "64"], "does not exist"),
         (["--data", str(doc), "--lengths", "1024"], "addresses 256 tokens"),
         (["--data", str(doc), "--lengths", "128", "--bucket-size", "48"], "does not divide"),
@@ -166,9 +188,12 @@ def test_cli_ppl_and_errors(tiny_model_dir, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"text": ""}\n')
     res = runner.invoke(
-        app, ["eval", "ppl", "--model", str(tiny_model_dir), "--data", str(empty), "--lengths", "64", "--out", str(out)]
+        app,
+        ["eval", "ppl", "--model", str(tiny_model_dir), "--data", str(empty), "--lengths", "64", "--out", str(out)]
+        + ["--overwrite"],
     )
     assert res.exit_code == 2 and "no documents" in " ".join(res.output.split())
+    assert json.loads((out / "report.json").read_text()) == rep  # a failed run leaves the old report whole
     assert not (tmp_path / "x").exists()
 
 
@@ -189,9 +214,31 @@ def test_shipped_suites_validate_and_resolve_lengths():
     assert suite.passkey.trials == 9 and suite.perplexity.max_docs == 3
     assert resolve_length("2x", 4096, 32768) == 8192 and resolve_length("target", 4096, 32768) == 32768
     assert resolve_lengths(["1x", "16x"], 4096, 32768, False) == ([4096], [65536])
+    assert resolve_length("2x target", 4096, 32768) == 65536
+    assert resolve_lengths(["1x", "2x target", "16x"], 4096, 32768, False) == ([4096, 65536], [65536])
     with pytest.raises(InputError, match="token count"):
         resolve_length("long", 4096, 32768)
     with pytest.raises(InputError, match="perplexity.lengths"):
         load_suite(suites[0], ["perplexity.lengths=5"])
     with pytest.raises(InputError, match="does not exist"):
         load_suite("eval/nope.yaml")
+
+
+def test_suite_beyond_target_and_original_window_in_context_use(tiny_model_dir, tmp_path):
+    from ctxext.evaluation.loading import ModelSpec
+    from ctxext.evaluation.suite import load_suite, run_suite
+
+    path = tmp_path / "beyond.yaml"
+    path.write_text(
+        "name: beyond\nperplexity:\n  data: builtin:stdlib\n  lengths: ['1x', '2x target']\n"
+        "  bucket_size: 128\n  context_limits: [32]\n  max_docs: 3\n  resamples: 50\n"
+    )
+    suite, _ = load_suite(path)
+    report = run_suite(suite, [ModelSpec(str(tiny_model_dir), name="tiny")], tmp_path / "rep", show_progress=False)
+    assert report["suite"]["beyond_target"] == [512]
+    ppl = report["models"][0]["perplexity"]
+    assert ppl["by_length"]["512"]["beyond_context"] is True and ppl["by_length"]["256"]["beyond_context"] is False
+    cu = ppl["context_use"]
+    assert cu["original_window"] == 256 and [e["context"] for e in cu["limits"]] == [32, 256]
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "**Beyond target**: lengths 512" in md and "256 (original window)" in md

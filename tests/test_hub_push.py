@@ -70,7 +70,12 @@ def test_dry_run_lists_exactly_the_staged_files_and_sends_nothing(run_copy):
     result = runner.invoke(app, ["push", str(run_copy), "--repo-id", "me/tiny-yarn", "--dry-run"])
     assert result.exit_code == 0, result.output
     staging = run_copy / "hub"
-    staged = {p.relative_to(staging).as_posix(): p.stat().st_size for p in staging.rglob("*") if p.is_file()}
+    # The staging folder also holds ctxext's record of what it wrote there (never uploaded).
+    staged = {
+        p.relative_to(staging).as_posix(): p.stat().st_size
+        for p in staging.rglob("*")
+        if p.is_file() and p.name != ".ctxext-output.json"
+    }
     assert set(staged) == PUBLISHED
     out = flat(result)
     assert "target: https://huggingface.co/me/tiny-yarn (private, default branch), LoRA adapter" in out

@@ -102,9 +102,21 @@ def test_dynamic_unchanged_up_to_original_then_scaled():
     short, _ = runtime_inv_freq(model, L)
     torch.testing.assert_close(short, plain_inv_freq(1e4), rtol=1e-5, atol=0)
     long, _ = runtime_inv_freq(model, N)
-    alpha = S * N / L - (S - 1)
+    # The YaRN paper's Dynamic NTK: α = T/L at a sequence of T tokens (transformers' factor 1).
+    alpha = N / L
     torch.testing.assert_close(long, plain_inv_freq(1e4 * alpha ** (D / (D - 2))), rtol=1e-4, atol=0)
     assert (long[1:] < short[1:]).all()
+    mid, _ = runtime_inv_freq(model, 2 * L)
+    torch.testing.assert_close(mid, plain_inv_freq(1e4 * 2.0 ** (D / (D - 2))), rtol=1e-4, atol=0)
+
+
+def test_dynamic_factor_option_is_transformers_alpha():
+    model = tiny_model()
+    patch_model(model, "dynamic", N, {"factor": S})
+    long, _ = runtime_inv_freq(model, N)
+    alpha = S * N / L - (S - 1)  # s² − s + 1 at the target: 13 at 4×
+    assert alpha == pytest.approx(S * S - S + 1)
+    torch.testing.assert_close(long, plain_inv_freq(1e4 * alpha ** (D / (D - 2))), rtol=1e-4, atol=0)
 
 
 def _rotations(inv_freq: torch.Tensor, length: int) -> torch.Tensor:
@@ -206,7 +218,9 @@ def test_legacy_config_in_standard_config_out(tmp_path):
     config = AutoConfig.from_pretrained(folder)
     state = read_rope(config)
     assert state.rope_type == "linear" and state.original_length == 256 and state.current_length == 512
-    plan = plan_extension(config, "yarn", 2048)
+    with pytest.raises(RopeError, match="already scaled: linear"):
+        plan_extension(config, "yarn", 2048)
+    plan = plan_extension(config, "yarn", 2048, relative_to="original")
     rope.apply_plan(config, plan)
     out = tmp_path / "out"
     config.save_pretrained(out)
@@ -238,9 +252,15 @@ def test_already_extended_llama31_factor_relative_to_original():
     )
     state = read_rope(config)
     assert (state.original_length, state.current_length, state.rope_theta) == (256, 2048, 500000.0)
-    plan = plan_extension(config, "yarn", 4096)
+    with pytest.raises(RopeError, match=r"(?s)already scaled: llama3 ×8.*--relative-to original"):
+        plan_extension(config, "yarn", 4096)
+    plan = plan_extension(config, "yarn", 4096, relative_to="original")
     assert plan.factor == 16.0
     assert plan.rope_parameters["rope_theta"] == 500000.0
+    # The plan says what replacing the llama3 scaling changes: frequencies and an attention temperature.
+    assert any("attention scaling goes from 1 to" in n for n in plan.notes)
+    with pytest.raises(RopeError, match="cannot be stacked on llama3"):
+        plan_extension(config, "yarn", 4096, relative_to="current")
     with pytest.raises(RopeError, match="not above the model's current context"):
         plan_extension(config, "yarn", 2048)
 
@@ -369,7 +389,7 @@ def test_other_families_partial_rotary_and_already_longrope(family, extra):
     before = read_rope(model.config)
     assert before.rotary_dim == int(16 * extra.get("partial_rotary_factor", 1.0))
     assert check_model_rope(model).ok
-    plan = patch_model(model, "yarn", N)
+    plan = patch_model(model, "yarn", N, relative_to="original" if before.rope_type != "default" else None)
     assert plan.factor == N / before.original_length
     with torch.no_grad():
         assert torch.isfinite(model(torch.randint(0, 512, (1, N))).logits).all()

@@ -20,6 +20,9 @@ def test_effective_length():
     assert effective_length({64: 0.9, 128: 0.2, 256: 0.9}, 64, 0.85)["length"] == 64
     zero = effective_length({64: 0.0, 128: 0.0}, 64, 0.85)
     assert zero["length"] is None and "0 %" in zero["note"]
+    # 85 % of a 2 % reference would pass anything: below min_reference there is no relative threshold.
+    low = effective_length({64: 0.02, 128: 0.04, 256: 0.02}, 64, 0.85, min_reference=0.25)
+    assert low["length"] is None and low["threshold"] is None and "2 %" in low["note"]
     with pytest.raises(InputError, match="no score at the original length 32"):
         effective_length(scores, 32, 0.85)
 
@@ -67,6 +70,8 @@ def test_suite_ruler_section_runs_and_reports(tiny_model_dir, tmp_path):
     assert mk["registry_task"] == "multikey" and mk["options"] == {"distractors": 1} and mk["template"] == [0, 1]
     assert all(c["trials"] == 2 for c in mk["cells"]) and len(mk["cells"]) == 4
     assert "effective_length" in mk and "length" in r["effective_length"]
+    # The random tiny model retrieves nothing: no task has a reference, so none counts in the overall.
+    assert r["effective_length"]["tasks"] == [] and r["effective_length"]["length"] is None
     assert set(r["scores"]["needle"]) == {"200", "256"}
     assert r["trained_tasks"] is None  # a plain model folder, not a run
     md = (out / "report.md").read_text()

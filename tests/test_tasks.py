@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -30,8 +32,11 @@ def hay(tiny_tokenizer):
     return Haystack.from_texts(tiny_tokenizer, stdlib_texts(4), 6000, "stdlib")
 
 
-def test_registry_lists_every_task():
+def test_registry_lists_every_task_and_imports_no_torch():
     assert set(ALL) <= set(task_names())
+    # Training's data preparation and `ctxext validate` use the registry without loading a model.
+    code = "import sys, ctxext.tasks as t; t.task_names(); assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -1,4 +1,4 @@
-"""Long-context evaluation: perplexity by length / position / context limit, retrieval grids, QA, reports.
+"""Long-context evaluation: perplexity, retrieval grids, QA, attention diagnostics, paired comparisons, reports.
 
 The public names load lazily (torch and transformers are imported on first use, so ``ctxext --help``
 stays fast)::
@@ -38,6 +38,9 @@ _EXPORTS = {
     "run_suite": "suite",
     "run_suite_for_run": "suite",
     "iter_texts": "data",
+    "AttentionSettings": "attention",
+    "evaluate_attention": "attention",
+    "compare_models": "paired",
 }
 
 __all__ = sorted(_EXPORTS)

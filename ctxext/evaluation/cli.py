@@ -33,6 +33,10 @@ BeyondOpt = Annotated[
     ),
 ]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")]
+OverwriteOpt = Annotated[
+    bool,
+    typer.Option("--overwrite", help="replace a previous report folder at --out (never a folder holding other files)"),
+]
 ScoringOpt = Annotated[
     str,
     typer.Option(
@@ -40,6 +44,19 @@ ScoringOpt = Annotated[
         "generate: greedy decoding with an explicit greedy config (cross-check)"
     ),
 ]
+ReferenceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reference", help="report label of the model the others are compared with, paired (default: the first)"
+    ),
+]
+
+
+def _check_reference(specs: list[Any], reference: str | None) -> None:
+    # Fail before any model is evaluated, not after an hour of scoring.
+    from ctxext.evaluation.paired import choose_reference
+
+    choose_reference([{"name": s.label()} for s in specs], reference)
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -69,12 +86,19 @@ def _run(
     task: str,
     fn: Callable[[Any], dict[str, Any]],
     data: dict[str, Any],
+    overwrite: bool = False,
+    reference: str | None = None,
 ) -> dict[str, Any]:
-    from ctxext.cli import console
+    from ctxext.atomic import check_inputs_outside, check_output
+    from ctxext.console import console
     from ctxext.evaluation.loading import load_model, parse_model_specs
-    from ctxext.evaluation.report import build_report, model_entry, write_report
+    from ctxext.evaluation.report import REPORT_KIND, build_report, model_entry, write_report
 
     specs = parse_model_specs(models, adapters, names)
+    # Before any work: an output that cannot be written must not cost an evaluation.
+    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
+    check_output(out, REPORT_KIND, overwrite)
+    _check_reference(specs, reference)
     entries = []
     for spec in specs:
         with console.status(f"loading {spec.label()}"):
@@ -88,15 +112,16 @@ def _run(
         entries.append(entry)
         del loaded
         gc.collect()
-    report = build_report(entries, data=data, command=" ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]]))
-    write_report(report, out)
+    command = " ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]])
+    report = build_report(entries, data=data, command=command, reference=reference)
+    write_report(report, out, overwrite=overwrite)
     return report
 
 
 def _print_summary(report: dict[str, Any], out: Path) -> None:
     from rich.table import Table
 
-    from ctxext.cli import console
+    from ctxext.console import console
 
     for m in report["models"]:
         if m.get("perplexity"):
@@ -132,17 +157,58 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                     f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials "
                     f"({m[task].get('scoring', 'generate')})"
                 )
+        if m.get("ruler"):
+            eff = m["ruler"]["effective_length"]
+            per_task = ", ".join(
+                f"{t} {e['effective_length']['length'] or 'n/a'}" for t, e in m["ruler"]["tasks"].items()
+            )
+            console.print(f"ruler — {m['name']}: effective length {eff['length'] or 'n/a'} ({per_task})")
+        if m.get("attention"):
+            a = m["attention"]
+            console.print(
+                f"attention — {m['name']} at {a['length']} tokens: mass beyond the original window "
+                f"({a['original_length']}) {a['mean']['beyond_original'] * 100:.1f} %, on the first "
+                f"{a['settings']['sink_tokens']} tokens {a['mean']['sinks'] * 100:.1f} %, entropy "
+                f"{a['mean']['entropy']:.2f} nats (means over layers)"
+            )
         if m.get("qa"):
             q = m["qa"]["overall"]
             console.print(
                 f"qa — {m['name']}: EM {q['exact_match']:.1f}, F1 {q['f1']:.1f} over {q['examples']} examples "
                 f"({m['qa']['truncated']} truncated in the middle)"
             )
+    _print_comparisons(report.get("comparisons"))
     console.print(f"[green]✓[/] report written to {out}/report.json, report.md and PNG plots")
 
 
+def _print_comparisons(comp: dict[str, Any] | None) -> None:
+    from ctxext.console import console
+
+    if not comp or not comp["comparisons"]:
+        return
+    ref = comp["reference"]
+    for r in comp["perplexity"]:
+        if r["view"] == "length":
+            console.print(
+                f"paired — {r['model']} / {ref} ppl@{r['length']}: {r['ratio']:.3f}× "
+                f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] over {r['documents']} documents, p Holm {r['p_holm']:.2g}"
+            )
+    for r in comp["grids"]:
+        console.print(
+            f"paired — {r['model']} vs {ref} {r['task']}@{r['length']}: {r['a_correct']} vs {r['b_correct']} of "
+            f"{r['trials']}, McNemar p {r['p_value']:.2g} (Holm {r['p_holm']:.2g})"
+        )
+    for r in comp.get("attention") or []:
+        console.print(
+            f"paired — {r['model']} − {ref} attention beyond the original window at {r['length']}: "
+            f"{r['difference'] * 100:+.1f} pts [{r['ci_low'] * 100:+.1f}, {r['ci_high'] * 100:+.1f}] over "
+            f"{r['documents']} documents"
+        )
+    console.print(f"({comp['comparisons']} paired comparisons; p Holm is adjusted over all of them)")
+
+
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    from ctxext.cli import friendly_errors
+    from ctxext.console import friendly_errors
 
     return friendly_errors(fn)
 
@@ -159,7 +225,10 @@ def ppl_cmd(
     name: NameOpt = None,
     text_field: Annotated[str, typer.Option(help="text column of table-like data")] = "text",
     split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
-    max_docs: Annotated[int | None, typer.Option(help="at most this many documents (long enough ones)")] = None,
+    max_docs: Annotated[
+        int | None, typer.Option(help="at most this many documents reaching the longest length (the common set)")
+    ] = None,
+    min_docs: Annotated[int, typer.Option(help="fewest documents a perplexity may average (error below)")] = 3,
     stride: Annotated[
         int | None, typer.Option(help="sliding-window mode: score whole documents, windows moved by this")
     ] = None,
@@ -172,8 +241,10 @@ def ppl_cmd(
     ] = None,
     resamples: Annotated[int, typer.Option(help="bootstrap resamples for the 95% CIs")] = 1000,
     allow_beyond_context: BeyondOpt = False,
+    reference: ReferenceOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Perplexity by evaluation length and token-position bucket (truncated documents), with 95% CIs."""
     from ctxext.evaluation.data import describe_source, iter_texts
@@ -185,6 +256,7 @@ def ppl_cmd(
         stride=stride,
         context_limits=_ints(context_limits, "--context-limits") if context_limits else [],
         max_docs=max_docs,
+        min_docs=min_docs,
         max_doc_tokens=max_doc_tokens,
         chunk_size=chunk_size,
         resamples=resamples,
@@ -198,7 +270,16 @@ def ppl_cmd(
         return evaluate_perplexity(loaded, iter_texts(data, text_field, split), settings, not quiet)
 
     report = _run(
-        model, adapter, name, out, device, "perplexity", task, {"perplexity": describe_source(data, text_field, split)}
+        model,
+        adapter,
+        name,
+        out,
+        device,
+        "perplexity",
+        task,
+        {"perplexity": describe_source(data, text_field, split)},
+        overwrite,
+        reference,
     )
     _print_summary(report, out)
 
@@ -216,8 +297,10 @@ def passkey_cmd(
     adapter: AdapterOpt = None,
     name: NameOpt = None,
     allow_beyond_context: BeyondOpt = False,
+    reference: ReferenceOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Passkey retrieval (Landmark Attention prompt) over lengths × depths, k seeded keys per cell, teacher-forced."""
     from ctxext.evaluation.passkey import GridSettings, evaluate_passkey
@@ -231,7 +314,18 @@ def passkey_cmd(
         scoring=scoring,
     )
     grid.validate()
-    report = _run(model, adapter, name, out, device, "passkey", lambda lm: evaluate_passkey(lm, grid, not quiet), {})
+    report = _run(
+        model,
+        adapter,
+        name,
+        out,
+        device,
+        "passkey",
+        lambda lm: evaluate_passkey(lm, grid, not quiet),
+        {},
+        overwrite,
+        reference,
+    )
     _print_summary(report, out)
 
 
@@ -258,8 +352,10 @@ def needle_cmd(
     adapter: AdapterOpt = None,
     name: NameOpt = None,
     allow_beyond_context: BeyondOpt = False,
+    reference: ReferenceOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Needle in a haystack over lengths × depths with a configurable haystack, needle, question and answer."""
     from ctxext.evaluation.data import describe_source
@@ -287,6 +383,8 @@ def needle_cmd(
         "needle",
         lambda lm: evaluate_needle(lm, GridSettings(**vars(grid)), task, not quiet),
         {"needle": describe_source(haystack, text_field, split)},
+        overwrite,
+        reference,
     )
     _print_summary(report, out)
 
@@ -307,8 +405,10 @@ def qa_cmd(
     length_edges: Annotated[str, typer.Option(help="context-length bucket edges in tokens")] = "4000,8000",
     adapter: AdapterOpt = None,
     name: NameOpt = None,
+    reference: ReferenceOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Long-document QA: greedy answers, SQuAD EM / F1 by answer position and context length."""
     from ctxext.evaluation.data import describe_source
@@ -334,7 +434,52 @@ def qa_cmd(
         "qa",
         lambda lm: evaluate_qa(lm, settings, not quiet),
         {"qa": describe_source(data, split=split)},
+        overwrite,
+        reference,
     )
+    _print_summary(report, out)
+
+
+@eval_app.command("attention")
+@_friendly
+def attention_cmd(
+    model: ModelOpt,
+    out: OutOpt,
+    data: Annotated[str, typer.Option(help="documents: file, folder, jsonl, Hub data set, builtin:stdlib")] = (
+        "builtin:stdlib"
+    ),
+    length: Annotated[int | None, typer.Option(help="tokens per document (default: each model's context)")] = None,
+    docs: Annotated[int, typer.Option(help="documents (each reaching the length)")] = 4,
+    bands: Annotated[str, typer.Option(help="distance band edges as fractions of the length")] = "0.01,0.1,0.5",
+    sink_tokens: Annotated[int, typer.Option(help="first tokens counted as attention sinks")] = 4,
+    allow_beyond_context: BeyondOpt = False,
+    text_field: Annotated[str, typer.Option(help="text column of table-like data")] = "text",
+    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
+    adapter: AdapterOpt = None,
+    name: NameOpt = None,
+    reference: ReferenceOpt = None,
+    device: DeviceOpt = None,
+    quiet: QuietOpt = False,
+    overwrite: OverwriteOpt = False,
+) -> None:
+    """Attention diagnostics per layer: mass by distance band, beyond the original window, on sinks; entropy."""
+    from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
+    from ctxext.evaluation.data import describe_source, iter_texts
+
+    settings = AttentionSettings(
+        length=length,
+        docs=docs,
+        bands=_floats(bands, "--bands"),
+        sink_tokens=sink_tokens,
+        allow_beyond_context=allow_beyond_context,
+    )
+    settings.validate()
+
+    def task(loaded: Any) -> dict[str, Any]:
+        return evaluate_attention(loaded, iter_texts(data, text_field, split), settings, not quiet)
+
+    data_info = {"attention": describe_source(data, text_field, split)}
+    report = _run(model, adapter, name, out, device, "attention", task, data_info, overwrite, reference)
     _print_summary(report, out)
 
 
@@ -347,8 +492,10 @@ def run_cmd(
     adapter: AdapterOpt = None,
     name: NameOpt = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="suite override key=value (repeatable)")] = None,
+    reference: ReferenceOpt = None,
     device: DeviceOpt = None,
     quiet: QuietOpt = False,
+    overwrite: OverwriteOpt = False,
 ) -> None:
     """Run an evaluation suite on one or several models and write one side-by-side report."""
     from ctxext.evaluation.loading import parse_model_specs
@@ -356,6 +503,7 @@ def run_cmd(
 
     parsed, _ = load_suite(suite, overrides or [])
     specs = parse_model_specs(model, adapter, name)
+    _check_reference(specs, reference)
     report = run_suite(
         parsed,
         specs,
@@ -364,9 +512,11 @@ def run_cmd(
         not quiet,
         command=" ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]]),
         device=device,
+        overwrite=overwrite,
+        reference=reference,
     )
     for note in report["suite"]["notes"]:
-        from ctxext.cli import console
+        from ctxext.console import console
 
         console.print(f"[yellow]note:[/] {note}")
     _print_summary(report, out)

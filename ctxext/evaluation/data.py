@@ -5,7 +5,11 @@ SHA-1 of the path relative to the stdlib root, read as an integer, is divisible 
 the files, the same on every machine with the same Python; the split lives in
 :func:`ctxext.builtin.stdlib_split` and is shared with training, where plain ``builtin:stdlib`` means
 the other 90 %). ``builtin:stdlib-heldout`` / ``builtin:stdlib-train`` name a split explicitly,
-``builtin:stdlib-all`` is every file.
+``builtin:stdlib-all`` is every file. ``builtin:stdlib-long`` joins the held-out files, in path order
+(a package's files stay together), into documents of at least ``LONG_DOC_CHARS`` characters (~128 KB,
+about 32k+ tokens for a Llama tokenizer): long documents for 32k+ evaluation lengths on a machine with
+no data sets. It is few documents (about eight) of one domain; for real runs use a long-document set
+(PG19, proof-pile, code repositories concatenated).
 """
 
 from __future__ import annotations
@@ -18,15 +22,39 @@ from ctxext.errors import InputError
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".tex")
 TABLE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-STDLIB_SPLITS = ("stdlib", "stdlib-heldout", "stdlib-train", "stdlib-all")
+STDLIB_SPLITS = ("stdlib", "stdlib-heldout", "stdlib-train", "stdlib-all", "stdlib-long")
+LONG_DOC_CHARS = 128_000
 
 
 def _stdlib_texts(name: str) -> Iterator[str]:
     from ctxext.builtin import stdlib_source_files
 
+    if name == "stdlib-long":
+        yield from _stdlib_long_texts()
+        return
     # Plain builtin:stdlib evaluates on the held-out split, which training never uses by default.
     for path in stdlib_source_files(name, default_split="heldout"):
         yield path.read_text(encoding="utf-8", errors="replace")
+
+
+def _stdlib_long_texts() -> Iterator[str]:
+    import sysconfig
+
+    from ctxext.builtin import stdlib_source_files
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts: list[str] = []
+    size = 0
+    for path in stdlib_source_files("stdlib-heldout", default_split="heldout"):
+        # A file header keeps the joined document valid Python and marks where each file starts.
+        text = f"# ---- {path.relative_to(root).as_posix()} ----\n" + path.read_text(encoding="utf-8", errors="replace")
+        parts.append(text)
+        size += len(text)
+        if size >= LONG_DOC_CHARS:
+            yield "\n".join(parts)
+            parts, size = [], 0
+    if parts:
+        yield "\n".join(parts)
 
 
 def describe_source(source: str, text_field: str = "text", split: str = "train") -> dict[str, Any]:
@@ -36,6 +64,8 @@ def describe_source(source: str, text_field: str = "text", split: str = "train")
         info["note"] = (
             "Python standard-library source; builtin:stdlib = held-out files (int(sha1(relative path)) % 10 == 0)"
         )
+        if source == "builtin:stdlib-long":
+            info["note"] += f"; stdlib-long = those files joined in path order, documents of >= {LONG_DOC_CHARS} chars"
     return info
 
 
@@ -66,10 +96,15 @@ def _load_table(path: Path, source: str, split: str) -> Any:
         fmt = TABLE_FORMATS.get(path.suffix.lower())
         if fmt is None:
             raise InputError(f"{path}: unsupported file type; use {', '.join(TABLE_FORMATS)} or a text file")
+        from ctxext.sources import check_utf8
+
+        check_utf8([path], str(path))
         try:
             return datasets.load_dataset(fmt, data_files=str(path), split="train")
         except Exception as exc:
-            raise InputError(f"{path}: cannot read as {fmt}: {exc}") from None
+            from ctxext.sources import read_error_message
+
+            raise InputError(read_error_message(exc, path, fmt)) from None
     if _looks_like_path(source):
         raise InputError(f"data file {source} does not exist")
     try:
@@ -79,6 +114,16 @@ def _load_table(path: Path, source: str, split: str) -> Any:
 
         message = hub_error_message(exc, f"data set {source}")
         raise InputError(message or f"cannot load data set {source} (split {split}): {exc}") from None
+
+
+def _read_text(path: Path) -> str:
+    # Strict UTF-8: replacing undecodable bytes would score the model on text that is not the file's.
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        from ctxext.sources import read_error_message
+
+        raise InputError(read_error_message(exc, path, "text")) from None
 
 
 def _looks_like_path(source: str) -> bool:
@@ -123,12 +168,18 @@ def _iter_texts(source: str, text_field: str, split: str) -> Iterator[str]:
         if not files:
             raise InputError(f"folder {path} has no text files ({', '.join(TEXT_SUFFIXES)})")
         for f in files:
-            yield f.read_text(encoding="utf-8", errors="replace")
+            yield _read_text(f)
         return
     if path.is_file() and path.suffix.lower() in TEXT_SUFFIXES:
-        yield path.read_text(encoding="utf-8", errors="replace")
+        yield _read_text(path)
         return
     for row in iter_records(source, split):
         if text_field not in row:
             raise InputError(f"{source} has no column {text_field!r}; columns: {', '.join(row)} (use --text-field)")
-        yield str(row[text_field] or "")
+        value = row[text_field]
+        if value is not None and not isinstance(value, str):
+            raise InputError(
+                f"{source}: column {text_field!r} holds {type(value).__name__} values, not text; use --text-field "
+                "to name a column of strings"
+            )
+        yield value or ""

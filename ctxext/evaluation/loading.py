@@ -162,9 +162,11 @@ def load_model(
         InputError: a missing adapter folder or an unusable run folder.
         ctxext.rope.RopeMismatchError: the runtime RoPE differs from the config.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    from ctxext.sources import resolve_model_path
+    from ctxext.runfolder import check_run_base
+    from ctxext.sources import config_from_folder, resolve_model_path
+    from ctxext.weights import check_weights_readable
 
     dev = pick_device(device)
     dtype = dtype or default_dtype(dev)
@@ -184,7 +186,10 @@ def load_model(
                     config_from = str(cand)
                     break
     base_dir = resolve_model_path(base_ref, spec.revision)
-    config = AutoConfig.from_pretrained(config_from or base_dir)
+    check_weights_readable(base_dir)
+    if is_run_folder(spec.ref) and spec.adapter is None:
+        check_run_base(json.loads((Path(spec.ref) / "run.json").read_text()), f"evaluating {spec.ref}")
+    config = config_from_folder(config_from or base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, dtype=dtype, attn_implementation="sdpa")
     if adapter_dir is not None:
         from peft import PeftModel

@@ -68,7 +68,7 @@ def passkey_correct(output: str, key: int | str) -> bool:
 
 def needle_recall(output: str, answer: str) -> float:
     """Fraction of the answer's words (SQuAD-normalized) present in the output."""
-    from ctxext.evaluation.qa import normalize_answer
+    from ctxext.evaluation.metrics.squad_offline.squad_offline import normalize_answer
 
     want = normalize_answer(answer).split()
     have = set(normalize_answer(output).split())

@@ -5,9 +5,13 @@ Protocol (truncated-document perplexity, as in the YaRN paper's proof-pile curve
 * each document is tokenized with the tokenizer's own defaults (a Llama tokenizer adds BOS) and
   truncated to the evaluation length ``L``; the NLL of the token at position ``t`` (``1 ≤ t < L``) is
   predicted from positions ``< t``; perplexity at ``L`` is ``exp`` of the mean NLL over all scored
-  tokens of every document that has at least ``L`` tokens (``L − 1`` tokens per document);
-* position buckets ``[start, end)`` hold the predicted token's position and use the documents that
-  reach the longest length, so every bucket averages over the same documents;
+  tokens (``L − 1`` per document) of the *common document set*: the documents that reach the longest
+  length. Every length, every position bucket and the context-use curve average over the same documents,
+  so a change across lengths is the model's, not the data's (``max_docs`` counts these documents);
+* secondary view ``by_length_all``: at each ``L``, every document read that has at least ``L`` tokens
+  (more documents at short lengths, but a different set at each length);
+* fewer than ``min_docs`` documents in the common set is an error naming the length, the count and the
+  fix (a bootstrap interval over one document has zero width);
 * documents shorter than the shortest length are skipped and counted, never mixed in;
 * for RoPE types whose frequencies do not depend on the input length, one forward pass at the
   longest length a document reaches gives every shorter length (attention is causal); ``dynamic``
@@ -24,6 +28,7 @@ Protocol (truncated-document perplexity, as in the YaRN paper's proof-pile curve
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +46,8 @@ from ctxext.evaluation.stats import DEFAULT_RESAMPLES, bootstrap_mean_diff, ppl_
 from ctxext.rope import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
 
 MAX_BUCKETS = 1024
+# A bootstrap interval over one or two documents has (almost) zero width and means nothing.
+MIN_DOCS = 3
 # Positions projected onto the vocabulary at once. On the CPU a 256-row chunk of logits (32 MB at a 32k
 # vocabulary) stays in cache and scores ~15 % faster than 1024 rows (measured, benchmarks/eval_speed.py);
 # a GPU wants bigger matmuls.
@@ -210,8 +217,11 @@ class PerplexitySettings:
         lengths: evaluation lengths in tokens.
         bucket_size: width of the position buckets (must divide the longest length); None: no buckets.
         stride: sliding-window mode: score whole documents with windows of each length moved by this.
-        context_limits: context-use curve: context limits ``k`` (each below the longest length).
-        max_docs: evaluate at most this many documents (those long enough for the shortest length).
+        context_limits: context-use curve: context limits ``k`` (each below the longest length); the
+            model's original window is added to a non-empty list.
+        max_docs: evaluate at most this many documents of the common set (those reaching the longest length);
+            shorter documents read on the way count only in the secondary "all documents ≥ L" view.
+        min_docs: the fewest documents a perplexity may average (an interval over fewer is meaningless).
         max_doc_tokens: in stride mode, cut documents to this many tokens.
         chunk_size: positions projected onto the vocabulary at once (default: 256 on the CPU, 2048 on a GPU).
         batch_tokens: tokens per batched forward pass of short windows.
@@ -228,6 +238,7 @@ class PerplexitySettings:
     stride: int | None = None
     context_limits: list[int] = field(default_factory=list)
     max_docs: int | None = None
+    min_docs: int = MIN_DOCS
     max_doc_tokens: int | None = None
     chunk_size: int | None = None
     batch_tokens: int = 16384
@@ -276,6 +287,8 @@ class PerplexitySettings:
                 )
         if self.mode not in ("auto", "one-pass", "per-length"):
             raise InputError(f"mode {self.mode!r}: use auto, one-pass or per-length")
+        if self.min_docs < 1:
+            raise InputError(f"min docs must be at least 1 (got {self.min_docs})")
         if self.chunk_size is not None and self.chunk_size < 1:
             raise InputError("chunk size must be positive")
 
@@ -329,21 +342,27 @@ class Documents:
 
 
 def tokenize_documents(
-    texts: Sequence[str] | Any, tokenizer: Any, min_tokens: int, max_docs: int | None = None
+    texts: Sequence[str] | Any,
+    tokenizer: Any,
+    min_tokens: int,
+    max_docs: int | None = None,
+    full_tokens: int | None = None,
 ) -> Documents:
     """Tokenize with the tokenizer's defaults (BOS included where it adds one), keep those long enough.
 
     Args:
-        texts: document texts (any iterable; read lazily until ``max_docs`` documents are kept).
+        texts: document texts (any iterable; read lazily until ``max_docs`` documents are counted).
         tokenizer: a transformers tokenizer.
         min_tokens: the shortest evaluation length.
-        max_docs: keep at most this many documents.
+        max_docs: stop once this many documents are counted.
+        full_tokens: count only documents with at least this many tokens towards ``max_docs`` (the longest
+            length: the common document set); None counts every kept document.
 
     Returns:
         The :class:`Documents`.
     """
     kept: list[torch.Tensor] = []
-    read = short = 0
+    read = short = counted = 0
     for text in texts:
         read += 1
         ids = tokenizer(text, verbose=False)["input_ids"]
@@ -351,18 +370,28 @@ def tokenize_documents(
             short += 1
             continue
         kept.append(torch.tensor(ids, dtype=torch.long))
-        if max_docs is not None and len(kept) >= max_docs:
+        counted += full_tokens is None or len(ids) >= full_tokens
+        if max_docs is not None and counted >= max_docs:
             break
     return Documents(ids=kept, read=read, too_short=short, min_tokens=min_tokens)
 
 
-def _too_short_error(docs: Documents, length: int, what: str) -> InputError:
+LONG_DATA_HINT = (
+    "a source with longer documents (builtin:stdlib-long joins held-out stdlib files into documents of "
+    "~128 KB; for real runs a long-document set such as emozilla/pg19-test or a local jsonl of books / code "
+    "repositories)"
+)
+
+
+def _too_short_error(docs: Documents, length: int, what: str, needed: int = 1) -> InputError:
     lengths = sorted(len(d) for d in docs.ids)
     have = f"the longest has {lengths[-1]} tokens" if lengths else "none is long enough for any length"
+    reach = sum(1 for n in lengths if n >= length)
     return InputError(
-        f"no document reaches {length} tokens ({what}): {docs.read} read, {docs.too_short} shorter than "
-        f"{docs.min_tokens} tokens, {len(docs.ids)} kept; {have}. Use shorter --lengths, longer documents, or "
-        "more of them (--max-docs)."
+        f"{reach} document(s) reach {length} tokens ({what}), {needed} needed: {docs.read} read, {docs.too_short} "
+        f"shorter than {docs.min_tokens} tokens, {len(docs.ids)} kept; {have}. Use shorter --lengths, more "
+        f"documents (--max-docs), or {LONG_DATA_HINT}; --min-docs lowers the minimum (not below what a "
+        "confidence interval needs)."
     )
 
 
@@ -373,9 +402,10 @@ def _too_short_error(docs: Documents, length: int, what: str) -> InputError:
 
 @dataclass
 class _Scores:
-    # Per length: per-document NLL sums and token counts. Per bucket: the same, over bucket docs.
-    by_length: dict[int, tuple[list[float], list[int]]] = field(default_factory=dict)
+    # Per length: per-document NLL sums, token counts and document indices (into Documents.ids).
+    by_length: dict[int, tuple[list[float], list[int], list[int]]] = field(default_factory=dict)
     full: list[torch.Tensor] = field(default_factory=list)  # NLL vectors of documents reaching L_max
+    full_docs: list[int] = field(default_factory=list)  # their indices
     full_ids: list[torch.Tensor] = field(default_factory=list)  # their ids, truncated to L_max
     passes: int = 0
     tokens_processed: int = 0
@@ -424,15 +454,16 @@ def evaluate_perplexity(
     lengths = sorted(set(requested) | ({short_len} if short_len else set()))
     beyond = check_lengths(loaded, requested, settings.allow_beyond_context)
     longest = requested[-1]
-    docs = tokenize_documents(texts, loaded.tokenizer, lengths[0], settings.max_docs)
+    docs = tokenize_documents(texts, loaded.tokenizer, lengths[0], settings.max_docs, longest)
     if not docs.ids:
-        raise _too_short_error(docs, lengths[0], "the shortest length")
-    if not any(len(d) >= longest for d in docs.ids):
-        raise _too_short_error(docs, longest, "the longest length")
+        raise _too_short_error(docs, lengths[0], "the shortest length", settings.min_docs)
+    if sum(len(d) >= longest for d in docs.ids) < settings.min_docs:
+        # Every length is scored on the documents reaching the longest one (the common set).
+        raise _too_short_error(docs, longest, "the longest length; every length uses these", settings.min_docs)
     mode = choose_mode(loaded, settings)
     model = loaded.model
     dynamic = loaded.rope.rope_type in LENGTH_DEPENDENT_TYPES
-    scores = _Scores(by_length={L: ([], []) for L in lengths})
+    scores = _Scores(by_length={L: ([], [], []) for L in lengths})
     if mode == "sliding":
         _run_sliding(model, docs, lengths, longest, settings, scores, dynamic, show_progress, loaded.name)
     elif mode == "one-pass":
@@ -441,15 +472,22 @@ def evaluate_perplexity(
         _run_per_length(model, docs, lengths, longest, settings, scores, dynamic, show_progress, loaded.name)
 
     res = settings.resamples
-    by_length = {}
+    common = set(scores.full_docs)
+    by_length, by_length_all = {}, {}
     for L in requested:
-        sums, counts = scores.by_length[L]
-        entry = ppl_entry(np.array(sums), np.array(counts), res, settings.seed)
+        sums, counts, idx = scores.by_length[L]
+        keep = [j for j, d in enumerate(idx) if d in common]
+        entry = ppl_entry(np.array(sums)[keep], np.array(counts)[keep], res, settings.seed)
         entry["beyond_context"] = L in beyond
         by_length[str(L)] = entry
+        entry_all = ppl_entry(np.array(sums), np.array(counts), res, settings.seed)
+        entry_all["beyond_context"] = L in beyond
+        by_length_all[str(L)] = entry_all
     result: dict[str, Any] = {
         "mode": mode,
+        "document_set": "common",
         "by_length": by_length,
+        "by_length_all": by_length_all,
         "by_bucket": [],
         "bucket_length": longest,
         "bucket_documents": len(scores.full),
@@ -458,6 +496,7 @@ def evaluate_perplexity(
             "too_short": docs.too_short,
             "min_tokens": docs.min_tokens,
             "evaluated": len(docs.ids),
+            "common": len(common),
             "per_length": {str(L): len(scores.by_length[L][1]) for L in lengths},
         },
         "settings": _settings_dict(settings),
@@ -465,17 +504,24 @@ def evaluate_perplexity(
         "tokens_processed": scores.tokens_processed,
     }
     if short_len:
-        sums, counts = scores.by_length[short_len]
+        sums, counts, idx = scores.by_length[short_len]
+        keep = [j for j, d in enumerate(idx) if d in common]
         result["short_context"] = {
             "length": short_len,
-            **ppl_entry(np.array(sums), np.array(counts), res, settings.seed),
+            **ppl_entry(np.array(sums)[keep], np.array(counts)[keep], res, settings.seed),
         }
     if settings.bucket_size and mode != "sliding":
         result["by_bucket"] = _buckets(scores.full, longest, settings.bucket_size, res, settings.seed)
+    result["per_document"] = _per_document(docs, scores, longest, settings.bucket_size, mode)
     if settings.context_limits:
+        # k = the original window is always on the curve: its paired gain answers "does the model use
+        # context beyond its original window?".
+        original = loaded.original_length
+        limits = sorted(set(settings.context_limits) | ({original} if 2 <= original < longest else set()))
         result["context_use"] = _context_use(
-            model, scores.full, scores.full_ids, longest, settings, dynamic, show_progress, loaded.name
+            model, scores.full, scores.full_ids, longest, settings, limits, dynamic, show_progress, loaded.name
         )
+        result["context_use"]["original_window"] = original if original in limits else None
     result["seconds"] = round(time.perf_counter() - started, 3)
     return result
 
@@ -484,11 +530,12 @@ def _settings_dict(settings: PerplexitySettings) -> dict[str, Any]:
     return asdict(settings)
 
 
-def _record(scores: _Scores, L: int, nll: torch.Tensor) -> None:
+def _record(scores: _Scores, L: int, nll: torch.Tensor, doc: int) -> None:
     # nll[t - 1] is the NLL of token t; length L scores tokens 1..L-1.
-    sums, counts = scores.by_length[L]
+    sums, counts, docs = scores.by_length[L]
     sums.append(float(nll[: L - 1].double().sum()))
     counts.append(L - 1)
+    docs.append(doc)
 
 
 def _run_one_pass(model, docs, lengths, longest, settings, scores, show, name) -> None:
@@ -499,14 +546,15 @@ def _run_one_pass(model, docs, lengths, longest, settings, scores, show, name) -
         plan.append((d, reach[-1]))
     total = sum(r for _, r in plan)
     with progress_bar(f"ppl {name} (one pass per document)", total, show) as advance:
-        for d, reach in plan:
+        for i, (d, reach) in enumerate(plan):
             nll = token_nll(model, d[None, :reach], 1, settings.chunk_size)[0]
             scores.passes += 1
             scores.tokens_processed += reach
             for L in lengths:
                 if L <= reach:
-                    _record(scores, L, nll)
+                    _record(scores, L, nll, i)
             if reach >= longest:
+                scores.full_docs.append(i)
                 scores.full.append(nll[: longest - 1].clone())
                 scores.full_ids.append(d[:longest])
             advance(reach)
@@ -516,7 +564,7 @@ def _run_per_length(model, docs, lengths, longest, settings, scores, dynamic, sh
     total = sum(L for L in lengths for d in docs.ids if len(d) >= L)
     with progress_bar(f"ppl {name} (one pass per length)", total, show) as advance:
         for L in lengths:
-            for d in docs.ids:
+            for i, d in enumerate(docs.ids):
                 if len(d) < L:
                     continue
                 # Dynamic NTK keeps the frequencies of the longest sequence seen: reset before each pass.
@@ -524,8 +572,9 @@ def _run_per_length(model, docs, lengths, longest, settings, scores, dynamic, sh
                 nll = token_nll(model, d[None, :L], 1, settings.chunk_size)[0]
                 scores.passes += 1
                 scores.tokens_processed += L
-                _record(scores, L, nll)
+                _record(scores, L, nll, i)
                 if L == longest:
+                    scores.full_docs.append(i)
                     scores.full.append(nll.clone())
                     scores.full_ids.append(d[:longest])
                 advance(L)
@@ -539,8 +588,8 @@ def _run_sliding(model, docs, lengths, longest, settings, scores, dynamic, show,
     total = sum(min(len(d), cap or len(d)) for d in docs.ids) * len(lengths)
     with progress_bar(f"ppl {name} (sliding window, stride {stride})", total, show) as advance:
         for L in lengths:
-            sums, counts = scores.by_length[L]
-            for d in docs.ids:
+            sums, counts, doc_idx = scores.by_length[L]
+            for i, d in enumerate(docs.ids):
                 if len(d) < L:
                     continue
                 ids = d[:cap] if cap else d
@@ -552,11 +601,51 @@ def _run_sliding(model, docs, lengths, longest, settings, scores, dynamic, show,
                 scores.tokens_processed += sum(w.end - w.begin for w in sliding_windows(len(ids), L, stride))
                 sums.append(float(nll.double().sum()))
                 counts.append(int(nll.numel()))
+                doc_idx.append(i)
                 if L == longest:
+                    scores.full_docs.append(i)
                     scores.full.append(nll[: longest - 1].clone())
                     scores.full_ids.append(d[:longest])
     if dynamic:
         reset_dynamic_rope(model)
+
+
+def document_key(ids: torch.Tensor) -> str:
+    """A short content hash of a document's tokens: how reports of different models pair documents."""
+    return hashlib.sha1(ids.numpy().astype(np.int64).tobytes()).hexdigest()[:16]
+
+
+def _per_document(docs: Documents, scores: _Scores, longest: int, bucket: int | None, mode: str) -> dict[str, Any]:
+    # What paired comparisons need: per-document NLL sums, keyed by content so that two models' reports
+    # pair the same documents (and refuse to pair when their tokenizers differ).
+    common = set(scores.full_docs)
+
+    def view(only_common: bool) -> dict[str, Any]:
+        out = {}
+        for L, (sums, counts, idx) in scores.by_length.items():
+            keep = [j for j, d in enumerate(idx) if d in common or not only_common]
+            out[str(L)] = {
+                "docs": [idx[j] for j in keep],
+                "nll_sums": [sums[j] for j in keep],
+                "tokens": [counts[j] for j in keep],
+            }
+        return out
+
+    out: dict[str, Any] = {
+        "keys": [document_key(d) for d in docs.ids],
+        "by_length": view(True),  # the common set: what the main table and the paired comparisons use
+        "by_length_all": view(False),
+    }
+    if bucket and mode != "sliding" and scores.full:
+        mat = torch.stack([v[: longest - 1] for v in scores.full]).double().numpy()
+        edges = [(start, start + bucket) for start in range(0, longest, bucket)]
+        out["buckets"] = {
+            "docs": list(scores.full_docs),
+            "edges": [list(e) for e in edges],
+            "nll_sums": [mat[:, max(a, 1) - 1 : b - 1].sum(axis=1).tolist() for a, b in edges],
+            "tokens": [b - max(a, 1) for a, b in edges],
+        }
+    return out
 
 
 def _buckets(full: list[torch.Tensor], longest: int, size: int, resamples: int, seed: int) -> list[dict[str, Any]]:
@@ -575,8 +664,7 @@ def _buckets(full: list[torch.Tensor], longest: int, size: int, resamples: int, 
     return out
 
 
-def _context_use(model, full, full_ids, longest, settings, dynamic, show, name) -> dict[str, Any]:
-    limits = settings.context_limits
+def _context_use(model, full, full_ids, longest, settings, limits, dynamic, show, name) -> dict[str, Any]:
     first = limits[-1]
     if not full:
         return {}

@@ -4,7 +4,11 @@ Data: a jsonl / json / parquet / csv file or a ``datasets`` set with a context, 
 answers (a string, a list of strings, or SQuAD's ``{"text": [...], "answer_start": [...]}``). The
 prompt is ``template`` (default ``"{context}\n\nQuestion: {question}\nAnswer:"``), built in tokens: a
 context longer than the model's window (minus the question and the answer budget) is truncated in
-the middle, keeping its first and last halves (the LongBench convention), and counted. The answer is
+the middle, keeping its first and last halves (the LongBench convention), and counted. The answer's
+position bucket is computed from the tokens actually kept: its token span in the context is mapped
+through the truncation onto the kept context (0–20 % … 80–100 % of what the model sees), and an answer
+whose tokens were cut out (wholly or partly) goes to its own bucket, ``answer truncated away``, so a
+lost-in-the-middle curve never mixes answers the model could not see. The answer is
 the greedy continuation up to its first newline. Scores come from ``evaluate`` with the metric module
 shipped in ctxext (``metrics/squad_offline``), which loads without a network.
 """
@@ -27,6 +31,8 @@ from ctxext.rope import reset_dynamic_rope
 METRIC_PATH = Path(__file__).parent / "metrics" / "squad_offline" / "squad_offline.py"
 QA_TEMPLATE = "{context}\n\nQuestion: {question}\nAnswer:"
 POSITION_BUCKETS = 5
+TRUNCATED_AWAY = "answer truncated away"
+NOT_FOUND = "not found"
 
 
 def normalize_answer(text: str) -> str:
@@ -128,6 +134,82 @@ def truncate_middle(ids: list[int], budget: int) -> tuple[list[int], bool]:
     return ids[:half] + ids[len(ids) - (budget - half) :], True
 
 
+def kept_position(token: int, n_tokens: int, budget: int) -> int | None:
+    """Where context token ``token`` lands after :func:`truncate_middle` (None: cut out).
+
+    Args:
+        token: index in the full context.
+        n_tokens: full context length in tokens.
+        budget: tokens kept.
+
+    Returns:
+        Its index in the kept context, or None when the truncation removed it.
+    """
+    if n_tokens <= budget:
+        return token
+    half = budget // 2
+    tail_start = n_tokens - (budget - half)
+    if token < half:
+        return token
+    if token >= tail_start:
+        return half + token - tail_start
+    return None
+
+
+def _answer_char_span(example: dict[str, Any]) -> tuple[int, int] | None:
+    # The answer's character span in the context: the given answer_start, else its first occurrence.
+    ctx = example["context"]
+    start = example.get("answer_start")
+    answers = [a for a in example["answers"] if a]
+    if start is not None and answers:
+        return start, start + len(answers[0])
+    low = ctx.lower()
+    found = sorted((low.find(a.lower()), len(a)) for a in answers if low.find(a.lower()) >= 0)
+    if not found:
+        return None
+    return found[0][0], found[0][0] + found[0][1]
+
+
+def answer_token_span(tokenizer: Any, context: str, span: tuple[int, int]) -> tuple[int, int]:
+    """The context tokens (first, last inclusive) that cover a character span of the context.
+
+    Uses the tokenizer's offsets where it has them (fast tokenizers), else counts the tokens of the
+    prefix (BPE merges at the boundary may shift it by one token).
+
+    Args:
+        tokenizer: the model's tokenizer.
+        context: the context text.
+        span: ``(start, end)`` characters.
+
+    Returns:
+        ``(first, last)`` token indices, as :func:`build_qa_prompt` tokenizes the context.
+    """
+    start, end = span
+    try:
+        enc = tokenizer(context, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        offsets = enc["offset_mapping"]
+    except (NotImplementedError, ValueError, KeyError):
+        offsets = None
+    if offsets:
+        first = next((i for i, (_, e) in enumerate(offsets) if e > start), len(offsets) - 1)
+        last = max(first, next((i for i in range(len(offsets) - 1, -1, -1) if offsets[i][0] < end), first))
+        return first, last
+    n_before = len(tokenizer(context[:start], add_special_tokens=False, verbose=False)["input_ids"])
+    n_through = len(tokenizer(context[:end], add_special_tokens=False, verbose=False)["input_ids"])
+    return n_before, max(n_before, n_through - 1)
+
+
+def _kept_bucket(first: int, last: int, n_tokens: int, budget: int) -> tuple[str, int | None]:
+    kept = min(n_tokens, budget)
+    a, b = kept_position(first, n_tokens, budget), kept_position(last, n_tokens, budget)
+    # Both ends kept on the same side of the cut: the whole answer is visible.
+    if a is None or b is None or b - a != last - first:
+        return TRUNCATED_AWAY, None
+    width = 100 // POSITION_BUCKETS
+    k = min(POSITION_BUCKETS - 1, int(100 * a / max(1, kept)) // width)
+    return f"{k * width}-{(k + 1) * width}%", a
+
+
 def build_qa_prompt(tokenizer: Any, example: dict[str, Any], template: str, budget: int) -> tuple[list[int], dict]:
     """The prompt's tokens for one example, the context truncated in the middle to fit ``budget``.
 
@@ -138,7 +220,9 @@ def build_qa_prompt(tokenizer: Any, example: dict[str, Any], template: str, budg
         budget: total prompt tokens allowed.
 
     Returns:
-        ``(ids, info)`` with ``context_tokens``, ``kept_tokens``, ``truncated``.
+        ``(ids, info)`` with ``context_tokens``, ``kept_tokens``, ``truncated``, ``position_bucket`` (from
+        the kept tokens; ``answer truncated away`` or ``not found``) and ``answer_kept_token`` (the
+        answer's first token in the kept context, or None).
 
     Raises:
         InputError: the question alone does not fit.
@@ -155,21 +239,19 @@ def build_qa_prompt(tokenizer: Any, example: dict[str, Any], template: str, budg
             f"a prompt budget of {budget} tokens cannot hold the question ({len(pre_ids) + len(post_ids)})"
         )
     kept, truncated = truncate_middle(ctx, room)
-    return pre_ids + kept + post_ids, {"context_tokens": len(ctx), "kept_tokens": len(kept), "truncated": truncated}
-
-
-def _position_bucket(example: dict[str, Any]) -> str:
-    ctx = example["context"]
-    start = example["answer_start"]
-    if start is None:
-        low = ctx.lower()
-        found = [low.find(a.lower()) for a in example["answers"] if a and low.find(a.lower()) >= 0]
-        start = min(found) if found else None
-    if start is None or not ctx:
-        return "not found"
-    width = 100 // POSITION_BUCKETS
-    b = min(POSITION_BUCKETS - 1, int(100 * start / len(ctx)) // width)
-    return f"{b * width}-{(b + 1) * width}%"
+    span = _answer_char_span(example)
+    if span is None or not ctx:
+        bucket, where = NOT_FOUND, None
+    else:
+        first, last = answer_token_span(tokenizer, example["context"], span)
+        bucket, where = _kept_bucket(first, last, len(ctx), room)
+    return pre_ids + kept + post_ids, {
+        "context_tokens": len(ctx),
+        "kept_tokens": len(kept),
+        "truncated": truncated,
+        "position_bucket": bucket,
+        "answer_kept_token": where,
+    }
 
 
 def _length_bucket(tokens: int, edges: list[int]) -> str:
@@ -216,7 +298,6 @@ def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool =
                 {
                     **info,
                     "prompt_tokens": len(ids),
-                    "position_bucket": _position_bucket(ex),
                     "length_bucket": _length_bucket(info["context_tokens"], settings.length_edges),
                 }
             )
@@ -250,8 +331,10 @@ def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool =
 
 
 def _bucket_order(label: str) -> tuple[int, float]:
-    if label == "not found":
+    if label == TRUNCATED_AWAY:
         return (1, 0.0)
+    if label == NOT_FOUND:
+        return (2, 0.0)
     head = label.split("-")[0].rstrip("+%")
     return (0, float(head))
 

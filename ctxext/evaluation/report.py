@@ -14,7 +14,10 @@
           "rope": {rope_type, rope_theta, original_length, current_length, factor, rotary_dim, parameters, ...},
           "perplexity": {                                 # present when the ppl task ran
             "protocol": str, "mode": "one-pass" | "per-length" | "sliding",
+            "document_set": "common",                      # every length on the documents reaching the longest
             "by_length": {"<L>": {ppl, nll, tokens, documents, ci_low, ci_high, beyond_context}},
+            "by_length_all": {"<L>": {...}},               # secondary view: all documents with >= L tokens
+            "per_document": {keys, by_length, by_length_all, buckets},   # per-document NLL sums for pairing
             "by_bucket": [{start, end, ppl, nll, tokens, documents, ci_low, ci_high}],   # start incl., end excl.
             "bucket_length": int, "bucket_documents": int,
             "short_context": {length, ppl, nll, tokens, documents, ci_low, ci_high},   # at the original length
@@ -29,11 +32,16 @@
             "by_length": {"<L>": {correct, trials, accuracy, ci_low, ci_high}}, "by_depth": {...}, "overall": {...},
             "settings": {...}, "prompt": {...}, "seconds": float
           },
+          "attention": {length, documents, original_length, beyond_context, band_labels, queries,
+                        layers: [{layer, bands: [share per band], beyond_original, sinks, entropy,
+                                  entropy_by_position: [nats per bucket]}],
+                        mean: {bands, beyond_original, sinks, entropy}, position_buckets, settings, seconds},
           "qa": {examples, truncated, prompt_budget, overall: {examples, exact_match, f1, exact_match_ci, f1_ci},
                  by_position: {"0-20%": {...}, ..., "not found": {...}}, by_length: {"0-4000": {...}, ...},
                  samples, settings, seconds}
         }
-      ]
+      ],
+      "comparisons": {...} | null     # paired model-vs-reference statistics, see ctxext.evaluation.paired
     }
 
 ``nll`` is the mean negative log-likelihood in nats per token, ``ppl = exp(nll)``; ``ci_low`` / ``ci_high``
@@ -52,11 +60,15 @@ from typing import Any
 
 from ctxext.atomic import atomic_folder
 
+# The kind of output folder a report is (``ctxext.atomic``): --overwrite replaces only another report.
+REPORT_KIND = "report"
+
 SCHEMA = "ctxext.eval.report/v1"
 PPL_PROTOCOL = (
     "truncated-document perplexity: each document tokenized with the tokenizer's defaults (BOS where it adds "
-    "one) and cut to L tokens; token t is predicted from tokens < t; ppl(L) over documents with >= L tokens; "
-    "buckets over documents reaching the longest length; 95% bootstrap CI over documents"
+    "one) and cut to L tokens; token t is predicted from tokens < t; every length and bucket over the same "
+    "documents (those reaching the longest length; 'all documents >= L' as a secondary view); 95% bootstrap CI "
+    "over documents"
 )
 SLIDING_PROTOCOL = (
     "strided sliding window (transformers docs): whole documents, windows of L tokens moved by the stride, each "
@@ -98,19 +110,22 @@ def build_report(
     data: dict[str, Any] | None = None,
     suite: dict[str, Any] | None = None,
     command: str | None = None,
+    reference: str | None = None,
 ) -> dict[str, Any]:
-    """Assemble a report from per-model entries.
+    """Assemble a report from per-model entries, with paired comparisons against a reference model.
 
     Args:
         models: entries from :func:`model_entry` with task sections added.
         data: descriptions of the data sources per task.
         suite: the suite that ran, if any.
         command: the command line, if any.
+        reference: the model every other model is compared with, paired (default: the first).
 
     Returns:
         The report dict (see the module docstring for the schema).
     """
     from ctxext import __version__
+    from ctxext.evaluation.paired import compare_models
 
     for m in models:
         ppl = m.get("perplexity")
@@ -125,10 +140,11 @@ def build_report(
         "environment": environment(),
         "data": data or {},
         "models": models,
+        "comparisons": compare_models(models, reference),
     }
 
 
-def write_report(report: dict[str, Any], out: str | Path) -> Path:
+def write_report(report: dict[str, Any], out: str | Path, overwrite: bool = False) -> Path:
     """Write ``report.json``, ``report.md`` and the PNG plots into ``out``, atomically.
 
     Everything is written to a temporary folder next to ``out`` first and then moved in place, so an
@@ -136,13 +152,19 @@ def write_report(report: dict[str, Any], out: str | Path) -> Path:
 
     Args:
         report: from :func:`build_report`.
-        out: the output folder (created; an existing report in it is replaced).
+        out: the output folder (created). An existing non-empty folder is refused unless ``overwrite``,
+            and even then replaced only when it is a report folder ctxext wrote (see
+            :func:`ctxext.atomic.check_output`).
+        overwrite: replace a previous report folder.
 
     Returns:
         The output folder.
+
+    Raises:
+        InputError: ``out`` cannot be written without losing files ctxext did not write.
     """
     out = Path(out)
-    with atomic_folder(out) as tmp:
+    with atomic_folder(out, kind=REPORT_KIND, overwrite=overwrite) as tmp:
         plots = write_plots(report, tmp)
         (tmp / "report.md").write_text(render_markdown(report, plots))
         (tmp / "report.json").write_text(json.dumps(_clean(report), indent=2, allow_nan=False) + "\n")
@@ -224,6 +246,7 @@ def render_markdown(report: dict[str, Any], plots: dict[str, str] | None = None)
             ]
         )
     lines += _table(["model", "base", "adapter", "rope", "factor", "θ", "original ctx", "context", "RoPE check"], rows)
+    lines += beyond_target_markdown(report)
 
     ppl_models = [m for m in models if m.get("perplexity")]
     if ppl_models:
@@ -238,11 +261,16 @@ def render_markdown(report: dict[str, Any], plots: dict[str, str] | None = None)
     qa_models = [m for m in models if m.get("qa")]
     if qa_models:
         lines += _qa_markdown(qa_models, plots)
+    attn_models = [m for m in models if m.get("attention")]
+    if attn_models:
+        lines += attention_markdown(attn_models, plots)
+    if report.get("comparisons") and (report["comparisons"]["comparisons"] or report["comparisons"]["notes"]):
+        lines += comparisons_markdown(report["comparisons"])
     lines += [
         "---",
         f"Models: {', '.join(names)}. Intervals are 95 %: bootstrap over documents for perplexities, Wilson for "
-        "accuracies, bootstrap over examples for EM / F1. With few documents, differences inside the intervals "
-        "are noise.",
+        "accuracies, bootstrap over examples for EM / F1. These per-model intervals are unpaired: to compare "
+        "models, read the paired comparisons (same documents, same trials), not whether intervals overlap.",
         "",
     ]
     return "\n".join(lines)
@@ -261,10 +289,12 @@ def _ppl_markdown(models: list[dict[str, Any]], report: dict[str, Any], plots: d
         "",
         "### By evaluation length",
         "",
+        *_common_set_line(docs, first),
     ]
     lengths = sorted({int(L) for m in models for L in m["perplexity"]["by_length"]})
     rows = [[str(L)] + [_ppl_cell(m["perplexity"]["by_length"].get(str(L))) for m in models] for L in lengths]
     lines += _table(["length"] + names, rows)
+    lines += ppl_all_documents_markdown(models)
     short = [(m["name"], m["perplexity"].get("short_context")) for m in models if m["perplexity"].get("short_context")]
     if short:
         lines += ["### Short-context regression (perplexity at the original context)", ""]
@@ -295,15 +325,18 @@ def _ppl_markdown(models: list[dict[str, Any]], report: dict[str, Any], plots: d
             "",
             f"The same target tokens (positions {t['start']}–{t['end']} of {t['documents']} documents) scored with "
             "their context cut to k tokens (windows of k moved by k/2: each target sees k/2 to k tokens). "
-            "Gain = NLL(k) − NLL(full) in nats/token [95 % paired bootstrap CI]; > 0 means the far context helps.",
+            "Gain = NLL(k) − NLL(full) in nats/token [95 % paired bootstrap CI]; > 0 means the far context helps. "
+            "At k = the original window, a gain whose interval is above 0 means the model uses context beyond "
+            "its original window.",
             "",
         ]
         if "context_use" in plots:
             lines += [f"![context use]({plots['context_use']})", ""]
         limits = sorted({e["context"] for m in cu_models for e in m["perplexity"]["context_use"]["limits"]})
         rows = []
+        originals = {m["perplexity"]["context_use"].get("original_window") for m in cu_models}
         for k in limits:
-            row = [str(k)]
+            row = [f"{k} (original window)" if k in originals else str(k)]
             for m in cu_models:
                 e = next((x for x in m["perplexity"]["context_use"]["limits"] if x["context"] == k), None)
                 row.append("–" if e is None else _gain_cell(e))
@@ -376,8 +409,9 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
     lines += [
         f"Haystack: `{first['haystack']}`; depths {', '.join(f'{d:g}' for d in st['depths'])} %; {st['trials']} trials "
         f"per cell; templates: {st['templates']}. {_scoring_note([{'r': first}], 'r')} Effective length: the longest "
-        f"length up to which every evaluated length scores ≥ {ref} (RULER). Cells: accuracy % over all depths "
-        "(trials); ✱ the model was fine-tuned on this task; † beyond the model's context.",
+        f"length up to which every evaluated length scores ≥ {ref} (RULER); n/a: the task scores below "
+        f"{st.get('min_reference', 0) * 100:g} % at the original length, so it has no relative threshold. Cells: "
+        "accuracy % over all depths (trials); ✱ the model was fine-tuned on this task; † beyond the model's context.",
         "",
     ]
     names = [m["name"] for m in models]
@@ -392,7 +426,9 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
             )
             row.append(_eff(e) + (" ✱" if trained else ""))
         rows.append(row)
-    rows.append(["**mean over tasks**"] + [_eff(m["ruler"]["effective_length"]) for m in models])
+    rows.append(
+        ["**overall** (mean over the tasks with a reference)"] + [_eff(m["ruler"]["effective_length"]) for m in models]
+    )
     lines += ["### Effective length", ""]
     lines += _table(["task"] + names, rows)
     for m in models:
@@ -411,7 +447,8 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
                     else f"{bl['accuracy'] * 100:.0f} ({bl['trials']}){' †' if cell.get('beyond_context') else ''}"
                 )
             body.append(row)
-        body.append(["**mean**"] + [f"{r['mean_by_length'][L] * 100:.0f}" for L in lengths])
+        counted = ", ".join(r["effective_length"].get("tasks") or []) or "none"
+        body.append([f"**mean** ({counted})"] + [f"{r['mean_by_length'][L] * 100:.0f}" for L in lengths])
         header = [f"{L}{' (orig.)' if int(L) == r['original_length'] else ''}" for L in lengths]
         lines += _table(["task \\ length", *header], body)
     return lines
@@ -420,10 +457,13 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
 def _eff(e: dict[str, Any]) -> str:
     if not e:
         return "–"
-    if e.get("length") is None:
-        return f"none ({e.get('note') or 'below threshold'})"
     bar = e.get("threshold")
-    return f"{e['length']}" + (f" (≥ {bar * 100:.0f} %)" if bar is not None else "")
+    if e.get("length") is None:
+        if bar is None:
+            ref = e.get("reference_score")
+            return "n/a" + (f" ({ref * 100:.0f} % at the original length)" if ref is not None else "")
+        return f"< shortest (≥ {bar * 100:.0f} % needed)"
+    return f"{e['length']} (≥ {bar * 100:.0f} %)"
 
 
 def _qa_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
@@ -444,7 +484,9 @@ def _qa_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[st
         for m in models:
             buckets += [b for b in m["qa"][key] if b not in buckets]
         for b in buckets:
-            rows.append([f"{label} {b}"] + [cell(m["qa"][key].get(b)) for m in models])
+            # "answer truncated away" (cut out by the middle truncation) reads on its own.
+            name = b if b.startswith("answer") else f"{label} {b}"
+            rows.append([name] + [cell(m["qa"][key].get(b)) for m in models])
     lines += _table(["bucket"] + names, rows)
     return lines
 
@@ -547,6 +589,7 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
             ax.set_title(f"QA F1 by {title}")
         axes[0].legend()
         written["qa"] = _save(fig, folder, "qa_by_bucket.png")
+    written.update(attention_plot(plt, models, folder))
     return written
 
 
@@ -613,3 +656,284 @@ def _save(fig: Any, folder: Path, name: str, tight: bool = True) -> str:
     fig.savefig(folder / name, dpi=110)
     plt.close(fig)
     return name
+
+
+def _p(p: float | None) -> str:
+    if p is None or not math.isfinite(p):
+        return "–"
+    return f"{p:.2g}" if p >= 0.001 else "<0.001"
+
+
+def _ratio_cell(r: dict[str, Any]) -> str:
+    real = r.get("ci_low") is not None and math.isfinite(r["ci_low"]) and not r["ci_low"] <= 1 <= r["ci_high"]
+    mark = " **" if real else ""
+    if not real and not (r.get("ci_low") is not None and math.isfinite(r["ci_low"])):
+        return f"{r['ratio']:.3f}× [–]"
+    return f"{r['ratio']:.3f}× [{r['ci_low']:.3f}, {r['ci_high']:.3f}]{mark}"
+
+
+def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
+    """The paired model-vs-reference tables (perplexity ratios, McNemar tests on retrieval grids).
+
+    Args:
+        comp: the report's ``comparisons`` section (:func:`ctxext.evaluation.paired.compare_models`).
+
+    Returns:
+        Markdown lines.
+    """
+    ref = comp["reference"]
+    lines = [
+        f"## Paired comparisons against `{ref}`",
+        "",
+        f"Each model against `{ref}` on the same documents and the same trials. {comp['comparisons']} comparisons "
+        "in this report: p-values are also given Holm-adjusted over all of them (p Holm); read a difference as "
+        "real when its adjusted p is small, not when one raw p among many is.",
+        "",
+    ]
+    ppl = comp.get("perplexity") or []
+    by_len = [r for r in ppl if r["view"] == "length"]
+    if by_len:
+        lines += [
+            "### Perplexity ratio by length",
+            "",
+            f"ppl(model) / ppl({ref}) on the same tokens of the same documents, with a 95 % paired bootstrap "
+            "interval (documents resampled jointly); ** the interval excludes 1.",
+            "",
+        ]
+        rows = [
+            [r["model"], str(r["length"]), _ratio_cell(r), str(r["documents"]), _p(r["p_value"]), _p(r["p_holm"])]
+            for r in by_len
+        ]
+        lines += _table(["model", "length", "ratio [95 % CI]", "docs", "p", "p Holm"], rows)
+    by_bucket = [r for r in ppl if r["view"] == "bucket"]
+    if by_bucket:
+        models = list(dict.fromkeys(r["model"] for r in by_bucket))
+        edges = list(dict.fromkeys((r["start"], r["end"]) for r in by_bucket))
+        lines += ["### Perplexity ratio by token position", "", f"ppl(model) / ppl({ref}) per position bucket.", ""]
+        rows = []
+        for start, end in edges:
+            row = [f"{start}–{end}"]
+            for name in models:
+                r = next((x for x in by_bucket if x["model"] == name and x["start"] == start), None)
+                row.append("–" if r is None else _ratio_cell(r))
+            rows.append(row)
+        lines += _table(["positions"] + models, rows)
+    grids = comp.get("grids") or []
+    if grids:
+        lines += [
+            "### Retrieval, paired trials (exact McNemar)",
+            "",
+            f"Same prompts for both models; only the discordant trials carry evidence: model right / {ref} wrong, "
+            "and the reverse.",
+            "",
+        ]
+        rows = [
+            [
+                r["model"],
+                r["task"],
+                str(r["length"]),
+                f"{r['a_correct']}/{r['trials']}",
+                f"{r['b_correct']}/{r['trials']}",
+                f"{r['only_a']} / {r['only_b']}",
+                f"{r['difference'] * 100:+.0f} pts",
+                _p(r["p_value"]),
+                _p(r["p_holm"]),
+            ]
+            for r in grids
+        ]
+        lines += _table(
+            ["model", "task", "length", "model correct", f"{ref} correct", "discordant (+ / −)", "Δ", "p", "p Holm"],
+            rows,
+        )
+    attn = comp.get("attention") or []
+    if attn:
+        lines += [
+            "### Attention beyond the original window, paired documents",
+            "",
+            f"Share of attention on keys beyond the original window (mean over layers), model − {ref}, in "
+            "percentage points [95 % paired bootstrap CI over documents].",
+            "",
+        ]
+        rows = [
+            [
+                r["model"],
+                str(r["length"]),
+                f"{r['difference'] * 100:+.1f} [{r['ci_low'] * 100:+.1f}, {r['ci_high'] * 100:+.1f}]",
+                str(r["documents"]),
+                _p(r["p_value"]),
+                _p(r["p_holm"]),
+            ]
+            for r in attn
+        ]
+        lines += _table(["model", "length", "Δ share (pts)", "docs", "p", "p Holm"], rows)
+    for note in comp.get("notes") or []:
+        lines += [f"Note: {note}", ""]
+    return lines
+
+
+def ppl_all_documents_markdown(models: list[dict[str, Any]]) -> list[str]:
+    """The secondary perplexity table: at each length, every document with at least that many tokens.
+
+    Args:
+        models: model entries with a ``perplexity`` section.
+
+    Returns:
+        Markdown lines (none when no model has the view, or when it equals the main table).
+    """
+    have = [m for m in models if m["perplexity"].get("by_length_all")]
+    if not have:
+        return []
+    lengths = sorted({int(L) for m in have for L in m["perplexity"]["by_length_all"]})
+    rows = []
+    differs = False
+    for L in lengths:
+        row = [str(L)]
+        for m in have:
+            e = m["perplexity"]["by_length_all"].get(str(L))
+            differs |= bool(e) and e.get("documents") != (m["perplexity"]["by_length"].get(str(L)) or {}).get(
+                "documents"
+            )
+            row.append(_ppl_cell(e))
+        rows.append(row)
+    if not differs:
+        return []
+    return [
+        "#### All documents with at least L tokens (secondary view)",
+        "",
+        "A different document set at each length (more documents at short lengths): do not read a change "
+        "across lengths in this table as the model's.",
+        "",
+        *_table(["length"] + [m["name"] for m in have], rows),
+    ]
+
+
+def _common_set_line(docs: dict[str, Any], ppl: dict[str, Any]) -> list[str]:
+    if ppl.get("document_set") != "common":
+        return []
+    return [
+        f"Every length is scored on the same {docs.get('common')} documents (those reaching "
+        f"{ppl.get('bucket_length')} tokens), so changes across lengths are the model's.",
+        "",
+    ]
+
+
+def beyond_target_markdown(report: dict[str, Any]) -> list[str]:
+    """A note on lengths evaluated past the target (the reference model's configured context).
+
+    Args:
+        report: the report dict (``suite.beyond_target`` lists such lengths).
+
+    Returns:
+        Markdown lines (none without such lengths).
+    """
+    suite = report.get("suite") or {}
+    beyond = suite.get("beyond_target") or []
+    if not beyond:
+        return []
+    return [
+        f"**Beyond target**: lengths {', '.join(map(str, beyond))} are past the target "
+        f"({suite.get('reference_context')} tokens, the reference model's configured context): train short, test "
+        "long. Every model is evaluated "
+        "there; † marks them in the tables.",
+        "",
+    ]
+
+
+def attention_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
+    """The attention-diagnostics section: per model and layer, mass by distance band, beyond the window, sinks.
+
+    Args:
+        models: model entries with an ``attention`` section.
+        plots: plot name → file name.
+
+    Returns:
+        Markdown lines.
+    """
+    first = models[0]["attention"]
+    lines = [
+        "## Attention diagnostics",
+        "",
+        f"Per layer, averaged over heads and {first['documents']} documents of {first['length']} tokens: the share "
+        "of attention mass by query–key distance (as a fraction of the length), on keys beyond the model's "
+        f"original window, and on the first {first['settings']['sink_tokens']} tokens (sinks), for queries in the "
+        "second half of the sequence; entropy (nats) over all queries. Recomputed from each layer's q and k "
+        "with the model's own rotary embedding.",
+        "",
+    ]
+    if "attention" in plots:
+        lines += [f"![attention diagnostics]({plots['attention']})", ""]
+    labels = first["band_labels"]
+    rows = []
+    for m in models:
+        a = m["attention"]
+        mark = " †" if a.get("beyond_context") else ""
+        for lay in [*a["layers"], {"layer": "mean", **a["mean"]}]:
+            rows.append(
+                [
+                    f"{m['name']}{mark}",
+                    str(lay["layer"]),
+                    *[f"{x * 100:.1f}" for x in lay["bands"]],
+                    f"{lay['beyond_original'] * 100:.1f} (> {a['original_length']})",
+                    f"{lay['sinks'] * 100:.1f}",
+                    f"{lay['entropy']:.2f}",
+                ]
+            )
+    lines += _table(["model", "layer", *[f"d {x} of L" for x in labels], "beyond window %", "sinks %", "entropy"], rows)
+    return lines
+
+
+def attention_plot(plt: Any, models: list[dict[str, Any]], folder: Path) -> dict[str, str]:
+    """``attention.png``: mass beyond the original window per layer, and entropy by query position.
+
+    Args:
+        plt: ``matplotlib.pyplot``.
+        models: report model entries (those without ``attention`` are skipped).
+        folder: where to write.
+
+    Returns:
+        ``{"attention": file name}``, or empty without attention sections.
+    """
+    have = [m for m in models if m.get("attention")]
+    if not have:
+        return {}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    width = 0.8 / len(have)
+    for i, m in enumerate(have):
+        a = m["attention"]
+        layers = [lay["layer"] for lay in a["layers"]]
+        axes[0].bar(
+            [x + i * width for x in layers],
+            [lay["beyond_original"] * 100 for lay in a["layers"]],
+            width=width,
+            label=m["name"],
+        )
+        bottom = 0.0
+        for b, (label, share) in enumerate(zip(a["band_labels"], a["mean"]["bands"], strict=True)):
+            axes[1].bar(
+                i,
+                share * 100,
+                bottom=bottom,
+                color=plt.cm.viridis(b / max(1, len(a["band_labels"]) - 1)),
+                label=label if i == 0 else None,
+            )
+            bottom += share * 100
+        centres = [(s + e) / 2 for s, e in a["position_buckets"]]
+        mean_ent = [
+            sum(col) / len(col) for col in zip(*[lay["entropy_by_position"] for lay in a["layers"]], strict=True)
+        ]
+        axes[2].plot(centres, mean_ent, marker="o", label=m["name"])
+    n_layers = max(len(m["attention"]["layers"]) for m in have)
+    axes[0].set_xticks([x + 0.4 - width / 2 for x in range(n_layers)], [str(x) for x in range(n_layers)])
+    axes[0].set_xlabel("layer")
+    axes[0].set_ylabel("% of attention mass")
+    axes[0].set_title(f"Beyond the original window ({have[0]['attention']['original_length']} tokens)")
+    axes[0].legend()
+    axes[1].set_xticks(range(len(have)), [m["name"] for m in have])
+    axes[1].set_ylabel("% of attention mass (mean over layers)")
+    axes[1].set_title("By query–key distance (share of length)")
+    axes[1].legend(fontsize=8)
+    axes[2].set_xlabel("query position (bucket centre)")
+    axes[2].set_ylabel("entropy (nats, mean over layers)")
+    axes[2].set_title("Attention entropy by position")
+    axes[2].legend()
+    return {"attention": _save(fig, folder, "attention.png")}

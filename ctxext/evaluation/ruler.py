@@ -8,8 +8,9 @@ not use by default). A task's score at a length is its accuracy over every depth
 stays at or above a threshold — here every evaluated length from the shortest up to it must pass, so a
 lucky long length after a failing one does not count. The threshold is, by default, 85 % of the model's
 own score at its original (pretraining) length (``threshold_reference: original``), or an absolute
-accuracy (``threshold_reference: absolute``). The overall effective length uses the mean score over
-tasks. A model with no score at its original length has no relative threshold (reported as such).
+accuracy (``threshold_reference: absolute``). A relative threshold needs a task the model can do at its
+original length: a task scoring below ``min_reference`` there has no effective length (n/a; 85 % of 2 %
+would pass anything) and is left out of the overall one, which uses the mean score over the other tasks.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class RulerSettings:
         threshold: the effective-length threshold (a fraction).
         threshold_reference: ``original`` (threshold × the model's score at its original length) or
             ``absolute``.
+        min_reference: with ``original``: the least score at the original length for a task to get an
+            effective length (and count in the overall one).
         scoring: ``teacher-forced`` or ``generate``.
         allow_beyond_context: evaluate lengths above the model's context (marked).
     """
@@ -81,6 +84,7 @@ class RulerSettings:
     templates: str | list[int] = "heldout"
     threshold: float = 0.85
     threshold_reference: str = "original"
+    min_reference: float = 0.25
     scoring: str = "teacher-forced"
     allow_beyond_context: bool = False
 
@@ -96,6 +100,8 @@ class RulerSettings:
             task = get_task(spec.task)
             task.resolve_options(spec.options)
             template_indices(spec.task, spec.templates or self.templates)
+        if not 0 <= self.min_reference <= 1:
+            raise InputError(f"ruler.min_reference {self.min_reference} must be a fraction in [0, 1]")
         if not 0 < self.threshold <= 1:
             raise InputError(f"ruler.threshold {self.threshold} must be a fraction in (0, 1]")
         if self.threshold_reference not in THRESHOLD_REFERENCES:
@@ -128,7 +134,11 @@ def template_indices(task: str, choice: str | list[int]) -> list[int]:
 
 
 def effective_length(
-    scores: dict[int, float], original: int, threshold: float, reference: str = "original"
+    scores: dict[int, float],
+    original: int,
+    threshold: float,
+    reference: str = "original",
+    min_reference: float = 0.0,
 ) -> dict[str, Any]:
     """The longest length up to which every evaluated length scores at least the threshold.
 
@@ -137,18 +147,19 @@ def effective_length(
         original: the model's original context (its score there is the relative reference).
         threshold: a fraction.
         reference: ``original`` (relative to the score at ``original``) or ``absolute``.
+        min_reference: with ``original``, the least reference score that gives a threshold.
 
     Returns:
         ``{"length", "threshold", "reference_score", "note"}``; ``length`` is None when even the
-        shortest length fails or the reference score is zero.
+        shortest length fails or the reference score is zero or below ``min_reference``.
     """
     lengths = sorted(scores)
     ref_score = scores.get(original) if reference == "original" else None
     if reference == "original":
         if ref_score is None:
             raise InputError(f"effective length: no score at the original length {original}")
-        if ref_score <= 0:
-            note = "0 % at the original length: no relative threshold"
+        if ref_score <= 0 or ref_score < min_reference:
+            note = f"{ref_score * 100:.0f} % at the original length {original}: no relative threshold"
             return {"length": None, "threshold": None, "reference_score": ref_score, "note": note}
         bar = threshold * ref_score
     else:
@@ -193,11 +204,24 @@ def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: 
         res = evaluate_task_grid(loaded, grid, spec.task, hay, templates, spec.options, show_progress, spec.label)
         scores = {int(L): e["accuracy"] for L, e in res["by_length"].items()}
         res["effective_length"] = effective_length(
-            scores, original, settings.threshold, settings.threshold_reference
+            scores, original, settings.threshold, settings.threshold_reference, settings.min_reference
         )
         tasks[spec.label] = res
         table[spec.label] = {str(L): s for L, s in scores.items()}
-    mean = {L: sum(table[t][str(L)] for t in table) / len(table) for L in lengths}
+    # The overall effective length averages the tasks that have a reference (all of them when absolute).
+    counted = [
+        t
+        for t in table
+        if settings.threshold_reference == "absolute" or tasks[t]["effective_length"]["threshold"] is not None
+    ]
+    mean = {L: sum(table[t][str(L)] for t in counted) / len(counted) if counted else 0.0 for L in lengths}
+    none = "no task scores at the original length"
+    overall = (
+        effective_length(mean, original, settings.threshold, settings.threshold_reference)
+        if counted
+        else {"length": None, "threshold": None, "reference_score": None, "note": none}
+    )
+    overall["tasks"] = counted
     return {
         "settings": {
             **{k: v for k, v in settings.__dict__.items() if k != "tasks"},
@@ -210,7 +234,7 @@ def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: 
         "tasks": tasks,
         "scores": table,
         "mean_by_length": {str(L): v for L, v in mean.items()},
-        "effective_length": effective_length(mean, original, settings.threshold, settings.threshold_reference),
+        "effective_length": overall,
         "seconds": round(time.perf_counter() - started, 3),
     }
 

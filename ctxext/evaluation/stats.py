@@ -20,6 +20,12 @@ def _weights(n_docs: int, resamples: int, seed: int) -> np.ndarray:
     return rng.multinomial(n_docs, np.full(n_docs, 1.0 / n_docs), size=resamples).astype(np.float64)
 
 
+def _bootstrap_means(sums: np.ndarray, counts: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    # The one bootstrap: token-weighted means of resampled documents, one value per resample.
+    w = _weights(len(sums), resamples, seed)
+    return (w @ sums) / np.maximum(w @ counts, 1e-12)
+
+
 def bootstrap_nll(
     nll_sums: np.ndarray, counts: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
 ) -> tuple[float, float]:
@@ -41,8 +47,7 @@ def bootstrap_nll(
     if len(nll_sums) == 1:
         value = float(nll_sums[0] / counts[0])
         return value, value
-    w = _weights(len(nll_sums), resamples, seed)
-    stats = (w @ nll_sums) / np.maximum(w @ counts, 1e-12)
+    stats = _bootstrap_means(nll_sums, counts, resamples, seed)
     alpha = (1 - CONFIDENCE) / 2 * 100
     low, high = np.percentile(stats, [alpha, 100 - alpha])
     return float(low), float(high)
@@ -114,3 +119,132 @@ def wilson_interval(correct: int, total: int, z: float = 1.959964) -> tuple[floa
     centre = (p + z * z / (2 * total)) / denom
     half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+# ---------------------------------------------------------------------------------------------
+# Paired comparisons: two models on the same documents / the same trials
+# ---------------------------------------------------------------------------------------------
+
+
+def paired_ppl_ratio(
+    a_sums: np.ndarray,
+    b_sums: np.ndarray,
+    counts: np.ndarray,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> dict[str, float | int]:
+    """Paired bootstrap of the perplexity ratio ``ppl(a) / ppl(b)`` on the same tokens of the same documents.
+
+    Documents are resampled jointly for both scorings (the same multinomial weights), so the document-to-
+    document spread, which dwarfs model differences, cancels. The ratio is ``exp(mean NLL(a) − mean
+    NLL(b))`` with token-weighted means, i.e. the ratio of the two perplexities.
+
+    Args:
+        a_sums: per-document NLL sums of model ``a``.
+        b_sums: per-document NLL sums of model ``b`` over the same tokens.
+        counts: per-document token counts.
+        resamples: bootstrap resamples.
+        seed: RNG seed.
+
+    Returns:
+        ``ratio``, ``ci_low``, ``ci_high`` (95 %), ``p_value`` (two-sided bootstrap p of ratio = 1, at best
+        ``1 / resamples``) and ``documents``.
+    """
+    a = np.asarray(a_sums, dtype=np.float64)
+    b = np.asarray(b_sums, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.float64)
+    if len(a) != len(b) or len(a) != len(counts):
+        raise ValueError("paired scorings need the same documents in the same order")
+    diff = float((a.sum() - b.sum()) / counts.sum())
+    out: dict[str, float | int] = {"ratio": math.exp(diff), "documents": int(len(a))}
+    if len(a) < 2:
+        out.update({"ci_low": math.nan, "ci_high": math.nan, "p_value": math.nan})
+        return out
+    stats = _bootstrap_means(a - b, counts, resamples, seed)
+    low, high, p = _interval_and_p(stats, resamples)
+    out.update({"ci_low": math.exp(low), "ci_high": math.exp(high), "p_value": p})
+    return out
+
+
+def _interval_and_p(stats: np.ndarray, resamples: int) -> tuple[float, float, float]:
+    # 95 % percentile interval, and the percentile-bootstrap p-value of "no difference": twice the
+    # smaller tail beyond 0, floored at one resample.
+    alpha = (1 - CONFIDENCE) / 2 * 100
+    low, high = np.percentile(stats, [alpha, 100 - alpha])
+    tail = min(float(np.mean(stats <= 0)), float(np.mean(stats >= 0)))
+    return float(low), float(high), min(1.0, max(2 * tail, 1.0 / resamples))
+
+
+def paired_mean_difference(
+    a: np.ndarray, b: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> dict[str, float | int]:
+    """Paired bootstrap of ``mean(a − b)`` over units (documents) measured for both models.
+
+    Args:
+        a: per-document values of model ``a``.
+        b: per-document values of model ``b``, document for document.
+        resamples: bootstrap resamples.
+        seed: RNG seed.
+
+    Returns:
+        ``difference``, ``ci_low``, ``ci_high`` (95 %), ``p_value`` and ``documents``.
+    """
+    diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    out: dict[str, float | int] = {"difference": float(diff.mean()), "documents": int(len(diff))}
+    if len(diff) < 2:
+        out.update({"ci_low": math.nan, "ci_high": math.nan, "p_value": math.nan})
+        return out
+    low, high, p = _interval_and_p(_bootstrap_means(diff, np.ones(len(diff)), resamples, seed), resamples)
+    out.update({"ci_low": low, "ci_high": high, "p_value": p})
+    return out
+
+
+def mcnemar_exact(a_correct: list[bool], b_correct: list[bool]) -> dict[str, float | int]:
+    """Exact McNemar test of two models on the same trials (two-sided binomial test on discordant pairs).
+
+    Args:
+        a_correct: per-trial correctness of model ``a``.
+        b_correct: per-trial correctness of model ``b``, trial for trial.
+
+    Returns:
+        ``trials``, ``a_correct``, ``b_correct``, ``only_a`` (a right, b wrong), ``only_b``, ``difference``
+        (accuracy a − b) and ``p_value`` (1.0 without discordant pairs).
+    """
+    if len(a_correct) != len(b_correct):
+        raise ValueError(f"paired trials differ in number: {len(a_correct)} vs {len(b_correct)}")
+    n = len(a_correct)
+    only_a = sum(1 for x, y in zip(a_correct, b_correct, strict=True) if x and not y)
+    only_b = sum(1 for x, y in zip(a_correct, b_correct, strict=True) if y and not x)
+    discordant = only_a + only_b
+    k = min(only_a, only_b)
+    # P(X ≤ k) for X ~ Binomial(discordant, 1/2), doubled for a two-sided test.
+    tail = sum(math.comb(discordant, i) for i in range(k + 1)) / 2.0**discordant if discordant else 1.0
+    return {
+        "trials": n,
+        "a_correct": int(sum(map(bool, a_correct))),
+        "b_correct": int(sum(map(bool, b_correct))),
+        "only_a": only_a,
+        "only_b": only_b,
+        "difference": (only_a - only_b) / n if n else math.nan,
+        "p_value": min(1.0, 2 * tail),
+    }
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values (family-wise error control over all the comparisons made).
+
+    Args:
+        p_values: raw p-values (NaN entries are passed through and not counted).
+
+    Returns:
+        Adjusted p-values in the input order.
+    """
+    idx = [i for i, p in enumerate(p_values) if p is not None and math.isfinite(p)]
+    order = sorted(idx, key=lambda i: p_values[i])
+    m = len(order)
+    adjusted = [math.nan] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted

@@ -4,9 +4,12 @@ Lengths (and context limits) are token counts or expressions relative to the *re
 model with the longest configured context among those evaluated, i.e. the extended one):
 
 * ``"2x"``: twice the reference's original (pretraining) context;
-* ``"target"``: the reference's configured context.
+* ``"target"``: the reference's configured context;
+* ``"2x target"``: twice the reference's configured context — *beyond the target* (train short, test
+  long: where PI, NTK and YaRN separate in the papers). Such lengths are always kept, every model is
+  evaluated there, and the report marks them "beyond target".
 
-Relative lengths above the reference's context are dropped (and noted) unless
+Other relative lengths above the reference's context are dropped (and noted) unless
 ``allow_beyond_context`` is set; models with a shorter context (the base, in a comparison) are evaluated
 at the same lengths, marked as beyond their context.
 
@@ -47,7 +50,8 @@ class PerplexityTask(_Section):
     bucket_size: int | str | None = Field(default="auto", description="tokens per bucket, 'auto' (longest/8) or null")
     context_limits: list[Length] = Field(default_factory=list)
     stride: int | None = None
-    max_docs: int | None = Field(default=20, gt=0)
+    max_docs: int | None = Field(default=20, gt=0, description="documents reaching the longest length")
+    min_docs: int = Field(default=3, gt=0, description="fewest documents a perplexity may average")
     short_context: bool = True
     resamples: int = Field(default=1000, gt=0)
 
@@ -102,6 +106,7 @@ class RulerSection(_Section):
     templates: TemplateChoice = "heldout"
     threshold: float = Field(default=0.85, gt=0, le=1)
     threshold_reference: Literal["original", "absolute"] = "original"
+    min_reference: float = Field(default=0.25, ge=0, le=1)
     scoring: Literal["teacher-forced", "generate"] = "teacher-forced"
 
 
@@ -120,6 +125,18 @@ class QATask(_Section):
     length_edges: list[int] = Field(default_factory=lambda: [4000, 8000])
 
 
+class AttentionTask(_Section):
+    """Attention diagnostics (mass by distance band, beyond the original window, sinks, entropy)."""
+
+    data: str = "builtin:stdlib"
+    text_field: str = "text"
+    split: str = "test"
+    length: Length = "target"
+    docs: int = Field(default=4, gt=0)
+    bands: list[float] = Field(default_factory=lambda: [0.01, 0.1, 0.5])
+    sink_tokens: int = Field(default=4, gt=0)
+
+
 class Suite(_Section):
     """An evaluation suite."""
 
@@ -131,6 +148,7 @@ class Suite(_Section):
     needle: NeedleSuiteTask | None = None
     qa: QATask | None = None
     ruler: RulerSection | None = None
+    attention: AttentionTask | None = None
 
 
 def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -176,8 +194,8 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
         problems = "\n".join(f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise InputError(f"invalid suite {path}:\n{problems}") from None
     _resolve_paths(suite, p.resolve().parent)
-    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa, suite.ruler)):
-        raise InputError(f"suite {path} names no task (perplexity, passkey, needle, qa, ruler)")
+    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa, suite.ruler, suite.attention)):
+        raise InputError(f"suite {path} names no task (perplexity, passkey, needle, qa, ruler, attention)")
     if suite.ruler:
         # Unknown tasks, options or templates fail now, before any model is loaded.
         ruler_settings(suite.ruler, [1], False).validate()
@@ -200,6 +218,7 @@ def ruler_settings(section: RulerSection, lengths: list[int], allow_beyond: bool
         templates=section.templates,
         threshold=section.threshold,
         threshold_reference=section.threshold_reference,
+        min_reference=section.min_reference,
         scoring=section.scoring,
         allow_beyond_context=allow_beyond,
     )
@@ -207,7 +226,13 @@ def ruler_settings(section: RulerSection, lengths: list[int], allow_beyond: bool
 
 def _resolve_paths(suite: Suite, folder: Path) -> None:
     # Data paths in a suite may be relative to the working folder, the suite's folder or its parent.
-    for task, key in (("perplexity", "data"), ("needle", "haystack"), ("qa", "data"), ("ruler", "haystack")):
+    for task, key in (
+        ("perplexity", "data"),
+        ("needle", "haystack"),
+        ("qa", "data"),
+        ("ruler", "haystack"),
+        ("attention", "data"),
+    ):
         section = getattr(suite, task)
         if section is None:
             continue
@@ -227,12 +252,18 @@ def resolve_length(value: Length, original: int, context: int) -> int:
     text = str(value).strip().lower()
     if text == "target":
         return context
+    beyond = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x\s*target", text)
+    if beyond:
+        return int(round(float(beyond.group(1)) * context))
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x", text)
     if m:
         return int(round(float(m.group(1)) * original))
     if text.isdigit():
         return int(text)
-    raise InputError(f"length {value!r}: use a token count, 'Nx' (N × the original context) or 'target'")
+    raise InputError(
+        f"length {value!r}: use a token count, 'Nx' (N × the original context), 'target' or 'Nx target' "
+        "(N × the target, to evaluate beyond it)"
+    )
 
 
 def resolve_lengths(
@@ -242,11 +273,16 @@ def resolve_lengths(
     out, dropped = [], []
     for v in values:
         L = resolve_length(v, original, context)
-        if L > context and not isinstance(v, int) and not allow_beyond:
+        if L > context and not isinstance(v, int) and not allow_beyond and not is_beyond_target(v):
             dropped.append(L)
         else:
             out.append(L)
     return sorted(set(out)), sorted(set(dropped))
+
+
+def is_beyond_target(value: Length) -> bool:
+    """Whether a suite length asks for a multiple of the target (``"2x target"``): kept past the context."""
+    return isinstance(value, str) and re.fullmatch(r"\s*\d+(?:\.\d+)?\s*x\s*target\s*", value.lower()) is not None
 
 
 def _auto_bucket(longest: int) -> int:
@@ -265,6 +301,8 @@ def run_suite(
     allow_beyond_for: set[int] | None = None,
     command: str | None = None,
     device: str | None = None,
+    overwrite: bool = False,
+    reference: str | None = None,
 ) -> dict[str, Any]:
     """Run every task of a suite on every model (one model in memory at a time) and write the report.
 
@@ -277,13 +315,21 @@ def run_suite(
         allow_beyond_for: indices of models evaluated past their context without error (comparisons).
         command: the command line, for the report.
         device: ``cpu`` / ``cuda``.
+        overwrite: replace a previous report folder at ``out`` (never anything else).
+        reference: report label of the model the others are compared with, paired (default: the first).
 
     Returns:
         The report dict (also written to ``out``).
     """
+    from ctxext.atomic import check_inputs_outside, check_output
     from ctxext.evaluation.loading import load_model
+    from ctxext.evaluation.report import REPORT_KIND
     from ctxext.rope import read_rope
     from ctxext.sources import load_config
+
+    # Before any work: an output that cannot be written must not cost an evaluation.
+    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
+    check_output(out, REPORT_KIND, overwrite)
 
     # The reference model (longest configured context) sets relative lengths, read from configs only.
     states = []
@@ -325,11 +371,20 @@ def run_suite(
         plan["needle"] = lengths_of(suite.needle.lengths, "needle")
     if suite.ruler:
         plan["ruler"] = lengths_of(suite.ruler.lengths, "ruler")
+    if suite.attention:
+        plan["attention"] = lengths_of([suite.attention.length], "attention")
 
+    # Lengths past the reference's context were asked for explicitly ("2x target"): every model goes there.
+    beyond_target = sorted({L for v in plan.values() for L in (v[0] if isinstance(v, tuple) else v) if L > context})
     entries = []
     for i, spec in enumerate(specs):
         loaded = load_model(spec, device=device)
-        beyond_ok = allow or (allow_beyond_for is not None and i in allow_beyond_for) or loaded.context_length < context
+        beyond_ok = (
+            allow
+            or bool(beyond_target)
+            or (allow_beyond_for is not None and i in allow_beyond_for)
+            or loaded.context_length < context
+        )
         entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
         if "ruler" in entry:
             from ctxext.evaluation.ruler import trained_tasks
@@ -351,16 +406,20 @@ def run_suite(
         data["qa"] = describe_source(suite.qa.data, split=suite.qa.split)
     if suite.ruler and suite.ruler.haystack != "noise":
         data["ruler"] = describe_source(suite.ruler.haystack, suite.ruler.text_field, suite.ruler.split)
+    if suite.attention:
+        a = suite.attention
+        data["attention"] = describe_source(a.data, a.text_field, a.split)
     suite_info = {
         "name": suite.name,
         "path": suite_path,
         "reference_context": context,
         "reference_original_context": original,
+        "beyond_target": beyond_target,
         "notes": notes,
         "definition": suite.model_dump(),
     }
-    report = build_report(entries, data=data, suite=suite_info, command=command)
-    write_report(report, out)
+    report = build_report(entries, data=data, suite=suite_info, command=command, reference=reference)
+    write_report(report, out, overwrite=overwrite)
     return report
 
 
@@ -380,6 +439,7 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
             stride=t.stride,
             context_limits=limits,
             max_docs=t.max_docs,
+            min_docs=t.min_docs,
             resamples=t.resamples,
             short_context=t.short_context,
             allow_beyond_context=beyond_ok,
@@ -435,7 +495,30 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
             ),
             show,
         )
+    if suite.attention:
+        entry["attention"] = _run_attention(suite.attention, loaded, plan["attention"][0], beyond_ok, show)
     return entry
+
+
+def find_suite(ref: str | Path) -> Path:
+    """A recipe's ``eval.suite``: a path as given, else relative to the ctxext checkout (``eval/tiny-cpu.yaml``)."""
+    suite_path = Path(ref)
+    if not suite_path.is_file():
+        shipped = Path(__file__).resolve().parents[2] / suite_path
+        suite_path = shipped if shipped.is_file() else suite_path
+    return suite_path
+def _run_attention(task: AttentionTask, loaded: Any, length: int, beyond_ok: bool, show: bool) -> dict[str, Any]:
+    from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
+    from ctxext.evaluation.data import iter_texts
+
+    settings = AttentionSettings(
+        length=length,
+        docs=task.docs,
+        bands=list(task.bands),
+        sink_tokens=task.sink_tokens,
+        allow_beyond_context=beyond_ok,
+    )
+    return evaluate_attention(loaded, iter_texts(task.data, task.text_field, task.split), settings, show)
 
 
 def run_suite_for_run(run_dir: str | Path, recipe: Any, show_progress: bool = True) -> Path:
@@ -459,10 +542,7 @@ def run_suite_for_run(run_dir: str | Path, recipe: Any, show_progress: bool = Tr
     suite_ref = recipe.eval.suite
     if not suite_ref:
         raise InputError("recipe eval.suite is not set")
-    suite_path = Path(suite_ref)
-    if not suite_path.is_file():
-        shipped = Path(__file__).resolve().parents[2] / suite_ref
-        suite_path = shipped if shipped.is_file() else suite_path
+    suite_path = find_suite(suite_ref)
     suite, _ = load_suite(suite_path)
     specs = [ModelSpec(ref=str(run_dir), name="fine-tuned")]
     allow: set[int] = set()

@@ -1,0 +1,180 @@
+"""Retrieval grids: teacher-forced scoring vs greedy generation — same samples, same run, speed and accuracy.
+
+For each model (static RoPE: the grown model, and the grown model with YaRN ×4 / Llama 3 ×4 patched in
+memory), the same needle grid (lengths × depths × trials; samples seeded by the cell, so both scorings see
+identical prompts) is scored twice:
+
+* teacher-forced: ``evaluate_task_grid(..., scoring="teacher-forced")`` — one forward pass over prompt +
+  answer per batch of equal-length samples, logits only at the answer positions;
+* generation: ``scoring="generate"`` — greedy decoding (KV cache on: static RoPE), correct iff the
+  generated tokens start with the answer's; run twice: generating just the answer's tokens with every
+  sample of a length batched (the cheapest a generation harness can be), and as the previous grids ran
+  (12 tokens, one batch per (length, depth) cell).
+
+Teacher-forced scoring is exact for greedy decoding, so the two must agree trial by trial; the benchmark
+checks that and prints the speed ratio (process CPU time; wall time is shown too). Runs alternate
+(teacher-forced, generation, teacher-forced, generation, …) and the least time of ``--repeats`` counts.
+
+    nice -n 10 python benchmarks/retrieval_speed.py      # writes benchmarks/results/retrieval_speed.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "retrieval_speed.md"
+NEEDLE = {"needle": "\nKEY_{name} = {key}\n", "question": "\nassert KEY_{name} ==", "answer": "{key}"}
+
+
+def _load(method: str | None):
+    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.rope import patch_model, read_rope
+
+    lm = load_model(ModelSpec("builtin:grown-code-64"), device="cpu")
+    if method:
+        patch_model(lm.model, method, 256)
+        lm.rope = read_rope(lm.model.config)
+        lm.name = f"{method} x4"
+    else:
+        lm.name = "base"
+    return lm
+
+
+def _run(lm, grid, task, hay, scoring: str, new_tokens: int, per_cell: bool):
+    from dataclasses import replace
+
+    from ctxext.evaluation.passkey import evaluate_task_grid
+
+    settings = replace(grid, scoring=scoring, max_new_tokens=new_tokens)
+    cpu, wall = time.process_time(), time.perf_counter()
+    if per_cell:
+        # One call per depth: batches hold one (length, depth) cell, as the previous grids did.
+        parts = [
+            evaluate_task_grid(lm, replace(settings, depths=[d]), "needle", hay, task.to_template(), None, False)
+            for d in grid.depths
+        ]
+        cells = sorted(
+            (c for p in parts for c in p["cells"]), key=lambda c: (c["length"], grid.depths.index(c["depth"]))
+        )
+        res = {"cells": cells, "overall": {"correct": sum(c["correct"] for c in cells)}}
+    else:
+        res = evaluate_task_grid(lm, settings, "needle", hay, task.to_template(), None, False)
+    return time.process_time() - cpu, time.perf_counter() - wall, res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default="none,yarn,llama3", help="none = the base model; static RoPE only")
+    parser.add_argument("--lengths", default="64,128,256")
+    parser.add_argument("--depths", default="0,25,50,75,100")
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--long-new-tokens", type=int, default=12, help="the second generation run's tokens")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args()
+
+    import torch
+
+    from ctxext.evaluation.passkey import GridSettings, NeedleTask, load_haystack
+    from ctxext.rope import LENGTH_DEPENDENT_TYPES
+
+    torch.set_num_threads(args.threads)
+    grid = GridSettings(
+        lengths=[int(x) for x in args.lengths.split(",")],
+        depths=[float(x) for x in args.depths.split(",")],
+        trials=args.trials,
+        allow_beyond_context=True,
+    )
+    task = NeedleTask(**NEEDLE)
+    runs = {
+        "teacher-forced": ("teacher-forced", 1, False),
+        "generate (answer)": ("generate", 1, False),
+        "generate (previous)": ("generate", args.long_new_tokens, True),
+    }
+    rows, checks = [], []
+    totals = dict.fromkeys(runs, 0.0)
+    for method in args.methods.split(","):
+        lm = _load(None if method == "none" else method)
+        if lm.rope.rope_type in LENGTH_DEPENDENT_TYPES:
+            sys.exit(f"{method}: length-dependent RoPE; this benchmark compares on static RoPE only")
+        hay = load_haystack(lm, "builtin:stdlib", "text", "test", 2 * max(grid.lengths))
+        best = dict.fromkeys(runs, (1e9, 1e9, None))
+        for _ in range(args.repeats):
+            for label, (scoring, new, per_cell) in runs.items():
+                cpu, wall, res = _run(lm, grid, task, hay, scoring, new, per_cell)
+                if cpu < best[label][0]:
+                    best[label] = (cpu, wall, res)
+        tf_cpu, tf_wall, tf = best["teacher-forced"]
+        n = tf["overall"]["trials"]
+        cells = [f"{lm.name}", str(n), f"{tf['overall']['correct']}/{n}", f"{tf_cpu:.2f} ({tf_wall:.2f})"]
+        for label in list(runs)[1:]:
+            cpu, wall, res = best[label]
+            same = [c["outcomes"] for c in tf["cells"]] == [c["outcomes"] for c in res["cells"]]
+            checks.append(same)
+            cells += [
+                f"{res['overall']['correct']}/{n} ({'identical' if same else '**DIFFERENT**'})",
+                f"{cpu:.2f} ({wall:.2f})",
+                f"**{cpu / tf_cpu:.1f}×**",
+            ]
+        for label in runs:
+            totals[label] += best[label][0]
+        rows.append("| " + " | ".join(cells) + " |")
+        print(rows[-1], flush=True)
+    labels = list(runs)
+    ratio = totals[labels[1]] / totals[labels[0]]
+    ratio_long = totals[labels[2]] / totals[labels[0]]
+    verdict = (
+        "met"
+        if min(ratio, ratio_long) >= 3
+        else "met against the previous grids only"
+        if ratio_long >= 3
+        else "NOT met"
+    )
+    cmd = "nice -n 10 python benchmarks/retrieval_speed.py" + "".join(f" {a}" for a in sys.argv[1:])
+    lines = [
+        "# Retrieval grids: teacher-forced scoring vs greedy generation",
+        "",
+        f"Command: `{cmd}`",
+        "",
+        f"torch {torch.__version__}, {args.threads} thread(s), CPU fp32, SDPA, on a shared 2-core machine "
+        f"({os.cpu_count()} CPUs visible). Model: `builtin:grown-code-64` (64-token window), RoPE patched to "
+        f"×4 in memory. Needle grid: in-domain key `{NEEDLE['needle']!r}` / `{NEEDLE['question']!r}`, held-out "
+        f"stdlib haystack; lengths {grid.lengths} (prompt + answer), depths {grid.depths} %, {grid.trials} trials "
+        f"per cell, the same seeded samples for every scoring. Generation decodes greedily with the KV cache: "
+        f"(a) just the answer's tokens, every sample of a length in one batch; (b) as the previous grids ran: "
+        f"{args.long_new_tokens} tokens, one batch per (length, depth) cell. Times: process CPU seconds (wall in "
+        f"parentheses), least of {args.repeats} alternating runs.",
+        "",
+        "| model | trials | teacher-forced correct | teacher-forced CPU s | generation (a) correct | CPU s "
+        "| speed-up | generation (b, previous grids) correct | CPU s | speed-up |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+        f"* **speed-up over all models: {ratio:.1f}×** against (a), **{ratio_long:.1f}×** against (b), the "
+        "previous grids (generation CPU time / teacher-forced CPU time); "
+        f"target ≥ 3×: {verdict}.",
+        f"* accuracy identical trial by trial: {'yes, for every model and run' if all(checks) else '**NO**'} "
+        '(teacher-forced correctness is exactly "greedy decoding starts with the answer\'s tokens").',
+        "* why: teacher-forced scoring runs one forward pass per length (all samples batched, prompt + answer, "
+        "logits only at the answer positions); generation runs a prefill of the prompt plus one pass per further "
+        "token, per group of equal prompt lengths. On this CPU with a 4.2M-parameter model a pass is compute-bound, "
+        "so the prefill — as costly as the teacher-forced pass — dominates and the cached decode steps are cheap: "
+        "against generating just the answer the saving is small; against the previous grids (12 tokens, "
+        "per-cell batches) it is the decode steps and the smaller batches. Where decode steps are "
+        "latency-bound (a GPU) the number of passes would decide instead — not measured here.",
+        "",
+    ]
+    Path(args.out).write_text("\n".join(lines))
+    print(f"speed-up {ratio:.2f}x / {ratio_long:.2f}x, identical: {all(checks)}; wrote {args.out}")
+    if not all(checks):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

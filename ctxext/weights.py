@@ -1,0 +1,141 @@
+"""A model folder's weight files: which they are, whether they can be read, and a fingerprint of them.
+
+The fingerprint identifies the *base weights* a training run was made on, so that merge, evaluation,
+resume and push can refuse a base that changed under the same path (an adapter merged into other
+weights loads, runs and is silently wrong). It must stay cheap on a 15 GB checkpoint, so it does not
+hash everything: per weight file it hashes the name, the size, the safetensors header (every tensor's
+name, dtype, shape and offsets) and 16 evenly spaced 64 KiB samples of the data (1 MiB per file).
+Two different trainings of the same architecture differ in every sampled byte range; an edit confined
+to a few tensors that no sample touches would go unnoticed (documented, accepted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+from ctxext.errors import InputError
+
+_SAMPLES = 16
+_SAMPLE_BYTES = 64 * 1024
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+FINGERPRINT_SCHEME = "ctxext-weights-v1: name, size, safetensors header, 16 × 64 KiB samples per file"
+
+
+def weight_files(folder: str | Path) -> list[Path]:
+    """The weight files of a model folder: ``*.safetensors``, else ``pytorch_model*.bin`` (sorted)."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
+    if not files:
+        files = sorted(p for p in folder.glob("*.bin") if p.is_file() and p.name.startswith("pytorch_model"))
+    return files
+
+
+def check_weights_readable(folder: str | Path) -> list[Path]:
+    """Check that every weight file of a model folder is complete and parseable, without loading it.
+
+    safetensors files must have a valid header whose tensors exactly cover the file (a truncated file
+    fails); a sharded index must name only files that exist; ``.bin`` files must open as torch archives.
+
+    Args:
+        folder: the model folder.
+
+    Returns:
+        The weight files.
+
+    Raises:
+        InputError: naming the damaged file and what to do.
+    """
+    folder = Path(folder)
+    files = weight_files(folder)
+    if not files:
+        raise InputError(f"{folder} has no weight files (*.safetensors or pytorch_model*.bin); point at a model folder")
+    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        index = folder / index_name
+        if index.is_file():
+            try:
+                shards = set(json.loads(index.read_text())["weight_map"].values())
+            except (OSError, ValueError, KeyError, AttributeError) as exc:
+                raise InputError(f"{index} is damaged ({exc}); download or save the model again") from None
+            missing = sorted(s for s in shards if not (folder / s).is_file())
+            if missing:
+                raise InputError(f"{index} names missing weight files: {', '.join(missing)}; download them again")
+    for path in files:
+        try:
+            if path.suffix == ".safetensors":
+                from safetensors import safe_open
+
+                with safe_open(str(path), "pt") as handle:
+                    handle.keys()
+            else:
+                import torch
+
+                torch.load(path, map_location="meta", weights_only=True, mmap=True)
+        except Exception as exc:  # safetensors / torch raise several types for a damaged file
+            raise InputError(
+                f"weight file {path} cannot be read ({type(exc).__name__}: {str(exc).strip() or 'damaged'}); it is "
+                "truncated or corrupt. Download or save the model again."
+            ) from None
+    return files
+
+
+def _header(path: Path) -> bytes:
+    with open(path, "rb") as handle:
+        raw = handle.read(8)
+        if len(raw) < 8:
+            return b""
+        (length,) = struct.unpack("<Q", raw)
+        return handle.read(min(length, 100 * 2**20))
+
+
+def fingerprint(folder: str | Path) -> str:
+    """A cheap fingerprint of a model folder's weights (see the module docstring for what it covers).
+
+    Args:
+        folder: the model folder.
+
+    Returns:
+        ``"sha256:<hex>"``.
+
+    Raises:
+        InputError: no weight files.
+    """
+    folder = Path(folder)
+    files = weight_files(folder)
+    if not files:
+        raise InputError(f"{folder} has no weight files to fingerprint")
+    digest = hashlib.sha256()
+    for path in files:
+        size = path.stat().st_size
+        digest.update(f"{path.name}\0{size}\0".encode())
+        if path.suffix == ".safetensors":
+            digest.update(_header(path))
+        with open(path, "rb") as handle:
+            for k in range(_SAMPLES):
+                handle.seek(max(0, (size - _SAMPLE_BYTES) * k // max(_SAMPLES - 1, 1)))
+                digest.update(handle.read(_SAMPLE_BYTES))
+    return "sha256:" + digest.hexdigest()
+
+
+def check_fingerprint(folder: str | Path, expected: str | None, what: str) -> None:
+    """Refuse a base model folder whose weights are not the ones a run was trained on.
+
+    Args:
+        folder: the base model folder now found at the run's ``base_model`` path.
+        expected: the run's recorded fingerprint (``None`` for runs made before fingerprints: not checked).
+        what: what is being done, for the message (``merge``, ``resume`` …).
+
+    Raises:
+        InputError: the fingerprints differ.
+    """
+    if not expected:
+        return
+    actual = fingerprint(folder)
+    if actual != expected:
+        raise InputError(
+            f"{what}: the base weights in {folder} are not the ones this run was trained on (fingerprint "
+            f"{actual[:19]}… ≠ recorded {expected[:19]}…). An adapter applied to other weights is silently wrong. "
+            "Point at the original base (run.json base_model / base_model_resolved), or train again on this one."
+        )

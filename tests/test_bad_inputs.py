@@ -1,0 +1,141 @@
+"""One bad input per class: exit code 2, one message naming the problem and the fix, no traceback, and
+nothing written at the output path."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ctxext.cli import app
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture()
+def world(tmp_path, tiny_model_dir, monkeypatch):
+    """Files for every case: damaged models, bad data, a recipe writer. The working folder is tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    trunc = tmp_path / "truncated"
+    shutil.copytree(tiny_model_dir, trunc)
+    blob = (trunc / "model.safetensors").read_bytes()
+    (trunc / "model.safetensors").write_bytes(blob[: len(blob) // 2])
+    badcfg = tmp_path / "badcfg"
+    shutil.copytree(tiny_model_dir, badcfg)
+    (badcfg / "config.json").write_text('{"model_type": "llama", "hidden_size": 64,,}')
+    (tmp_path / "latin.txt").write_bytes("def café():\n    return 'é'\n".encode("latin-1") * 50)
+    (tmp_path / "latin.jsonl").write_bytes('{"text": "café au lait"}\n'.encode("latin-1"))
+    (tmp_path / "numbers.jsonl").write_text('{"text": 123}\n{"text": 456}\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "afile").write_text("x")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+
+    def recipe(**sections: str) -> Path:
+        body = {
+            "model": f"  path: {tiny_model_dir}\n",
+            "rope": "  method: yarn\n  target_length: 1024\n",
+            "data": "  path: builtin:stdlib\n",
+            "train": "  max_steps: 1\n  seq_len: 1024\n",
+            "output": f"  dir: {tmp_path / 'out'}\n",
+        }
+        body.update(sections)
+        path = tmp_path / "recipe.yaml"
+        path.write_text("".join(f"{k}:\n{v}" for k, v in body.items()))
+        return path
+
+    return {"tmp": tmp_path, "model": tiny_model_dir, "recipe": recipe}
+
+
+EXTEND = ["extend", "{model}", "-m", "yarn", "-t", "1024", "-o", "out"]
+PPL = ["eval", "ppl", "--model", "{model}", "--lengths", "32", "--out", "out", "-q"]
+
+CASES = {
+    # class: (argv, recipe sections or None, words the message must hold)
+    "corrupt weights (extend)": (
+        ["extend", "truncated", "-m", "yarn", "-t", "1024", "-o", "out"],
+        None,
+        "truncated or corrupt",
+    ),
+    "corrupt weights (inspect)": (["inspect", "truncated"], None, "truncated or corrupt"),
+    "corrupt weights (eval)": ([*PPL[:3], "truncated", *PPL[4:], "--data", "latin.txt"], None, "truncated or corrupt"),
+    "invalid config.json (extend)": (
+        ["extend", "badcfg", "-m", "yarn", "-t", "1024", "-o", "out"],
+        None,
+        "not valid JSON",
+    ),
+    "invalid config.json (inspect)": (["inspect", "badcfg", "--config-only"], None, "not valid JSON"),
+    "invalid config.json (eval)": ([*PPL[:3], "badcfg", *PPL[4:], "--data", "latin.txt"], None, "not valid JSON"),
+    "invalid config.json (train)": (["train", "{recipe}"], {"model": "  path: badcfg\n"}, "not valid JSON"),
+    "output is a file": ([*EXTEND[:-1], "afile"], None, "is a file"),
+    "output is the current folder": ([*PPL[:-2], ".", "-q", "--data", "latin.txt"], None, "current folder"),
+    "output inside a file": ([*EXTEND[:-1], "afile/sub"], None, "is a file"),
+    "yarn beta NaN": ([*EXTEND, "--beta-fast", "nan"], None, "beta_fast: must be a finite number > 0"),
+    "yarn beta negative": ([*EXTEND, "--beta-slow", "-1"], None, "beta_slow: must be a finite number > 0"),
+    "ntk alpha <= 1": (["extend", "{model}", "-m", "ntk", "-t", "1024", "--alpha", "0.5", "-o", "out"], None, "> 1"),
+    "non-UTF-8 eval text": ([*PPL, "--data", "latin.txt"], None, "not UTF-8"),
+    "non-UTF-8 eval table": (
+        ["eval", "qa", "--model", "{model}", "--data", "latin.jsonl", "--out", "out"],
+        None,
+        "iconv",
+    ),
+    "text field not a string": ([*PPL, "--data", "numbers.jsonl"], None, "holds int values, not text"),
+    "empty JSONL": ([*PPL, "--data", "empty.jsonl"], None, "holds no json records"),
+    "lora.target_modules=[]": (["validate", "{recipe}"], {"lora": "  target_modules: []\n"}, "at least one module"),
+    "unknown key names --schema": (["validate", "{recipe}"], {"lora": "  rr: 4\n"}, "ctxext validate --schema"),
+    "eval.suite missing": (["validate", "{recipe}"], {"eval": "  suite: eval/nope.yaml\n"}, "eval.suite"),
+    "hub.repo_id invalid": (["validate", "{recipe}"], {"hub": "  repo_id: not a repo\n"}, "not a Hub repository id"),
+    "already-scaled model": (["validate", "{recipe}"], {"model": "  path: out-scaled\n"}, "--relative-to"),
+    "local path misread as Hub id": (["inspect", "runs/my-run", "--config-only"], None, "no folder runs/my-run"),
+    "non-UTF-8 training data": (["train", "{recipe}"], {"data": "  path: latin.jsonl\n"}, "not UTF-8"),
+    "validate: missing data file": (["validate", "{recipe}"], {"data": "  path: ./nope.jsonl\n"}, "does not exist"),
+    "validate: damaged weights": (["validate", "{recipe}"], {"model": "  path: truncated\n"}, "truncated or corrupt"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_clear_message(case, world):
+    argv, sections, words = CASES[case]
+    tmp = world["tmp"]
+    if case == "already-scaled model":
+        assert (
+            runner.invoke(
+                app, ["extend", str(world["model"]), "-m", "linear", "-t", "512", "-o", "out-scaled"]
+            ).exit_code
+            == 0
+        )
+    recipe = world["recipe"](**(sections or {})) if "{recipe}" in argv else None
+    args = [a.replace("{model}", str(world["model"])).replace("{recipe}", str(recipe)) for a in argv]
+    result = runner.invoke(app, args)
+    output = flat(result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 2, result.output
+    assert words in output, result.output
+    assert "Traceback" not in result.output
+    # Nothing half-written: no output folder, no temporary folder beside it.
+    assert not (tmp / "out").exists()
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith(".out")]
+
+
+def test_seq_len_warnings(world):
+    recipe = world["recipe"](train="  max_steps: 1\n  seq_len: 256\n")
+    result = runner.invoke(app, ["validate", str(recipe)])
+    assert result.exit_code == 0 and "at or below the model's original context 256" in flat(result.output)
+    recipe = world["recipe"](rope="  method: none\n", train="  max_steps: 1\n  seq_len: 1024\n")
+    result = runner.invoke(app, ["validate", str(recipe)])
+    assert result.exit_code == 0 and "unscaled RoPE" in flat(result.output), result.output
+    result = runner.invoke(app, ["validate", "--schema"])
+    assert result.exit_code == 0 and "rope.relative_to" in result.output and "lora.target_modules" in result.output
+
+
+def test_shipped_recipes_still_validate():
+    for recipe in sorted((ROOT / "recipes").glob("*.yaml")):
+        result = runner.invoke(app, ["validate", str(recipe)])
+        assert result.exit_code == 0, (recipe, result.output)

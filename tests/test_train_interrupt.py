@@ -1,0 +1,90 @@
+"""Training interrupted, moved, damaged or pointed at other base weights: clear messages, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from _train_helpers import write_recipe
+
+import ctxext.train as train_module
+from ctxext.config import load_recipe
+from ctxext.errors import CtxextError, InputError
+from ctxext.runfolder import read_run
+from ctxext.weights import fingerprint
+
+
+@pytest.fixture()
+def base_copy(tmp_path, cache_root):
+    from ctxext.sources import resolve_model_path
+
+    dest = tmp_path / "base"
+    shutil.copytree(resolve_model_path("builtin:tiny-llama"), dest)
+    return dest
+
+
+def test_interrupt_move_damage_and_changed_base(tmp_path, base_copy, monkeypatch):
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path / "r.yaml",
+            tmp_path / "run",
+            model={"path": str(base_copy)},
+            train={"max_steps": 4, "save_every": 1, "micro_batch_size": 1},
+            data={"max_documents": 6, "validation_fraction": 0},
+        )
+    )
+    calls = {"n": 0}
+    real = train_module.shifted_labels
+
+    def interrupt_at_step_3(ids):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(ids)
+
+    monkeypatch.setattr(train_module, "shifted_labels", interrupt_at_step_3)
+    with pytest.raises(CtxextError) as err:
+        train_module.train(recipe)
+    monkeypatch.setattr(train_module, "shifted_labels", real)
+    message = str(err.value)
+    assert err.value.exit_code == 130
+    assert "interrupted at step 2 of 4" in message and "step-0000002 (step 2)" in message
+    assert f"output.dir={tmp_path / 'run'} --resume" in message
+    info = read_run(tmp_path / "run", allow_incomplete=True)
+    assert info["status"] == "interrupted" and info["steps"] == 2
+    assert info["base_fingerprint"] == fingerprint(base_copy)
+
+    # Moved: the run resumes from its new place (its recipe.yaml still names the old one).
+    moved = tmp_path / "elsewhere" / "run"
+    moved.parent.mkdir()
+    (tmp_path / "run").rename(moved)
+    resumed_recipe = load_recipe(moved / "recipe.yaml", [f"output.dir={moved}"])
+
+    # A damaged latest checkpoint is named, with the way out.
+    weights = next((moved / "checkpoints" / "step-0000002").glob("*.safetensors"))
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 3])
+    with pytest.raises(InputError, match=r"checkpoint .*step-0000002 cannot be loaded.*step-0000001"):
+        train_module.train(resumed_recipe, resume=True)
+    weights.write_bytes(good)
+
+    # Other base weights under the same path: refused before anything is loaded.
+    from safetensors.torch import load_file, save_file
+
+    base_weights = base_copy / "model.safetensors"
+    original = base_weights.read_bytes()
+    tensors = load_file(base_weights)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1.0
+    save_file(tensors, base_weights, metadata={"format": "pt"})
+    with pytest.raises(InputError, match="not the ones this run was trained on"):
+        train_module.train(resumed_recipe, resume=True)
+    base_weights.write_bytes(original)
+
+    result = train_module.train(resumed_recipe, resume=True)
+    info = json.loads((moved / "run.json").read_text())
+    assert info["status"] == "complete" and info["steps"] == 4
+    assert result.run_dir == moved
+    assert torch.isfinite(torch.tensor(info["final_train_loss"]))
