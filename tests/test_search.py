@@ -219,6 +219,11 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(tiny_model_dir, tmp_path)
     r = _cli(str(tiny_model_dir), "--target-length", "512", "--resume", *common)
     assert r.exit_code == 2 and "nothing to resume" in r.output
     assert not out.exists()
+    # --overwrite replaces only a search folder ctxext wrote: a user's folder is left alone.
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    r = _cli(str(tiny_model_dir), "--target-length", "512", "--overwrite", *common)
+    assert r.exit_code == 2 and (out / "notes.txt").read_text() == "mine" and len(list(out.iterdir())) == 1
 
 
 def test_resuming_a_log_of_another_model_is_refused(first_search, tiny_model_dir, tmp_path):
