@@ -697,12 +697,8 @@ def _flat_keys(data: Any) -> dict[str, Any]:
 
 def _flat_config(recipe: Recipe) -> dict[str, Any]:
     """The recipe as flat ``section.key`` scalars: trackers (tensorboard hparams) take nothing nested."""
-    flat: dict[str, Any] = {}
-    for section, fields in json.loads(recipe.model_dump_json()).items():
-        for key, value in fields.items():
-            scalar = isinstance(value, (int, float, str, bool))
-            flat[f"{section}.{key}"] = value if scalar else json.dumps(value)
-    return flat
+    flat = _flat_keys(json.loads(recipe.model_dump_json()))
+    return {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flat.items()}
 
 
 def _trainable_digest(model: torch.nn.Module) -> str:
