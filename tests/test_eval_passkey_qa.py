@@ -9,7 +9,6 @@ import pytest
 
 from ctxext.errors import InputError
 from ctxext.evaluation.passkey import (
-    PASSKEY_PREFIX,
     GridSettings,
     NeedleTask,
     evaluate_needle,
@@ -17,6 +16,7 @@ from ctxext.evaluation.passkey import (
 )
 from ctxext.evaluation.qa import QASettings, evaluate_qa, load_metric, normalize_answer, truncate_middle
 from ctxext.tasks import Haystack, get_task
+from ctxext.tasks.passkey import PASSKEY_PREFIX
 from tests._eval_helpers import (
     loaded,
     one_thread,  # noqa: F401  (autouse: one thread per test)

@@ -43,12 +43,8 @@ from ctxext.evaluation.stats import wilson_interval
 from ctxext.rope import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
 from ctxext.tasks import Haystack, TaskSample, Template, get_task
 from ctxext.tasks.base import NOISE_TEXT
-from ctxext.tasks.passkey import PASSKEY_PREFIX  # noqa: F401  (re-exported)
 
 SCORINGS = ("teacher-forced", "generate")
-
-# Kept for callers of the old names: the passkey task's template 0 and its noise haystack.
-PASSKEY_FILLER = NOISE_TEXT
 
 NEEDLE_TEXT = " The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day. "
 NEEDLE_QUESTION = "\n\nWhat is the best thing to do in San Francisco? The best thing to do in San Francisco is"
