@@ -158,7 +158,10 @@ def atomic_folder(
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             out.rename(old)
             tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_symlink():  # a link to a folder ctxext wrote: the link goes, the folder it named stays
+                old.unlink()
+            else:
+                shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
     finally:

@@ -108,7 +108,8 @@ def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list
         return
     # What composing with an existing extension changes (rope.relative_to), said before training.
     warnings.extend(note for note in plan.notes if note.startswith("the model was"))
-    if seq_len <= plan.original_length:
+    # PoSE trains short windows whose position ids reach the target on purpose.
+    if seq_len <= plan.original_length and recipe.train.pose is None:
         warnings.append(
             f"train.seq_len {seq_len} is at or below the model's original context {plan.original_length}: the "
             f"fine-tune never sees a position beyond the original window, so it cannot teach the {plan.method} "

@@ -218,6 +218,20 @@ def read_rope(config: Any, original_length: int | None = None) -> RopeState:
     text = _text_config(config)
     params = normalize_rope_parameters(text)
     rope_type = params["rope_type"]
+    bad = {
+        key: f"must be a finite number, got {value!r}"
+        for key, value in (
+            ("max_position_embeddings", getattr(text, "max_position_embeddings", None)),
+            ("rope_parameters.rope_theta", params.get("rope_theta")),
+            ("rope_parameters.factor", params.get("factor")),
+            ("rope_parameters.original_max_position_embeddings", params.get("original_max_position_embeddings")),
+        )
+        # factor and the original length may be absent (None); the base and the context may not.
+        if not _finite(value)
+        and (value is not None or key in ("max_position_embeddings", "rope_parameters.rope_theta"))
+    }
+    if bad:
+        raise RopeConfigError(bad)
     max_pos = int(text.max_position_embeddings)
     factor = float(params.get("factor") or 1.0)
     meta = getattr(text, "ctxext", None) or {}
@@ -435,7 +449,10 @@ def reference_rope(
             # LongRoPE / Phi-3: sqrt(1 + ln(s) / ln(L)).
             att = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
         return base / rescale, float(att)
-    raise RopeError(f"no reference for rope type {rope_type!r}")
+    raise RopeError(
+        f"rope type {rope_type!r} is not one ctxext (or transformers) knows ({', '.join(sorted(_TYPE_KEYS))}); fix "
+        "rope_parameters.rope_type in the model's config.json"
+    )
 
 
 def _reference_yarn(params: dict[str, Any], d: int, base: torch.Tensor) -> tuple[torch.Tensor, float]:

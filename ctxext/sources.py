@@ -239,8 +239,9 @@ def config_from_folder(folder: str | Path, trust_remote_code: bool = False) -> A
         raise SourceError(f"{path} must hold a JSON object (the model's settings), not {type(data).__name__}")
     try:
         return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except Exception as exc:  # transformers / huggingface_hub raise many types for a config they reject
+        lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+        first = " ".join(lines[:2]) if lines else type(exc).__name__
         raise SourceError(
             f"{path} cannot be used by transformers ({first}); check model_type and the values in it, or restore "
             "the model's config.json"

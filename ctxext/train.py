@@ -346,15 +346,12 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         if saved is not None and saved != recipe_text:
             import yaml
 
-            # Optional sections (search) dump as null: compare them as empty sections.
-            old = {s: v or {} for s, v in yaml.safe_load(saved).items()}
-            new = {s: v or {} for s, v in yaml.safe_load(recipe_text).items()}
+            old, new = _flat_keys(yaml.safe_load(saved)), _flat_keys(yaml.safe_load(recipe_text))
             diffs = [
-                f"{s}.{k}: {old.get(s, {}).get(k)!r} → {new[s].get(k)!r}"
-                for s in new
-                for k in set(old.get(s, {})) | set(new[s])
+                f"{k}: {old.get(k)!r} → {new.get(k)!r}"
+                for k in set(old) | set(new)
                 # A run folder may be moved: its new place is not a change of recipe.
-                if old.get(s, {}).get(k) != new[s].get(k) and (s, k) != ("output", "dir")
+                if old.get(k) != new.get(k) and k != "output.dir"
             ]
             if diffs:
                 raise InputError(
@@ -419,6 +416,8 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         rows = cfg.max_steps * cfg.gradient_accumulation_steps * cfg.micro_batch_size * world
         data = prepare_training_data(recipe, loaded.tokenizer, plan, rows)
     accelerator.print(f"data: {data.summary}")
+    # Too little data for one micro-batch is bad input: say so before the run folder exists.
+    next(micro_batches(len(data.train), cfg.micro_batch_size, world, rank, cfg.seed))
     if cp > 1 and (cfg.pose or recipe.data.document_mask or recipe.data.short_fraction):
         raise InputError("train.context_parallel_size: PoSE, data.document_mask and data.short_fraction need 1")
 
@@ -685,14 +684,21 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     return TrainResult(run_dir=out, model=unwrapped, run=dict(run))
 
 
+def _flat_keys(data: Any) -> dict[str, Any]:
+    """``section.key`` → value of a recipe dict (sections may be null or scalars)."""
+    flat: dict[str, Any] = {}
+    for section, fields in (data or {}).items():
+        if isinstance(fields, dict):
+            flat.update({f"{section}.{key}": value for key, value in fields.items()})
+        else:
+            flat[section] = fields
+    return flat
+
+
 def _flat_config(recipe: Recipe) -> dict[str, Any]:
     """The recipe as flat ``section.key`` scalars: trackers (tensorboard hparams) take nothing nested."""
-    flat: dict[str, Any] = {}
-    for section, fields in json.loads(recipe.model_dump_json()).items():
-        for key, value in (fields or {}).items():  # optional sections (search) may be absent
-            scalar = isinstance(value, (int, float, str, bool))
-            flat[f"{section}.{key}"] = value if scalar else json.dumps(value)
-    return flat
+    flat = _flat_keys(json.loads(recipe.model_dump_json()))
+    return {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flat.items()}
 
 
 def _trainable_digest(model: torch.nn.Module) -> str:

@@ -3,6 +3,7 @@ nothing written at the output path."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -30,10 +31,19 @@ def world(tmp_path, tiny_model_dir, monkeypatch):
     badcfg = tmp_path / "badcfg"
     shutil.copytree(tiny_model_dir, badcfg)
     (badcfg / "config.json").write_text('{"model_type": "llama", "hidden_size": 64,,}')
+    for name, change in (("strtheta", {"rope_theta": "big"}), ("footype", {"rope_scaling": {"rope_type": "foo"}})):
+        shutil.copytree(tiny_model_dir, tmp_path / name)
+        data = json.loads((tmp_path / name / "config.json").read_text())
+        data.pop("rope_parameters", None)
+        data.update(change)
+        (tmp_path / name / "config.json").write_text(json.dumps(data))
     (tmp_path / "latin.txt").write_bytes("def café():\n    return 'é'\n".encode("latin-1") * 50)
     (tmp_path / "latin.jsonl").write_bytes('{"text": "café au lait"}\n'.encode("latin-1"))
     (tmp_path / "numbers.jsonl").write_text('{"text": 123}\n{"text": 456}\n')
     (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "docs.jsonl").write_text(
+        "".join(json.dumps({"text": "def f(x):\n    return x\n" * 300}) + "\n" for _ in range(3))
+    )
     (tmp_path / "afile").write_text("x")
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -74,6 +84,8 @@ CASES = {
     "invalid config.json (inspect)": (["inspect", "badcfg", "--config-only"], None, "not valid JSON"),
     "invalid config.json (eval)": ([*PPL[:3], "badcfg", *PPL[4:], "--data", "latin.txt"], None, "not valid JSON"),
     "invalid config.json (train)": (["train", "{recipe}"], {"model": "  path: badcfg\n"}, "not valid JSON"),
+    "config value of the wrong type": (["inspect", "strtheta", "--config-only"], None, "must be a finite number"),
+    "unknown rope type": (["extend", "footype", "-m", "yarn", "-t", "1024", "-o", "out"], None, "unknown rope type"),
     "output is a file": ([*EXTEND[:-1], "afile"], None, "is a file"),
     "output is the current folder": ([*PPL[:-2], ".", "-q", "--data", "latin.txt"], None, "current folder"),
     "output inside a file": ([*EXTEND[:-1], "afile/sub"], None, "is a file"),
@@ -95,6 +107,15 @@ CASES = {
     "already-scaled model": (["validate", "{recipe}"], {"model": "  path: out-scaled\n"}, "--relative-to"),
     "local path misread as Hub id": (["inspect", "runs/my-run", "--config-only"], None, "no folder runs/my-run"),
     "non-UTF-8 training data": (["train", "{recipe}"], {"data": "  path: latin.jsonl\n"}, "not UTF-8"),
+    "too little data for one micro-batch": (
+        ["train", "{recipe}"],
+        {
+            "data": "  path: docs.jsonl\n",
+            "quantization": "  mode: none\n",
+            "train": "  max_steps: 1\n  seq_len: 1024\n  micro_batch_size: 1000\n",
+        },
+        "cannot fill one micro-batch",
+    ),
     "validate: missing data file": (["validate", "{recipe}"], {"data": "  path: ./nope.jsonl\n"}, "does not exist"),
     "validate: damaged weights": (["validate", "{recipe}"], {"model": "  path: truncated\n"}, "truncated or corrupt"),
 }

@@ -36,9 +36,9 @@ def test_interrupt_move_damage_and_changed_base(tmp_path, base_copy, monkeypatch
         )
     )
     calls = {"n": 0}
-    real = train_module.build_inputs  # called once per training micro-batch (no validation here)
+    real = train_module.build_inputs
 
-    def interrupt_at_step_3(*args, **kwargs):
+    def interrupt_at_step_3(*args, **kwargs):  # Ctrl-C while the third step's batch is built
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
