@@ -36,33 +36,20 @@ MODEL = "builtin:grown-code-64"
 METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
 
 
-def recipe(method: str, target: int, run_dir: Path, args: argparse.Namespace) -> Any:
-    """The demo's ``_recipe`` with this benchmark's steps; identical for every method but the RoPE method."""
-    from ctxext.config import parse_recipe
+def recipe(method: str, original: int, target: int, run_dir: Path, args: argparse.Namespace) -> Any:
+    """The demo's plain-code fine-tune with this benchmark's steps; identical for every method but the RoPE method."""
+    from ctxext.demo import DemoSettings, finetune_recipe
 
-    return parse_recipe(
-        {
-            "model": {"path": MODEL},
-            "rope": {"method": method, "target_length": target},
-            "quantization": {"mode": "nf4", "double_quant": True},
-            "lora": {"r": 16, "alpha": 32, "extra_trainable": ["embed_tokens", "norm"]},
-            "data": {"path": "builtin:stdlib", "max_documents": args.max_documents, "validation_fraction": 0.05},
-            "train": {
-                "seq_len": target,
-                "micro_batch_size": args.micro_batch,
-                "max_steps": args.steps,
-                "learning_rate": args.lr,
-                "warmup_steps": max(1, args.steps // 20),
-                "scheduler": "cosine",
-                "eval_every": max(5, args.steps // 2),
-                "save_every": args.steps,
-                "loss_chunk_size": 256,
-                "seed": 0,
-            },
-            "output": {"dir": str(run_dir)},
-        },
-        source="benchmarks/methods.py",
+    settings = DemoSettings(
+        model=MODEL,
+        method=method,
+        train_steps=args.steps,
+        micro_batch_size=args.micro_batch,
+        learning_rate=args.lr,
+        max_documents=args.max_documents,
+        plain=True,
     )
+    return finetune_recipe(settings, original, target, run_dir)
 
 
 def suite_for(factor: int, args: argparse.Namespace) -> Any:
@@ -130,7 +117,7 @@ def run_factor(factor: int, args: argparse.Namespace, timings: dict[str, float])
                         shutil.rmtree(run_dir)
                     t0 = time.time()
                     print(f"[x{factor}] fine-tuning {method}: {args.steps} steps at {target} tokens", flush=True)
-                    run_training(recipe(method, target, run_dir, args), command=["benchmarks/methods.py"])
+                    run_training(recipe(method, original, target, run_dir, args), command=["benchmarks/methods.py"])
                     timings[f"x{factor} finetune {method}"] = time.time() - t0
             specs = [ModelSpec(str(out / f"ft-{m}"), name=f"{m}+QLoRA") for m in methods]
             beyond = None

@@ -20,7 +20,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "methods_retrieval.md"
-METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
+METHODS = ["none", "linear", "ntk", "dynamic", "dynamic-s", "yarn", "llama3"]
+# dynamic-s: transformers' dynamic with factor = s (alpha = s*T/L - (s-1)), ctxext's dynamic before it
+# followed the YaRN paper's alpha = T/L; methods.md's dynamic rows were measured with it.
+OPTIONS = {"dynamic-s": ("dynamic", "factor")}
 NEEDLE = {"needle": "\nKEY_{name} = {key}\n", "question": "\nassert KEY_{name} ==", "answer": "{key}"}
 
 
@@ -52,7 +55,8 @@ def main() -> None:
             lm = load_model(ModelSpec("builtin:grown-code-64"), device="cpu")
             original = lm.original_length
             if method != "none":
-                patch_model(lm.model, method, original * factor)
+                name, option = OPTIONS.get(method, (method, None))
+                patch_model(lm.model, name, original * factor, {option: float(factor)} if option else None)
                 lm.rope = read_rope(lm.model.config)
             cells = {}
             for scoring in ("teacher-forced", "generate"):

@@ -53,6 +53,8 @@ _LAZY = {
     "build_model_card": "ctxext.card",
     "push": "ctxext.hub",
     "read_run": "ctxext.runfolder",
+    "run_search": "ctxext.search",
+    "SearchSettings": "ctxext.search",
 }
 
 

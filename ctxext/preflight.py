@@ -46,21 +46,30 @@ def preflight(recipe: Recipe, source: str = "recipe", check_model: bool = True) 
 
 
 def _check_data(recipe: Recipe, problems: list[tuple[str, str]]) -> None:
+    # data.path, and each corpus of a data.mixture (tasks have no files).
+    corpora = [("data.path", recipe.data.path)] + [
+        (f"data.mixture[{i}].path", s.path) for i, s in enumerate(recipe.data.mixture or []) if s.path
+    ]
+    for key, path in corpora:
+        if path is not None:
+            _check_corpus(key, path, problems)
+
+
+def _check_corpus(key: str, path: str, problems: list[tuple[str, str]]) -> None:
     from ctxext.sources import SourceError, check_utf8
 
-    path = recipe.data.path
     if path.startswith("builtin:"):
         return
     local = Path(path).expanduser()
     if not local.exists():
         if path.startswith((".", "/", "~")) or local.suffix or path.count("/") > 1:
-            problems.append(("data.path", f"{path} does not exist (not a file, a folder, builtin:stdlib or a Hub id)"))
+            problems.append((key, f"{path} does not exist (not a file, a folder, builtin:stdlib or a Hub id)"))
         return  # a Hub data set: not fetched here
     files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
     try:
-        check_utf8([f for f in files if not f.name.startswith(".")], "data.path")
+        check_utf8([f for f in files if not f.name.startswith(".")], key)
     except SourceError as exc:
-        problems.append(("data.path", str(exc).removeprefix("data.path: ")))
+        problems.append((key, str(exc).removeprefix(f"{key}: ")))
 
 
 def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list[str]) -> None:

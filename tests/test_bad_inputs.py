@@ -102,6 +102,11 @@ CASES = {
     "empty JSONL": ([*PPL, "--data", "empty.jsonl"], None, "holds no json records"),
     "lora.target_modules=[]": (["validate", "{recipe}"], {"lora": "  target_modules: []\n"}, "at least one module"),
     "unknown key names --schema": (["validate", "{recipe}"], {"lora": "  rr: 4\n"}, "ctxext validate --schema"),
+    "mixture corpus missing": (
+        ["validate", "{recipe}"],
+        {"data": "  mixture:\n    - {path: nope/x.jsonl, weight: 1}\n    - {task: needle, weight: 1}\n"},
+        "data.mixture[0].path",
+    ),
     "eval.suite missing": (["validate", "{recipe}"], {"eval": "  suite: eval/nope.yaml\n"}, "eval.suite"),
     "hub.repo_id invalid": (["validate", "{recipe}"], {"hub": "  repo_id: not a repo\n"}, "not a Hub repository id"),
     "already-scaled model": (["validate", "{recipe}"], {"model": "  path: out-scaled\n"}, "--relative-to"),

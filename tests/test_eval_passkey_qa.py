@@ -9,17 +9,14 @@ import pytest
 
 from ctxext.errors import InputError
 from ctxext.evaluation.passkey import (
-    PASSKEY_PREFIX,
     GridSettings,
     NeedleTask,
     evaluate_needle,
     evaluate_passkey,
-    first_number,
-    needle_recall,
-    passkey_correct,
 )
 from ctxext.evaluation.qa import QASettings, evaluate_qa, load_metric, normalize_answer, truncate_middle
 from ctxext.tasks import Haystack, get_task
+from ctxext.tasks.passkey import PASSKEY_PREFIX
 from tests._eval_helpers import (
     loaded,
     one_thread,  # noqa: F401  (autouse: one thread per test)
@@ -62,23 +59,6 @@ def test_prompt_too_short_and_bad_depth(tiny_tokenizer):
         GridSettings(lengths=[100], depths=[120]).validate()
     with pytest.raises(InputError, match="scoring"):
         GridSettings(lengths=[100], scoring="sample").validate()
-
-
-def test_scoring_rules():
-    assert first_number(" 68310. Remember") == "68310"
-    assert passkey_correct(" 68310 is it", 68310)
-    assert not passkey_correct(" 6831 0", 68310)
-    assert not passkey_correct(" the key 1 is 68310", 68310)  # the first number counts
-    assert not passkey_correct(" no number", 68310)
-    assert (
-        needle_recall(
-            "Eat a sandwich, and sit in Dolores Park on a sunny day!", "eat a sandwich and sit in Dolores Park"
-        )
-        == 1.0
-    )
-    assert needle_recall("eat a sandwich", "eat a sandwich and sit") == pytest.approx(
-        2 / 4
-    )  # "a" is dropped by the normalization
 
 
 def test_passkey_grid_runs_and_scores(tiny_tokenizer):

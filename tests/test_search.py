@@ -219,6 +219,11 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(tiny_model_dir, tmp_path)
     r = _cli(str(tiny_model_dir), "--target-length", "512", "--resume", *common)
     assert r.exit_code == 2 and "nothing to resume" in r.output
     assert not out.exists()
+    # --overwrite replaces only a search folder ctxext wrote: a user's folder is left alone.
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    r = _cli(str(tiny_model_dir), "--target-length", "512", "--overwrite", *common)
+    assert r.exit_code == 2 and (out / "notes.txt").read_text() == "mine" and len(list(out.iterdir())) == 1
 
 
 def test_resuming_a_log_of_another_model_is_refused(first_search, tiny_model_dir, tmp_path):
@@ -228,12 +233,16 @@ def test_resuming_a_log_of_another_model_is_refused(first_search, tiny_model_dir
     header["fingerprint"] = "0123456789abcdef"  # written for other weights
     header["settings"]["target_length"] = 1024
     (out / "search.jsonl").write_text(json.dumps(header) + "\n")
+    from ctxext.atomic import write_manifest
+
+    write_manifest(out, "search")
     before = (out / "search.jsonl").read_bytes()
     args = ["--target-length", str(TARGET), "--out", str(out), "--resume", "--no-report"]
     r = _cli(str(tiny_model_dir), *args, "--population", "4", "--generations", "2", "--samples", "4")
     assert r.exit_code == 2
     assert "cannot resume" in r.output and "fingerprint" in r.output and "target_length" in r.output
-    assert (out / "search.jsonl").read_bytes() == before and [p.name for p in out.iterdir()] == ["search.jsonl"]
+    assert (out / "search.jsonl").read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == [".ctxext-output.json", "search.jsonl"]
 
 
 def test_recipe_search_section(tmp_path, first_search, tiny_model_dir):

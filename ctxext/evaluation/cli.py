@@ -77,6 +77,22 @@ def _floats(text: str, what: str) -> list[float]:
         raise InputError(f"{what}: expected comma-separated numbers, got {text!r}") from None
 
 
+def _grid(lengths: str, depths: str, trials: int, seed: int, allow_beyond: bool, scoring: str) -> Any:
+    """The validated grid settings shared by the passkey and needle commands."""
+    from ctxext.evaluation.passkey import GridSettings
+
+    grid = GridSettings(
+        lengths=_ints(lengths, "--lengths"),
+        depths=_floats(depths, "--depths"),
+        trials=trials,
+        seed=seed,
+        allow_beyond_context=allow_beyond,
+        scoring=scoring,
+    )
+    grid.validate()
+    return grid
+
+
 def _run(
     models: list[str],
     adapters: list[str] | None,
@@ -157,6 +173,12 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                     f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials "
                     f"({m[task].get('scoring', 'generate')})"
                 )
+        if m.get("ruler"):
+            eff = m["ruler"]["effective_length"]
+            per_task = ", ".join(
+                f"{t} {e['effective_length']['length'] or 'n/a'}" for t, e in m["ruler"]["tasks"].items()
+            )
+            console.print(f"ruler — {m['name']}: effective length {eff['length'] or 'n/a'} ({per_task})")
         if m.get("attention"):
             a = m["attention"]
             console.print(
@@ -297,17 +319,9 @@ def passkey_cmd(
     overwrite: OverwriteOpt = False,
 ) -> None:
     """Passkey retrieval (Landmark Attention prompt) over lengths × depths, k seeded keys per cell, teacher-forced."""
-    from ctxext.evaluation.passkey import GridSettings, evaluate_passkey
+    from ctxext.evaluation.passkey import evaluate_passkey
 
-    grid = GridSettings(
-        lengths=_ints(lengths, "--lengths"),
-        depths=_floats(depths, "--depths"),
-        trials=trials,
-        seed=seed,
-        allow_beyond_context=allow_beyond_context,
-        scoring=scoring,
-    )
-    grid.validate()
+    grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring)
     report = _run(
         model,
         adapter,
@@ -359,15 +373,7 @@ def needle_cmd(
     for key, value in (("needle", needle), ("question", question), ("answer", answer)):
         if value:
             setattr(task, key, value)
-    grid = GridSettings(
-        lengths=_ints(lengths, "--lengths"),
-        depths=_floats(depths, "--depths"),
-        trials=trials,
-        seed=seed,
-        allow_beyond_context=allow_beyond_context,
-        scoring=scoring,
-    )
-    grid.validate()
+    grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring)
     report = _run(
         model,
         adapter,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -44,35 +43,12 @@ from ctxext.evaluation.stats import wilson_interval
 from ctxext.rope import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
 from ctxext.tasks import Haystack, TaskSample, Template, get_task
 from ctxext.tasks.base import NOISE_TEXT
-from ctxext.tasks.passkey import PASSKEY_PREFIX  # noqa: F401  (re-exported)
 
 SCORINGS = ("teacher-forced", "generate")
-
-# Kept for callers of the old names: the passkey task's template 0 and its noise haystack.
-PASSKEY_FILLER = NOISE_TEXT
 
 NEEDLE_TEXT = " The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day. "
 NEEDLE_QUESTION = "\n\nWhat is the best thing to do in San Francisco? The best thing to do in San Francisco is"
 NEEDLE_ANSWER = "eat a sandwich and sit in Dolores Park on a sunny day"
-
-def first_number(text: str) -> str | None:
-    """The first run of digits in ``text``, or None."""
-    match = re.search(r"\d+", text)
-    return match.group(0) if match else None
-
-
-def passkey_correct(output: str, key: int | str) -> bool:
-    """Free-text passkey check: the first number in ``output`` equals the key."""
-    return first_number(output) == str(key)
-
-
-def needle_recall(output: str, answer: str) -> float:
-    """Fraction of the answer's words (SQuAD-normalized) present in the output."""
-    from ctxext.evaluation.metrics.squad_offline.squad_offline import normalize_answer
-
-    want = normalize_answer(answer).split()
-    have = set(normalize_answer(output).split())
-    return sum(w in have for w in want) / len(want) if want else 0.0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -31,13 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from ctxext.atomic import OUTPUT_MARKER
 from ctxext.errors import InputError
 from ctxext.search.budget import parse_budget
 from ctxext.search.evolution import Candidate, Evolution, EvolutionSettings, StopSearch, best, run_evolution
 from ctxext.search.log import LOG_NAME, SearchLog, check_resume, model_fingerprint, read_log
-
-SEARCH_KIND = "search"
 
 
 @dataclass
@@ -136,7 +133,7 @@ class SearchSettings:
             "mutation_rate": self.mutation_rate,
             "step": self.step,
             "attention_factor": attention,
-            "budget_seconds": self.budget_seconds,
+            "budget_seconds": parse_budget(self.budget_seconds),
         }
 
 
@@ -166,22 +163,30 @@ class SearchResult:
     report: dict[str, Any] = field(default_factory=dict)
 
 
+# The kind recorded in the output folder's manifest (ctxext.atomic): only a search folder ctxext wrote is
+# resumed or replaced.
+SEARCH_KIND = "search"
+
+
 def _prepare_out(settings: SearchSettings) -> Path:
+    from ctxext.atomic import check_output, read_manifest
+
     out, log_path = settings.out, settings.out / LOG_NAME
     if settings.resume:
         if not log_path.is_file():
             raise InputError(f"nothing to resume: {log_path} does not exist (run without --resume to start a search)")
+        manifest = read_manifest(out)
+        if manifest is None or manifest.get("kind") != SEARCH_KIND:
+            raise InputError(f"{out} was not written by ctxext search (no search manifest); nothing to resume")
         if (out / "config.json").exists():
             raise InputError(f"the search in {out} is complete (it holds a model); nothing to resume")
-    elif out.exists() and not settings.overwrite:
+    elif out.exists() and any(out.iterdir()) and not settings.overwrite:
         raise FileExistsError(
             f"{out} already exists; pass --resume to continue its search or --overwrite to replace it"
         )
-    elif out.exists():
-        from ctxext.atomic import check_output
-
-        # --overwrite replaces only a search folder ctxext wrote (never a model, a run or the user's files).
-        check_output(out, SEARCH_KIND, overwrite=True)
+    else:
+        # Replaces only a search folder ctxext wrote, and only with --overwrite (never a model or a run).
+        check_output(out, SEARCH_KIND, settings.overwrite)
     return log_path
 
 
@@ -296,11 +301,11 @@ def run_search(
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
         tmp.replace(log_path)
     else:
+        from ctxext.atomic import write_manifest
+
         if settings.out.exists():
-            shutil.rmtree(settings.out)  # --overwrite of a search folder, checked in _prepare_out
+            shutil.rmtree(settings.out)  # empty, or a search folder ctxext wrote with --overwrite: checked above
         settings.out.mkdir(parents=True)
-        # The folder is the search's from now on: its log is a file ctxext wrote (see ctxext.atomic).
-        (settings.out / OUTPUT_MARKER).write_text(json.dumps({"kind": SEARCH_KIND, "files": [LOG_NAME]}) + "\n")
         SearchLog(log_path).append(
             {
                 "type": "header",
@@ -311,6 +316,7 @@ def run_search(
                 "bounds": [1.0, upper],
             }
         )
+        write_manifest(settings.out, SEARCH_KIND)
     search_log = SearchLog(log_path)
     switch = RopeSwitch(model, settings.original_length)
     prior_wall = float(logged[-1]["seconds"]) if logged else 0.0
@@ -446,7 +452,7 @@ def _write_output(
     from ctxext.extend import extend_folder
 
     out = settings.out
-    # Replaces the search's own working folder (its log), never anything else.
+    # The folder holds this search's log (its manifest says so): replaced by the finished folder.
     with atomic_folder(out, kind=SEARCH_KIND, overwrite=True) as tmp:
         plan = extend_folder(
             settings.model,
