@@ -1,5 +1,4 @@
-"""Long-context evaluation: perplexity by length / position / context limit, passkey and needle grids, QA,
-attention diagnostics, paired model comparisons, reports.
+"""Long-context evaluation: perplexity, retrieval grids, QA, attention diagnostics, paired comparisons, reports.
 
 The public names load lazily (torch and transformers are imported on first use, so ``ctxext --help``
 stays fast)::
