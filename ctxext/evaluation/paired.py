@@ -5,7 +5,8 @@ when one model is better on nearly every document. Compared on the same document
 resampled jointly for both models) and the same trials, the differences that are real show up:
 
 * perplexity, per evaluation length and per position bucket: the ratio ``ppl(model) / ppl(reference)``
-  with a 95 % paired bootstrap interval (:func:`~ctxext.evaluation.stats.paired_ppl_ratio`); documents are
+  with a 95 % paired bootstrap interval and a two-sided p-value from the bootstrap standard error
+  (:func:`~ctxext.evaluation.stats.paired_ppl_ratio`); documents are
   matched by a hash of their tokens, so models with different tokenizers are not paired (and say so);
 * retrieval grids (any task section with ``cells`` holding ``outcomes``), per length and overall:
   the exact McNemar test on the discordant trials (:func:`~ctxext.evaluation.stats.mcnemar_exact`);
