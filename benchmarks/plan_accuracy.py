@@ -101,7 +101,8 @@ def child(model: str, length: int, checkpointing: bool, loss: str, model_dir: st
 
     torch.set_num_threads(threads)
     from ctxext.model import build_training_model
-    from ctxext.train import CausalLMWithChunkedLoss, _make_optimizer, shifted_labels
+    from ctxext.train import CausalLMWithChunkedLoss, shifted_labels
+    from ctxext.training.steps import make_optimizer
 
     recipe = recipe_for(model, length, checkpointing, model_dir)
     loaded = build_training_model(recipe)
@@ -109,7 +110,7 @@ def child(model: str, length: int, checkpointing: bool, loss: str, model_dir: st
     peft_model = loaded.model
     wrapper = CausalLMWithChunkedLoss(peft_model, recipe.train.loss_chunk_size).train()
     params = [p for p in wrapper.parameters() if p.requires_grad]
-    optimizer, _ = _make_optimizer(recipe, params, torch.device("cpu"))
+    optimizer, _ = make_optimizer(recipe, params, torch.device("cpu"))
     vocab = peft_model.get_base_model().config.vocab_size
     ids = torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(0))
 

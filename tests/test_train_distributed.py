@@ -27,13 +27,14 @@ def test_two_process_ddp_shards_batches_and_ends_identical(tmp_path, cache_root)
         accelerate_cmd(2, "train", "recipes/tiny-cpu.yaml", *overrides),
         ACCELERATE_USE_CPU="true",
         CTXEXT_CACHE=str(cache_root),
+        CTXEXT_RANK_AUDIT=str(tmp_path / "ranks"),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     info = read_run(tmp_path / "run")
     assert info["num_processes"] == 2
     # Global batch: 2 processes x micro-batch 2 x 512 tokens per step.
     assert info["tokens_seen"] == 3 * 2 * 2 * 512
-    ranks = [json.loads((tmp_path / "run" / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    ranks = [json.loads((tmp_path / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     blocks = [r["blocks"] for r in ranks]
     # Each process trained on its own half: 3 steps x 2 blocks each, no block on both.
     assert len(blocks[0]) == len(blocks[1]) == 6

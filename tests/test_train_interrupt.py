@@ -10,6 +10,7 @@ import torch
 from _train_helpers import write_recipe
 
 import ctxext.train as train_module
+import ctxext.training.loop as loop_module
 from ctxext.config import load_recipe
 from ctxext.errors import CtxextError, InputError
 from ctxext.runfolder import read_run
@@ -36,7 +37,7 @@ def test_interrupt_move_damage_and_changed_base(tmp_path, base_copy, monkeypatch
         )
     )
     calls = {"n": 0}
-    real = train_module.build_inputs
+    real = loop_module.build_inputs
 
     def interrupt_at_step_3(*args, **kwargs):  # Ctrl-C while the third step's batch is built
         calls["n"] += 1
@@ -44,10 +45,10 @@ def test_interrupt_move_damage_and_changed_base(tmp_path, base_copy, monkeypatch
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "build_inputs", interrupt_at_step_3)
+    monkeypatch.setattr(loop_module, "build_inputs", interrupt_at_step_3)
     with pytest.raises(CtxextError) as err:
         train_module.train(recipe)
-    monkeypatch.setattr(train_module, "build_inputs", real)
+    monkeypatch.setattr(loop_module, "build_inputs", real)
     message = str(err.value)
     assert err.value.exit_code == 130
     assert "interrupted at step 2 of 4" in message and "step-0000002 (step 2)" in message

@@ -1,0 +1,232 @@
+"""The run folder as ``ctxext train`` writes it; :mod:`ctxext.runfolder` is its reader.
+
+Order of writing: the output folder is checked (new, or a run to resume with the same recipe) before
+anything is loaded; ``recipe.yaml``, ``versions.json``, ``mixture.json`` and a ``running`` ``run.json``
+once the model and the data are known to be usable; ``metrics.jsonl`` during the run; the adapter,
+patched config and tokenizer at the end; ``run.json`` with ``"status": "complete"`` last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ctxext.atomic import check_output
+from ctxext.config import Recipe
+from ctxext.errors import InputError
+from ctxext.runfolder import RUN_FILE, read_run
+
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINTS = "checkpoints"
+RECIPE_FILE = "recipe.yaml"
+
+
+def check_output_dir(out: Path, recipe_text: str, resume: bool) -> dict[str, Any] | None:
+    """Check that ``out`` can take a new run, or holds the incomplete run of this recipe to resume.
+
+    Args:
+        out: the run folder (``output.dir``).
+        recipe_text: the resolved recipe as YAML.
+        resume: ``--resume``.
+
+    Returns:
+        The previous ``run.json`` when resuming, else ``None``.
+
+    Raises:
+        InputError: a folder in the way, nothing to resume, a complete run, or another recipe.
+    """
+    run_file = out / RUN_FILE
+    if resume:
+        if not run_file.is_file():
+            raise InputError(f"--resume: {out} holds no run to resume (no {RUN_FILE}); drop --resume to start one")
+        previous = read_run(out, allow_incomplete=True)
+        if previous.get("status") == "complete":
+            raise InputError(f"--resume: the run in {out} is already complete")
+        saved = (out / RECIPE_FILE).read_text() if (out / RECIPE_FILE).is_file() else None
+        if saved is not None and saved != recipe_text:
+            diffs = _recipe_diffs(saved, recipe_text)
+            if diffs:
+                raise InputError(
+                    "--resume: the recipe differs from the run's recipe.yaml (" + "; ".join(diffs) + "); "
+                    f"resume with the same recipe and overrides: `ctxext train {out}/recipe.yaml output.dir={out} "
+                    "--resume`"
+                )
+        return previous
+    if out.exists() and out.is_dir() and any(out.iterdir()):
+        hint = "pass --resume to continue it, or " if run_file.is_file() else ""
+        raise InputError(f"output.dir: {out} already exists and is not empty; {hint}choose another output.dir")
+    check_output(out, "run", overwrite=False, flag="output.dir")
+    return None
+
+
+def _recipe_diffs(saved: str, new: str) -> list[str]:
+    """``key: old → new`` for every recipe setting that changed (sorted), the run folder's place excepted."""
+    import yaml
+
+    old_keys, new_keys = flat_keys(yaml.safe_load(saved)), flat_keys(yaml.safe_load(new))
+    return sorted(
+        f"{k}: {old_keys.get(k)!r} → {new_keys.get(k)!r}"
+        for k in set(old_keys) | set(new_keys)
+        # A run folder may be moved: its new place is not a change of recipe.
+        if old_keys.get(k) != new_keys.get(k) and k != "output.dir"
+    )
+
+
+def flat_keys(data: Any) -> dict[str, Any]:
+    """``section.key`` → value of a recipe dict (sections may be null or scalars)."""
+    flat: dict[str, Any] = {}
+    for section, fields in (data or {}).items():
+        if isinstance(fields, dict):
+            flat.update({f"{section}.{key}": value for key, value in fields.items()})
+        else:
+            flat[section] = fields
+    return flat
+
+
+def flat_config(recipe: Recipe) -> dict[str, Any]:
+    """The recipe as flat ``section.key`` scalars: trackers (tensorboard hparams) take nothing nested."""
+    flat = flat_keys(json.loads(recipe.model_dump_json()))
+    return {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flat.items()}
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write a JSON file through a temporary file, so a reader never sees half of it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def versions(recipe: Recipe, command: list[str]) -> dict[str, Any]:
+    """What ``versions.json`` records: Python, platform, library versions, seed and command line."""
+    import importlib.metadata as md
+
+    libs = {}
+    for name in ("ctxext", "torch", "transformers", "peft", "bitsandbytes", "accelerate", "datasets", "tokenizers"):
+        try:
+            libs[name] = md.version(name)
+        except md.PackageNotFoundError:
+            libs[name] = None
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "libraries": libs,
+        "seed": recipe.train.seed,
+        "command": command,
+    }
+
+
+def run_record(
+    recipe: Recipe, loaded: Any, num_processes: int, base_fingerprint: str, previous: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The ``run.json`` of a run that starts (status ``running``, no steps yet).
+
+    Args:
+        recipe: the recipe.
+        loaded: the training model (:class:`ctxext.model.LoadedModel`).
+        num_processes: processes in the job.
+        base_fingerprint: the base weights' fingerprint (:func:`ctxext.weights.fingerprint`).
+        previous: the resumed run's ``run.json`` (its initial validation loss is kept), or ``None``.
+    """
+    plan = loaded.plan
+    return dict(
+        status="running",
+        base_model=recipe.model.path,
+        base_model_resolved=str(loaded.base_path),
+        base_fingerprint=base_fingerprint,
+        rope_parameters=plan.rope_parameters if plan else dict(loaded.model.config.rope_parameters or {}),
+        original_length=plan.original_length if plan else None,
+        target_length=plan.target_length if plan else None,
+        method=recipe.rope.method,
+        lora={
+            "r": recipe.lora.r,
+            "alpha": recipe.lora.alpha,
+            "dropout": recipe.lora.dropout,
+            "target_modules": list(recipe.lora.target_modules),
+        },
+        extra_trainable=loaded.extra_trainable,
+        trainable_params=loaded.trainable_params,
+        attn_implementation=loaded.attn_implementation,
+        compute_dtype=str(loaded.compute_dtype).replace("torch.", ""),
+        seq_len=recipe.seq_len,
+        quantization=recipe.quantization.mode,
+        num_processes=num_processes,
+        steps=0,
+        tokens_seen=0,
+        final_train_loss=None,
+        final_val_loss=None,
+        initial_val_loss=previous.get("initial_val_loss") if previous else None,
+    )
+
+
+class RunWriter:
+    """Writes a run folder's files; only the main process touches the disk.
+
+    Args:
+        out: the run folder.
+        main: whether this is the main process.
+        run: the ``run.json`` record (:func:`run_record`), updated in place by :meth:`update`.
+    """
+
+    def __init__(self, out: Path, main: bool, run: dict[str, Any]):
+        self.out = out
+        self.main = main
+        self.run = run
+
+    def start(self, recipe_text: str, versions_info: dict[str, Any], mixture: dict[str, Any] | None) -> None:
+        """Create the folder with ``recipe.yaml``, ``versions.json``, ``mixture.json`` and a ``running`` run.json."""
+        if self.main:
+            (self.out / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+            (self.out / RECIPE_FILE).write_text(recipe_text)
+            write_json_atomic(self.out / "versions.json", versions_info)
+            if mixture is not None:
+                write_json_atomic(self.out / "mixture.json", mixture)
+        if mixture is not None:
+            self.run["mixture"] = mixture["realised"]
+        self.update()
+
+    def update(self, **changes: Any) -> None:
+        """Change ``run.json`` (written whole, atomically)."""
+        self.run.update(changes)
+        if self.main:
+            write_json_atomic(self.out / RUN_FILE, self.run)
+
+    def trim_metrics(self, step: int) -> None:
+        """Drop metrics logged after ``step`` (the checkpoint resumed from), so ``metrics.jsonl`` reads as one run."""
+        path = self.out / METRICS_FILE
+        if self.main and path.exists():
+            lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+            kept = [ln for ln in lines if json.loads(ln)["step"] <= step]
+            path.write_text("".join(ln + "\n" for ln in kept))
+
+    def write_outputs(self, peft_model: Any, state_dict: dict, loaded: Any) -> None:
+        """Adapter, patched config, tokenizer: staged in a hidden folder, then moved in."""
+        from transformers import AutoConfig
+
+        from ctxext.rope import apply_plan, runtime_model_from_config, verify_against_plan
+
+        out, plan = self.out, loaded.plan
+        stage = out / ".final-tmp"
+        if stage.exists():
+            shutil.rmtree(stage)
+        prefix = "peft_model."
+        peft_state = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        peft_model.save_pretrained(stage, state_dict=peft_state)
+        # The base config as it was on disk, plus the RoPE plan: no quantization settings, no use_cache=False.
+        config = AutoConfig.from_pretrained(loaded.base_path)
+        if plan is not None:
+            apply_plan(config, plan)
+        config.save_pretrained(stage)
+        if plan is not None:
+            # The run's config.json is what merge and eval load: reloaded from disk, it must be the plan.
+            verify_against_plan(runtime_model_from_config(AutoConfig.from_pretrained(stage)), plan)
+        loaded.tokenizer.save_pretrained(stage)
+        for item in stage.iterdir():
+            target = out / item.name
+            if target.is_dir():
+                shutil.rmtree(target)
+            os.replace(item, target)
+        stage.rmdir()

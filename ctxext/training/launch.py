@@ -1,0 +1,111 @@
+"""The accelerate side of a training run: the accelerator, the launch checks, the data-parallel geometry."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ctxext.config import Recipe
+from ctxext.errors import CtxextError, InputError
+
+
+@dataclass
+class Launch:
+    """The accelerator of this process and where the process stands in the job.
+
+    Attributes:
+        accelerator: the ``accelerate.Accelerator``.
+        world: data-parallel processes (processes / context-parallel size).
+        rank: this process's data-parallel rank.
+        cp: the context-parallel size in use (1 without it).
+    """
+
+    accelerator: Any
+    world: int
+    rank: int
+    cp: int
+
+    @property
+    def main(self) -> bool:
+        """Whether this is the process that writes the run folder."""
+        return bool(self.accelerator.is_main_process)
+
+
+def start_accelerator(recipe: Recipe, out: Path) -> Launch:
+    """Create the accelerator for a recipe and check that the launch makes one synchronised job.
+
+    Args:
+        recipe: the training recipe.
+        out: the run folder (trackers log under ``out/logs``).
+
+    Returns:
+        The :class:`Launch`.
+
+    Raises:
+        CtxextError: several processes that accelerate does not see as one job.
+        InputError: a tracker that is not installed, context parallelism without CUDA.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    cfg = recipe.train
+    acc_kwargs: dict[str, Any] = {"dataloader_config": DataLoaderConfiguration(split_batches=False)}
+    if cfg.tracker != "none":
+        acc_kwargs.update(log_with=cfg.tracker, project_dir=str(out / "logs"))
+    if cfg.context_parallel_size > 1 and torch.cuda.is_available():
+        from accelerate import ParallelismConfig
+
+        acc_kwargs["parallelism_config"] = ParallelismConfig(cp_size=cfg.context_parallel_size)
+    accelerator = Accelerator(**acc_kwargs)
+    check_launch(accelerator, recipe)
+    cp = cfg.context_parallel_size if "parallelism_config" in acc_kwargs else 1
+    return Launch(accelerator, accelerator.num_processes // cp, accelerator.process_index // cp, cp)
+
+
+def check_launch(accelerator: Any, recipe: Recipe) -> None:
+    """Refuse a launch that would not train one model: see :func:`start_accelerator`."""
+    # A launcher that started several processes which accelerate does not see as one job: each would
+    # train its own unsynchronised copy and write the same folder (``docs/design.md`` lists how this happens).
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_env > 1 and accelerator.num_processes == 1:
+        raise CtxextError(
+            f"the launcher started {world_env} processes (WORLD_SIZE={world_env}) but accelerate sees only one: "
+            "each process would train an unsynchronised copy. Without CUDA, launch with "
+            "`ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N -m ctxext train ...`; "
+            "with GPUs, check that CUDA is visible to every process. To train on one process, run `ctxext train` "
+            "directly.",
+            exit_code=2,
+        )
+    tracker_module = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(recipe.train.tracker)
+    if tracker_module and importlib.util.find_spec(tracker_module) is None:
+        raise InputError(f"train.tracker: {recipe.train.tracker} is not installed; pip install {tracker_module}")
+    if recipe.train.context_parallel_size > 1 and not torch.cuda.is_available():
+        raise InputError(
+            "train.context_parallel_size: accelerate's context parallelism needs CUDA with FSDP2; set it to 1 here"
+        )
+
+
+def configure_deepspeed(accelerator: Any, recipe: Recipe, world: int) -> None:
+    """Fill the DeepSpeed batch settings accelerate would take from prepared dataloaders (no-op without DeepSpeed)."""
+    # DeepSpeed's "auto" values are filled by accelerate from prepared dataloaders; ctxext feeds its own
+    # batches, so it fills them itself. Untested here (no GPU, no deepspeed): see configs/accelerate/.
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return
+    cfg = recipe.train
+    if cfg.gradient_accumulation_steps > 1:
+        raise InputError(
+            "train.gradient_accumulation_steps: under DeepSpeed use 1 and raise train.micro_batch_size "
+            "(DeepSpeed accumulates and scales gradients itself)"
+        )
+    ds = plugin.deepspeed_config
+    ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
+    ds["gradient_accumulation_steps"] = 1
+    ds["train_batch_size"] = cfg.micro_batch_size * world
+    ds["gradient_clipping"] = cfg.max_grad_norm or 0.0
+    ds.setdefault("bf16", {})["enabled"] = torch.cuda.is_available()

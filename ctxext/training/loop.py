@@ -1,0 +1,299 @@
+"""The training loop, top to bottom::
+
+    micro-batches (deterministic order, sharded over processes) → chunked loss → backward
+    → NaN/inf check → clip → step → log (console, metrics.jsonl, trackers) → validate → checkpoint
+
+A failure is written to ``run.json`` (``failed`` / ``interrupted``) before it is raised, with the way out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ctxext.config import Recipe
+from ctxext.errors import CtxextError
+from ctxext.rows import build_inputs
+from ctxext.training.checkpoints import Checkpoints, Counters, step_of
+from ctxext.training.folder import METRICS_FILE, RunWriter
+from ctxext.training.launch import Launch
+from ctxext.training.steps import micro_batches, peak_mem_mb
+
+OOM_ADVICE = (
+    "out of memory at train.seq_len={seq} with micro_batch_size={mb}. Lower, in this order: "
+    "train.micro_batch_size (raise train.gradient_accumulation_steps to keep the batch), train.seq_len, "
+    "train.loss_chunk_size, lora.r; keep train.gradient_checkpointing=true and quantization.mode=nf4; drop "
+    "embed_tokens from lora.extra_trainable; or spread the sequence over GPUs with FSDP2 and "
+    "train.context_parallel_size (configs/accelerate/fsdp2.yaml)."
+)
+# Set to a folder, each process writes rank-N.json there: the blocks it trained on and a digest of its
+# trained weights (how the multi-process test shows sharding and synchronisation). Off by default.
+AUDIT_ENV = "CTXEXT_RANK_AUDIT"
+
+
+class TrainingDiverged(CtxextError):
+    """The loss or the gradient became NaN or infinite."""
+
+
+class TrainingLoop:
+    """The optimizer steps of a prepared run, from ``counters.step`` to ``train.max_steps``.
+
+    Args:
+        recipe: the recipe.
+        launch: the accelerator and this process's place in the job.
+        loaded: the training model (:class:`ctxext.model.LoadedModel`: plan, attention implementation).
+        data: the training data (:class:`ctxext.data.TrainingData`).
+        model: the prepared :class:`~ctxext.training.steps.CausalLMWithChunkedLoss`.
+        trainable: the trainable parameters (clipped).
+        optimizer: the prepared optimizer.
+        scheduler: the learning-rate schedule.
+        counters: step and token counters (restored on resume).
+        checkpoints: the run's checkpoints.
+        writer: the run folder.
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        launch: Launch,
+        loaded: Any,
+        data: Any,
+        model: Any,
+        trainable: list[torch.nn.Parameter],
+        optimizer: Any,
+        scheduler: Any,
+        counters: Counters,
+        checkpoints: Checkpoints,
+        writer: RunWriter,
+    ):
+        self.recipe, self.cfg, self.launch, self.acc = recipe, recipe.train, launch, launch.accelerator
+        self.loaded, self.data, self.model, self.trainable = loaded, data, model, trainable
+        self.optimizer, self.scheduler, self.counters = optimizer, scheduler, counters
+        self.checkpoints, self.writer = checkpoints, writer
+        cfg = self.cfg
+        self.tokens_per_step = cfg.gradient_accumulation_steps * cfg.micro_batch_size * recipe.seq_len * launch.world
+        self.consumed: list[int] = []
+        self.last_loss: float | None = None
+        self.last_val: float | None = None
+
+    def validate(self) -> float | None:
+        """The mean next-token loss on the held-out blocks (``None`` without a validation split)."""
+        # Validation rows keep their plain positions (no PoSE): the loss at seq_len stays comparable across runs.
+        data, acc, world, rank = self.data.validation, self.acc, self.launch.world, self.launch.rank
+        if data is None:
+            return None
+        mb = self.cfg.micro_batch_size
+        n = min(len(data), self.cfg.eval_batches * mb * world)
+        total = torch.zeros((), device=acc.device)
+        count = torch.zeros((), device=acc.device)
+        # Every process runs the same number of forward passes (DDP / FSDP forwards talk to each other);
+        # a process without a block of its own re-reads block 0 and does not count it.
+        rounds = math.ceil(n / (world * mb))
+        self.model.eval()
+        with torch.no_grad():
+            for j in range(rounds):
+                first = (j * world + rank) * mb
+                rows = data[first : min(first + mb, n)] if first < n else data[0:1]
+                inputs = build_inputs(rows, attn_implementation=self.loaded.attn_implementation).to(acc.device)
+                t, c = self.model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
+                if first < n:
+                    total += t.float()
+                    count += c
+        self.model.train()
+        total, count = acc.reduce(total, "sum"), acc.reduce(count, "sum")
+        return float(total / count) if count > 0 else None
+
+    def run(self, optimizer_name: str) -> None:
+        """Train to ``train.max_steps``, recording a failure in ``run.json`` before raising it.
+
+        Raises:
+            TrainingDiverged: NaN / inf loss or gradient.
+            CtxextError: out of memory (with what to lower), or Ctrl-C (exit code 130, how to resume).
+        """
+        cfg, counters, out = self.cfg, self.counters, self.writer.out
+        self.acc.print(
+            f"training {self.loaded.trainable_params:,} of {self.loaded.total_params:,} parameters "
+            f"({self.recipe.quantization.mode}, {self.loaded.attn_implementation}, {optimizer_name}) on "
+            f"{self.acc.num_processes} process(es): {cfg.max_steps} steps × {self.tokens_per_step:,} tokens, "
+            f"seq_len {self.recipe.seq_len}"
+        )
+        if cfg.eval_every and counters.step == 0:
+            # The held-out loss before any training: the baseline every later val_loss is compared with.
+            self.writer.update(initial_val_loss=self.validate())
+        self.model.train()
+        try:
+            self._loop()
+        except torch.OutOfMemoryError:
+            self._failed("failed", "out of memory")
+            raise CtxextError(OOM_ADVICE.format(seq=self.recipe.seq_len, mb=cfg.micro_batch_size)) from None
+        except RuntimeError as exc:
+            # The CPU allocator reports exhaustion as a plain RuntimeError.
+            self._failed("failed", str(exc))
+            if "can't allocate memory" in str(exc):
+                raise CtxextError(OOM_ADVICE.format(seq=self.recipe.seq_len, mb=cfg.micro_batch_size)) from None
+            raise
+        except KeyboardInterrupt:
+            self._failed("interrupted", "interrupted")
+            good = self.checkpoints.saved()
+            where = (
+                f"the last checkpoint is {good[-1]} (step {step_of(good[-1])})"
+                if good
+                else "no checkpoint was saved yet (train.save_every), so a resume starts from step 0"
+            )
+            raise CtxextError(
+                f"interrupted at step {counters.step} of {cfg.max_steps}; {where}. Continue with "
+                f"`ctxext train {out}/recipe.yaml output.dir={out} --resume`.",
+                exit_code=130,
+            ) from None
+        except BaseException as exc:
+            self._failed("failed", str(exc) or type(exc).__name__)
+            raise
+        finally:
+            write_rank_audit(self.acc.process_index, self.consumed)
+        write_rank_audit(self.acc.process_index, self.consumed, self.model)
+
+    def _failed(self, status: str, error: str) -> None:
+        self.writer.update(status=status, steps=self.counters.step, tokens_seen=self.counters.tokens_seen, error=error)
+
+    def _loop(self) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        cfg, counters, main = self.cfg, self.counters, self.launch.main
+        ga, mb = cfg.gradient_accumulation_steps, cfg.micro_batch_size
+        world, rank = self.launch.world, self.launch.rank
+        batches = micro_batches(len(self.data.train), mb, world, rank, cfg.seed, start=counters.step * ga)
+        progress = Progress(
+            TextColumn("[bold]train[/]"),
+            BarColumn(),
+            TextColumn("step {task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=None,
+            disable=not main,
+        )
+        metrics = open(self.writer.out / METRICS_FILE, "a") if main else nullcontext()  # noqa: SIM115
+        with metrics as metrics_file, progress:
+            task = progress.add_task("train", total=cfg.max_steps, completed=counters.step, info="")
+            while counters.step < cfg.max_steps:
+                record = self._step(batches)
+                if main and (counters.step % cfg.log_every == 0 or "val_loss" in record):
+                    metrics_file.write(json.dumps(record) + "\n")
+                    metrics_file.flush()
+                if cfg.tracker != "none":
+                    self.acc.log({k: v for k, v in record.items() if k != "step"}, step=counters.step)
+                info = f"loss {self.last_loss:.4f} lr {record['lr']:.2e} {record['tokens_per_sec']:,.0f} tok/s"
+                if self.last_val is not None:
+                    info += f" val {self.last_val:.4f}"
+                progress.update(task, completed=counters.step, info=info)
+                if cfg.save_every and counters.step % cfg.save_every == 0 and counters.step < cfg.max_steps:
+                    self.checkpoints.save(counters.step)
+
+    def _step(self, batches: Any) -> dict[str, Any]:
+        """One optimizer step (``ga`` micro-batches); returns its metrics record."""
+        cfg, counters, acc, launch = self.cfg, self.counters, self.acc, self.launch
+        ga, mb, plan = cfg.gradient_accumulation_steps, cfg.micro_batch_size, self.loaded.plan
+        t0 = time.perf_counter()
+        step_loss = torch.zeros((), device=acc.device)
+        for micro in range(ga):
+            idx = next(batches)
+            self.consumed.extend(idx)
+            inputs = build_inputs(
+                self.data.train[idx],
+                attn_implementation=self.loaded.attn_implementation,
+                target_length=plan.target_length if plan else None,
+                pose_chunks=cfg.pose.chunks if cfg.pose else None,
+                seed=cfg.seed,
+                first_example=((counters.step * ga + micro) * launch.world + launch.rank) * mb,
+            ).to(acc.device)
+            ids, labels = inputs.input_ids, inputs.labels
+            sync = acc.no_sync(self.model) if micro < ga - 1 else nullcontext()
+            cp_ctx = (
+                acc.maybe_context_parallel(
+                    buffers=[ids, labels], buffer_seq_dims=[1, 1], no_restore_buffers={ids, labels}
+                )
+                if launch.cp > 1
+                else nullcontext()
+            )
+            with sync, cp_ctx:
+                total, count = self.model(ids, labels, inputs.position_ids, inputs.attention_mask)
+                loss = total / count.clamp(min=1) / ga
+                acc.backward(loss)
+            step_loss += loss.detach()
+        grad_norm = acc.clip_grad_norm_(self.trainable, cfg.max_grad_norm) if cfg.max_grad_norm else None
+        self._check_finite(step_loss, grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        counters.step += 1
+        counters.tokens_seen += self.tokens_per_step
+        self.last_loss = acc.reduce(step_loss, "mean").item()
+        dt = time.perf_counter() - t0
+        record = {
+            "step": counters.step,
+            "loss": self.last_loss,
+            "lr": self.scheduler.get_last_lr()[0],
+            "tokens_per_sec": self.tokens_per_step / dt,
+            "peak_mem_mb": peak_mem_mb(acc.device),
+            "tokens_seen": counters.tokens_seen,
+        }
+        if grad_norm is not None:
+            record["grad_norm"] = float(grad_norm)
+        if cfg.eval_every and (counters.step % cfg.eval_every == 0 or counters.step == cfg.max_steps):
+            self.last_val = self.validate()
+            if self.last_val is not None:
+                record["val_loss"] = self.last_val
+        return record
+
+    def _check_finite(self, step_loss: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
+        # Every process must agree to stop, or the others would wait forever in the next all-reduce.
+        bad = torch.tensor(
+            float(not torch.isfinite(step_loss) or (grad_norm is not None and not torch.isfinite(grad_norm))),
+            device=self.acc.device,
+        )
+        if self.acc.reduce(bad, "sum").item() > 0:
+            good = self.checkpoints.saved()
+            raise TrainingDiverged(
+                f"the loss became {step_loss.item()} at step {self.counters.step + 1} (gradient norm "
+                f"{float(grad_norm) if grad_norm is not None else 'n/a'}): training stopped. "
+                + (f"The last good checkpoint is {good[-1]}; " if good else "No checkpoint was saved yet; ")
+                + "lower train.learning_rate, raise train.warmup_steps or set train.max_grad_norm, then "
+                "resume with --resume (or start over)."
+            )
+
+
+def write_rank_audit(process_index: int, blocks: list[int], model: torch.nn.Module | None = None) -> None:
+    """With ``$CTXEXT_RANK_AUDIT`` set, write this process's ``rank-N.json`` there (see :data:`AUDIT_ENV`).
+
+    Args:
+        process_index: this process.
+        blocks: the training blocks it consumed, in order.
+        model: the trained model, once training ended (adds ``trainable_sha256``).
+    """
+    folder = os.environ.get(AUDIT_ENV)
+    if not folder:
+        return
+    record: dict[str, Any] = {"blocks": blocks}
+    if model is not None:
+        record["trainable_sha256"] = _trainable_digest(model)
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    (Path(folder) / f"rank-{process_index}.json").write_text(json.dumps(record))
+
+
+def _trainable_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of the trainable weights, so processes can show they hold the same model."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, param in sorted(model.named_parameters()):
+        if param.requires_grad:
+            digest.update(name.encode())
+            digest.update(param.detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
