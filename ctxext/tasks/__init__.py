@@ -16,7 +16,7 @@ Tasks: ``passkey``, ``needle``, ``multikey``, ``multivalue``, ``multiquery``, ``
 package does not import torch.
 """
 
-from ctxext.tasks.base import Haystack, Task, TaskSample, Template
+from ctxext.tasks.base import Haystack, Prompt, Task, TaskSample, Template
 from ctxext.tasks.registry import get_task, register_task, task_names
 
-__all__ = ["Haystack", "Task", "TaskSample", "Template", "get_task", "register_task", "task_names"]
+__all__ = ["Haystack", "Prompt", "Task", "TaskSample", "Template", "get_task", "register_task", "task_names"]

@@ -96,6 +96,26 @@ class TaskSample:
         return self.ids[self.answer_span[0] : self.answer_span[1]]
 
 
+@dataclass
+class Prompt:
+    """What a task's :meth:`Task.build` draws; :meth:`Task.generate` assembles it (:func:`assemble`).
+
+    Attributes:
+        inserts: ``(depth, ids)`` of every insert (needles); equal depths keep this order.
+        question: the question text (after the haystack).
+        answer: the answer text (the sample's answer is its stripped form) or, for an answer that is a
+            piece of the haystack, its token ids (decoded for the answer text).
+        fields: what was drawn (keys, names, …), JSON-ready.
+        prefix: the text before the haystack; ``None`` is the template's prefix.
+    """
+
+    inserts: list[tuple[float, list[int]]]
+    question: str
+    answer: str | list[int]
+    fields: dict[str, Any] = field(default_factory=dict)
+    prefix: str | None = None
+
+
 def encode(tokenizer: Any, text: str) -> list[int]:
     """Token ids of ``text`` without special tokens."""
     if not text:
@@ -283,8 +303,8 @@ def assemble(
 class Task:
     """A synthetic long-range task: a generator of samples from a haystack at a length and a depth.
 
-    Subclasses set the class attributes and implement :meth:`build`; :func:`register_task` makes them
-    available by name.
+    Subclasses set the class attributes and implement :meth:`build` (which draws a :class:`Prompt`);
+    :func:`register_task` makes them available by name.
 
     Attributes:
         name: the registry name.
@@ -361,18 +381,42 @@ class Task:
             raise InputError(f"task {self.name}: depth {depth} must be between 0 and 1")
         tpl, index = self.template(template)
         opts = self.resolve_options(options)
-        return self.build(tokenizer, haystack, int(length), float(depth), rng, tpl, index, opts)
+        length, depth = int(length), float(depth)
+        built = self.build(tokenizer, haystack, length, depth, rng, tpl, index, opts)
+        if isinstance(built, TaskSample):
+            return built
+        answer = encode(tokenizer, built.answer) if isinstance(built.answer, str) else list(built.answer)
+        return assemble(
+            tokenizer,
+            task=self.name,
+            length=length,
+            depth=depth,
+            rng=rng,
+            haystack=haystack,
+            prefix=fill(tpl.prefix) if built.prefix is None else built.prefix,
+            inserts=built.inserts,
+            question=encode(tokenizer, built.question),
+            answer=answer,
+            answer_text=built.answer.strip() if isinstance(built.answer, str) else tokenizer.decode(answer),
+            template=index,
+            fields=built.fields,
+        )
 
-    def build(
-        self,
-        tokenizer: Any,
-        haystack: Haystack,
-        length: int,
-        depth: float,
-        rng: random.Random,
-        tpl: Template,
-        index: int | None,
-        opts: dict[str, int],
-    ) -> TaskSample:
-        """Make the sample (subclasses); arguments are validated by :meth:`generate`."""
+    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt | TaskSample:
+        """Draw a sample (subclasses); the arguments are :meth:`generate`'s, already validated.
+
+        Args:
+            tokenizer: the model's tokenizer.
+            haystack: the filler.
+            length: total tokens, answer included.
+            depth: where the (first) needle goes, 0–1.
+            rng: the only source of randomness.
+            tpl: the :class:`Template`.
+            index: the template's index (``None`` for a custom template).
+            opts: the task's options, defaults filled in.
+
+        Returns:
+            A :class:`Prompt`, which :meth:`generate` assembles around the haystack, or a complete
+            :class:`TaskSample` (from :func:`assemble`, for a task that builds its sample itself).
+        """
         raise NotImplementedError

@@ -10,7 +10,7 @@ answer ``{words}`` (the common words as items, joined by ``join``). Option ``top
 from __future__ import annotations
 
 from ctxext.errors import InputError
-from ctxext.tasks.base import Task, TaskSample, Template, assemble, draw_words, encode, encode_prefix, fill
+from ctxext.tasks.base import Prompt, Task, Template, draw_words, encode, encode_prefix, fill
 from ctxext.tasks.registry import register_task
 
 COMMON_WORDS_TEMPLATES = (
@@ -56,7 +56,7 @@ class CommonWords(Task):
     heldout = (4,)
     options = {"top": 3}
 
-    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> TaskSample:  # noqa: D102
+    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt:  # noqa: D102
         top = max(1, opts["top"])
         vocab = draw_words(rng, top + 4 * length)
         common, rare_pool = vocab[:top], vocab[top:]
@@ -97,18 +97,4 @@ class CommonWords(Task):
                     f"are distinct ({sum(weights)} items at least, plus the question and answer: {fixed} tokens). "
                     "Use a longer length or a smaller option top."
                 )
-        return assemble(
-            tokenizer,
-            task=self.name,
-            length=length,
-            depth=depth,
-            rng=rng,
-            haystack=haystack,
-            prefix=fill(tpl.prefix),
-            inserts=[(depth, ids)],
-            question=encode(tokenizer, question),
-            answer=encode(tokenizer, answer),
-            answer_text=answer.strip(),
-            template=index,
-            fields={"common": common, "counts": counts, "rare": n_rare},
-        )
+        return Prompt([(depth, ids)], question, answer, {"common": common, "counts": counts, "rare": n_rare})

@@ -9,7 +9,7 @@ themselves (not re-tokenized). Template fields: ``{name}`` in needle, link and q
 from __future__ import annotations
 
 from ctxext.errors import InputError
-from ctxext.tasks.base import Task, TaskSample, Template, assemble, draw_names, encode, fill
+from ctxext.tasks.base import Prompt, Task, Template, draw_names, encode, fill
 from ctxext.tasks.registry import register_task
 
 COPY_TEMPLATES = (
@@ -35,24 +35,10 @@ class CopySpan(Task):
     heldout = (4,)
     options = {"span": 16}
 
-    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> TaskSample:  # noqa: D102
+    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt:  # noqa: D102
         if opts["span"] < 1:
             raise InputError("task copy_span: option span must be at least 1 token")
         name = draw_names(rng, 1)[0]
         span = haystack.take(opts["span"], rng.randrange(len(haystack)))
         needle = encode(tokenizer, fill(tpl.needle, name=name)) + span + encode(tokenizer, fill(tpl.link, name=name))
-        return assemble(
-            tokenizer,
-            task=self.name,
-            length=length,
-            depth=depth,
-            rng=rng,
-            haystack=haystack,
-            prefix=fill(tpl.prefix),
-            inserts=[(depth, needle)],
-            question=encode(tokenizer, fill(tpl.question, name=name)),
-            answer=list(span),
-            answer_text=tokenizer.decode(span),
-            template=index,
-            fields={"name": name},
-        )
+        return Prompt([(depth, needle)], fill(tpl.question, name=name), list(span), {"name": name})

@@ -6,7 +6,7 @@ names and keys, at uniformly random depths. Option ``distractors`` (default 3).
 
 from __future__ import annotations
 
-from ctxext.tasks.base import Task, TaskSample, assemble, draw_keys, draw_names, encode, fill
+from ctxext.tasks.base import Prompt, Task, draw_keys, draw_names, encode, fill
 from ctxext.tasks.needle import KV_TEMPLATES
 from ctxext.tasks.registry import register_task
 
@@ -21,7 +21,7 @@ class MultiKey(Task):
     heldout = (4,)
     options = {"distractors": 3}
 
-    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> TaskSample:  # noqa: D102
+    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt:  # noqa: D102
         n = 1 + opts["distractors"]
         names, keys = draw_names(rng, n), draw_keys(rng, n)
         depths = [depth] + [rng.random() for _ in range(n - 1)]
@@ -30,18 +30,10 @@ class MultiKey(Task):
             for d, nm, k in zip(depths, names, keys, strict=True)
         ]
         answer = fill(tpl.answer, name=names[0], key=keys[0])
-        return assemble(
-            tokenizer,
-            task=self.name,
-            length=length,
-            depth=depth,
-            rng=rng,
-            haystack=haystack,
-            prefix=fill(tpl.prefix),
+        distractors = dict(zip(names[1:], keys[1:], strict=True))
+        return Prompt(
             inserts=inserts,
-            question=encode(tokenizer, fill(tpl.question, name=names[0], key=keys[0])),
-            answer=encode(tokenizer, answer),
-            answer_text=answer.strip(),
-            template=index,
-            fields={"name": names[0], "key": keys[0], "distractors": dict(zip(names[1:], keys[1:], strict=True))},
+            question=fill(tpl.question, name=names[0], key=keys[0]),
+            answer=answer,
+            fields={"name": names[0], "key": keys[0], "distractors": distractors},
         )

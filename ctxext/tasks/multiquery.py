@@ -8,7 +8,7 @@ order asked). The first pair sits at the depth asked for, the others at random d
 
 from __future__ import annotations
 
-from ctxext.tasks.base import Task, TaskSample, Template, assemble, draw_keys, draw_names, encode, fill
+from ctxext.tasks.base import Prompt, Task, Template, draw_keys, draw_names, encode, fill
 from ctxext.tasks.registry import register_task
 
 MULTIQUERY_TEMPLATES = (
@@ -44,7 +44,7 @@ class MultiQuery(Task):
     heldout = (4,)
     options = {"queries": 2}
 
-    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> TaskSample:  # noqa: D102
+    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt:  # noqa: D102
         n = max(1, opts["queries"])
         names, keys = draw_names(rng, n), draw_keys(rng, n)
         depths = [depth] + [rng.random() for _ in range(n - 1)]
@@ -54,18 +54,4 @@ class MultiQuery(Task):
         ]
         items = tpl.join.join(fill(tpl.item, name=nm) for nm in names)
         answer = fill(tpl.answer, keys=tpl.join.join(str(k) for k in keys))
-        return assemble(
-            tokenizer,
-            task=self.name,
-            length=length,
-            depth=depth,
-            rng=rng,
-            haystack=haystack,
-            prefix=fill(tpl.prefix),
-            inserts=inserts,
-            question=encode(tokenizer, fill(tpl.question, items=items)),
-            answer=encode(tokenizer, answer),
-            answer_text=answer.strip(),
-            template=index,
-            fields={"names": names, "keys": keys},
-        )
+        return Prompt(inserts, fill(tpl.question, items=items), answer, {"names": names, "keys": keys})

@@ -7,7 +7,7 @@ uniformly random depths. Option ``values`` (default 4).
 
 from __future__ import annotations
 
-from ctxext.tasks.base import Task, TaskSample, Template, assemble, draw_keys, draw_names, encode, fill
+from ctxext.tasks.base import Prompt, Task, Template, draw_keys, draw_names, encode, fill
 from ctxext.tasks.registry import register_task
 
 MULTIVALUE_TEMPLATES = (
@@ -38,7 +38,7 @@ class MultiValue(Task):
     heldout = (4,)
     options = {"values": 4}
 
-    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> TaskSample:  # noqa: D102
+    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt:  # noqa: D102
         n = max(1, opts["values"])
         name = draw_names(rng, 1)[0]
         keys = draw_keys(rng, n)
@@ -47,18 +47,9 @@ class MultiValue(Task):
         in_order = [k for _, k in placed]
         joined = tpl.join.join(str(k) for k in in_order)
         answer = fill(tpl.answer, name=name, keys=joined)
-        return assemble(
-            tokenizer,
-            task=self.name,
-            length=length,
-            depth=depth,
-            rng=rng,
-            haystack=haystack,
-            prefix=fill(tpl.prefix),
+        return Prompt(
             inserts=[(d, encode(tokenizer, fill(tpl.needle, name=name, key=k))) for d, k in placed],
-            question=encode(tokenizer, fill(tpl.question, name=name)),
-            answer=encode(tokenizer, answer),
-            answer_text=answer.strip(),
-            template=index,
+            question=fill(tpl.question, name=name),
+            answer=answer,
             fields={"name": name, "keys": in_order},
         )

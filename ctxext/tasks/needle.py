@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ctxext.tasks.base import Haystack, TaskSample, Template, assemble, draw_keys, draw_names, encode, fill
+from ctxext.tasks.base import Haystack, Prompt, Template, draw_keys, draw_names, encode, fill
 from ctxext.tasks.base import Task as _Task
 from ctxext.tasks.registry import register_task
 
@@ -43,8 +43,8 @@ def single_needle(
     rng: random.Random,
     tpl: Template,
     index: int | None,
-) -> TaskSample:
-    """A sample with one needle (shared by ``needle`` and ``passkey``)."""
+) -> Prompt:
+    """A sample with one needle (shared by ``needle`` and ``passkey``), for :meth:`Task.build` to return."""
     keyed = "{key}" in tpl.needle
     fields: dict[str, Any] = {}
     texts = (tpl.prefix, tpl.needle, tpl.question, tpl.answer)
@@ -53,21 +53,7 @@ def single_needle(
         fields = {"key": draw_keys(rng, 1)[0], "name": draw_names(rng, 1)[0]}
         texts = tuple(fill(t, **fields) for t in texts)
     prefix, needle, question, answer = texts
-    return assemble(
-        tokenizer,
-        task=task.name,
-        length=length,
-        depth=depth,
-        rng=rng,
-        haystack=haystack,
-        prefix=prefix,
-        inserts=[(depth, encode(tokenizer, needle))],
-        question=encode(tokenizer, question),
-        answer=encode(tokenizer, answer),
-        answer_text=answer.strip(),
-        template=index,
-        fields=fields,
-    )
+    return Prompt([(depth, encode(tokenizer, needle))], question, answer, fields, prefix=prefix)
 
 
 @register_task
@@ -79,5 +65,5 @@ class Needle(_Task):
     templates = KV_TEMPLATES
     heldout = (4,)
 
-    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> TaskSample:  # noqa: D102
+    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt:  # noqa: D102
         return single_needle(self, tokenizer, haystack, length, depth, rng, tpl, index)

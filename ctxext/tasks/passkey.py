@@ -6,7 +6,7 @@ prompt (Mohtashami & Jaggi 2023), used by ``ctxext eval passkey`` and the merge 
 
 from __future__ import annotations
 
-from ctxext.tasks.base import Task, TaskSample, Template
+from ctxext.tasks.base import Prompt, Task, Template
 from ctxext.tasks.needle import single_needle
 from ctxext.tasks.registry import register_task
 
@@ -47,5 +47,5 @@ class Passkey(Task):
     heldout = (2,)
     haystack = "noise"
 
-    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> TaskSample:  # noqa: D102
+    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt:  # noqa: D102
         return single_needle(self, tokenizer, haystack, length, depth, rng, tpl, index)

@@ -11,7 +11,7 @@ first assignment, default 4) and ``distractors`` (other chains with other values
 
 from __future__ import annotations
 
-from ctxext.tasks.base import Task, TaskSample, Template, assemble, draw_keys, draw_names, encode, fill
+from ctxext.tasks.base import Prompt, Task, Template, draw_keys, draw_names, encode, fill
 from ctxext.tasks.registry import register_task
 
 VARIABLE_TRACKING_TEMPLATES = (
@@ -49,7 +49,7 @@ class VariableTracking(Task):
     heldout = (4,)
     options = {"hops": 4, "distractors": 0}
 
-    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> TaskSample:  # noqa: D102
+    def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt:  # noqa: D102
         hops, chains = opts["hops"], 1 + opts["distractors"]
         names = draw_names(rng, chains * (hops + 1))
         keys = draw_keys(rng, chains)
@@ -67,18 +67,5 @@ class VariableTracking(Task):
         inserts.sort(key=lambda t: t[0])
         last = chain_names[0][-1]
         answer = fill(tpl.answer, name=last, key=keys[0])
-        return assemble(
-            tokenizer,
-            task=self.name,
-            length=length,
-            depth=depth,
-            rng=rng,
-            haystack=haystack,
-            prefix=fill(tpl.prefix),
-            inserts=inserts,
-            question=encode(tokenizer, fill(tpl.question, name=last)),
-            answer=encode(tokenizer, answer),
-            answer_text=answer.strip(),
-            template=index,
-            fields={"chain": chain_names[0], "key": keys[0], "distractor_chains": chain_names[1:]},
-        )
+        fields = {"chain": chain_names[0], "key": keys[0], "distractor_chains": chain_names[1:]}
+        return Prompt(inserts, fill(tpl.question, name=last), answer, fields)
