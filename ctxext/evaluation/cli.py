@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import gc
+import inspect
 import shlex
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -52,6 +55,46 @@ ReferenceOpt = Annotated[
 ]
 
 
+@dataclass
+class Shared:
+    """The options every ``ctxext eval`` command takes besides ``--model`` and ``--out`` (see :func:`_shared`).
+
+    Attributes:
+        adapter: a LoRA adapter per model (``--adapter``).
+        name: a report label per model (``--name``).
+        reference: the label the other models are compared with (``--reference``).
+        device: ``cpu`` or ``cuda`` (``--device``).
+        quiet: no progress bars (``--quiet``).
+        overwrite: replace a previous report folder (``--overwrite``).
+    """
+
+    adapter: AdapterOpt = None
+    name: NameOpt = None
+    reference: ReferenceOpt = None
+    device: DeviceOpt = None
+    quiet: QuietOpt = False
+    overwrite: OverwriteOpt = False
+
+
+def _shared(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a command the :class:`Shared` options: they are added to its CLI and passed as ``shared``."""
+    own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "shared"]
+    hints = inspect.get_annotations(Shared, eval_str=True)
+    added = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+        for f in fields(Shared)
+    ]
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        shared = Shared(**{f.name: kwargs.pop(f.name) for f in fields(Shared)})
+        return fn(shared=shared, **kwargs)
+
+    kind = inspect.Parameter.KEYWORD_ONLY
+    command.__signature__ = inspect.Signature([p.replace(kind=kind) for p in own] + added)  # type: ignore[attr-defined]
+    return command
+
+
 def _check_reference(specs: list[Any], reference: str | None) -> None:
     # Fail before any model is evaluated, not after an hour of scoring.
     from ctxext.evaluation.paired import choose_reference
@@ -94,23 +137,16 @@ def _grid(lengths: str, depths: str, trials: int, seed: int, allow_beyond: bool,
 
 
 def _run(
-    models: list[str],
-    adapters: list[str] | None,
-    names: list[str] | None,
-    out: Path,
-    device: str | None,
-    task: str,
-    fn: Callable[[Any], dict[str, Any]],
-    data: dict[str, Any],
-    overwrite: bool = False,
-    reference: str | None = None,
+    models: list[str], out: Path, shared: Shared, task: str, fn: Callable[[Any], dict[str, Any]], data: dict[str, Any]
 ) -> dict[str, Any]:
+    """Evaluate every model with ``fn``, write one report with the results under ``task``, print its summary."""
     from ctxext.atomic import check_inputs_outside, check_output
     from ctxext.console import console
     from ctxext.evaluation.loading import load_model, parse_model_specs
     from ctxext.evaluation.report import REPORT_KIND, build_report, model_entry, write_report
 
-    specs = parse_model_specs(models, adapters, names)
+    device, overwrite, reference = shared.device, shared.overwrite, shared.reference
+    specs = parse_model_specs(models, shared.adapter, shared.name)
     # Before any work: an output that cannot be written must not cost an evaluation.
     check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
     check_output(out, REPORT_KIND, overwrite)
@@ -131,6 +167,7 @@ def _run(
     command = " ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]])
     report = build_report(entries, data=data, command=command, reference=reference)
     write_report(report, out, overwrite=overwrite)
+    _print_summary(report, out)
     return report
 
 
@@ -231,14 +268,14 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @eval_app.command("ppl")
 @_friendly
+@_shared
 def ppl_cmd(
+    shared: Shared,
     model: ModelOpt,
     data: Annotated[str, typer.Option(help="text file, folder, jsonl/parquet/csv, Hub data set, or builtin:stdlib")],
     lengths: Annotated[str, typer.Option(help="evaluation lengths, e.g. 2048,4096,8192")],
     out: OutOpt,
     bucket_size: Annotated[int | None, typer.Option(help="position bucket width (divides the longest length)")] = None,
-    adapter: AdapterOpt = None,
-    name: NameOpt = None,
     text_field: Annotated[str, typer.Option(help="text column of table-like data")] = "text",
     split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
     max_docs: Annotated[
@@ -257,10 +294,6 @@ def ppl_cmd(
     ] = None,
     resamples: Annotated[int, typer.Option(help="bootstrap resamples for the 95% CIs")] = 1000,
     allow_beyond_context: BeyondOpt = False,
-    reference: ReferenceOpt = None,
-    device: DeviceOpt = None,
-    quiet: QuietOpt = False,
-    overwrite: OverwriteOpt = False,
 ) -> None:
     """Perplexity by evaluation length and token-position bucket (truncated documents), with 95% CIs."""
     from ctxext.evaluation.data import describe_source, iter_texts
@@ -283,26 +316,16 @@ def ppl_cmd(
     settings.validate()
 
     def task(loaded: Any) -> dict[str, Any]:
-        return evaluate_perplexity(loaded, iter_texts(data, text_field, split), settings, not quiet)
+        return evaluate_perplexity(loaded, iter_texts(data, text_field, split), settings, not shared.quiet)
 
-    report = _run(
-        model,
-        adapter,
-        name,
-        out,
-        device,
-        "perplexity",
-        task,
-        {"perplexity": describe_source(data, text_field, split)},
-        overwrite,
-        reference,
-    )
-    _print_summary(report, out)
+    _run(model, out, shared, "perplexity", task, {"perplexity": describe_source(data, text_field, split)})
 
 
 @eval_app.command("passkey")
 @_friendly
+@_shared
 def passkey_cmd(
+    shared: Shared,
     model: ModelOpt,
     lengths: Annotated[str, typer.Option(help="prompt lengths in tokens, e.g. 4096,8192")],
     out: OutOpt,
@@ -310,36 +333,20 @@ def passkey_cmd(
     trials: Annotated[int, typer.Option(help="prompts (keys) per cell")] = 5,
     seed: Annotated[int, typer.Option(help="seed of the keys")] = 0,
     scoring: ScoringOpt = "teacher-forced",
-    adapter: AdapterOpt = None,
-    name: NameOpt = None,
     allow_beyond_context: BeyondOpt = False,
-    reference: ReferenceOpt = None,
-    device: DeviceOpt = None,
-    quiet: QuietOpt = False,
-    overwrite: OverwriteOpt = False,
 ) -> None:
     """Passkey retrieval (Landmark Attention prompt) over lengths × depths, k seeded keys per cell, teacher-forced."""
     from ctxext.evaluation.passkey import evaluate_passkey
 
     grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring)
-    report = _run(
-        model,
-        adapter,
-        name,
-        out,
-        device,
-        "passkey",
-        lambda lm: evaluate_passkey(lm, grid, not quiet),
-        {},
-        overwrite,
-        reference,
-    )
-    _print_summary(report, out)
+    _run(model, out, shared, "passkey", lambda lm: evaluate_passkey(lm, grid, not shared.quiet), {})
 
 
 @eval_app.command("needle")
 @_friendly
+@_shared
 def needle_cmd(
+    shared: Shared,
     model: ModelOpt,
     lengths: Annotated[str, typer.Option(help="prompt lengths in tokens")],
     out: OutOpt,
@@ -357,13 +364,7 @@ def needle_cmd(
     trials: Annotated[int, typer.Option(help="haystack offsets per cell")] = 3,
     seed: Annotated[int, typer.Option(help="seed of the haystack offsets")] = 0,
     scoring: ScoringOpt = "teacher-forced",
-    adapter: AdapterOpt = None,
-    name: NameOpt = None,
     allow_beyond_context: BeyondOpt = False,
-    reference: ReferenceOpt = None,
-    device: DeviceOpt = None,
-    quiet: QuietOpt = False,
-    overwrite: OverwriteOpt = False,
 ) -> None:
     """Needle in a haystack over lengths × depths with a configurable haystack, needle, question and answer."""
     from ctxext.evaluation.data import describe_source
@@ -374,24 +375,22 @@ def needle_cmd(
         if value:
             setattr(task, key, value)
     grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring)
-    report = _run(
+    data_info = {"needle": describe_source(haystack, text_field, split)}
+    _run(
         model,
-        adapter,
-        name,
         out,
-        device,
+        shared,
         "needle",
-        lambda lm: evaluate_needle(lm, GridSettings(**vars(grid)), task, not quiet),
-        {"needle": describe_source(haystack, text_field, split)},
-        overwrite,
-        reference,
+        lambda lm: evaluate_needle(lm, GridSettings(**vars(grid)), task, not shared.quiet),
+        data_info,
     )
-    _print_summary(report, out)
 
 
 @eval_app.command("qa")
 @_friendly
+@_shared
 def qa_cmd(
+    shared: Shared,
     model: ModelOpt,
     data: Annotated[str, typer.Option(help="jsonl / json / parquet / csv file or Hub data set")],
     out: OutOpt,
@@ -403,12 +402,6 @@ def qa_cmd(
     max_length: Annotated[int | None, typer.Option(help="prompt budget in tokens (default: model context)")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="answer budget in tokens")] = 32,
     length_edges: Annotated[str, typer.Option(help="context-length bucket edges in tokens")] = "4000,8000",
-    adapter: AdapterOpt = None,
-    name: NameOpt = None,
-    reference: ReferenceOpt = None,
-    device: DeviceOpt = None,
-    quiet: QuietOpt = False,
-    overwrite: OverwriteOpt = False,
 ) -> None:
     """Long-document QA: greedy answers, SQuAD EM / F1 by answer position and context length."""
     from ctxext.evaluation.data import describe_source
@@ -425,24 +418,21 @@ def qa_cmd(
         max_new_tokens=max_new_tokens,
         length_edges=_ints(length_edges, "--length-edges"),
     )
-    report = _run(
+    _run(
         model,
-        adapter,
-        name,
         out,
-        device,
+        shared,
         "qa",
-        lambda lm: evaluate_qa(lm, settings, not quiet),
+        lambda lm: evaluate_qa(lm, settings, not shared.quiet),
         {"qa": describe_source(data, split=split)},
-        overwrite,
-        reference,
     )
-    _print_summary(report, out)
 
 
 @eval_app.command("attention")
 @_friendly
+@_shared
 def attention_cmd(
+    shared: Shared,
     model: ModelOpt,
     out: OutOpt,
     data: Annotated[str, typer.Option(help="documents: file, folder, jsonl, Hub data set, builtin:stdlib")] = (
@@ -455,12 +445,6 @@ def attention_cmd(
     allow_beyond_context: BeyondOpt = False,
     text_field: Annotated[str, typer.Option(help="text column of table-like data")] = "text",
     split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
-    adapter: AdapterOpt = None,
-    name: NameOpt = None,
-    reference: ReferenceOpt = None,
-    device: DeviceOpt = None,
-    quiet: QuietOpt = False,
-    overwrite: OverwriteOpt = False,
 ) -> None:
     """Attention diagnostics per layer: mass by distance band, beyond the original window, on sinks; entropy."""
     from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
@@ -476,44 +460,39 @@ def attention_cmd(
     settings.validate()
 
     def task(loaded: Any) -> dict[str, Any]:
-        return evaluate_attention(loaded, iter_texts(data, text_field, split), settings, not quiet)
+        return evaluate_attention(loaded, iter_texts(data, text_field, split), settings, not shared.quiet)
 
     data_info = {"attention": describe_source(data, text_field, split)}
-    report = _run(model, adapter, name, out, device, "attention", task, data_info, overwrite, reference)
-    _print_summary(report, out)
+    _run(model, out, shared, "attention", task, data_info)
 
 
 @eval_app.command("run")
 @_friendly
+@_shared
 def run_cmd(
+    shared: Shared,
     suite: Annotated[Path, typer.Argument(help="suite YAML (eval/long-context.yaml, eval/tiny-cpu.yaml)")],
     model: ModelOpt,
     out: OutOpt,
-    adapter: AdapterOpt = None,
-    name: NameOpt = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="suite override key=value (repeatable)")] = None,
-    reference: ReferenceOpt = None,
-    device: DeviceOpt = None,
-    quiet: QuietOpt = False,
-    overwrite: OverwriteOpt = False,
 ) -> None:
     """Run an evaluation suite on one or several models and write one side-by-side report."""
     from ctxext.evaluation.loading import parse_model_specs
     from ctxext.evaluation.suite import load_suite, run_suite
 
     parsed, _ = load_suite(suite, overrides or [])
-    specs = parse_model_specs(model, adapter, name)
-    _check_reference(specs, reference)
+    specs = parse_model_specs(model, shared.adapter, shared.name)
+    _check_reference(specs, shared.reference)
     report = run_suite(
         parsed,
         specs,
         out,
         str(suite),
-        not quiet,
+        not shared.quiet,
         command=" ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]]),
-        device=device,
-        overwrite=overwrite,
-        reference=reference,
+        device=shared.device,
+        overwrite=shared.overwrite,
+        reference=shared.reference,
     )
     for note in report["suite"]["notes"]:
         from ctxext.console import console
