@@ -40,6 +40,7 @@ DEFAULT_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _COPY_FILES = ("recipe.yaml", "versions.json")
 _TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+_Log = Callable[[str], None]
 
 
 class MergeCheckError(CtxextError):
@@ -343,11 +344,6 @@ def merge_run(
             the run or the base, or the base's weights are damaged or not the ones the run was trained on.
         MergeCheckError: the smoke test failed; nothing is left at ``out``.
     """
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    from ctxext.rope import verify_model_rope
-
     started = time.time()
     run_dir, out = Path(run_dir), Path(out)
     run = read_run(run_dir, allow_incomplete=allow_incomplete)
@@ -367,28 +363,11 @@ def merge_run(
     # A run without a RoPE change (method none) has no target length: check at the configured context.
     length = int(smoke_length or run.get("target_length") or config.max_position_embeddings)
 
-    log(f"loading the base {base_dir} in {str(torch_dtype).replace('torch.', '')} on {dev} with the run's RoPE")
-    model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, dtype=torch_dtype, attn_implementation="sdpa")
-    if resized:
-        model.resize_token_embeddings(int(resized))
-    model.to(dev).eval()
-    check = verify_model_rope(model)
-    log(f"  base RoPE: {check.summary()}")
-    model = PeftModel.from_pretrained(model, run_dir, is_trainable=False).eval()
+    model = _base_with_adapter(base_dir, run_dir, config, resized, dev, torch_dtype, log)
     tokenizer = _tokenizer(run_dir, base_dir)
-
-    gen = torch.Generator().manual_seed(1234)
-    vocab = int(model.get_input_embeddings().weight.shape[0])
-    inputs = [torch.randint(0, vocab, (1, length), generator=gen) for _ in range(sequences)]
-    where = _positions(length, positions)
-    log(f"base + adapter: logits at {len(where)} positions of {sequences} random sequences of {length} tokens")
-    reference = [_logits_at(model, ids.to(dev), where) for ids in inputs]
-    text = text_tokens(tokenizer, length).to(dev)
-    ref_nll, _ = _nll(model.get_base_model(), text)
-
+    probe = _Probe.measure(model, tokenizer, length, sequences, positions, dev, log)
     merged = model.merge_and_unload()
-    untied = _untie_if_trained(merged)
-    if untied:
+    if _untie_if_trained(merged):
         log("  untied lm_head from the trained embeddings (tie_word_embeddings=false)")
     with atomic_folder(out, kind=MERGED_KIND, overwrite=overwrite) as tmp:
         merged.save_pretrained(tmp)
@@ -399,58 +378,8 @@ def merge_run(
         _copy_reports(run_dir, tmp)
         del model, merged
         gc.collect()
-
-        # The check runs on what was written, loaded the way a user will load it.
-        log(f"reloading {tmp.name} with plain transformers")
-        reloaded = (
-            AutoModelForCausalLM.from_pretrained(tmp, dtype=torch_dtype, attn_implementation="sdpa").to(dev).eval()
-        )
-        rope = verify_model_rope(reloaded).summary()
-        if plan is not None:
-            # Against the run's plan, not the reloaded config: what was trained is what must be published.
-            rope = verify_folder(tmp, plan)
-        diffs, agree, total = [], 0, 0
-        for ids, ref in zip(inputs, reference, strict=True):
-            got = _logits_at(reloaded, ids.to(dev), where)
-            diffs.append((got - ref).abs())
-            agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
-            total += got.shape[1]
-        diff = torch.cat([d.flatten() for d in diffs])
-        nll, ppl_tokens = _nll(reloaded, text)
-        key, answer, correct = passkey_trial(reloaded, tokenizer, length)
-        result = SmokeResult(
-            length=length,
-            sequences=sequences,
-            positions=len(where),
-            max_abs_diff=float(diff.max()),
-            mean_abs_diff=float(diff.mean()),
-            argmax_agreement=agree / max(total, 1),
-            tolerance=tol,
-            dtype=str(torch_dtype).replace("torch.", ""),
-            device=str(dev),
-            ppl=math.exp(nll),
-            reference_ppl=math.exp(ref_nll),
-            ppl_tokens=ppl_tokens,
-            passkey_key=key,
-            passkey_answer=answer,
-            passkey_correct=correct,
-            passkey_depth=0.5,
-            rope=rope,
-            ok=bool(float(diff.max()) <= tol and math.isfinite(nll)),
-            seconds=round(time.time() - started, 2),
-        )
-        del reloaded
-        gc.collect()
-        log(
-            f"  logits: max |Δ| {result.max_abs_diff:.3g} (tolerance {tol:g}), mean {result.mean_abs_diff:.3g}, "
-            f"same argmax {100 * result.argmax_agreement:.2f}%"
-        )
-        log(
-            f"  perplexity @ {length} ({ppl_tokens} tokens of stdlib source): merged {result.ppl:.4g}, "
-            f"base + adapter {result.reference_ppl:.4g}"
-        )
-        log(f"  passkey @ {length}, depth 50%: key {key}, predicted {answer!r} → {'✓' if correct else '✗'}")
-        log(f"  runtime RoPE: {rope}")
+        result = _check_written(tmp, probe, plan, tokenizer, tol, torch_dtype, dev, log)
+        result.seconds = round(time.time() - started, 2)
         if not result.ok:
             raise MergeCheckError(
                 f"merge check failed: the merged model differs from base + adapter by up to {result.max_abs_diff:.3g} "
@@ -461,4 +390,118 @@ def merge_run(
         meta = {"source_run": str(run_dir.resolve()), "run": run, "smoke": result.to_dict()}
         (tmp / MERGE_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
     log(f"merged model written to {out} ({result.seconds:.1f} s)")
+    return result
+
+
+def _base_with_adapter(
+    base_dir: Path, run_dir: Path, config: Any, resized: int | None, dev: torch.device, dtype: torch.dtype, log: _Log
+) -> Any:
+    """The full-precision base with the run's RoPE (verified) and the run's adapter on top, in eval mode."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from ctxext.rope import verify_model_rope
+
+    log(f"loading the base {base_dir} in {str(dtype).replace('torch.', '')} on {dev} with the run's RoPE")
+    model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, dtype=dtype, attn_implementation="sdpa")
+    if resized:
+        model.resize_token_embeddings(int(resized))
+    model.to(dev).eval()
+    check = verify_model_rope(model)
+    log(f"  base RoPE: {check.summary()}")
+    return PeftModel.from_pretrained(model, run_dir, is_trainable=False).eval()
+
+
+@dataclass
+class _Probe:
+    """What base + adapter gives before the merge, for the merged model to reproduce.
+
+    Attributes:
+        length: tokens per sequence.
+        inputs: random token sequences.
+        where: the logit positions compared.
+        reference: base + adapter's logits at ``where`` for each sequence.
+        text: standard-library source tokens (the perplexity check).
+        reference_nll: base + adapter's mean NLL on ``text``.
+    """
+
+    length: int
+    inputs: list[torch.Tensor]
+    where: torch.Tensor
+    reference: list[torch.Tensor]
+    text: torch.Tensor
+    reference_nll: float
+
+    @classmethod
+    def measure(
+        cls, model: Any, tokenizer: Any, length: int, sequences: int, positions: int, dev: torch.device, log: _Log
+    ) -> _Probe:
+        """Run base + adapter on seeded random sequences and on real text."""
+        gen = torch.Generator().manual_seed(1234)
+        vocab = int(model.get_input_embeddings().weight.shape[0])
+        inputs = [torch.randint(0, vocab, (1, length), generator=gen) for _ in range(sequences)]
+        where = _positions(length, positions)
+        log(f"base + adapter: logits at {len(where)} positions of {sequences} random sequences of {length} tokens")
+        reference = [_logits_at(model, ids.to(dev), where) for ids in inputs]
+        text = text_tokens(tokenizer, length).to(dev)
+        ref_nll, _ = _nll(model.get_base_model(), text)
+        return cls(length, inputs, where, reference, text, ref_nll)
+
+
+def _check_written(
+    folder: Path, probe: _Probe, plan: Any, tokenizer: Any, tol: float, dtype: torch.dtype, dev: torch.device, log: _Log
+) -> SmokeResult:
+    """Reload the written folder the way a user will, verify its RoPE and compare it with the probe."""
+    from transformers import AutoModelForCausalLM
+
+    from ctxext.rope import verify_model_rope
+
+    log(f"reloading {folder.name} with plain transformers")
+    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(dev).eval()
+    rope = verify_model_rope(reloaded).summary()
+    if plan is not None:
+        # Against the run's plan, not the reloaded config: what was trained is what must be published.
+        rope = verify_folder(folder, plan)
+    diffs, agree, total = [], 0, 0
+    for ids, ref in zip(probe.inputs, probe.reference, strict=True):
+        got = _logits_at(reloaded, ids.to(dev), probe.where)
+        diffs.append((got - ref).abs())
+        agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
+        total += got.shape[1]
+    diff = torch.cat([d.flatten() for d in diffs])
+    nll, ppl_tokens = _nll(reloaded, probe.text)
+    length = probe.length
+    key, answer, correct = passkey_trial(reloaded, tokenizer, length)
+    result = SmokeResult(
+        length=length,
+        sequences=len(probe.inputs),
+        positions=len(probe.where),
+        max_abs_diff=float(diff.max()),
+        mean_abs_diff=float(diff.mean()),
+        argmax_agreement=agree / max(total, 1),
+        tolerance=tol,
+        dtype=str(dtype).replace("torch.", ""),
+        device=str(dev),
+        ppl=math.exp(nll),
+        reference_ppl=math.exp(probe.reference_nll),
+        ppl_tokens=ppl_tokens,
+        passkey_key=key,
+        passkey_answer=answer,
+        passkey_correct=correct,
+        passkey_depth=0.5,
+        rope=rope,
+        ok=bool(float(diff.max()) <= tol and math.isfinite(nll)),
+    )
+    del reloaded
+    gc.collect()
+    log(
+        f"  logits: max |Δ| {result.max_abs_diff:.3g} (tolerance {tol:g}), mean {result.mean_abs_diff:.3g}, "
+        f"same argmax {100 * result.argmax_agreement:.2f}%"
+    )
+    log(
+        f"  perplexity @ {length} ({ppl_tokens} tokens of stdlib source): merged {result.ppl:.4g}, "
+        f"base + adapter {result.reference_ppl:.4g}"
+    )
+    log(f"  passkey @ {length}, depth 50%: key {key}, predicted {answer!r} → {'✓' if correct else '✗'}")
+    log(f"  runtime RoPE: {rope}")
     return result
