@@ -316,20 +316,61 @@ def run_suite(
     """
     from ctxext.atomic import check_inputs_outside, check_output
     from ctxext.evaluation.loading import load_model
-    from ctxext.evaluation.report import REPORT_KIND
-    from ctxext.rope import read_rope
-    from ctxext.sources import load_config
+    from ctxext.evaluation.report import REPORT_KIND, build_report, write_report
 
     # Before any work: an output that cannot be written must not cost an evaluation.
     check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
     check_output(out, REPORT_KIND, overwrite)
+    original, context = _reference_context(specs)
+    allow = suite.allow_beyond_context
+    plan, notes = _length_plan(suite, original, context)
 
-    # The reference model (longest configured context) sets relative lengths, read from configs only.
+    # Lengths past the reference's context were asked for explicitly ("2x target"): every model goes there.
+    beyond_target = sorted({L for v in plan.values() for L in (v[0] if isinstance(v, tuple) else v) if L > context})
+    entries = []
+    for i, spec in enumerate(specs):
+        loaded = load_model(spec, device=device)
+        beyond_ok = (
+            allow
+            or bool(beyond_target)
+            or (allow_beyond_for is not None and i in allow_beyond_for)
+            or loaded.context_length < context
+        )
+        entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
+        if "ruler" in entry:
+            from ctxext.evaluation.ruler import trained_tasks
+
+            # Marks the tasks this model was fine-tuned on (from a run folder's recipe data.mixture).
+            entry["ruler"]["trained_tasks"] = trained_tasks(spec.adapter or spec.ref)
+        entries.append(entry)
+        del loaded
+        gc.collect()
+    suite_info = {
+        "name": suite.name,
+        "path": suite_path,
+        "reference_context": context,
+        "reference_original_context": original,
+        "beyond_target": beyond_target,
+        "notes": notes,
+        "definition": suite.model_dump(),
+    }
+    report = build_report(entries, data=_data_sources(suite), suite=suite_info, command=command, reference=reference)
+    write_report(report, out, overwrite=overwrite)
+    return report
+
+
+def _reference_context(specs: list[Any]) -> tuple[int, int]:
+    """``(original, context)`` of the model with the longest configured context, read from configs only.
+
+    That model sets the lengths a suite gives relative to a context (``2x original``, ``target``).
+    """
+    from ctxext.rope import read_rope
+    from ctxext.runfolder import is_run_folder
+    from ctxext.sources import load_config
+
     states = []
     for spec in specs:
         cfg_ref = spec.config_from or spec.ref
-        from ctxext.runfolder import is_run_folder
-
         if spec.adapter and not spec.config_from:
             if (Path(spec.adapter) / "config.json").is_file():
                 cfg_ref = spec.adapter
@@ -338,12 +379,19 @@ def run_suite(
         config, _ = load_config(str(cfg_ref))
         states.append(read_rope(config))
     ref_state = max(states, key=lambda s: s.current_length)
-    original, context = ref_state.original_length, ref_state.current_length
-    allow = suite.allow_beyond_context
+    return ref_state.original_length, ref_state.current_length
+
+
+def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, Any], list[str]]:
+    """The lengths in tokens of every section (perplexity: ``(lengths, context limits, bucket)``), with notes.
+
+    Raises:
+        InputError: a section with no length left at or below the reference context.
+    """
     notes: list[str] = []
 
     def lengths_of(values: list[Length], task: str) -> list[int]:
-        kept, dropped = resolve_lengths(values, original, context, allow)
+        kept, dropped = resolve_lengths(values, original, context, suite.allow_beyond_context)
         if dropped:
             notes.append(f"{task}: lengths {dropped} dropped (above the reference context {context})")
         if not kept:
@@ -366,29 +414,12 @@ def run_suite(
         plan["ruler"] = lengths_of(suite.ruler.lengths, "ruler")
     if suite.attention:
         plan["attention"] = lengths_of([suite.attention.length], "attention")
+    return plan, notes
 
-    # Lengths past the reference's context were asked for explicitly ("2x target"): every model goes there.
-    beyond_target = sorted({L for v in plan.values() for L in (v[0] if isinstance(v, tuple) else v) if L > context})
-    entries = []
-    for i, spec in enumerate(specs):
-        loaded = load_model(spec, device=device)
-        beyond_ok = (
-            allow
-            or bool(beyond_target)
-            or (allow_beyond_for is not None and i in allow_beyond_for)
-            or loaded.context_length < context
-        )
-        entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
-        if "ruler" in entry:
-            from ctxext.evaluation.ruler import trained_tasks
 
-            # Marks the tasks this model was fine-tuned on (from a run folder's recipe data.mixture).
-            entry["ruler"]["trained_tasks"] = trained_tasks(spec.adapter or spec.ref)
-        entries.append(entry)
-        del loaded
-        gc.collect()
+def _data_sources(suite: Suite) -> dict[str, Any]:
+    """What each section reads (:func:`~ctxext.evaluation.data.describe_source`), for the report."""
     from ctxext.evaluation.data import describe_source
-    from ctxext.evaluation.report import build_report, write_report
 
     data: dict[str, Any] = {}
     if suite.perplexity:
@@ -402,18 +433,7 @@ def run_suite(
     if suite.attention:
         a = suite.attention
         data["attention"] = describe_source(a.data, a.text_field, a.split)
-    suite_info = {
-        "name": suite.name,
-        "path": suite_path,
-        "reference_context": context,
-        "reference_original_context": original,
-        "beyond_target": beyond_target,
-        "notes": notes,
-        "definition": suite.model_dump(),
-    }
-    report = build_report(entries, data=data, suite=suite_info, command=command, reference=reference)
-    write_report(report, out, overwrite=overwrite)
-    return report
+    return data
 
 
 def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool, show: bool) -> dict[str, Any]:
@@ -500,6 +520,8 @@ def find_suite(ref: str | Path) -> Path:
         shipped = Path(__file__).resolve().parents[2] / suite_path
         suite_path = shipped if shipped.is_file() else suite_path
     return suite_path
+
+
 def _run_attention(task: AttentionTask, loaded: Any, length: int, beyond_ok: bool, show: bool) -> dict[str, Any]:
     from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
     from ctxext.evaluation.data import iter_texts
