@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # the whole demo: extend, train, evaluate three models
 def test_demo_quick_end_to_end(tmp_path, cache_root):
     out = tmp_path / "demo"
     result = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out)], catch_exceptions=False)
