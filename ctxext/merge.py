@@ -406,7 +406,8 @@ def _base_with_adapter(
     model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, dtype=dtype, attn_implementation="sdpa")
     if resized:
         model.resize_token_embeddings(int(resized))
-    model.to(dev).eval()
+    # transformers decorates PreTrainedModel.to with functools.wraps, which mypy reads as unbound (self first).
+    model.to(dev).eval()  # type: ignore[arg-type]
     check = verify_model_rope(model)
     log(f"  base RoPE: {check.summary()}")
     return PeftModel.from_pretrained(model, run_dir, is_trainable=False).eval()
@@ -457,7 +458,8 @@ def _check_written(
     from ctxext.rope import verify_model_rope
 
     log(f"reloading {folder.name} with plain transformers")
-    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(dev).eval()
+    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
+    reloaded.to(dev).eval()  # type: ignore[arg-type]  # functools.wraps on .to, as above
     rope = verify_model_rope(reloaded).summary()
     if plan is not None:
         # Against the run's plan, not the reloaded config: what was trained is what must be published.

@@ -104,7 +104,7 @@ def versions(recipe: Recipe, command: list[str]) -> dict[str, Any]:
     """What ``versions.json`` records: Python, platform, library versions, seed and command line."""
     import importlib.metadata as md
 
-    libs = {}
+    libs: dict[str, str | None] = {}
     for name in ("ctxext", "torch", "transformers", "peft", "bitsandbytes", "accelerate", "datasets", "tokenizers"):
         try:
             libs[name] = md.version(name)

@@ -184,7 +184,7 @@ class TrainingLoop:
             task = progress.add_task("train", total=cfg.max_steps, completed=counters.step, info="")
             while counters.step < cfg.max_steps:
                 record = self._step(batches)
-                if main and (counters.step % cfg.log_every == 0 or "val_loss" in record):
+                if metrics_file is not None and (counters.step % cfg.log_every == 0 or "val_loss" in record):
                     metrics_file.write(json.dumps(record) + "\n")
                     metrics_file.flush()
                 if cfg.tracker != "none":

@@ -98,7 +98,7 @@ def make_optimizer(recipe: Recipe, params: list[torch.nn.Parameter], device: tor
     name = recipe.train.optimizer
     if name == "auto":
         name = "paged_adamw_8bit" if device.type == "cuda" else "adamw"
-    kwargs = {"lr": recipe.train.learning_rate, "weight_decay": recipe.train.weight_decay}
+    kwargs: dict[str, Any] = {"lr": recipe.train.learning_rate, "weight_decay": recipe.train.weight_decay}
     if name == "paged_adamw_8bit":
         if device.type != "cuda":
             raise InputError("train.optimizer: paged_adamw_8bit pages optimizer state through CUDA; use adamw on CPU")
