@@ -371,22 +371,23 @@ def merge_run(
     model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, dtype=torch_dtype, attn_implementation="sdpa")
     if resized:
         model.resize_token_embeddings(int(resized))
-    model.to(dev).eval()
+    # transformers decorates PreTrainedModel.to with functools.wraps, which mypy reads as unbound (self first).
+    model.to(dev).eval()  # type: ignore[arg-type]
     check = verify_model_rope(model)
     log(f"  base RoPE: {check.summary()}")
-    model = PeftModel.from_pretrained(model, run_dir, is_trainable=False).eval()
+    adapted = PeftModel.from_pretrained(model, run_dir, is_trainable=False).eval()
     tokenizer = _tokenizer(run_dir, base_dir)
 
     gen = torch.Generator().manual_seed(1234)
-    vocab = int(model.get_input_embeddings().weight.shape[0])
+    vocab = int(adapted.get_input_embeddings().weight.shape[0])
     inputs = [torch.randint(0, vocab, (1, length), generator=gen) for _ in range(sequences)]
     where = _positions(length, positions)
     log(f"base + adapter: logits at {len(where)} positions of {sequences} random sequences of {length} tokens")
-    reference = [_logits_at(model, ids.to(dev), where) for ids in inputs]
+    reference = [_logits_at(adapted, ids.to(dev), where) for ids in inputs]
     text = text_tokens(tokenizer, length).to(dev)
-    ref_nll, _ = _nll(model.get_base_model(), text)
+    ref_nll, _ = _nll(adapted.get_base_model(), text)
 
-    merged = model.merge_and_unload()
+    merged = adapted.merge_and_unload()
     untied = _untie_if_trained(merged)
     if untied:
         log("  untied lm_head from the trained embeddings (tie_word_embeddings=false)")
@@ -397,14 +398,13 @@ def merge_run(
             if (run_dir / name).is_file():
                 shutil.copy2(run_dir / name, tmp / name)
         _copy_reports(run_dir, tmp)
-        del model, merged
+        del model, adapted, merged
         gc.collect()
 
         # The check runs on what was written, loaded the way a user will load it.
         log(f"reloading {tmp.name} with plain transformers")
-        reloaded = (
-            AutoModelForCausalLM.from_pretrained(tmp, dtype=torch_dtype, attn_implementation="sdpa").to(dev).eval()
-        )
+        reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch_dtype, attn_implementation="sdpa")
+        reloaded.to(dev).eval()  # type: ignore[arg-type]  # functools.wraps on .to, as above
         rope = verify_model_rope(reloaded).summary()
         if plan is not None:
             # Against the run's plan, not the reloaded config: what was trained is what must be published.

@@ -47,7 +47,7 @@ def single_needle(
     """A sample with one needle (shared by ``needle`` and ``passkey``)."""
     keyed = "{key}" in tpl.needle
     fields: dict[str, Any] = {}
-    texts = (tpl.prefix, tpl.needle, tpl.question, tpl.answer)
+    texts: tuple[str, ...] = (tpl.prefix, tpl.needle, tpl.question, tpl.answer)
     if keyed:
         # A fresh key (and name) per sample, so a model cannot pass by remembering one answer.
         fields = {"key": draw_keys(rng, 1)[0], "name": draw_names(rng, 1)[0]}
