@@ -92,7 +92,7 @@ def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 def _versions(recipe: Recipe, command: list[str]) -> dict[str, Any]:
     import importlib.metadata as md
 
-    libs = {}
+    libs: dict[str, str | None] = {}
     for name in ("ctxext", "torch", "transformers", "peft", "bitsandbytes", "accelerate", "datasets", "tokenizers"):
         try:
             libs[name] = md.version(name)
@@ -211,7 +211,7 @@ def _make_optimizer(recipe: Recipe, params: list[torch.nn.Parameter], device: to
     name = recipe.train.optimizer
     if name == "auto":
         name = "paged_adamw_8bit" if device.type == "cuda" else "adamw"
-    kwargs = {"lr": recipe.train.learning_rate, "weight_decay": recipe.train.weight_decay}
+    kwargs: dict[str, Any] = {"lr": recipe.train.learning_rate, "weight_decay": recipe.train.weight_decay}
     if name == "paged_adamw_8bit":
         if device.type != "cuda":
             raise InputError("train.optimizer: paged_adamw_8bit pages optimizer state through CUDA; use adamw on CPU")
@@ -610,7 +610,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
                     )
                     if last_val is not None:
                         record["val_loss"] = last_val
-                if main and (counters.step % cfg.log_every == 0 or "val_loss" in record):
+                if metrics_file is not None and (counters.step % cfg.log_every == 0 or "val_loss" in record):
                     metrics_file.write(json.dumps(record) + "\n")
                     metrics_file.flush()
                 if cfg.tracker != "none":
