@@ -58,7 +58,9 @@ class ModelInputs:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
 
-        return ModelInputs(move(self.input_ids), move(self.labels), move(self.position_ids), move(self.attention_mask))  # type: ignore[arg-type]
+        return ModelInputs(
+            self.input_ids.to(device), self.labels.to(device), move(self.position_ids), move(self.attention_mask)
+        )
 
 
 def segment_positions(segments: torch.Tensor) -> torch.Tensor:
