@@ -97,7 +97,7 @@ def _check_replaceable(out: Path, kind: str, overwrite: bool, flag: str) -> None
     if not overwrite:
         hint = " pass --overwrite to replace it, or" if ours else ""
         raise InputError(f"{flag} {out}: already exists and is not empty;{hint} choose another {flag}")
-    if not ours:
+    if manifest is None or not ours:
         what = precious[0] if precious else "a folder ctxext did not write"
         if manifest is not None:
             what = f"a ctxext {manifest.get('kind')} folder, not a {kind} folder"

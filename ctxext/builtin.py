@@ -201,7 +201,7 @@ def build_tiny_llama(out: Path) -> None:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
-        rope_theta=10000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

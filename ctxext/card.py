@@ -201,7 +201,7 @@ def _sections(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     ppl = report.get("perplexity")
     if isinstance(ppl, dict) and "by_length" not in ppl and ppl and all(isinstance(v, dict) for v in ppl.values()):
         names = list(ppl)
-        passkey = report.get("passkey") if isinstance(report.get("passkey"), dict) else {}
+        passkey = pk if isinstance(pk := report.get("passkey"), dict) else {}
         return [(n, {"perplexity": ppl[n], "passkey": passkey.get(n)}) for n in names]
     # Layout D: one model at top level.
     name = report.get("model")
@@ -377,7 +377,7 @@ def _rope_parameters(inputs: CardInputs) -> dict[str, Any]:
 
 def _dataset_ids(inputs: CardInputs) -> list[str]:
     ids: list[str] = []
-    data = inputs.recipe.get("data") if isinstance(inputs.recipe.get("data"), dict) else {}
+    data = d if isinstance(d := inputs.recipe.get("data"), dict) else {}
     if looks_like_hub_id(data.get("path")):
         ids.append(str(data["path"]))
     for report in inputs.reports:
@@ -535,9 +535,9 @@ def _model_section(inputs: CardInputs) -> list[str]:
 
 def _recipe_section(inputs: CardInputs) -> list[str]:
     run, recipe = inputs.run, inputs.recipe
-    lora = run.get("lora") if isinstance(run.get("lora"), dict) else recipe.get("lora") or {}
-    train = recipe.get("train") if isinstance(recipe.get("train"), dict) else {}
-    data = recipe.get("data") if isinstance(recipe.get("data"), dict) else {}
+    lora = lo if isinstance(lo := run.get("lora"), dict) else recipe.get("lora") or {}
+    train = t if isinstance(t := recipe.get("train"), dict) else {}
+    data = d if isinstance(d := recipe.get("data"), dict) else {}
     extra = run.get("extra_trainable") or lora.get("extra_trainable") or []
     rows = [
         ("steps", run.get("steps")),
@@ -663,13 +663,13 @@ def _eval_section(inputs: CardInputs) -> list[str]:
         lines += _bucket_table(models)
         lines += _grid_tables(models)
         lines += _grid_tables(models, "needle", "Needle-in-a-haystack accuracy")
-        qa = [m for m in models if m.qa]
+        qa = [(m.name, m.qa) for m in models if m.qa]
         if qa:
             lines += ["", "Long-document QA (exact match / F1, %):", ""]
             lines += [
-                f"- {m.name}: {_fmt(float(m.qa.get('exact_match', math.nan)), 3)} / "
-                f"{_fmt(float(m.qa.get('f1', math.nan)), 3)} ({m.qa.get('examples', '?')} questions)"
-                for m in qa
+                f"- {name}: {_fmt(float(q.get('exact_match', math.nan)), 3)} / "
+                f"{_fmt(float(q.get('f1', math.nan)), 3)} ({q.get('examples', '?')} questions)"
+                for name, q in qa
             ]
         plots = [p for p in report.plots if p in inputs.plot_names]
         if plots:

@@ -306,8 +306,10 @@ def _print_plan(plan: Any) -> None:
     console.print(head)
     console.print(f"[dim]config: {plan.config_source}[/]")
     table = Table(title=f"memory per {'process' if dev.kind == 'cpu' else 'GPU'} (GiB)")
-    for col, kw in (("group", {}), ("component", {}), ("GiB", {"justify": "right"}), ("how", {"style": "dim"})):
-        table.add_column(col, **kw)
+    table.add_column("group")
+    table.add_column("component")
+    table.add_column("GiB", justify="right")
+    table.add_column("how", style="dim")
     peak = plan.memory.peak_phase
     for c in plan.memory.components:
         name = c.name if peak in c.phases else f"{c.name} [dim](not at the peak)[/]"
@@ -390,7 +392,7 @@ def plan(
         return
     if recipe is None:
         raise InputError("pass a recipe: ctxext plan RECIPE.yaml --gpu NAME (or --list-gpus)")
-    if sum(x is not None and x is not False for x in (gpu, gpu_memory, cpu or None)) != 1:
+    if sum(x is not None for x in (gpu, gpu_memory, cpu or None)) != 1:
         raise InputError("pass exactly one of --gpu NAME, --gpu-memory SIZE or --cpu")
     if loss not in ("chunked", "full"):
         raise InputError(f"--loss: {loss!r} is not chunked or full")
@@ -647,4 +649,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

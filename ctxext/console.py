@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -16,7 +16,8 @@ from rich.console import Console
 console = Console()
 err_console = Console(stderr=True)
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Exit codes: 2 for bad input (recipe, options, paths), 1 for a failure while working.
 EXIT_BAD_INPUT = 2
@@ -30,11 +31,11 @@ def _print_error(exc: BaseException) -> None:
     err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
 
 
-def friendly_errors(fn: F) -> F:
+def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Turn ctxext's user-facing errors into a red message and an exit code, without a traceback."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         from ctxext.config import RecipeError
         from ctxext.rope import RopeError
         from ctxext.sources import SourceError
@@ -61,4 +62,4 @@ def friendly_errors(fn: F) -> F:
                 raise typer.Exit(exc.exit_code) from None
             raise
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper

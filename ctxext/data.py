@@ -120,7 +120,7 @@ def load_documents(path: str, text_field: str = "text", split: str = "train", na
                 f"data.path: {local} holds files of type {', '.join(suffixes)}; use one kind of "
                 f"{', '.join(sorted(LOADERS))} files"
             )
-        kind = kinds.pop()
+        kind = LOADERS[files[0].suffix.lower()]  # every file has this one kind (checked above)
         from ctxext.sources import check_utf8
 
         check_utf8(files, "data.path")

@@ -34,7 +34,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, chunk_size):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, labels, chunk_size):
         n = hidden.shape[0]
         acc = torch.promote_types(hidden.dtype, torch.float32)
         total = torch.zeros((), dtype=acc, device=hidden.device)
@@ -63,22 +63,22 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 probs.div_(norm)
                 probs.scatter_add_(1, safe, torch.full_like(target, -1.0).unsqueeze(1))
                 probs.mul_(valid.unsqueeze(1))
-                if need_h:
+                if grad_h is not None:
                     grad_h[start:end] = (probs.to(weight.dtype) @ weight).to(hidden.dtype)
-                if need_w:
+                if grad_w is not None:
                     grad_w.addmm_(probs.t(), h.to(acc))
-                if need_b:
+                if grad_b is not None:
                     grad_b += probs.sum(0)
             del logits, probs
         ctx.save_for_backward(
-            grad_h if need_h else None,
-            grad_w.to(weight.dtype) if need_w else None,
-            grad_b.to(bias.dtype) if need_b else None,
+            grad_h,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
         )
         return total
 
     @staticmethod
-    def backward(ctx, grad_total):  # type: ignore[override]
+    def backward(ctx, grad_total):
         grad_h, grad_w, grad_b = ctx.saved_tensors
         scale = lambda g: None if g is None else g * grad_total.to(g.dtype)  # noqa: E731
         return scale(grad_h), scale(grad_w), scale(grad_b), None, None

@@ -79,8 +79,10 @@ def _short_rows(blocks: Any, n_rows: int, seq_len: int, short_len: int, rng: ran
     return rows
 
 
-def _corpus_rows(blocks: Any, n_rows: int, seq_len: int, long_fraction: float | None, rng: random.Random) -> list:
-    """``n_rows`` of the corpus's blocks, without replacement until they run out."""
+def _corpus_rows(
+    blocks: Any, n_rows: int, seq_len: int, long_fraction: float | None, rng: random.Random
+) -> tuple[list[dict], int]:
+    """``n_rows`` of the corpus's blocks, without replacement until they run out, and how many are long."""
     blocks = blocks.with_format(None)  # plain lists, every column
     n = len(blocks)
     doc_tokens = blocks["doc_tokens"]

@@ -178,7 +178,8 @@ def load_base(
         kwargs["device_map"] = {"": device.index if device.type == "cuda" and device.index is not None else str(device)}
     model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     if qconf is None:
-        model.to(device)
+        # transformers decorates PreTrainedModel.to with functools.wraps, which mypy reads as unbound (self first).
+        model.to(device)  # type: ignore[arg-type]
     elif device.type == "cpu":
         _keep_cpu_4bit_layout(model)
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
@@ -194,7 +195,8 @@ def _keep_cpu_4bit_layout(model: torch.nn.Module) -> None:
     # Keeping the training layout makes train, validation and reload compute the same thing.
     for module in model.modules():
         if hasattr(module, "support_avx512bf16_for_cpu"):
-            module.support_avx512bf16_for_cpu = False
+            # A bool attribute of bitsandbytes' layer; nn.Module types attributes as Tensor | Module.
+            module.support_avx512bf16_for_cpu = False  # type: ignore[assignment]
 
 
 def _matched_modules(model: torch.nn.Module, suffixes: list[str]) -> list[str]:

@@ -479,7 +479,7 @@ def plan_recipe(
     if advise_changes and not ok:
         plan.advice = advise(shape, setup, device)
     # The same step with checkpointing and the loss flipped, for comparison (the table shows the recipe's own).
-    flips = {
+    flips: dict[str, dict[str, Any]] = {
         f"checkpointing {'off' if setup.checkpointing else 'on'}": {"checkpointing": not setup.checkpointing},
         "full logits" if setup.loss == "chunked" else "chunked loss": {
             "loss": "full" if setup.loss == "chunked" else "chunked"

@@ -103,11 +103,13 @@ def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list
                 "learn poorly; choose a method (yarn, linear …) with rope.target_length"
             )
         return
+    target_length = recipe.rope.target_length
+    assert target_length is not None  # the recipe schema requires it once a method is set
     try:
         plan = plan_extension(
             config,
             recipe.rope.method,
-            int(recipe.rope.target_length),
+            target_length,
             recipe.rope.options(),
             recipe.model.original_length,
             recipe.rope.relative_to,

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -296,7 +296,7 @@ def read_rope(config: Any, original_length: int | None = None) -> RopeState:
 # ---------------------------------------------------------------------------------------------
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -654,6 +654,12 @@ def _dynamic(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> R
     return plan
 
 
+def _option(opts: dict[str, Any], key: str, default: float) -> float:
+    # A method option as a float; unset (absent or None) means the method's default.
+    value = opts.get(key)
+    return float(value if value is not None else default)
+
+
 @register_method(
     "yarn",
     "YaRN (Peng et al. 2023): NTK-by-parts interpolation + attention temperature",
@@ -664,8 +670,8 @@ def _yarn(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> Rope
         "rope_type": "yarn",
         "factor": s,
         "original_max_position_embeddings": state.original_length,
-        "beta_fast": float(opts.get("beta_fast") if opts.get("beta_fast") is not None else 32.0),
-        "beta_slow": float(opts.get("beta_slow") if opts.get("beta_slow") is not None else 1.0),
+        "beta_fast": _option(opts, "beta_fast", 32.0),
+        "beta_slow": _option(opts, "beta_slow", 1.0),
         **_base_params(state),
     }
     if opts.get("attention_factor") is not None:
@@ -684,8 +690,8 @@ def _llama3(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> Ro
     params = {
         "rope_type": "llama3",
         "factor": s,
-        "low_freq_factor": float(opts.get("low_freq_factor") if opts.get("low_freq_factor") is not None else 1.0),
-        "high_freq_factor": float(opts.get("high_freq_factor") if opts.get("high_freq_factor") is not None else 4.0),
+        "low_freq_factor": _option(opts, "low_freq_factor", 1.0),
+        "high_freq_factor": _option(opts, "high_freq_factor", 4.0),
         "original_max_position_embeddings": state.original_length,
         **_base_params(state),
     }
@@ -791,7 +797,7 @@ def _base_state(state: RopeState) -> RopeState:
     base = dict(state.extension.get("base_rope_parameters") or {})
     if base.get("rope_type", "default") != "default":
         return _base_state(replace(state, rope_type=base["rope_type"], parameters=base, extension={}))
-    params = {"rope_type": "default", "rope_theta": float(base.get("rope_theta", state.rope_theta))}
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": float(base.get("rope_theta", state.rope_theta))}
     prf = base.get("partial_rotary_factor", state.parameters.get("partial_rotary_factor"))
     if prf is not None:
         params["partial_rotary_factor"] = prf
@@ -1051,7 +1057,8 @@ def rebuild_rotary(model: torch.nn.Module) -> int:
     config = _text_config(model.config)
     rebuilt = 0
     for name, module in list(rotary_modules(model)):
-        device = module.inv_freq.device
+        # A tensor buffer (rotary_modules checked), which nn.Module types as Tensor | Module.
+        device: torch.device = module.inv_freq.device  # type: ignore[assignment]
         try:
             fresh = type(module)(config=config, device=device)
         except TypeError:
@@ -1082,7 +1089,7 @@ def reset_dynamic_rope(model: torch.nn.Module) -> None:
         if hasattr(module, "original_max_seq_len"):
             module.max_seq_len_cached = module.original_max_seq_len
         if hasattr(module, "long_inv_freq"):
-            module.long_inv_freq = None
+            module.long_inv_freq = None  # type: ignore[assignment]  # a buffer may be None; torch's stubs say not
 
 
 def _runtime_values(module: torch.nn.Module, seq_len: int) -> tuple[torch.Tensor, float]:
@@ -1092,7 +1099,9 @@ def _runtime_values(module: torch.nn.Module, seq_len: int) -> tuple[torch.Tensor
     position_ids = torch.tensor([[seq_len - 1]], dtype=torch.long)
     with torch.no_grad():
         probe(x, position_ids)
-    return probe.inv_freq.detach().double().cpu(), float(probe.attention_scaling)
+    # A tensor buffer and a float attribute, which nn.Module types as Tensor | Module.
+    inv_freq: torch.Tensor = probe.inv_freq  # type: ignore[assignment]
+    return inv_freq.detach().double().cpu(), float(probe.attention_scaling)  # type: ignore[arg-type]
 
 
 @dataclass

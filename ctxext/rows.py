@@ -58,7 +58,9 @@ class ModelInputs:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
 
-        return ModelInputs(move(self.input_ids), move(self.labels), move(self.position_ids), move(self.attention_mask))  # type: ignore[arg-type]
+        return ModelInputs(
+            self.input_ids.to(device), self.labels.to(device), move(self.position_ids), move(self.attention_mask)
+        )
 
 
 def segment_positions(segments: torch.Tensor) -> torch.Tensor:
@@ -118,21 +120,25 @@ def build_inputs(
     targets = rows.get("targets")
     if targets is not None:
         labels[:, :-1] = labels[:, :-1].masked_fill(targets[:, 1:] == 0, IGNORE_INDEX)
-    multi = segments is not None and bool((segments[:, -1] != segments[:, 0]).any())
-    if multi:
+    if segments is not None and not bool((segments[:, -1] != segments[:, 0]).any()):
+        segments = None  # every row is one document: nothing to keep apart
+    if segments is not None:
         # No token learns to predict the first token of the next document from the previous one.
         labels[:, :-1] = labels[:, :-1].masked_fill(segments[:, 1:] != segments[:, :-1], IGNORE_INDEX)
     use_pose = pose_chunks is not None and target_length is not None
     pose_rows = rows.get("pose")
-    if not multi and not use_pose:
+    if segments is None and not use_pose:
         return ModelInputs(ids, labels)
-    positions = segment_positions(segments) if multi else torch.arange(ids.shape[1]).expand_as(ids).clone()
-    if use_pose:
+    if segments is not None:
+        positions = segment_positions(segments)
+    else:
+        positions = torch.arange(ids.shape[1]).expand_as(ids).clone()
+    if pose_chunks is not None and target_length is not None:
         for b in range(ids.shape[0]):
             if pose_rows is not None and not int(pose_rows[b]):
                 continue
             gen = example_generator(seed, first_example + b)
-            seg = segments[b] if multi else torch.zeros(ids.shape[1], dtype=torch.long)
+            seg = segments[b] if segments is not None else torch.zeros(ids.shape[1], dtype=torch.long)
             for s in seg.unique().tolist():
                 where = (seg == s).nonzero().squeeze(1)
                 if len(where) >= pose_chunks:
@@ -142,5 +148,5 @@ def build_inputs(
         # position ids restart at 0 (every row and every segment start there; PoSE skips never return to 0).
         flat = (1, ids.numel())
         return ModelInputs(ids.reshape(flat), labels.reshape(flat), positions.reshape(flat), None)
-    mask = block_causal_mask(segments) if multi else torch.ones_like(ids, dtype=torch.bool)
+    mask = block_causal_mask(segments) if segments is not None else torch.ones_like(ids, dtype=torch.bool)
     return ModelInputs(ids, labels, positions, mask)

@@ -6,4 +6,5 @@ bash scripts/setup.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 ruff check .
+mypy  # [tool.mypy] in pyproject.toml: the package ships py.typed, so its types are checked
 python -m pytest -q -p no:cacheprovider "$@"

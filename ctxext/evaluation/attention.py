@@ -95,7 +95,7 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
             f"{type(base_model(model)).__name__}: attention diagnostics need decoder layers with self_attn.q_proj / "
             "k_proj (Llama-family models)"
         )
-    return mods
+    return [m for m in mods if m is not None]  # all of them (checked above)
 
 
 def _rotary(module: torch.nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -119,11 +119,14 @@ def rotated_qk(
     Returns:
         ``(q, k)``, each ``[batch, heads, T, head_dim]`` in float32.
     """
-    shape = (*hidden.shape[:-1], -1, module.head_dim)
-    q = module.q_proj(hidden).view(shape)
-    k = module.k_proj(hidden).view(shape)
-    if hasattr(module, "q_norm"):  # Qwen3-style per-head norms come before the rotation
-        q, k = module.q_norm(q), module.k_norm(k)
+    # Used duck-typed: transformers' attention classes share no base that declares these attributes, and
+    # nn.Module types every attribute as Tensor | Module.
+    attn: Any = module
+    shape = (*hidden.shape[:-1], -1, attn.head_dim)
+    q = attn.q_proj(hidden).view(shape)
+    k = attn.k_proj(hidden).view(shape)
+    if hasattr(attn, "q_norm"):  # Qwen3-style per-head norms come before the rotation
+        q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = q.transpose(1, 2), k.transpose(1, 2)
     cos, sin = position_embeddings
     q, k = _rotary(module)(q, k, cos, sin)
@@ -253,12 +256,19 @@ def evaluate_attention(
         def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
             hidden = args[0] if args else kwargs["hidden_states"]
             pos = kwargs.get("position_embeddings") or (args[1] if len(args) > 1 else None)
+            if pos is None:
+                raise InputError(
+                    f"{type(module).__name__} is not passed position_embeddings (cos, sin); attention diagnostics "
+                    "need a model that computes its rotary embedding once per forward (transformers >= 4.48 layout)"
+                )
             q, k = rotated_qk(module, hidden, pos)
             heads = q.shape[1]
             block = max(1, BLOCK_ELEMENTS // (heads * length))
             for start in range(0, length, block):
                 end = min(start + block, length)
-                acc.add(layer, attention_probs(q[0], k[0], module.scaling, start, end).cpu(), start)
+                # A float attribute, which nn.Module types as Tensor | Module.
+                scaling = float(module.scaling)  # type: ignore[arg-type]
+                acc.add(layer, attention_probs(q[0], k[0], scaling, start, end).cpu(), start)
 
         return hook
 

@@ -15,12 +15,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from ctxext.errors import InputError
 from ctxext.rope import RopeState, read_rope, verify_model_rope
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
@@ -177,7 +180,9 @@ def load_model(
     if is_run_folder(spec.ref) and spec.adapter is None:
         check_run_base(json.loads((Path(spec.ref) / "run.json").read_text()), f"evaluating {spec.ref}")
     config = config_from_folder(config_from or base_dir)
-    model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, dtype=dtype, attn_implementation="sdpa")
+    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
+        base_dir, config=config, dtype=dtype, attn_implementation="sdpa"
+    )
     if adapter_dir is not None:
         from peft import PeftModel
 
@@ -215,13 +220,13 @@ def _load_tokenizer(candidates: list[str]) -> Any:
     raise InputError(f"no tokenizer found in {', '.join(candidates)}; save the tokenizer next to the model")
 
 
-def _base(model: torch.nn.Module) -> torch.nn.Module:
+def _base(model: torch.nn.Module) -> PreTrainedModel:
     # A PeftModel wraps the transformers model; RoPE and config live on the latter.
     getter = getattr(model, "get_base_model", None)
-    return getter() if callable(getter) else model
+    return cast("PreTrainedModel", getter() if callable(getter) else model)
 
 
-def base_model(model: torch.nn.Module) -> torch.nn.Module:
+def base_model(model: torch.nn.Module) -> PreTrainedModel:
     """The transformers model under a peft wrapper (or the model itself)."""
     return _base(model)
 

@@ -118,7 +118,7 @@ def _ppl_rows(m: dict[str, Any], ref: dict[str, Any], resamples: int, seed: int,
                 f"{m['name']}: no document in common with {ref['name']} at {L} tokens (different tokenizers or data)"
             )
             continue
-        ia, ib = zip(*pairs, strict=True)
+        ia, ib = (list(x) for x in zip(*pairs, strict=True))
         stat = paired_ppl_ratio(
             np.array(a["nll_sums"])[list(ia)],
             np.array(b["nll_sums"])[list(ib)],

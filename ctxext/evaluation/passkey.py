@@ -31,7 +31,7 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -43,6 +43,9 @@ from ctxext.evaluation.stats import wilson_interval
 from ctxext.rope import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
 from ctxext.tasks import Haystack, TaskSample, Template, get_task
 from ctxext.tasks.base import NOISE_TEXT
+
+if TYPE_CHECKING:
+    from transformers import GenerationMixin
 
 SCORINGS = ("teacher-forced", "generate")
 
@@ -87,7 +90,10 @@ def _without_checkpoint_generation_config(model: torch.nn.Module) -> Iterator[No
     try:
         yield
     finally:
-        base.generation_config = saved
+        if saved is None:  # it had none: leave none behind
+            del base.generation_config
+        else:
+            base.generation_config = saved
 
 
 @torch.no_grad()
@@ -110,7 +116,8 @@ def greedy_generate_ids(loaded: LoadedModel, prompts: list[list[int]], max_new_t
     use_cache = loaded.rope.rope_type not in LENGTH_DEPENDENT_TYPES
     reset_dynamic_rope(loaded.model)
     with _without_checkpoint_generation_config(loaded.model):
-        out = loaded.model.generate(
+        # A causal LM, or its peft wrapper, whose generate takes the same arguments.
+        out = cast("GenerationMixin", loaded.model).generate(
             input_ids=x,
             attention_mask=torch.ones_like(x),
             generation_config=greedy_config(tok, max_new_tokens, use_cache),

@@ -440,7 +440,7 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
             row = [t + (" ✱" if res.get("registry_task") in (r.get("trained_tasks") or []) else "")]
             for L in lengths:
                 bl = res["by_length"].get(L)
-                cell = next((c for c in res["cells"] if str(c["length"]) == L), {})
+                cell: dict[str, Any] = next((c for c in res["cells"] if str(c["length"]) == L), {})
                 row.append(
                     "–"
                     if bl is None
@@ -463,7 +463,7 @@ def _eff(e: dict[str, Any]) -> str:
             ref = e.get("reference_score")
             return "n/a" + (f" ({ref * 100:.0f} % at the original length)" if ref is not None else "")
         return f"< shortest (≥ {bar * 100:.0f} % needed)"
-    return f"{e['length']} (≥ {bar * 100:.0f} %)"
+    return f"{e['length']}" + (f" (≥ {bar * 100:.0f} %)" if bar is not None else "")
 
 
 def _qa_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:

@@ -216,7 +216,7 @@ def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: 
     ]
     mean = {L: sum(table[t][str(L)] for t in counted) / len(counted) if counted else 0.0 for L in lengths}
     none = "no task scores at the original length"
-    overall = (
+    overall: dict[str, Any] = (
         effective_length(mean, original, settings.threshold, settings.threshold_reference)
         if counted
         else {"length": None, "threshold": None, "reference_score": None, "note": none}

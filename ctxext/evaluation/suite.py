@@ -34,6 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ctxext.errors import InputError
 
 Length = int | str
+# Typed defaults (a bare lambda's list literal would be inferred as list[str] / list[int]).
+_SCALES: list[Length] = ["1x", "2x", "4x"]
+_GRID_DEPTHS: list[float] = [0, 25, 50, 75, 100]
+_RULER_DEPTHS: list[float] = [10, 50, 90]
 
 
 class _Section(BaseModel):
@@ -46,7 +50,7 @@ class PerplexityTask(_Section):
     data: str = Field(default="builtin:stdlib", description="text file, folder, jsonl/parquet, Hub id, builtin:stdlib")
     text_field: str = "text"
     split: str = "test"
-    lengths: list[Length] = Field(default_factory=lambda: ["1x", "2x", "4x"])
+    lengths: list[Length] = Field(default_factory=_SCALES.copy)
     bucket_size: int | str | None = Field(default="auto", description="tokens per bucket, 'auto' (longest/8) or null")
     context_limits: list[Length] = Field(default_factory=list)
     stride: int | None = None
@@ -59,8 +63,8 @@ class PerplexityTask(_Section):
 class GridTask(_Section):
     """A passkey or needle grid."""
 
-    lengths: list[Length] = Field(default_factory=lambda: ["1x", "2x", "4x"])
-    depths: list[float] = Field(default_factory=lambda: [0, 25, 50, 75, 100])
+    lengths: list[Length] = Field(default_factory=_SCALES.copy)
+    depths: list[float] = Field(default_factory=_GRID_DEPTHS.copy)
     trials: int = Field(default=5, gt=0)
     seed: int = 0
     max_new_tokens: int = Field(default=12, gt=0)
@@ -96,8 +100,8 @@ class RulerSection(_Section):
     """RULER-style synthetic tasks × lengths × depths, with effective length."""
 
     tasks: list[RulerTaskEntry]
-    lengths: list[Length] = Field(default_factory=lambda: ["1x", "2x", "4x"])
-    depths: list[float] = Field(default_factory=lambda: [10, 50, 90])
+    lengths: list[Length] = Field(default_factory=_SCALES.copy)
+    depths: list[float] = Field(default_factory=_RULER_DEPTHS.copy)
     trials: int = Field(default=10, gt=0)
     seed: int = 0
     haystack: str = Field(default="builtin:stdlib", description="haystack text source, or noise")

@@ -180,7 +180,7 @@ def compare_heldout(
             models[name]["factors"] = [float(v) for v in named[name]]
 
     best_named = min(NAMED_METHODS, key=lambda m: models[m]["objective_nll"])
-    s, b = raw["searched"], raw[best_named]
+    ours, rival = raw["searched"], raw[best_named]
     ones = lambda x: np.ones(len(x.nll_sums), dtype=np.float64)  # noqa: E731
     comparison = {
         "best_named": best_named,
@@ -189,13 +189,13 @@ def compare_heldout(
             "searched_nll": models["searched"]["objective_nll"],
             "best_named_nll": models[best_named]["objective_nll"],
             "ratio": math.exp(models["searched"]["objective_nll"] - models[best_named]["objective_nll"]),
-            **_paired(s["objective"].nll_sums, b["objective"].nll_sums, s["objective"].counts),
+            **_paired(ours["objective"].nll_sums, rival["objective"].nll_sums, ours["objective"].counts),
         },
     }
     for task in ("needle", "multikey"):
-        a_hits = s[task].correct.astype(np.float64)
-        b_hits = b[task].correct.astype(np.float64)
-        comparison[task] = _paired(a_hits, b_hits, ones(s[task]))
+        a_hits = ours[task].correct.astype(np.float64)
+        b_hits = rival[task].correct.astype(np.float64)
+        comparison[task] = _paired(a_hits, b_hits, ones(ours[task]))
     window_diff = float(np.abs(raw["searched"]["nll_window"] - raw["base"]["nll_window"]).max()) if ppl_docs else 0.0
     return {
         "target_length": target_length,
@@ -283,7 +283,9 @@ def plot_factors(report: dict[str, Any], path: Path) -> None:
     for name, m in report["models"].items():
         if "factors" not in m:
             continue
-        style = {"linewidth": 2.5, "color": "black"} if name == "searched" else {"linewidth": 1.2, "linestyle": "--"}
+        style: dict[str, Any] = (
+            {"linewidth": 2.5, "color": "black"} if name == "searched" else {"linewidth": 1.2, "linestyle": "--"}
+        )
         ax.plot(range(len(m["factors"])), m["factors"], label=name, **style)
     ax.set_yscale("log")
     ax.set_xlabel("rotary dimension pair i (0 = highest frequency)")

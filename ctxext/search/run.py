@@ -393,6 +393,7 @@ def run_search(
     seconds = wall()
     cpu_seconds = prior_cpu + time.process_time() - start_cpu
     winner = best(evaluated)
+    assert winner.score is not None  # best() returns a scored candidate
     seed_cands = [c for c in evaluated if c.origin.startswith("seed:")]
     top_seed = best(seed_cands) if seed_cands else winner
     search_log.append(

@@ -76,7 +76,7 @@ class SquadOffline(evaluate.Metric):
             ems.append(100.0 * max(exact_match(pred, r) for r in refs))
             f1s.append(100.0 * max(f1(pred, r) for r in refs))
         n = max(1, len(ems))
-        out = {"exact_match": sum(ems) / n, "f1": sum(f1s) / n}
+        out: dict[str, float | list[float]] = {"exact_match": sum(ems) / n, "f1": sum(f1s) / n}
         if per_example:
             out["exact_match_per_example"] = ems
             out["f1_per_example"] = f1s
