@@ -217,7 +217,8 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
         for length in lengths[-2:] if adapter is not None else ():
             for depth in (0, 100):
                 _, _, correct = passkey_trial(model, tokenizer, length, seed=length + depth, depth=depth / 100)
-                cells.append(GridCell(length=length, depth=depth, trials=1, correct=int(correct), accuracy=float(correct)))
+                hit = int(correct)
+                cells.append(GridCell(length=length, depth=depth, trials=1, correct=hit, accuracy=float(hit)))
         short = by_length[str(ORIGINAL)]
         config = json.loads(((adapter or base_dir) / "config.json").read_text())
         entry = ModelEntry(

@@ -1,13 +1,19 @@
 """PNG plots of an evaluation report: perplexity by position / length / context limit, retrieval, QA, attention.
 
-Every plot reads the report's JSON form (:meth:`ctxext.evaluation.schema.EvalReport.to_json_dict`); matplotlib is
-imported only when plots are written.
+Every plot reads the report's JSON form (:meth:`ctxext.evaluation.schema.EvalReport.to_json_dict`, NaN written
+as null); matplotlib is imported only when plots are written.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
+
+
+def _f(x: float | None) -> float:
+    # The JSON form writes an unmeasured value as null; matplotlib wants NaN (a gap).
+    return math.nan if x is None else x
 
 
 def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
@@ -34,8 +40,8 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
         for m in ppl:
             bb = m["perplexity"]["by_bucket"]
             x = [(b["start"] + b["end"]) / 2 for b in bb]
-            ax.plot(x, [b["ppl"] for b in bb], marker="o", label=m["name"])
-            ax.fill_between(x, [b["ci_low"] for b in bb], [b["ci_high"] for b in bb], alpha=0.2)
+            ax.plot(x, [_f(b["ppl"]) for b in bb], marker="o", label=m["name"])
+            ax.fill_between(x, [_f(b["ci_low"]) for b in bb], [_f(b["ci_high"]) for b in bb], alpha=0.2)
         for m in ppl:
             ax.axvline(m["rope"]["original_length"], color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("token position (bucket centre)")
@@ -53,8 +59,8 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
                 ((int(L), e) for L, e in m["perplexity"]["by_length"].items() if e.get("ppl")), key=lambda t: t[0]
             )
             x = [L for L, _ in items]
-            ax.plot(x, [e["ppl"] for _, e in items], marker="o", label=m["name"])
-            ax.fill_between(x, [e["ci_low"] for _, e in items], [e["ci_high"] for _, e in items], alpha=0.2)
+            ax.plot(x, [_f(e["ppl"]) for _, e in items], marker="o", label=m["name"])
+            ax.fill_between(x, [_f(e["ci_low"]) for _, e in items], [_f(e["ci_high"]) for _, e in items], alpha=0.2)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("evaluation length (tokens)")
@@ -69,8 +75,8 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
         for m in cu:
             c = m["perplexity"]["context_use"]
             lim = c["limits"]
-            (line,) = ax.plot([e["context"] for e in lim], [e["ppl"] for e in lim], marker="o", label=m["name"])
-            ax.axhline(c["full"]["ppl"], color=line.get_color(), linestyle="--", linewidth=1)
+            (line,) = ax.plot([e["context"] for e in lim], [_f(e["ppl"]) for e in lim], marker="o", label=m["name"])
+            ax.axhline(_f(c["full"]["ppl"]), color=line.get_color(), linestyle="--", linewidth=1)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context limit k (tokens)")
         ax.set_ylabel("perplexity of the same target tokens")
@@ -118,7 +124,7 @@ def _heatmap(plt: Any, models: list[dict[str, Any]], task: str, folder: Path) ->
         depths = sorted({c["depth"] for c in cells})
         grid = np.full((len(depths), len(lengths)), np.nan)
         for c in cells:
-            grid[depths.index(c["depth"]), lengths.index(c["length"])] = c["accuracy"]
+            grid[depths.index(c["depth"]), lengths.index(c["length"])] = _f(c["accuracy"])
         image = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
         ax.set_xticks(range(len(lengths)), [str(L) for L in lengths], rotation=45)
         ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])

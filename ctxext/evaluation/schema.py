@@ -331,7 +331,7 @@ class EvalReport(BaseModel):
 
     def to_json_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data (``"schema"`` key, NaN / inf as ``null``)."""
-        return _finite(self.model_dump(mode="json", by_alias=True))
+        return _plain(self.model_dump(mode="json", by_alias=True), finite=True)
 
     def to_json(self) -> str:
         """The ``report.json`` text."""
@@ -343,16 +343,17 @@ class EvalReport(BaseModel):
         return source if isinstance(source, str) and source else None
 
 
-def _finite(obj: Any) -> Any:
-    # JSON has no NaN / inf: they become null.
+def _plain(obj: Any, finite: bool = False) -> Any:
+    # Plain Python data: numpy / torch scalars from the evaluators become numbers, and with ``finite``
+    # NaN / inf become null (JSON has neither). In memory a value that could not be measured stays NaN.
     if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+        return obj if not finite or math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
+        return {str(k): _plain(v, finite) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars from the evaluators
-        return _finite(obj.item())
+        return [_plain(v, finite) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):
+        return _plain(obj.item(), finite)
     return obj
 
 
@@ -382,7 +383,7 @@ def parse_report(data: Any, where: str = "the report") -> EvalReport:
             "this version (`ctxext eval run ...`), or read it with the ctxext version that wrote it"
         )
     try:
-        return EvalReport.model_validate(_finite(data))
+        return EvalReport.model_validate(_plain(data))
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()
