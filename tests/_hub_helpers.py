@@ -235,7 +235,7 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
                 protocol="truncated-document perplexity",
                 by_length=by_length,
                 by_bucket=buckets,
-                short_context={"length": ORIGINAL, **{k: short[k] for k in ("ppl", "nll", "tokens", "documents")}},
+                short_context={"length": ORIGINAL, **{k: v for k, v in short.items() if k != "beyond_context"}},
             ),
         )
         if cells:
