@@ -6,7 +6,9 @@ The YAML front matter is built with huggingface_hub's :class:`~huggingface_hub.M
 
 The prose says what was changed (method, factor, every rope parameter), how it was trained, how it
 scored (tables and plots from ``ctxext eval`` reports), what it cost at the original context, and how
-to load and serve it with the right RoPE — the step users most often get wrong.
+to load and serve it with the right RoPE — the step users most often get wrong (:mod:`ctxext.card_usage`).
+Reports are read through the report schema (:mod:`ctxext.evaluation.schema`) and shown with the tables of
+their own ``report.md`` (:mod:`ctxext.evaluation.tables`).
 """
 
 from __future__ import annotations
@@ -37,11 +39,6 @@ def split_base(models: list[ModelEntry]) -> tuple[ModelEntry | None, ModelEntry 
     base = next((m for m in models if m.is_base), None)
     others = [m for m in models if m is not base]
     return (others[-1] if others else None), base
-
-
-# ---------------------------------------------------------------------------------------------
-# The card
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -200,10 +197,10 @@ def eval_results(inputs: CardInputs) -> list[Any]:
             continue
         dtype, dname = _eval_dataset(report, inputs)
         ppl = extended.perplexity.by_length if extended.perplexity else {}
-        for length, entry in sorted(ppl.items(), key=lambda kv: int(kv[0])):
+        for key, entry in sorted(ppl.items(), key=lambda kv: int(kv[0])):
             if entry.ppl is not None:
                 ppl_task = ("Long-context language modeling", dtype, dname, "perplexity", "Perplexity")
-                out.append(_result(ppl_task, length, round(entry.ppl, 4)))
+                out.append(_result(ppl_task, key, round(entry.ppl, 4)))
         grid = extended.passkey
         for length in grid.lengths() if grid else []:
             acc = grid.accuracy_at(length) if grid else None

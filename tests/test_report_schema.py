@@ -85,6 +85,7 @@ def test_round_trip_write_read_same(tmp_path):
     data = json.loads(text)
     assert data["schema"] == SCHEMA and data["added_by_a_newer_ctxext"] == {"kept": True}
     assert data["models"][1]["perplexity"]["by_length"]["1024"]["ci_high"] is None
+    assert "needle" not in data["models"][0] and "ruler" not in data["models"][0]  # tasks that did not run
     tuned = report.models[1]
     assert tuned.perplexity is not None and tuned.perplexity.ppl_at(512) == 9.0
     assert tuned.passkey is not None and tuned.passkey.cells[1].outcomes == [1, 0]

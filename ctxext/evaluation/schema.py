@@ -287,6 +287,10 @@ class RopeInfo(Section):
     factor: float | None = None
 
 
+# The task sections of a model entry: a task that did not run has no key (not null).
+TASKS = ("perplexity", "passkey", "needle", "ruler", "attention", "qa")
+
+
 class ModelEntry(Section):
     """One evaluated model: its label, how it was loaded, its RoPE, and a section per task that ran."""
 
@@ -330,8 +334,13 @@ class EvalReport(BaseModel):
         return value
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data (``"schema"`` key, NaN / inf as ``null``)."""
-        return _plain(self.model_dump(mode="json", by_alias=True), finite=True)
+        """The report as JSON-ready data (``"schema"`` key, NaN / inf as ``null``, tasks that did not run left out)."""
+        data = _plain(self.model_dump(mode="json", by_alias=True), finite=True)
+        for entry in data["models"]:
+            for task in TASKS:
+                if entry.get(task) is None:
+                    entry.pop(task, None)
+        return data
 
     def to_json(self) -> str:
         """The ``report.json`` text."""
