@@ -216,6 +216,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
         The report dict (also in ``<out>/report/report.json``).
     """
     from ctxext.evaluation.loading import ModelSpec
+    from ctxext.evaluation.schema import read_report
     from ctxext.evaluation.suite import run_suite
     from ctxext.extend import extend_folder
     from ctxext.rope import read_rope
@@ -258,7 +259,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
     report_file = report_dir / "report.json"
     if report_file.is_file():
         console.print(f"[cyan]3/3[/] report cached: {report_file}")
-        report = json.loads(report_file.read_text())
+        report = read_report(report_file).to_json_dict()  # through the schema: an old layout is refused
     else:
         console.print("[cyan]3/3[/] evaluating base (unpatched, past its window), patched, fine-tuned")
         specs = [

@@ -28,7 +28,7 @@ import torch
 
 from ctxext.atomic import atomic_folder, check_inputs_outside, check_output
 from ctxext.errors import CtxextError, InputError
-from ctxext.runfolder import MERGE_FILE, plan_from_run, read_run
+from ctxext.runfolder import MERGE_FILE, find_reports, plan_from_run, read_run
 from ctxext.verify import verify_folder
 from ctxext.weights import check_fingerprint, check_weights_readable
 
@@ -351,6 +351,8 @@ def merge_run(
         raise InputError(f"run {run_dir} has no adapter_config.json: there is no adapter to merge")
     check_inputs_outside(out, [run_dir])
     check_output(out, MERGED_KIND, overwrite)
+    # The run's reports travel with the merged model for its card: one that does not read fails now, not at push.
+    find_reports(run_dir)
     base_dir = _base_folder(run)
     check_inputs_outside(out, [base_dir])
     check_weights_readable(base_dir)

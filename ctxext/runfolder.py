@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.errors import InputError
+from ctxext.evaluation.schema import EvalReport, read_report
 
 RUN_FILE = "run.json"
 MERGE_FILE = "ctxext_merge.json"
@@ -118,12 +119,12 @@ class Report:
 
     Attributes:
         path: the ``report.json`` file.
-        data: its parsed content.
+        data: its content, validated against the report schema.
         plots: PNG files next to it.
     """
 
     path: Path
-    data: dict[str, Any]
+    data: EvalReport
     plots: list[Path] = field(default_factory=list)
 
     @property
@@ -133,7 +134,7 @@ class Report:
 
 
 def load_report(path: str | Path) -> Report:
-    """Load one ``report.json`` and list the PNG plots beside it.
+    """Load one ``report.json`` (validated against :mod:`ctxext.evaluation.schema`) and list the PNG plots beside it.
 
     Args:
         path: a report file, or a folder holding ``report.json``.
@@ -142,19 +143,12 @@ def load_report(path: str | Path) -> Report:
         The :class:`Report`.
 
     Raises:
-        InputError: the file does not exist or is not a JSON object.
+        InputError: the file does not exist, is not JSON, or is not a report of the schema this ctxext reads.
     """
     path = Path(path)
     if path.is_dir():
         path = path / "report.json"
-    if not path.is_file():
-        raise InputError(f"evaluation report {path} does not exist; pass the report.json written by `ctxext eval`")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"evaluation report {path} is not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise InputError(f"evaluation report {path} must hold a JSON object")
+    data = read_report(path)
     plots = sorted(p for p in path.parent.glob("*.png") if p.is_file())
     return Report(path=path, data=data, plots=plots)
 

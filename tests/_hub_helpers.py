@@ -144,7 +144,7 @@ def _load(base_dir: Path, run_dir: Path | None) -> Any:
 
 
 @torch.no_grad()
-def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (256, 512, 1024)) -> dict[str, Any]:
+def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (256, 512, 1024)) -> Any:
     """Measure a side-by-side report (base vs base + adapter) and write ``<run>/eval/report.json`` + a PNG.
 
     Truncated-document perplexity on standard-library text, per length and per 256-token position
@@ -156,7 +156,7 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
         lengths: evaluation lengths.
 
     Returns:
-        The report dict.
+        The :class:`~ctxext.evaluation.schema.EvalReport` written.
     """
     import matplotlib
 
@@ -164,6 +164,17 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
     import matplotlib.pyplot as plt
     from transformers import AutoTokenizer
 
+    from ctxext.evaluation.schema import (
+        Accuracy,
+        EvalReport,
+        Grid,
+        GridCell,
+        ModelEntry,
+        ModelInfo,
+        Perplexity,
+        RopeInfo,
+    )
+    from ctxext.evaluation.stats import wilson_interval
     from ctxext.merge import passkey_trial, text_tokens
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir)
@@ -206,46 +217,52 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
         for length in lengths[-2:] if adapter is not None else ():
             for depth in (0, 100):
                 _, _, correct = passkey_trial(model, tokenizer, length, seed=length + depth, depth=depth / 100)
-                cells.append(
-                    {"length": length, "depth": depth, "trials": 1, "correct": int(correct), "accuracy": float(correct)}
-                )
+                hit = int(correct)
+                cells.append(GridCell(length=length, depth=depth, trials=1, correct=hit, accuracy=float(hit)))
         short = by_length[str(ORIGINAL)]
-        entry: dict[str, Any] = {
-            "name": name,
-            "perplexity": {
-                "by_length": by_length,
-                "by_bucket": buckets,
-                "short_context": {"length": ORIGINAL, **{k: short[k] for k in ("ppl", "nll", "tokens", "documents")}},
-            },
-        }
+        config = json.loads(((adapter or base_dir) / "config.json").read_text())
+        entry = ModelEntry(
+            name=name,
+            # How ctxext eval records the two models: the base as is, the run as base + adapter + patched config.
+            model=ModelInfo(ref=str(base_dir), adapter=str(adapter) if adapter else None, config_from=None),
+            rope=RopeInfo(
+                rope_type=(config.get("rope_parameters") or {}).get("rope_type", "default"),
+                rope_theta=(config.get("rope_parameters") or {}).get("rope_theta", 10000.0),
+                original_length=ORIGINAL,
+                current_length=TARGET if adapter else ORIGINAL,
+            ),
+            perplexity=Perplexity(
+                protocol="truncated-document perplexity",
+                by_length=by_length,
+                by_bucket=buckets,
+                short_context={"length": ORIGINAL, **{k: v for k, v in short.items() if k != "beyond_context"}},
+            ),
+        )
         if cells:
             by_len = {}
-            for length in sorted({c["length"] for c in cells}):
-                mine = [c for c in cells if c["length"] == length]
-                correct = sum(c["correct"] for c in mine)
-                by_len[str(length)] = {"correct": correct, "trials": len(mine), "accuracy": correct / len(mine)}
-            entry["passkey"] = {"cells": cells, "by_length": by_len}
+            for length in sorted({c.length for c in cells}):
+                mine = [c for c in cells if c.length == length]
+                correct = sum(c.correct for c in mine)
+                low, high = wilson_interval(correct, len(mine))
+                by_len[str(length)] = Accuracy(
+                    correct=correct, trials=len(mine), accuracy=correct / len(mine), ci_low=low, ci_high=high
+                )
+            entry.passkey = Grid(scoring="teacher-forced", cells=cells, by_length=by_len)
         models.append(entry)
     out = run_dir / "eval"
     out.mkdir(exist_ok=True)
     fig, ax = plt.subplots(figsize=(4, 3))
     for m in models:
-        b = m["perplexity"]["by_bucket"]
-        ax.plot([x["start"] for x in b], [x["ppl"] for x in b], label=m["name"])
+        b = m.perplexity.by_bucket
+        ax.plot([x.start for x in b], [x.ppl for x in b], label=m.name)
     ax.set_xlabel("position")
     ax.set_ylabel("perplexity")
     ax.legend()
     fig.savefig(out / "ppl_by_position.png", dpi=60)
     plt.close(fig)
-    # The layout of ctxext.eval.report/v1 (ctxext/evaluation/report.py), the fields the card reads.
-    report = {
-        "schema": "ctxext.eval.report/v1",
-        "models": models,
-        "data": {"perplexity": {"source": "builtin:stdlib", "documents": int(docs.shape[0])}},
-        "protocol": "truncated-document perplexity; passkey: landmark-attention prompt, greedy, first number",
-        "lengths": list(lengths),
-    }
-    (out / "report.json").write_text(json.dumps(report, indent=2))
+    # Built and written through the report schema (ctxext/evaluation/schema.py), as `ctxext eval` writes it.
+    report = EvalReport(models=models, data={"perplexity": {"source": "builtin:stdlib"}})
+    (out / "report.json").write_text(report.to_json())
     return report
 
 

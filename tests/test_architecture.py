@@ -33,6 +33,7 @@ CORE = {
     "tasks",
     "search.budget",  # a duration parser the recipe schema validates with; imports nothing of ctxext
     "evaluation.metrics",
+    "evaluation.schema",  # the report schema: read by runfolder (core), written by the evaluator
 }
 ORCHESTRATION = {"cli", "__main__", "evaluation.cli", "demo"}
 

@@ -11,12 +11,17 @@ import pytest
 from _hub_helpers import copy_run, shared_merge, shared_run
 from huggingface_hub import ModelCard
 
-from ctxext.card import build_model_card, model_results, split_base
+from ctxext.card import build_model_card
 
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, tiny_model_dir) -> Path:
     return shared_run(tmp_path_factory, tiny_model_dir)
+
+
+def _cell(e: dict) -> str:
+    # A perplexity cell of report.md and the card: ppl [95 % CI] (documents).
+    return f"{e['ppl']:.3g} [{e['ci_low']:.3g}, {e['ci_high']:.3g}] ({e['documents']})"
 
 
 def _extended(run_dir: Path):
@@ -68,19 +73,18 @@ def test_card_prose_has_rope_recipe_tables_and_loading(tiny_run):
     # Evaluation tables from the report, the plot, and the short-context cost against the base.
     extended, report = _extended(tiny_run)
     base = next(m for m in report["models"] if m["name"] == "base")
-    row = next(line for line in body.splitlines() if line.startswith(f"| {extended['name']} | "))
-    at_1k = extended["perplexity"]["by_length"]["1024"]
-    assert f"| {at_1k['ppl']:.4g} ({at_1k['ci_low']:.3g}–{at_1k['ci_high']:.3g}) |" in row
-    base_row = next(line for line in body.splitlines() if line.startswith("| base | "))
-    assert base_row.endswith(" † |")  # the base evaluated beyond its 256-token context is marked
+    assert "| length | base | fine-tuned |" in body
+    # The base evaluated beyond its 256-token context is marked †.
+    at_1k = [m["perplexity"]["by_length"]["1024"] for m in (base, extended)]
+    assert f"| 1024 | {_cell(at_1k[0])} † | {_cell(at_1k[1])} |" in body
     assert "![ppl_by_position](plots/ppl_by_position.png)" in body
-    b, e = base["perplexity"]["short_context"]["ppl"], extended["perplexity"]["short_context"]["ppl"]
-    assert f"| 256 | {b:.4g} | {e:.4g} | {100 * (e - b) / b:+.1f}% |" in body
+    b, e = base["perplexity"]["short_context"], extended["perplexity"]["short_context"]
+    assert f"| fine-tuned | 256 | {_cell(e)} | {100 * (e['ppl'] / b['ppl'] - 1):+.2f} % |" in body
     assert "| 768–1024 |" in body  # position buckets
-    assert "| length | depth 0% | depth 100% | mean |" in body
+    assert "| length \\ depth % | 0 | 100 | all [95 % CI] |" in body
     cells = {c["depth"]: c["accuracy"] for c in extended["passkey"]["cells"] if c["length"] == 1024}
     mean = sum(cells.values()) / len(cells)
-    assert f"| 1024 | {100 * cells[0]:.0f}% | {100 * cells[100]:.0f}% | {100 * mean:.0f}% |" in body
+    assert f"| 1024 | {100 * cells[0]:.0f} (1) | {100 * cells[100]:.0f} (1) | {100 * mean:.0f} [" in body
     # Loading: the patched config must be passed; serving: the exact rope_parameters JSON and length.
     assert 'config = AutoConfig.from_pretrained("me/tiny-llama-yarn-1k")' in body
     assert 'PeftModel.from_pretrained(base, "me/tiny-llama-yarn-1k")' in body
@@ -109,22 +113,6 @@ def test_card_without_reports_has_no_model_index(tiny_run):
     assert "Not measured" in card.text
 
 
-def test_report_layouts_single_model_and_nested_passkey():
-    # The minimal documented layout: perplexity.by_length at top level, passkey as {length: {depth: %}}.
-    report = {
-        "model": "me/x",
-        "perplexity": {"by_length": {"4096": {"ppl": 7.1, "nll": 1.96, "tokens": 10, "documents": 2}}},
-        "passkey": {"accuracy": {"4096": {"0": 100, "50": 50}, "8192": 0.25}},
-    }
-    (results,) = model_results(report)
-    assert results.name == "me/x"
-    assert results.ppl == {4096: 7.1}
-    assert results.passkey_grid == {4096: {0.0: 1.0, 50.0: 0.5}}
-    assert results.passkey == {4096: 0.75, 8192: 0.25}
-    extended, base = split_base(model_results({"models": [{"name": "base", **report}, {"name": "tuned", **report}]}))
-    assert (extended.name, base.name) == ("tuned", "base")
-
-
 def test_card_from_a_ctxext_eval_report_with_base_comparison(tiny_run, tmp_path):
     """The report ``ctxext train`` writes at the end (eval suite, base and patched-only compared) feeds the card."""
     from ctxext.config import load_recipe
@@ -151,8 +139,8 @@ def test_card_from_a_ctxext_eval_report_with_base_comparison(tiny_run, tmp_path)
     passkey = {r.metric_config: r.metric_value for r in card.data.eval_results if r.metric_type == "accuracy"}
     assert passkey == {k: round(100 * v["accuracy"], 2) for k, v in fine["passkey"]["by_length"].items()}
     assert card.data.eval_results[0].dataset_name == "builtin:stdlib"
-    b, e = base["perplexity"]["short_context"]["ppl"], fine["perplexity"]["short_context"]["ppl"]
-    assert f"| {b:.4g} | {e:.4g} | {100 * (e - b) / b:+.1f}% |" in card.text
+    b, e = base["perplexity"]["short_context"], fine["perplexity"]["short_context"]
+    assert f"| fine-tuned | {e['length']} | {_cell(e)} | {100 * (e['ppl'] / b['ppl'] - 1):+.2f} % |" in card.text
     assert "Passkey accuracy, fine-tuned:" in card.text
     for png in (run / "eval").glob("*.png"):
         assert f"(plots/{png.name})" in card.text

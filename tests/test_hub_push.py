@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from ctxext.cli import app
 from ctxext.config import HubSection
+from ctxext.evaluation.schema import EvalReport
 from ctxext.hub import HubError, push, push_run
 
 runner = CliRunner()
@@ -93,8 +94,10 @@ def test_dry_run_with_extra_report_and_public_branch(run_copy, tmp_path):
     extra = tmp_path / "long-eval"
     extra.mkdir()
     entry = {"ppl": 9.5, "nll": 2.25, "tokens": 9, "documents": 1}
-    report = {"model": "x", "perplexity": {"by_length": {"2048": entry}}}
-    (extra / "report.json").write_text(json.dumps(report))
+    rope = {"rope_type": "yarn", "rope_theta": 10000.0, "original_length": 256, "current_length": 2048}
+    model = {"name": "x", "model": {"adapter": "run"}, "rope": rope, "perplexity": {"by_length": {"2048": entry}}}
+    report = EvalReport.model_validate({"models": [model]})
+    (extra / "report.json").write_text(report.to_json())
     result = push(
         run_copy, "me/tiny-yarn", private=False, revision="v1", dry_run=True, report=[extra], log=lambda s: None
     )
@@ -109,6 +112,16 @@ def test_missing_report_file_is_a_clear_error(run_copy, tmp_path):
         app, ["push", str(run_copy), "--repo-id", "me/x", "--dry-run", "--report", str(tmp_path / "nope.json")]
     )
     assert result.exit_code == 2 and "does not exist" in flat(result)
+
+
+def test_report_of_an_unknown_layout_is_a_clear_error(run_copy, tmp_path):
+    # A layout ctxext never wrote (no "schema"): refused by name, exit code 2, nothing staged.
+    (tmp_path / "report.json").write_text(json.dumps({"model": "x", "perplexity": {"by_length": {}}}))
+    result = runner.invoke(
+        app, ["push", str(run_copy), "--repo-id", "me/x", "--dry-run", "--report", str(tmp_path / "report.json")]
+    )
+    assert result.exit_code == 2 and "is not a ctxext evaluation report" in flat(result)
+    assert "Traceback" not in result.output and not (run_copy / "hub").exists()
 
 
 def test_bad_repo_id_is_refused(run_copy):

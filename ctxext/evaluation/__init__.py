@@ -38,6 +38,8 @@ _EXPORTS = {
     "build_report": "report",
     "write_report": "report",
     "model_entry": "report",
+    "EvalReport": "schema",
+    "read_report": "schema",
     "load_suite": "suite",
     "run_suite": "suite",
     "run_suite_for_run": "suite",
