@@ -575,4 +575,8 @@ def schema_lines() -> list[str]:
             default = "required" if info.is_required() else f"= {info.get_default(call_default_factory=True)!r}"
             meaning = f"  — {info.description}" if info.description else ""
             lines.append(f"  {section_name}.{key}: {kind} {default}{meaning}")
+        if section is RopeSection:
+            # The method options, generated from each method's declaration (ctxext/rope_methods/).
+            for key, shared in declared_options().items():
+                lines.append(f"  rope.{key}: {shared.option.type_name} | None = None  — {shared.help}")
     return lines

@@ -36,7 +36,7 @@ def friendly_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from ctxext.config import RecipeError
-        from ctxext.rope import RopeError
+        from ctxext.rope_types import RopeError
         from ctxext.sources import SourceError
 
         try:

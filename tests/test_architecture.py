@@ -18,6 +18,8 @@ CORE = {
     "builtin",
     "sources",
     "rope",
+    "rope_types",
+    "rope_methods",
     "weights",
     "verify",
     "config",
@@ -34,7 +36,7 @@ CORE = {
     "search.budget",  # a duration parser the recipe schema validates with; imports nothing of ctxext
     "evaluation.metrics",
 }
-ORCHESTRATION = {"cli", "__main__", "evaluation.cli", "demo"}
+ORCHESTRATION = {"cli", "__main__", "evaluation.cli", "demo", "rope_flags"}
 
 
 def _modules() -> dict[str, Path]:

@@ -90,7 +90,7 @@ def test_every_method_plans_what_it_planned_before(tmp_path):
     expected = json.loads(GOLDEN.read_text())
     got = records(tmp_path / "factors.json")
     assert len(got) == len(expected) > 300
-    for want, have in zip(expected, got):
+    for want, have in zip(expected, got, strict=True):
         assert have == want, f"{want['config']} {want['method']} {want['options']} → {want['target']}"
 
 

@@ -19,7 +19,7 @@ class Dynamic(RopeMethod):
         "--factor f uses transformers' α = f·T/L − (f−1) instead"
     )
     order = 30
-    options = (Option("factor", float, "transformers' factor f in α = f·T/L − (f−1) (default 1: α = T/L)", 1.0),)
+    options = (Option("factor", float, "transformers' factor f in α = f·T/L − (f−1); 1 gives α = T/L", 1.0),)
 
     def plan(self, state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
         """``{"rope_type": "dynamic", "factor": f}`` with ``max_position_embeddings`` = the original length."""

@@ -34,7 +34,9 @@ def register_method(cls: type[RopeMethod]) -> type[RopeMethod]:
     names = [o.name for o in cls.options]
     if len(set(names)) != len(names):
         raise ValueError(f"{cls.__name__} declares an option twice: {names}")
-    reserved = {"method", "target_length", "relative_to", "original_length"}
+    # Keys of the rope section and parameters of `ctxext extend` that are not method options.
+    reserved = {"method", "target_length", "relative_to", "original_length", "model", "out", "overwrite"}
+    reserved |= {"legacy_fields"}
     for option in cls.options:
         if option.name in reserved or not option.name.isidentifier():
             raise ValueError(f"{cls.__name__}: {option.name!r} is reserved or not an identifier")
@@ -74,7 +76,7 @@ class SharedOption:
     Attributes:
         option: the declaration (of the first method that declares it).
         methods: the methods that take the option, in listing order.
-        helps: each method's help text for it.
+        helps: each method's help text for it (with its default, when it has one).
     """
 
     option: Option
@@ -95,12 +97,11 @@ def declared_options() -> dict[str, SharedOption]:
     for method in METHODS.values():
         for option in method.options:
             seen = out.get(option.name)
+            text = option.help if option.default is None else f"{option.help} (default {option.default!r})"
             if seen is None:
-                out[option.name] = SharedOption(option, (method.name,), (option.help,))
+                out[option.name] = SharedOption(option, (method.name,), (text,))
             else:
-                out[option.name] = SharedOption(
-                    seen.option, seen.methods + (method.name,), seen.helps + (option.help,)
-                )
+                out[option.name] = SharedOption(seen.option, seen.methods + (method.name,), seen.helps + (text,))
     return out
 
 
