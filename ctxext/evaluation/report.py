@@ -264,6 +264,11 @@ def render_markdown(report: dict[str, Any], plots: dict[str, str] | None = None)
     attn_models = [m for m in models if m.get("attention")]
     if attn_models:
         lines += attention_markdown(attn_models, plots)
+    from ctxext.evaluation.sections import SECTIONS  # sections registered as plugins render themselves
+
+    for key, registered in SECTIONS.items():
+        if any(m.get(key) for m in models):
+            lines += registered.markdown([m for m in models if m.get(key)], report)
     if report.get("comparisons") and (report["comparisons"]["comparisons"] or report["comparisons"]["notes"]):
         lines += comparisons_markdown(report["comparisons"])
     lines += [
