@@ -12,7 +12,6 @@ import inspect
 import json
 from typing import Annotated, Any
 
-import click
 import typer
 import typer.main
 from typer.core import TyperCommand
@@ -29,13 +28,13 @@ def parse_list(text: str) -> list[Any]:
     """A list flag's value: numbers separated by commas (``1,1.2,1.5``) or a JSON list.
 
     Raises:
-        click.BadParameter: neither.
+        typer.BadParameter: neither.
     """
     stripped = text.strip()
     try:
         value = json.loads(stripped if stripped.startswith("[") else f"[{stripped}]")
     except json.JSONDecodeError:
-        raise click.BadParameter(f"give numbers separated by commas (1,1.2,1.5) or a JSON list, got {text!r}") from None
+        raise typer.BadParameter(f"give numbers separated by commas (1,1.2,1.5) or a JSON list, got {text!r}") from None
     return list(value) if isinstance(value, list) else [value]
 
 
@@ -43,7 +42,7 @@ def _is_list(option: Option) -> bool:
     return option.type not in (bool, float, int, str)
 
 
-def method_flags() -> list[click.Parameter]:
+def method_flags() -> list[Any]:
     """One typer option per declared option of every registered method, built by typer from a generated signature."""
     params, annotations = [], {}
     for name, shared in declared_options().items():
@@ -76,7 +75,7 @@ class MethodOptionsCommand(TyperCommand):
         self._generated = {flag.name for flag in flags}
         self.params.extend(flags)
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         """Move the method options out of the typed parameters, then run the command."""
         declared = declared_options()
         given = {name: ctx.params.pop(name) for name in list(ctx.params) if name in self._generated}
@@ -84,7 +83,7 @@ class MethodOptionsCommand(TyperCommand):
             if value is not None and _is_list(declared[name].option):
                 try:
                     given[name] = parse_list(value)
-                except click.BadParameter as exc:
+                except typer.BadParameter as exc:
                     exc.param_hint = declared[name].option.flag
                     raise
         ctx.meta[ROPE_OPTIONS] = given

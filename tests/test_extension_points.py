@@ -96,3 +96,18 @@ def test_a_section_file_runs_in_a_suite_and_renders(toy_section, tiny_model_dir,
     path.write_text("name: toy\ntoy_repeet: {}\n")
     with pytest.raises(InputError, match="toy_repeet: Extra inputs are not permitted"):
         load_suite(path)
+
+
+def test_generated_flags_take_lists_and_booleans(tiny_model_dir, tmp_path):
+    runner = CliRunner()
+    base = ["extend", str(tiny_model_dir), "-t", "1024"]
+    longrope = [*base, "-m", "longrope", "--short-factor", ",".join(["1"] * 8), "--long-factor", "[1,2,3,4,5,6,7,8]"]
+    result = runner.invoke(app, [*longrope, "-o", str(tmp_path / "lr")])
+    assert result.exit_code == 0, result.output
+    params = json.loads((tmp_path / "lr" / "config.json").read_text())["rope_parameters"]
+    assert params["short_factor"] == [1.0] * 8 and params["long_factor"] == [float(i) for i in range(1, 9)]
+    result = runner.invoke(app, [*base, "-m", "yarn", "--no-truncate", "-o", str(tmp_path / "yarn")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "yarn" / "config.json").read_text())["rope_parameters"]["truncate"] is False
+    bad = runner.invoke(app, [*base, "-m", "longrope", "--short-factor", "1,x", "-o", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "--short-factor" in bad.output and not (tmp_path / "bad").exists()
