@@ -75,7 +75,7 @@ class MethodOptionsCommand(TyperCommand):
         self._generated = {flag.name for flag in flags}
         self.params.extend(flags)
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:  # typer's click Context
         """Move the method options out of the typed parameters, then run the command."""
         declared = declared_options()
         given = {name: ctx.params.pop(name) for name in list(ctx.params) if name in self._generated}
