@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar
 
-from pydantic import TypeAdapter, ValidationError
-
 from ctxext.rope_types import RopeConfigError, RopePlan, RopeState
 
 
 @cache
-def _adapter(kind: Any) -> TypeAdapter[Any]:
+def _adapter(kind: Any) -> Any:
+    # pydantic is imported on first use: the command line builds its flags from these classes.
+    from pydantic import TypeAdapter
+
     return TypeAdapter(kind)
 
 
@@ -72,6 +73,8 @@ class Option:
         Raises:
             ValueError: the value does not convert, or fails :attr:`check`; the message says why.
         """
+        from pydantic import ValidationError
+
         if self.type is str and isinstance(value, os.PathLike):
             value = os.fspath(value)
         try:
