@@ -11,6 +11,8 @@ import typer
 from rich.table import Table
 
 from ctxext.console import EXIT_BAD_INPUT, EXIT_FAILED, console, err_console, friendly_errors
+from ctxext.rope_flags import ROPE_OPTIONS, MethodOptionsCommand
+from ctxext.rope_methods import METHODS
 
 app = typer.Typer(
     name="ctxext",
@@ -84,30 +86,16 @@ def inspect(
         raise typer.Exit(EXIT_FAILED)
 
 
-@app.command()
+@app.command(cls=MethodOptionsCommand)
 @friendly_errors
 def extend(
+    ctx: typer.Context,
     model: Annotated[str, typer.Argument(help="model folder, Hub id, or builtin:NAME")],
-    method: Annotated[str, typer.Option("--method", "-m", help="linear, ntk, dynamic, yarn, llama3, theta, longrope")],
+    method: Annotated[str, typer.Option("--method", "-m", help=", ".join(METHODS))],
     target_length: Annotated[int, typer.Option("--target-length", "-t", help="new context length in tokens")],
     out: Annotated[Path, typer.Option("--out", "-o", help="output model folder (must not exist)")],
     original_length: Annotated[
         int | None, typer.Option(help="pretraining context, when the config cannot tell it")
-    ] = None,
-    beta_fast: Annotated[float | None, typer.Option(help="yarn: β, rotations above which a dim is kept")] = None,
-    beta_slow: Annotated[
-        float | None, typer.Option(help="yarn: α, rotations below which a dim is interpolated")
-    ] = None,
-    attention_factor: Annotated[
-        float | None, typer.Option(help="yarn/longrope: override the attention scaling")
-    ] = None,
-    low_freq_factor: Annotated[float | None, typer.Option(help="llama3: low frequency factor (default 1)")] = None,
-    high_freq_factor: Annotated[float | None, typer.Option(help="llama3: high frequency factor (default 4)")] = None,
-    rope_theta: Annotated[float | None, typer.Option(help="theta: the new base (e.g. 1e6)")] = None,
-    factor: Annotated[float | None, typer.Option(help="dynamic: factor s (default target/original)")] = None,
-    alpha: Annotated[float | None, typer.Option(help="ntk: the NTK alpha (default target/original)")] = None,
-    factors_file: Annotated[
-        Path | None, typer.Option(help="longrope: JSON with short_factor and long_factor lists")
     ] = None,
     legacy_fields: Annotated[
         bool, typer.Option("--legacy-fields", help="also write rope_scaling/rope_theta for transformers < 5")
@@ -124,25 +112,15 @@ def extend(
         ),
     ] = None,
 ) -> None:
-    """Write a RoPE-extended copy of a model that plain transformers loads (training-free)."""
+    """Write a RoPE-extended copy of a model that plain transformers loads (training-free).
+
+    The method options (--beta-fast, --rope-theta …) are generated from the method declarations.
+    """
     from ctxext.extend import extend_folder
-    from ctxext.rope import METHODS
+    from ctxext.rope_methods import get_method
 
-    options = {
-        "beta_fast": beta_fast,
-        "beta_slow": beta_slow,
-        "attention_factor": attention_factor,
-        "low_freq_factor": low_freq_factor,
-        "high_freq_factor": high_freq_factor,
-        "rope_theta": rope_theta,
-        "factor": factor,
-        "alpha": alpha,
-        "factors_file": str(factors_file) if factors_file else None,
-    }
-    if method not in METHODS:
-        from ctxext.rope import RopeError
-
-        raise RopeError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    get_method(method)  # an unknown method fails before any model is read
+    options = dict(ctx.meta.get(ROPE_OPTIONS, {}))
     with console.status(f"extending {model} with {method} to {target_length} tokens"):
         plan = extend_folder(
             model,
@@ -215,14 +193,17 @@ def validate(
 
 @app.command()
 def methods() -> None:
-    """List the RoPE extension methods and their options."""
-    from ctxext.rope import METHODS
+    """List the RoPE extension methods and their options (recipe key rope.NAME, flag --NAME)."""
+    from rich.markup import escape
 
     table = Table(title="RoPE extension methods")
     for col in ("method", "what it does", "options"):
         table.add_column(col)
     for spec in METHODS.values():
-        table.add_row(spec.name, spec.summary, ", ".join(sorted(spec.options)) or "-")
+        options = [
+            f"{o.name}: {o.type_name}" + ("" if o.default is None else f" = {o.default!r}") for o in spec.options
+        ]
+        table.add_row(spec.name, spec.summary, escape("\n".join(options)) or "-")
     console.print(table)
 
 

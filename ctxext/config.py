@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails
 
-from ctxext.rope import METHODS
+from ctxext.rope_methods import METHODS, declared_options
 
 # A Hub repository id: namespace/name, each of letters, digits, '-', '_', '.'.
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
@@ -58,22 +59,17 @@ class ModelSection(_Section):
 
 
 class RopeSection(_Section):
-    """The context-extension method; options only where the method takes them."""
+    """The context-extension method; options only where the method takes them.
+
+    The option keys are not written here: each method declares its options once (``ctxext/rope_methods/``),
+    and this section accepts, converts and checks exactly those of ``method``. ``rope.<option>`` reads an
+    option (``None`` when not set).
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     method: str = Field(description="one of: none, " + ", ".join(METHODS))
     target_length: int | None = Field(default=None, gt=0)
-    beta_fast: float | None = None
-    beta_slow: float | None = None
-    attention_factor: float | None = None
-    truncate: bool | None = None
-    low_freq_factor: float | None = None
-    high_freq_factor: float | None = None
-    rope_theta: float | None = None
-    factor: float | None = None
-    alpha: float | None = None
-    short_factor: list[float] | None = None
-    long_factor: list[float] | None = None
-    factors_file: str | None = None
     relative_to: Literal["original", "current"] | None = Field(
         default=None,
         description="for an already-extended model: replace its extension (original) or stack on it (current)",
@@ -81,24 +77,91 @@ class RopeSection(_Section):
 
     def options(self) -> dict[str, Any]:
         """The method options that are set."""
-        skip = ("method", "target_length", "relative_to")
-        return {k: v for k, v in self.model_dump().items() if k not in skip and v is not None}
+        return {k: v for k, v in (self.__pydantic_extra__ or {}).items() if v is not None}
 
-    @model_validator(mode="after")
-    def _check(self) -> RopeSection:
-        if self.method != "none" and self.method not in METHODS:
-            raise ValueError(f"method: unknown method {self.method!r}; choose one of: none, {', '.join(METHODS)}")
-        if self.method != "none":
-            if self.target_length is None:
-                raise ValueError("target_length: required when a rope method is set")
-            allowed = METHODS[self.method].options
-            stray = sorted(set(self.options()) - allowed)
-            if stray:
-                raise ValueError(
-                    f"{', '.join(stray)}: not an option of method {self.method!r} "
-                    f"(its options: {', '.join(sorted(allowed)) or 'none'})"
+    def __getattr__(self, name: str) -> Any:
+        # A declared option that is not set reads as None, as a typed field would.
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]
+        except AttributeError:
+            if name in declared_options():
+                return None
+            raise
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _check(cls, data: Any, handler: Any) -> RopeSection:
+        if not isinstance(data, dict):
+            # An assignment (validate_assignment hands over the section itself): fields are checked by
+            # pydantic; an option assigned in code (the search sets its factors) is taken as given.
+            return handler(data)
+        problems, options = _option_problems(data)
+        fixed = {k: v for k, v in data.items() if k in cls.model_fields}
+        try:
+            section = handler(fixed)
+        except ValidationError as exc:
+            problems = [_as_init_error(e) for e in exc.errors()] + problems
+            raise ValidationError.from_exception_data(cls.__name__, problems) from None
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, problems)
+        if section.method != "none" and section.target_length is None:
+            raise ValueError("target_length: required when a rope method is set")
+        extra = section.__pydantic_extra__
+        if extra is not None:
+            extra.clear()
+            extra.update(options)  # converted by their declarations
+        return section
+
+
+def _value_error(loc: tuple[str, ...], message: str, value: Any) -> InitErrorDetails:
+    return InitErrorDetails(type="value_error", loc=loc, input=value, ctx={"error": ValueError(message)})
+
+
+def _as_init_error(error: Any) -> InitErrorDetails:
+    details = InitErrorDetails(type=error["type"], loc=error["loc"], input=error.get("input"))
+    if "ctx" in error:
+        details["ctx"] = error["ctx"]
+    return details
+
+
+def _option_problems(data: dict[str, Any]) -> tuple[list[InitErrorDetails], dict[str, Any]]:
+    """Check a rope section's option keys against the declarations: unknown keys, other methods' options, bad values.
+
+    Returns:
+        The problems (pydantic error details) and the converted option values.
+    """
+    method = data.get("method")
+    given = {k: v for k, v in data.items() if k not in RopeSection.model_fields}
+    known = declared_options()
+    problems: list[InitErrorDetails] = []
+    if method != "none" and isinstance(method, str) and method not in METHODS:
+        problems.append(
+            _value_error(("method",), f"unknown method {method!r}; choose one of: none, {', '.join(METHODS)}", method)
+        )
+    spec = METHODS.get(method) if isinstance(method, str) else None
+    allowed = spec.option_names if spec else frozenset()
+    values: dict[str, Any] = {}
+    for key, value in given.items():
+        if key not in known:
+            problems.append(InitErrorDetails(type="extra_forbidden", loc=(key,), input=value))
+        elif spec is None and method != "none":
+            continue  # the unknown method is the problem
+        elif key not in allowed:
+            if value is not None:
+                problems.append(
+                    _value_error(
+                        (key,),
+                        f"not an option of method {method!r} (its options: {', '.join(sorted(allowed)) or 'none'})",
+                        value,
+                    )
                 )
-        return self
+        elif value is not None:
+            option = next(o for o in spec.options if o.name == key)  # type: ignore[union-attr]
+            try:
+                values[key] = option.parse(value)
+            except ValueError as exc:
+                problems.append(_value_error((key,), str(exc), value))
+    return problems, values
 
 
 class QuantizationSection(_Section):
@@ -512,4 +575,8 @@ def schema_lines() -> list[str]:
             default = "required" if info.is_required() else f"= {info.get_default(call_default_factory=True)!r}"
             meaning = f"  — {info.description}" if info.description else ""
             lines.append(f"  {section_name}.{key}: {kind} {default}{meaning}")
+        if section is RopeSection:
+            # The method options, generated from each method's declaration (ctxext/rope_methods/).
+            for key, shared in declared_options().items():
+                lines.append(f"  rope.{key}: {shared.option.type_name} | None = None  — {shared.help}")
     return lines

@@ -37,7 +37,7 @@ def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         from ctxext.config import RecipeError
-        from ctxext.rope import RopeError
+        from ctxext.rope_types import RopeError
         from ctxext.sources import SourceError
 
         try:

@@ -6,8 +6,9 @@ Three jobs live here, because they must agree with each other:
    legacy form (``rope_theta`` + ``rope_scaling`` with ``type`` or ``rope_type``), into a
    :class:`RopeState` that says what the model *is*: base theta, scaling, original and current
    context.
-2. **Extending**: a registry of methods, each turning (state, target length, options) into standard
-   ``rope_parameters`` + ``max_position_embeddings`` that vanilla transformers loads correctly.
+2. **Extending**: planning an extension with a method of the registry (:mod:`ctxext.rope_methods`, one
+   module per method), which turns (state, target length, options) into standard ``rope_parameters`` +
+   ``max_position_embeddings`` that vanilla transformers loads correctly; checking the plan's intent.
 3. **Verifying**: ctxext's own reference of every method's inverse frequencies and attention
    scaling, written from the papers' formulas, compared with what the model's rotary modules
    actually compute at run time. Silently unscaled RoPE is the most reported failure in this
@@ -17,14 +18,24 @@ Three jobs live here, because they must agree with each other:
 from __future__ import annotations
 
 import copy
-import json
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from typing import Any, TypeGuard
 
 import torch
+
+# Re-exported with `as` (the names have always been importable from ctxext.rope).
+from ctxext.rope_methods import METHODS as METHODS
+from ctxext.rope_methods import RopeMethod as RopeMethod
+from ctxext.rope_methods import get_method as get_method
+from ctxext.rope_methods import register_method as register_method
+from ctxext.rope_methods.longrope import load_factors_file as load_factors_file
+from ctxext.rope_types import RopeConfigError as RopeConfigError
+from ctxext.rope_types import RopeError as RopeError
+from ctxext.rope_types import RopeMismatchError as RopeMismatchError
+from ctxext.rope_types import RopePlan as RopePlan
+from ctxext.rope_types import RopeState as RopeState
 
 # Rope types whose frequencies depend on the length of the sequence being processed. For every
 # other type, one forward pass at the longest length gives every shorter length's scores.
@@ -63,62 +74,6 @@ _MIN_PRETRAIN_LENGTH = 2048
 _RTOL = 1e-4
 _ATOL = 1e-9
 
-
-class RopeError(ValueError):
-    """A RoPE problem the user can fix: the message says what is wrong and what to do."""
-
-
-class RopeConfigError(RopeError):
-    """One or more invalid RoPE values; ``problems`` maps each field to what is wrong with it."""
-
-    def __init__(self, problems: dict[str, str]):
-        self.problems = problems
-        lines = [f"  {key}: {msg}" for key, msg in problems.items()]
-        super().__init__("invalid RoPE settings:\n" + "\n".join(lines))
-
-
-class RopeMismatchError(RopeError):
-    """The model's runtime RoPE differs from what its config says it should be."""
-
-
-@dataclass
-class RopeState:
-    """What a config says about its rotary position embedding.
-
-    Attributes:
-        model_type: ``config.model_type`` (``llama``, ``mistral`` …).
-        rope_type: transformers rope type (``default``, ``linear``, ``dynamic``, ``yarn``, ``llama3``, ``longrope``).
-        rope_theta: the base ``b`` of ``inv_freq_i = b^(-2i/d)``.
-        head_dim: attention head dimension.
-        rotary_dim: dimensions that rotate (``head_dim × partial_rotary_factor``).
-        original_length: the pretraining context ``L`` that scaling factors are relative to.
-        current_length: the context the model is configured for now.
-        max_position_embeddings: ``config.max_position_embeddings`` as written.
-        parameters: the normalised ``rope_parameters`` dict (``type`` folded into ``rope_type``).
-        notes: how an ambiguous config was read (and how to override it).
-        extension: ``config.ctxext`` of a folder ctxext extended (method, lengths, the base RoPE), else ``{}``.
-    """
-
-    model_type: str
-    rope_type: str
-    rope_theta: float
-    head_dim: int
-    rotary_dim: int
-    original_length: int
-    current_length: int
-    max_position_embeddings: int
-    parameters: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    extension: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def factor(self) -> float:
-        """The configured scaling factor (1.0 for unscaled RoPE)."""
-        return float(self.parameters.get("factor") or 1.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready view."""
-        return asdict(self)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,268 +461,8 @@ def _reference_llama3(params: dict[str, Any], base: torch.Tensor) -> tuple[torch
 
 
 # ---------------------------------------------------------------------------------------------
-# The methods registry
+# Planning an extension (each method is declared in its own module of ctxext.rope_methods)
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class RopePlan:
-    """The result of an extension: what to write into the config.
-
-    Attributes:
-        method: ctxext method name.
-        rope_parameters: the new standard ``rope_parameters``.
-        max_position_embeddings: the new ``max_position_embeddings``.
-        original_length: pretraining length the factor is relative to.
-        target_length: the context the model is extended to.
-        factor: target / original.
-        notes: facts a user should know about this method in transformers.
-        rotary_dim: the rotary dimension ``d`` the plan was made for (verification checks it).
-        base_parameters: the RoPE the extension starts from (unscaled).
-        composed_on: with ``relative_to="current"``, the previous extension this one is stacked on.
-    """
-
-    method: str
-    rope_parameters: dict[str, Any]
-    max_position_embeddings: int
-    original_length: int
-    target_length: int
-    factor: float
-    notes: list[str] = field(default_factory=list)
-    rotary_dim: int = 0
-    base_parameters: dict[str, Any] = field(default_factory=dict)
-    composed_on: dict[str, Any] = field(default_factory=dict)
-
-
-MethodFn = Callable[[RopeState, int, float, dict[str, Any]], RopePlan]
-
-
-@dataclass(frozen=True)
-class RopeMethod:
-    """A registered extension method.
-
-    Attributes:
-        name: the CLI / recipe name.
-        summary: one line for help texts.
-        options: the option names the method accepts.
-        build: the function that makes the plan.
-    """
-
-    name: str
-    summary: str
-    options: frozenset[str]
-    build: MethodFn
-
-
-METHODS: dict[str, RopeMethod] = {}
-
-
-def register_method(name: str, summary: str, options: tuple[str, ...] = ()) -> Callable[[MethodFn], MethodFn]:
-    """Register a scaling method under ``name`` (adding a method touches only its own function).
-
-    Args:
-        name: the method's name in recipes and on the command line.
-        summary: a one-line description.
-        options: names of the keyword options it accepts.
-
-    Returns:
-        A decorator that registers the function unchanged.
-    """
-
-    def decorator(fn: MethodFn) -> MethodFn:
-        METHODS[name] = RopeMethod(name=name, summary=summary, options=frozenset(options), build=fn)
-        return fn
-
-    return decorator
-
-
-def _base_params(state: RopeState) -> dict[str, Any]:
-    params: dict[str, Any] = {"rope_theta": state.rope_theta}
-    prf = state.parameters.get("partial_rotary_factor")
-    if prf is not None:
-        params["partial_rotary_factor"] = prf
-    return params
-
-
-def _plan(state: RopeState, method: str, target: int, s: float, params: dict[str, Any], max_pos: int) -> RopePlan:
-    return RopePlan(
-        method=method,
-        rope_parameters=params,
-        max_position_embeddings=max_pos,
-        original_length=state.original_length,
-        target_length=target,
-        factor=s,
-        rotary_dim=state.rotary_dim,
-        base_parameters=dict(state.parameters),
-    )
-
-
-@register_method("linear", "position interpolation (Chen et al. 2023): every frequency divided by s")
-def _linear(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
-    return _plan(state, "linear", target, s, {"rope_type": "linear", "factor": s, **_base_params(state)}, target)
-
-
-@register_method("ntk", "static NTK-aware: rope_theta raised to b·s^(d/(d−2))", ("alpha",))
-def _ntk(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
-    # NTK-aware scaling is a pure change of base, so it is written as a default-type RoPE with a new
-    # theta: every consumer (vLLM, llama.cpp, older transformers) understands it.
-    alpha = float(opts["alpha"]) if opts.get("alpha") is not None else s
-    if not math.isfinite(alpha) or alpha <= 1:
-        raise RopeConfigError(
-            {
-                "alpha": f"must be a number > 1 (it multiplies the wavelengths; ≤ 1 keeps or shortens them), got "
-                f"{alpha:g}; leave it out to use target/original = {s:g}"
-            }
-        )
-    d = state.rotary_dim
-    params = {"rope_type": "default", **_base_params(state)}
-    params["rope_theta"] = state.rope_theta * alpha ** (d / (d - 2))
-    return _plan(state, "ntk", target, s, params, target)
-
-
-@register_method(
-    "dynamic",
-    "dynamic NTK (YaRN paper §3.3): NTK base with α = T/L for a sequence of T > L tokens (transformers factor 1); "
-    "--factor f uses transformers' α = f·T/L − (f−1) instead",
-    ("factor",),
-)
-def _dynamic(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
-    # One definition: the YaRN paper's Dynamic NTK, α = max(1, T/L), is transformers'
-    # base·((f·T/L) − (f−1))^(d/(d−2)) with f = 1 (transformers accepts factor ≥ 1). Writing f = s, as
-    # is common, gives α = s² − s + 1 at the target (13 at 4×), far more than the NTK scale s.
-    factor = float(opts["factor"]) if opts.get("factor") is not None else 1.0
-    plan = _plan(
-        state,
-        "dynamic",
-        target,
-        s,
-        {"rope_type": "dynamic", "factor": factor, **_base_params(state)},
-        state.original_length,
-    )
-    # transformers starts dynamic scaling at config.max_position_embeddings (the rotary module's
-    # original_max_seq_len), so it must stay at the pretraining length: a config that says the
-    # target length there would run unscaled, i.e. extrapolate, all the way up to the target.
-    plan.notes.append(
-        f"max_position_embeddings stays {state.original_length}: transformers' dynamic NTK scales only beyond it; "
-        f"the target length {target} is recorded under config.ctxext"
-    )
-    return plan
-
-
-def _option(opts: dict[str, Any], key: str, default: float) -> float:
-    # A method option as a float; unset (absent or None) means the method's default.
-    value = opts.get(key)
-    return float(value if value is not None else default)
-
-
-@register_method(
-    "yarn",
-    "YaRN (Peng et al. 2023): NTK-by-parts interpolation + attention temperature",
-    ("beta_fast", "beta_slow", "attention_factor", "truncate"),
-)
-def _yarn(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
-    params = {
-        "rope_type": "yarn",
-        "factor": s,
-        "original_max_position_embeddings": state.original_length,
-        "beta_fast": _option(opts, "beta_fast", 32.0),
-        "beta_slow": _option(opts, "beta_slow", 1.0),
-        **_base_params(state),
-    }
-    if opts.get("attention_factor") is not None:
-        params["attention_factor"] = float(opts["attention_factor"])
-    if opts.get("truncate") is not None:
-        params["truncate"] = bool(opts["truncate"])
-    return _plan(state, "yarn", target, s, params, target)
-
-
-@register_method(
-    "llama3",
-    "Llama 3.1 style: low frequencies ÷ s, high kept, smooth in between",
-    ("low_freq_factor", "high_freq_factor"),
-)
-def _llama3(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
-    params = {
-        "rope_type": "llama3",
-        "factor": s,
-        "low_freq_factor": _option(opts, "low_freq_factor", 1.0),
-        "high_freq_factor": _option(opts, "high_freq_factor", 4.0),
-        "original_max_position_embeddings": state.original_length,
-        **_base_params(state),
-    }
-    return _plan(state, "llama3", target, s, params, target)
-
-
-@register_method("theta", "ABF / Code Llama: set rope_theta directly (needs --rope-theta)", ("rope_theta",))
-def _theta(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
-    theta = opts.get("rope_theta")
-    if theta is None:
-        raise RopeConfigError({"rope_theta": "method 'theta' needs the new base, e.g. --rope-theta 1000000"})
-    theta = float(theta)
-    if theta <= state.rope_theta:
-        raise RopeConfigError(
-            {
-                "rope_theta": f"must be larger than the model's current rope_theta ({state.rope_theta:g}) to lengthen "
-                f"wavelengths, got {theta:g}"
-            }
-        )
-    params = {"rope_type": "default", **_base_params(state)}
-    params["rope_theta"] = theta
-    return _plan(state, "theta", target, s, params, target)
-
-
-@register_method(
-    "longrope",
-    "LongRoPE (Ding et al. 2024): per-dimension short/long rescale factors",
-    ("short_factor", "long_factor", "factors_file", "attention_factor"),
-)
-def _longrope(state: RopeState, target: int, s: float, opts: dict[str, Any]) -> RopePlan:
-    short, long_ = opts.get("short_factor"), opts.get("long_factor")
-    if opts.get("factors_file"):
-        short, long_ = load_factors_file(opts["factors_file"])
-    if short is None or long_ is None:
-        raise RopeConfigError(
-            {
-                "long_factor": "longrope needs short_factor and long_factor lists "
-                f"({state.rotary_dim // 2} numbers each), e.g. --factors-file factors.json"
-            }
-        )
-    params = {
-        "rope_type": "longrope",
-        "factor": s,
-        "short_factor": [float(v) for v in short],
-        "long_factor": [float(v) for v in long_],
-        "original_max_position_embeddings": state.original_length,
-        **_base_params(state),
-    }
-    if opts.get("attention_factor") is not None:
-        params["attention_factor"] = float(opts["attention_factor"])
-    return _plan(state, "longrope", target, s, params, target)
-
-
-def load_factors_file(path: str | Path) -> tuple[list[float], list[float]]:
-    """Read LongRoPE rescale factors from a JSON file ``{"short_factor": [...], "long_factor": [...]}``.
-
-    Args:
-        path: the JSON file.
-
-    Returns:
-        ``(short_factor, long_factor)``.
-
-    Raises:
-        RopeConfigError: the file is missing, not JSON, or lacks a key.
-    """
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise RopeConfigError({"factors_file": f"{path} does not exist"}) from None
-    except json.JSONDecodeError as exc:
-        raise RopeConfigError({"factors_file": f"{path} is not valid JSON: {exc}"}) from None
-    missing = [k for k in ("short_factor", "long_factor") if k not in data]
-    if missing:
-        raise RopeConfigError({"factors_file": f"{path} lacks {', '.join(missing)}"})
-    return list(data["short_factor"]), list(data["long_factor"])
 
 
 RELATIVE_TO = ("original", "current")
@@ -850,7 +545,8 @@ def plan_extension(
         config: the model's config (not modified).
         method: a name in :data:`METHODS`.
         target_length: the new context length.
-        options: method options (``beta_fast``, ``low_freq_factor``, ``rope_theta``, ``factors_file`` …).
+        options: method options, as the method declares them (``beta_fast``, ``low_freq_factor``, ``rope_theta``,
+            ``factors_file`` …); ``None`` values count as not given.
         original_length: overrides the pretraining length read from the config.
         relative_to: ``None``, ``"original"`` or ``"current"`` (see above).
 
@@ -861,18 +557,10 @@ def plan_extension(
         RopeError: unknown method, unknown option, a target not above the current context, bad values,
             or an already-extended model without ``relative_to``.
     """
-    if method not in METHODS:
-        raise RopeError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    spec = get_method(method)
     if relative_to is not None and relative_to not in RELATIVE_TO:
         raise RopeError(f"--relative-to {relative_to!r}: choose one of {', '.join(RELATIVE_TO)}")
-    spec = METHODS[method]
-    options = {k: v for k, v in (options or {}).items() if v is not None}
-    unknown = set(options) - spec.options
-    if unknown:
-        allowed = ", ".join(sorted(spec.options)) or "none"
-        raise RopeConfigError(
-            {k: f"not an option of method {method!r} (its options: {allowed})" for k in sorted(unknown)}
-        )
+    values = spec.resolve(options or {})  # the declared options: given (converted, checked) or default
     current = read_rope(config, original_length=original_length)
     check_rope_parameters(current.parameters, current.rotary_dim, current.max_position_embeddings)
     if target_length <= current.current_length:
@@ -911,7 +599,7 @@ def plan_extension(
             }
             state = replace(current, original_length=current.current_length, parameters=params, extension={})
     s = target_length / state.original_length
-    plan = spec.build(state, target_length, s, options)
+    plan = spec.plan(state, target_length, s, values)
     plan.composed_on = composed_on
     check_rope_parameters(plan.rope_parameters, state.rotary_dim, plan.max_position_embeddings)
     if (
@@ -963,10 +651,8 @@ def check_plan_intent(plan: RopePlan) -> None:
             f"dynamic NTK with max_position_embeddings {plan.max_position_embeddings} ≠ original "
             f"{plan.original_length} runs unscaled up to max_position_embeddings"
         )
-    if plan.method in ("ntk", "theta") and not float(p["rope_theta"]) > float(
-        plan.base_parameters.get("rope_theta", 0)
-    ):
-        problems.append("rope_theta is not above the base rope_theta")
+    if plan.method in METHODS:
+        problems += METHODS[plan.method].intent_problems(plan)
     if problems:
         raise RopeMismatchError(f"the {plan.method} plan does not match its intent: " + "; ".join(problems))
 

@@ -18,6 +18,8 @@ CORE = {
     "builtin",
     "sources",
     "rope",
+    "rope_types",
+    "rope_methods",
     "weights",
     "verify",
     "config",
@@ -35,7 +37,7 @@ CORE = {
     "evaluation.metrics",
     "evaluation.schema",  # the report schema: read by runfolder (core), written by the evaluator
 }
-ORCHESTRATION = {"cli", "__main__", "evaluation.cli", "demo"}
+ORCHESTRATION = {"cli", "__main__", "evaluation.cli", "demo", "rope_flags"}
 
 
 def _modules() -> dict[str, Path]:

@@ -192,6 +192,11 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
     attn_models = [m for m in raw["models"] if m.get("attention")]
     if attn_models:
         lines += attention_markdown(attn_models, plots)
+    from ctxext.evaluation.sections import SECTIONS  # sections registered as plugins render themselves
+
+    for key, registered in SECTIONS.items():
+        if any(m.get(key) for m in raw["models"]):
+            lines += registered.markdown([m for m in raw["models"] if m.get(key)], raw)
     comp = raw.get("comparisons")
     if comp and (comp["comparisons"] or comp["notes"]):
         lines += comparisons_markdown(comp)

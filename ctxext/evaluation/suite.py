@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ctxext.errors import InputError
 
@@ -142,7 +142,9 @@ class AttentionTask(_Section):
 
 
 class Suite(_Section):
-    """An evaluation suite."""
+    """An evaluation suite: the sections above, and any section registered in ``ctxext.evaluation.sections``."""
+
+    model_config = ConfigDict(extra="allow")
 
     name: str
     description: str = ""
@@ -153,6 +155,45 @@ class Suite(_Section):
     qa: QATask | None = None
     ruler: RulerSection | None = None
     attention: AttentionTask | None = None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _registered_sections(cls, data: Any, handler: Any) -> Suite:
+        # Keys beyond the fields above must be registered sections, each validated by its own settings model.
+        if not isinstance(data, dict):
+            return handler(data)
+        from pydantic_core import InitErrorDetails
+
+        from ctxext.evaluation.sections import SECTIONS
+
+        problems: list[InitErrorDetails] = []
+        sections: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in cls.model_fields:
+                continue
+            if key not in SECTIONS:
+                problems.append(InitErrorDetails(type="extra_forbidden", loc=(key,), input=value))
+                continue
+            try:
+                sections[key] = SECTIONS[key].settings.model_validate(value or {})
+            except ValidationError as exc:
+                problems += [
+                    InitErrorDetails(type=e["type"], loc=(key, *e["loc"]), input=e.get("input"), ctx=e.get("ctx", {}))
+                    for e in exc.errors()
+                ]
+        try:
+            suite = handler({k: v for k, v in data.items() if k in cls.model_fields})
+        except ValidationError as exc:
+            problems = [
+                InitErrorDetails(type=e["type"], loc=e["loc"], input=e.get("input"), ctx=e.get("ctx", {}))
+                for e in exc.errors()
+            ] + problems
+            raise ValidationError.from_exception_data(cls.__name__, problems) from None
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, problems)
+        if suite.__pydantic_extra__ is not None:
+            suite.__pydantic_extra__.update(sections)
+        return suite
 
 
 def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Suite, dict[str, Any]]:
@@ -191,8 +232,13 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
         problems = "\n".join(f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise InputError(f"invalid suite {path}:\n{problems}") from None
     _resolve_paths(suite, p.resolve().parent)
-    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa, suite.ruler, suite.attention)):
-        raise InputError(f"suite {path} names no task (perplexity, passkey, needle, qa, ruler, attention)")
+    from ctxext.evaluation.sections import SECTIONS, sections_in
+
+    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa, suite.ruler, suite.attention)) and not (
+        sections_in(suite)
+    ):
+        names = ", ".join(["perplexity", "passkey", "needle", "qa", "ruler", "attention", *SECTIONS])
+        raise InputError(f"suite {path} names no task ({names})")
     if suite.ruler:
         # Unknown tasks, options or templates fail now, before any model is loaded.
         ruler_settings(suite.ruler, [1], False).validate()
@@ -223,12 +269,15 @@ def ruler_settings(section: RulerSection, lengths: list[int], allow_beyond: bool
 
 def _resolve_paths(suite: Suite, folder: Path) -> None:
     # Data paths in a suite may be relative to the working folder, the suite's folder or its parent.
+    from ctxext.evaluation.sections import sections_in
+
     for task, key in (
         ("perplexity", "data"),
         ("needle", "haystack"),
         ("qa", "data"),
         ("ruler", "haystack"),
         ("attention", "data"),
+        *((registered.name, key) for registered, _ in sections_in(suite) for key in registered.data_keys),
     ):
         section = getattr(suite, task)
         if section is None:
@@ -418,6 +467,11 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
         plan["ruler"] = lengths_of(suite.ruler.lengths, "ruler")
     if suite.attention:
         plan["attention"] = lengths_of([suite.attention.length], "attention")
+    from ctxext.evaluation.sections import sections_in
+
+    for registered, settings in sections_in(suite):
+        asked = registered.lengths(settings)
+        plan[registered.name] = lengths_of(asked, registered.name) if asked else []
     return plan, notes
 
 
@@ -437,6 +491,12 @@ def _data_sources(suite: Suite) -> dict[str, Any]:
     if suite.attention:
         a = suite.attention
         data["attention"] = describe_source(a.data, a.text_field, a.split)
+    from ctxext.evaluation.sections import sections_in
+
+    for registered, settings in sections_in(suite):
+        described = registered.describe_data(settings)
+        if described:
+            data[registered.name] = described
     return data
 
 
@@ -514,6 +574,10 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
         )
     if suite.attention:
         entry["attention"] = _run_attention(suite.attention, loaded, plan["attention"][0], beyond_ok, show)
+    from ctxext.evaluation.sections import sections_in
+
+    for registered, settings in sections_in(suite):
+        entry[registered.name] = registered.run(loaded, settings, plan[registered.name], beyond_ok, show)
     return entry
 
 
