@@ -87,6 +87,7 @@ def compare_heldout(
     docs: int = 24,
     seed: int = 0,
     attention_factor: float = 1.0,
+    window_docs: int = 256,
     show_progress: bool = False,
 ) -> dict[str, Any]:
     """Score the base, the searched factors and the named methods on held-out files.
@@ -101,6 +102,7 @@ def compare_heldout(
         docs: held-out documents for perplexity.
         seed: seeds the held-out samples.
         attention_factor: the searched model's attention factor.
+        window_docs: held-out windows of ``L`` tokens for the in-window statistics.
         show_progress: print nothing extra (kept for symmetry; scoring is fast).
 
     Returns:
@@ -118,7 +120,7 @@ def compare_heldout(
     }
     texts = {
         "ppl": _documents(tokenizer, HELDOUT, target_length, docs),
-        "window": windows(tokenizer, HELDOUT, original),
+        "window": windows(tokenizer, HELDOUT, original, window_docs),
     }
     sets = _heldout_sets(tokenizer, objective, target_length, original, trials, seed)
     variants: list[tuple[str, str | None, dict[str, Any] | None]] = [

@@ -61,6 +61,7 @@ class SearchSettings:
             (:mod:`ctxext.search.window`). Written into the folder.
         window_tolerance: for ``attention_factor="search"``: the in-window perplexity increase allowed
             (0.005 = 0.5 %), on the upper end of the paired 95 % interval against the base.
+        window_docs: windows of ``L`` tokens for the in-window statistics (the scan and the report).
         report: compare with the named methods on held-out files and write the report.
         report_trials: retrieval trials per depth in the report.
         report_docs: held-out documents for perplexity in the report.
@@ -85,6 +86,7 @@ class SearchSettings:
     step: float = 0.01
     attention_factor: str | float = 1.0
     window_tolerance: float = 0.005
+    window_docs: int = 256
     report: bool = True
     report_trials: int = 20
     report_docs: int = 24
@@ -133,7 +135,9 @@ class SearchSettings:
             attention = resolve_attention_factor(
                 self.attention_factor, self.target_length / original_length, original_length
             )
-        searched = {"window_tolerance": self.window_tolerance} if self.searches_attention() else {}
+        searched = {"window_tolerance": self.window_tolerance, "window_docs": self.window_docs}
+        if not self.searches_attention():
+            searched = {}
         return {
             "model": self.model,
             "target_length": self.target_length,
@@ -300,6 +304,7 @@ def run_search(
             docs=settings.report_docs,
             seed=settings.seed,
             attention_factor=result.attention_factor,
+            window_docs=settings.window_docs,
             show_progress=settings.show_progress,
         )
         if session.attention_limit is not None:
@@ -557,6 +562,7 @@ def _attention_limit(
         settings.step,
         settings.window_tolerance,
         any_factors,
+        settings.window_docs,
     )
     log(
         f"attention factor searched in [1, {limit.high:.4g}]: the largest on the grid up to {ceiling:.4g} whose "

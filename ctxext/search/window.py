@@ -92,6 +92,7 @@ def attention_limit(
     step: float,
     tolerance: float,
     long_factor: np.ndarray,
+    n_windows: int = WINDOW_DOCS,
 ) -> AttentionLimit:
     """Scan attention factors ``1, 1 + step, …, ceiling`` upwards until the in-window cost exceeds the tolerance.
 
@@ -105,12 +106,13 @@ def attention_limit(
         tolerance: allowed in-window perplexity increase (fraction), checked on the upper end of the
             paired 95 % interval.
         long_factor: any long factors (they do not act inside the window).
+        n_windows: windows of ``L`` tokens measured.
 
     Returns:
         The :class:`AttentionLimit`.
     """
     original = switch.state.original_length
-    docs = windows(tokenizer, source, original)
+    docs = windows(tokenizer, source, original, n_windows)
     switch.restore()
     base = doc_nll(switch.model, docs)
     limit = AttentionLimit(low=1.0, high=1.0, tolerance=tolerance)
