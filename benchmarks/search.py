@@ -219,7 +219,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--attention", nargs="+", default=["1"], help="attention factors: 1, auto, search, a number")
     parser.add_argument("--objective", default="needle", help="needle, needle-worst or far-ppl")
-    parser.add_argument("--window-tolerance", type=float, default=0.5, help="percent, for --attention search")
+    parser.add_argument("--window-tolerance", type=float, default=0.0, help="percent, for --attention search")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default="/tmp/search-bench")
     parser.add_argument("--no-write", action="store_true", help="run the searches, do not write the results page")

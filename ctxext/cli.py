@@ -473,10 +473,10 @@ def search(
     window_tolerance: Annotated[
         float,
         typer.Option(
-            help="with --attention-factor search: in-window perplexity increase allowed, in percent "
-            "(upper end of the paired 95% CI vs the base)"
+            help="with --attention-factor search: in-window perplexity increase allowed, in percent (upper "
+            "end of the paired 95% CI vs the base); 0: only changes the CI cannot detect"
         ),
-    ] = 0.5,
+    ] = 0.0,
     report: Annotated[bool, typer.Option(help="compare with PI/NTK/YaRN/llama3 on held-out files")] = True,
     recipe: Annotated[
         Path | None, typer.Option(help="take model, target and search settings from a recipe's model/rope/search")

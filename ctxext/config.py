@@ -311,7 +311,7 @@ class SearchSection(_Section):
         "with the factors within window_tolerance)",
     )
     window_tolerance: float = Field(
-        default=0.5, ge=0, lt=100, description="attention_factor search: in-window ppl increase allowed, percent"
+        default=0.0, ge=0, lt=100, description="attention_factor search: in-window ppl increase allowed, percent"
     )
     out: str | None = Field(default=None, description="the search's model folder (default: <output.dir>-search)")
 

@@ -14,7 +14,7 @@ from ctxext.search.factors import is_monotone
 from ctxext.search.objective import ItemScores, ObjectiveSet
 from ctxext.search.report import window_verdict
 from ctxext.search.run import SearchSettings, run_search
-from ctxext.search.window import paired_window_ratio
+from ctxext.search.window import admissible, paired_window_ratio
 
 TARGET = 512  # the tiny model's context is 256: 2×
 
@@ -95,14 +95,24 @@ def test_searched_attention_factor_respects_the_window_tolerance(tiny_model_dir,
     assert header["settings"]["attention_factor"] == "search" and header["objective_set"]["aggregate"] == "worst-depth"
 
 
-def test_zero_tolerance_keeps_attention_factor_where_the_window_is_detectably_unchanged(tiny_model_dir, tmp_path):
+def test_zero_tolerance_admits_only_undetectable_in_window_changes(tiny_model_dir, tmp_path):
     out = tmp_path / "att0"
-    result = run_search(_settings(tiny_model_dir, out, attention_factor="search", window_tolerance=0.0), log=print)
+    result = run_search(_settings(tiny_model_dir, out, attention_factor="search"), log=lambda _: None)
     limit = json.loads((out / "search.jsonl").read_text().splitlines()[0])["attention_limit"]
-    # Every factor admitted has a paired in-window interval whose upper end is at most 1.
+    assert limit["tolerance"] == 0.0
+    # Every factor admitted has a paired in-window interval that reaches down to 1; the next one does not.
     admitted = [s for s in limit["scan"] if s["attention_factor"] <= limit["high"]]
-    assert all(s["ci_high"] <= 1.0 for s in admitted)
-    assert result.attention_factor <= limit["high"]
+    assert all(s["ci_low"] <= 1.0 for s in admitted)
+    rejected = [s for s in limit["scan"] if s["attention_factor"] > limit["high"]]
+    assert all(s["ci_low"] > 1.0 for s in rejected) and len(rejected) <= 1
+    assert 1.0 <= result.attention_factor <= limit["high"]
+
+
+def test_admissible_in_window_cost():
+    assert admissible({"ci_low": 0.999, "ci_high": 1.01}, 0.0)  # not detectable
+    assert not admissible({"ci_low": 1.001, "ci_high": 1.004}, 0.0)  # detectable, no tolerance
+    assert admissible({"ci_low": 1.001, "ci_high": 1.004}, 0.005)  # detectable, within +0.5 %
+    assert not admissible({"ci_low": 1.004, "ci_high": 1.006}, 0.005)
 
 
 def test_window_tolerance_is_checked():

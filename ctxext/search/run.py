@@ -60,7 +60,8 @@ class SearchSettings:
             the factors, between 1 and the largest value whose in-window cost is within ``window_tolerance``
             (:mod:`ctxext.search.window`). Written into the folder.
         window_tolerance: for ``attention_factor="search"``: the in-window perplexity increase allowed
-            (0.005 = 0.5 %), on the upper end of the paired 95 % interval against the base.
+            (0.005 = 0.5 %) on the upper end of the paired 95 % interval against the base; 0 (default)
+            admits only factors whose change is not detectable (the interval includes 1).
         window_docs: windows of ``L`` tokens for the in-window statistics (the scan and the report).
         report: compare with the named methods on held-out files and write the report.
         report_trials: retrieval trials per depth in the report.
@@ -85,7 +86,7 @@ class SearchSettings:
     mutation_rate: float = 0.3
     step: float = 0.01
     attention_factor: str | float = 1.0
-    window_tolerance: float = 0.005
+    window_tolerance: float = 0.0
     window_docs: int = 256
     report: bool = True
     report_trials: int = 20
@@ -566,7 +567,7 @@ def _attention_limit(
     )
     log(
         f"attention factor searched in [1, {limit.high:.4g}]: the largest on the grid up to {ceiling:.4g} whose "
-        "in-window ppl ratio to the base (paired 95% upper bound, training-split windows) is within "
+        "in-window ppl ratio to the base (paired 95% CI, training-split windows) includes 1 or stays within "
         f"+{100 * settings.window_tolerance:g}%"
     )
     return limit

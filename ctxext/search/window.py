@@ -8,7 +8,10 @@ once per attention factor, on windows of ``L`` tokens, paired with the base on t
 (:func:`ctxext.evaluation.stats.paired_ppl_ratio`, a bootstrap over windows).
 
 :func:`attention_limit` uses it for ``--attention-factor search``: the largest attention factor on the
-search's grid whose paired in-window perplexity ratio has its 95 % upper bound within the tolerance.
+search's grid whose in-window cost is **admissible** (:func:`admissible`): not detectably above the base
+(the paired 95 % interval reaches down to 1), or demonstrably within the tolerance (its upper end is at
+most ``1 + tolerance``). With a tolerance of 0 only the first holds: "not detectably changed", which
+depends on how many windows are measured (more windows detect smaller changes).
 """
 
 from __future__ import annotations
@@ -66,13 +69,23 @@ def paired_window_ratio(nll: np.ndarray, base_nll: np.ndarray) -> dict[str, Any]
     return out
 
 
+def admissible(stat: dict[str, Any], tolerance: float) -> bool:
+    """An in-window cost is admissible when it is not detectable (``ci_low ≤ 1``) or within the tolerance.
+
+    Args:
+        stat: a :func:`paired_window_ratio` (``ci_low`` / ``ci_high`` of the ratio to the base).
+        tolerance: the allowed increase (fraction) for the upper end of the interval.
+    """
+    return bool(stat["ci_low"] <= 1.0 or stat["ci_high"] <= 1.0 + tolerance)
+
+
 @dataclass
 class AttentionLimit:
     """The range an attention-factor gene may take, and the measurements that set it.
 
     Attributes:
         low: 1 (no scaling).
-        high: the largest factor on the grid within the tolerance (``low`` when none above it is).
+        high: the largest admissible factor on the grid (``low`` when none above it is).
         tolerance: the allowed in-window perplexity increase (0.005 = 0.5 %), bounding the 95 % upper end.
         scan: ``{attention_factor, ratio, ci_low, ci_high}`` of every factor tried, in order.
     """
@@ -94,7 +107,7 @@ def attention_limit(
     long_factor: np.ndarray,
     n_windows: int = WINDOW_DOCS,
 ) -> AttentionLimit:
-    """Scan attention factors ``1, 1 + step, …, ceiling`` upwards until the in-window cost exceeds the tolerance.
+    """Scan attention factors ``1, 1 + step, …, ceiling`` upwards until one's in-window cost is not admissible.
 
     Args:
         switch: a :class:`~ctxext.search.apply.RopeSwitch` around the loaded model.
@@ -103,8 +116,8 @@ def attention_limit(
         target_length: the target length (for the longrope plan; windows run with the short factors).
         ceiling: the largest attention factor considered (LongRoPE's ``√(1 + ln s / ln L)``).
         step: the grid step.
-        tolerance: allowed in-window perplexity increase (fraction), checked on the upper end of the
-            paired 95 % interval.
+        tolerance: allowed in-window perplexity increase (fraction) for the upper end of the paired 95 %
+            interval (:func:`admissible`).
         long_factor: any long factors (they do not act inside the window).
         n_windows: windows of ``L`` tokens measured.
 
@@ -124,7 +137,7 @@ def attention_limit(
         limit.scan.append(
             {"attention_factor": factor, "ratio": stat["ratio"], "ci_low": stat["ci_low"], "ci_high": stat["ci_high"]}
         )
-        if stat["ci_high"] > 1.0 + tolerance:
+        if not admissible(stat, tolerance):
             break
         limit.high = factor
     switch.restore()
