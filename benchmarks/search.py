@@ -186,7 +186,7 @@ def scan_attention(folder: Path, values: list[float], trials: int) -> str:
     needle = retrieval_set(loaded.tokenizer, HELDOUT, target, REPORT_DEPTHS, trials, 0, "needle", [0])
     switch.restore()
     base = doc_nll(loaded.model, docs)
-    depths = " | ".join(f"{d:g}" for d in REPORT_DEPTHS)
+    depths = " / ".join(f"{d:g}" for d in REPORT_DEPTHS)
     lines = [
         f"| attention factor | ppl@{ORIGINAL} ratio vs base (paired 95% CI) | needle@{target} by depth: {depths} "
         "| worst |",
