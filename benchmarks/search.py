@@ -114,7 +114,8 @@ def render(results: dict[tuple[int, str], dict[str, Any]], args: argparse.Namesp
         "answer NLL of key/value needles at 8 depths over the whole target length, "
         "training-split stdlib files, training templates ("
         + ("mean over all needles" if args.objective == "needle" else "mean of the worst depth")
-        + "). In-window: the first 64 tokens of 256 held-out files, paired with the base. Held-out: stdlib "
+        + "). In-window: the first 64 tokens of every held-out file that long, paired with the base. "
+        "Held-out: stdlib "
         "held-out files; needle = `KEY_xy = NNNNN` (template 0, as in the "
         f"demo suite) at depths 10/30/50/70/90 %, {args.trials} trials per depth, teacher-forced; multikey = the "
         "same needle among 3 distractor keys; held-out objective = the search objective on held-out files "
