@@ -257,7 +257,13 @@ def render_markdown(report: dict[str, Any], summary: dict[str, Any]) -> str:
         f"Held-out ({report['heldout']}): best named method by the held-out objective: **{cmp_['best_named']}**. "
         f"Searched − {cmp_['best_named']}: {obj['diff']:+.4f} NLL/token (paired 95% CI {obj['ci_low']:+.4f} … "
         f"{obj['ci_high']:+.4f}, {obj['items']} items; ratio of perplexities {obj['ratio']:.3f})"
-        + (" — the CI excludes 0." if obj["excludes_zero"] else " — the CI includes 0 (no significant difference)."),
+        + (" — the CI excludes 0." if obj["excludes_zero"] else " — the CI includes 0 (no significant difference).")
+        + (
+            " The held-out objective compared here is the mean answer NLL of all needles (the worst-depth value "
+            "the search minimised is `objective_fitness` in report.json)."
+            if obj["kind"] == "needle-worst"
+            else ""
+        ),
         "",
         f"| variant | held-out objective (NLL/token) | ppl@{L} | ppl@{T} | needle@{L} | needle@{T} "
         f"| worst depth@{T} | multikey@{T} |",
