@@ -116,5 +116,5 @@ def test_admissible_in_window_cost():
 
 
 def test_window_tolerance_is_checked():
-    with pytest.raises(InputError, match="window tolerance"):
+    with pytest.raises(InputError, match="window-tolerance"):
         SearchSettings(model="m", target_length=10, out="o", attention_factor="search", window_tolerance=1.5).validate()

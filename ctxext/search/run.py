@@ -119,7 +119,9 @@ class SearchSettings:
         if not self.searches_attention():
             resolve_attention_factor(self.attention_factor, 2.0, 2)
         if not (isinstance(self.window_tolerance, int | float) and 0 <= self.window_tolerance < 1):
-            raise InputError(f"window tolerance must be a fraction in [0, 1) (got {self.window_tolerance!r})")
+            raise InputError(
+                f"--window-tolerance must be at least 0 and below 100 percent (got {100 * self.window_tolerance:g})"
+            )
         if self.resume and self.overwrite:
             raise InputError("--resume and --overwrite contradict each other: choose one")
 
