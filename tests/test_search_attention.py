@@ -75,12 +75,17 @@ def _settings(model_dir, out, **kw) -> SearchSettings:
     return SearchSettings(**base)
 
 
-def test_searched_attention_factor_respects_the_window_tolerance(tiny_model_dir, tmp_path):
-    out = tmp_path / "att"
-    result = run_search(
-        _settings(tiny_model_dir, out, attention_factor="search", window_tolerance=0.5, objective="needle-worst"),
-        log=lambda _: None,
-    )
+ATT = dict(attention_factor="search", window_tolerance=0.5, objective="needle-worst")
+
+
+@pytest.fixture(scope="module")
+def att_search(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("att") / "a"
+    return run_search(_settings(tiny_model_dir, out, **ATT), log=lambda _: None)
+
+
+def test_searched_attention_factor_respects_the_window_tolerance(att_search):
+    result, out = att_search, att_search.out
     header = json.loads((out / "search.jsonl").read_text().splitlines()[0])
     limit = header["attention_limit"]
     ceiling = math.sqrt(1 + math.log(2) / math.log(256))
@@ -93,6 +98,29 @@ def test_searched_attention_factor_respects_the_window_tolerance(tiny_model_dir,
     written = json.loads((out / "config.json").read_text())["rope_parameters"]
     assert written["attention_factor"] == result.attention_factor
     assert header["settings"]["attention_factor"] == "search" and header["objective_set"]["aggregate"] == "worst-depth"
+
+
+def test_attention_search_resumes_to_the_uninterrupted_result(att_search, tiny_model_dir, tmp_path):
+    out = tmp_path / "r"
+    seen = []
+
+    def interrupt(cand):
+        seen.append(cand.index)
+        if len(seen) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_search(_settings(tiny_model_dir, out, **ATT), log=lambda _: None, on_candidate=interrupt)
+    resumed = run_search(_settings(tiny_model_dir, out, resume=True, **ATT), log=lambda _: None)
+    assert resumed.long_factor == att_search.long_factor
+    assert resumed.attention_factor == att_search.attention_factor
+    assert resumed.evaluations == att_search.evaluations
+
+    def scores(path):
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        return [(r["factors"], r["attention_factor"], r["score"]) for r in lines if r["type"] == "candidate"]
+
+    assert scores(out / "search.jsonl") == scores(att_search.out / "search.jsonl")
 
 
 def test_zero_tolerance_admits_only_undetectable_in_window_changes(tiny_model_dir, tmp_path):
