@@ -4,7 +4,9 @@ The workflow, top to bottom:
 
 1. check the inputs (a RoPE model, a target above its context, a positive budget, the output folder)
    before anything is written;
-2. load the model once (fp32 on the CPU) and build the fitness set on the training split;
+2. load the model once (fp32 on the CPU) and build the fitness set on the training split; with
+   ``--attention-factor search``, bound the attention factor by its in-window cost
+   (:mod:`ctxext.search.window`);
 3. run the evolutionary search (:mod:`ctxext.search.evolution`) from the seeds of
    :mod:`ctxext.search.factors`, each candidate applied in place (:class:`~ctxext.search.apply.RopeSwitch`)
    and scored teacher-forced (:mod:`ctxext.search.objective`), logging every candidate to
