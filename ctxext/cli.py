@@ -432,7 +432,11 @@ def search(
     population: Annotated[int, typer.Option(help="candidates per generation (LongRoPE: 64)")] = 64,
     generations: Annotated[int, typer.Option(help="generations after the initial population (LongRoPE: 40)")] = 40,
     objective: Annotated[
-        str, typer.Option(help="needle (answer NLL of far-back needles, LongRoPE2) or far-ppl (NLL beyond the window)")
+        str,
+        typer.Option(
+            help="needle (answer NLL of far-back needles, LongRoPE2), needle-worst (that of the worst depth) "
+            "or far-ppl (NLL beyond the window)"
+        ),
     ] = "needle",
     seed: Annotated[int, typer.Option(help="seed of the search and of its needle set")] = 0,
     samples: Annotated[int, typer.Option(help="needle samples (or documents) scored per candidate")] = 32,
@@ -443,8 +447,19 @@ def search(
         int | None, typer.Option(help="pretraining context, when the config cannot tell it")
     ] = None,
     attention_factor: Annotated[
-        str, typer.Option(help="1 (model unchanged inside its window), auto (√(1+ln s/ln L), LongRoPE) or a number")
+        str,
+        typer.Option(
+            help="1 (model unchanged inside its window), auto (√(1+ln s/ln L), LongRoPE), a number, or search "
+            "(searched with the factors, within --window-tolerance)"
+        ),
     ] = "1",
+    window_tolerance: Annotated[
+        float,
+        typer.Option(
+            help="with --attention-factor search: in-window perplexity increase allowed, in percent (upper "
+            "end of the paired 95% CI vs the base); 0: only changes the CI cannot detect"
+        ),
+    ] = 0.0,
     report: Annotated[bool, typer.Option(help="compare with PI/NTK/YaRN/llama3 on held-out files")] = True,
     recipe: Annotated[
         Path | None, typer.Option(help="take model, target and search settings from a recipe's model/rope/search")
@@ -481,6 +496,7 @@ def search(
             data=data,
             original_length=original_length,
             attention_factor=attention_factor,
+            window_tolerance=window_tolerance / 100,
             report=report,
         )
     settings.device = device

@@ -360,7 +360,7 @@ class HubSection(_Section):
 class SearchSection(_Section):
     """A RoPE factor search (``ctxext search``) run before training; needs ``rope.method: longrope``."""
 
-    objective: Literal["needle", "far-ppl"] = "needle"
+    objective: Literal["needle", "needle-worst", "far-ppl"] = "needle"
     budget: str = Field(default="10m", description="time budget of the search: 90s, 10m, 1h")
     population: int = Field(default=64, ge=4)
     generations: int = Field(default=40, ge=0)
@@ -369,7 +369,12 @@ class SearchSection(_Section):
     data: str = Field(default="builtin:stdlib-train", description="data of the fitness set (a training split)")
     report: bool = True
     attention_factor: str | float = Field(
-        default=1.0, description="1 (unchanged inside the window), auto (√(1 + ln s / ln L)) or a number"
+        default=1.0,
+        description="1 (unchanged inside the window), auto (√(1 + ln s / ln L)), a number, or search (searched "
+        "with the factors within window_tolerance)",
+    )
+    window_tolerance: float = Field(
+        default=0.0, ge=0, lt=100, description="attention_factor search: in-window ppl increase allowed, percent"
     )
     out: str | None = Field(default=None, description="the search's model folder (default: <output.dir>-search)")
 

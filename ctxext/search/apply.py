@@ -45,7 +45,9 @@ def resolve_attention_factor(value: str | float, scale: float, original_length: 
     except (TypeError, ValueError):
         number = math.nan
     if not math.isfinite(number) or number <= 0:
-        raise InputError(f"attention factor {value!r} must be 'auto' or a positive number (1 = no scaling)")
+        raise InputError(
+            f"attention factor {value!r} must be 'auto', 'search' or a positive number (1 = no scaling)"
+        )
     return number
 
 

@@ -13,6 +13,11 @@ again, and every operator keeps the factors monotone:
   that is not monotone (or not new) is rejected and redrawn, and after ``crossover_tries`` rejections
   the first parent is mutated instead (as in LongRoPE).
 
+**The attention factor as a gene** (optional, ``Evolution.attention``): a vector then carries one more
+value after the factors, the attention factor, bounded by its own range and outside the monotonicity
+constraint; a mutation redraws it (with the same probability as a factor) on the same grid within its
+range, and a crossover segment that reaches the end of the vector takes the second parent's.
+
 All randomness comes from one ``numpy.random.Generator`` seeded once, and candidates are generated
 before they are scored, in a fixed order: the same seed and the same scores give the same candidates,
 which is what lets an interrupted search be replayed from its log.
@@ -99,11 +104,14 @@ class Evolution:
         settings: sizes and operators.
         lower: smallest factor allowed (1: never faster than the original frequency).
         upper: largest factor allowed.
+        attention: ``(low, high)`` of the attention factor when it is searched too (then every vector
+            ends with it); None when it is fixed.
     """
 
     settings: EvolutionSettings
     lower: float
     upper: float
+    attention: tuple[float, float] | None = None
     rng: np.random.Generator = field(init=False)
     history: set[tuple[float, ...]] = field(init=False, default_factory=set)
     next_index: int = field(init=False, default=0)
@@ -117,17 +125,39 @@ class Evolution:
         self.next_index += 1
         return cand
 
+    def n_factors(self, vector: np.ndarray) -> int:
+        """How many values of ``vector`` are factors (all but a trailing attention gene)."""
+        return len(vector) - (1 if self.attention is not None else 0)
+
+    def clip(self, vector: np.ndarray) -> np.ndarray:
+        """``vector`` within the bounds (factors and, when searched, the attention factor)."""
+        out = np.asarray(vector, dtype=np.float64).copy()
+        n = self.n_factors(out)
+        out[:n] = np.clip(out[:n], self.lower, self.upper)
+        if self.attention is not None:
+            out[n] = min(max(out[n], self.attention[0]), self.attention[1])
+        return out
+
+    def _bounds(self, child: np.ndarray, i: int, n: int) -> tuple[float, float, float]:
+        # (left, right, grid origin) of value i: a factor lies between its neighbours, the attention gene
+        # within its own range.
+        if i >= n:
+            assert self.attention is not None
+            return self.attention[0], self.attention[1], self.attention[0]
+        left = child[i - 1] if i > 0 else self.lower
+        right = child[i + 1] if i < n - 1 else self.upper
+        return left, right, self.lower
+
     def mutate(self, parent: np.ndarray) -> np.ndarray:
         """A new monotone vector near ``parent`` (up to 50 draws to find one not generated before)."""
         child = np.asarray(parent, dtype=np.float64).copy()
-        n, step, lo = len(child), self.settings.step, self.lower
+        n, step = self.n_factors(child), self.settings.step
         for _ in range(50):
             child = np.asarray(parent, dtype=np.float64).copy()
-            for i in range(n):
+            for i in range(len(child)):
                 if self.rng.random() >= self.settings.mutation_rate:
                     continue
-                left = child[i - 1] if i > 0 else self.lower
-                right = child[i + 1] if i < n - 1 else self.upper
+                left, right, lo = self._bounds(child, i, n)
                 k0 = math.ceil((left - lo) / step - 1e-9)
                 k1 = math.floor((right - lo) / step + 1e-9)
                 if k1 < k0:
@@ -146,16 +176,16 @@ class Evolution:
             a, b = sorted(int(x) for x in self.rng.choice(n + 1, size=2, replace=False))
             child = np.asarray(first, dtype=np.float64).copy()
             child[a:b] = second[a:b]
-            if is_monotone(child) and _key(child) not in self.history:
+            if is_monotone(child[: self.n_factors(child)]) and _key(child) not in self.history:
                 return child
         return None
 
     def initial(self, seeds: Sequence[tuple[str, np.ndarray]]) -> list[Candidate]:
         """Generation 0: every seed, then mutants of random seeds up to the population size."""
-        out = [self._make(0, f"seed:{name}", np.clip(f, self.lower, self.upper)) for name, f in seeds]
+        out = [self._make(0, f"seed:{name}", self.clip(f)) for name, f in seeds]
         while len(out) < self.settings.population:
             parent = seeds[int(self.rng.integers(len(seeds)))][1]
-            out.append(self._make(0, "seed-mutation", self.mutate(np.clip(parent, self.lower, self.upper))))
+            out.append(self._make(0, "seed-mutation", self.mutate(self.clip(parent))))
         return out
 
     def select(self, population: Sequence[Candidate]) -> list[Candidate]:

@@ -7,6 +7,9 @@ Two objectives, both "lower is better" and both computed on the **training** spl
   needles hidden in real text at depths spread over the whole target length, scored teacher-forced
   (:func:`ctxext.evaluation.answer_scoring.score_answers`); the answer is the last tokens of each
   sequence, so every sequence is exactly the target length and runs with the long factors;
+* ``needle-worst``: the same needles, but the fitness is the mean answer NLL of the **worst depth**
+  (the largest of the per-depth means): a mean over depths can improve by helping the easy depths
+  while one depth stays bad, and the retrieval target is "at every depth";
 * ``far-ppl``: mean NLL of the tokens beyond the original window (positions ≥ L) of documents cut to
   the target length (:func:`ctxext.evaluation.perplexity.token_nll`).
 
@@ -25,7 +28,9 @@ import torch
 
 from ctxext.errors import InputError
 
-OBJECTIVES = ("needle", "far-ppl")
+# Objective name -> how the per-item scores of its set become one fitness value (lower is better).
+AGGREGATES = {"needle": "mean", "needle-worst": "worst-depth", "far-ppl": "mean"}
+OBJECTIVES = tuple(AGGREGATES)
 # Depths (fraction of the haystack before the needle) of the search's needles: spread over the whole
 # target length, including far back (0) where extension matters most.
 SEARCH_DEPTHS = (0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875)
@@ -47,8 +52,16 @@ class ItemScores:
 
     @property
     def mean_nll(self) -> float:
-        """Token-weighted mean NLL (the objective's value)."""
+        """Token-weighted mean NLL over all items."""
         return float(self.nll_sums.sum() / max(1.0, float(self.counts.sum())))
+
+    def depth_nll(self, depths: list[float | None]) -> dict[float, float]:
+        """Token-weighted mean NLL of each needle depth (items without a depth are left out)."""
+        out: dict[float, float] = {}
+        for depth in sorted({d for d in depths if d is not None}):
+            mask = np.array([d == depth for d in depths])
+            out[depth] = float(self.nll_sums[mask].sum() / max(1.0, float(self.counts[mask].sum())))
+        return out
 
 
 @dataclass
@@ -70,6 +83,13 @@ class ObjectiveSet:
     spans: list[tuple[int, int]]
     depths: list[float | None] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    aggregate: str = "mean"
+
+    def fitness(self, scores: ItemScores) -> float:
+        """The objective's value from per-item scores: the mean NLL, or that of the worst depth."""
+        if self.aggregate == "worst-depth":
+            return max(scores.depth_nll(self.depths).values())
+        return scores.mean_nll
 
     def score(self, model: torch.nn.Module, batch_tokens: int | None = None) -> ItemScores:
         """Score every item with the model as it is now (one forward pass per batch)."""
@@ -231,7 +251,7 @@ def build_objective(
     """The search's fitness set.
 
     Args:
-        kind: ``needle`` or ``far-ppl``.
+        kind: ``needle``, ``needle-worst`` or ``far-ppl``.
         tokenizer: the model's tokenizer.
         length: the target length.
         original_length: the original window.
@@ -247,4 +267,7 @@ def build_objective(
     if kind == "far-ppl":
         return far_ppl_set(tokenizer, source, length, original_length, samples)
     per_depth = max(1, -(-samples // len(SEARCH_DEPTHS)))
-    return retrieval_set(tokenizer, source, length, SEARCH_DEPTHS, per_depth, seed)
+    found = retrieval_set(tokenizer, source, length, SEARCH_DEPTHS, per_depth, seed)
+    found.aggregate = AGGREGATES[kind]
+    found.info["aggregate"] = found.aggregate
+    return found

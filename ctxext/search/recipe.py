@@ -56,6 +56,7 @@ def settings_from_recipe(recipe: Any, out: Path | None = None) -> Any:
         original_length=recipe.model.original_length,
         report=s.report,
         attention_factor=s.attention_factor,
+        window_tolerance=s.window_tolerance / 100,
     )
 
 

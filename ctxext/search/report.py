@@ -23,27 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from ctxext.search.objective import ItemScores, ObjectiveSet, build_objective, retrieval_set
 
 HELDOUT = "builtin:stdlib-heldout"
 REPORT_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 N_BUCKETS = 8
-
-
-def _doc_nll(model: torch.nn.Module, docs: list[list[int]]) -> np.ndarray:
-    """``[docs, T − 1]`` token NLLs of documents of one length (token ``t`` at column ``t − 1``)."""
-    from ctxext.evaluation.perplexity import token_nll
-    from ctxext.rope import reset_dynamic_rope
-
-    rows = []
-    per_batch = max(1, 16384 // len(docs[0]))
-    for i in range(0, len(docs), per_batch):
-        reset_dynamic_rope(model)
-        rows.append(token_nll(model, torch.tensor(docs[i : i + per_batch], dtype=torch.long)).double().numpy())
-    reset_dynamic_rope(model)
-    return np.concatenate(rows)
 
 
 def _ppl(sums: np.ndarray, counts: np.ndarray) -> dict[str, Any]:
@@ -102,6 +87,7 @@ def compare_heldout(
     docs: int = 24,
     seed: int = 0,
     attention_factor: float = 1.0,
+    window_docs: int = 256,
     show_progress: bool = False,
 ) -> dict[str, Any]:
     """Score the base, the searched factors and the named methods on held-out files.
@@ -116,97 +102,138 @@ def compare_heldout(
         docs: held-out documents for perplexity.
         seed: seeds the held-out samples.
         attention_factor: the searched model's attention factor.
+        window_docs: held-out windows of ``L`` tokens for the in-window statistics.
         show_progress: print nothing extra (kept for symmetry; scoring is fast).
 
     Returns:
         The JSON-ready comparison.
     """
+    from ctxext.search.apply import longrope_options
     from ctxext.search.factors import NAMED_METHODS, method_factors
     from ctxext.search.objective import _documents
+    from ctxext.search.window import windows
 
     switch.restore()
-    model = switch.model
     original = switch.state.original_length
-    config = model.config
-    named = {m: method_factors(config, m, target_length, None, switch.original_length) for m in NAMED_METHODS}
-    ppl_docs = _documents(tokenizer, HELDOUT, target_length, docs)
-    sets: dict[str, ObjectiveSet] = {
+    named = {
+        m: method_factors(switch.model.config, m, target_length, None, switch.original_length) for m in NAMED_METHODS
+    }
+    texts = {
+        "ppl": _documents(tokenizer, HELDOUT, target_length, docs),
+        "window": windows(tokenizer, HELDOUT, original, window_docs),
+    }
+    sets = _heldout_sets(tokenizer, objective, target_length, original, trials, seed)
+    variants: list[tuple[str, str | None, dict[str, Any] | None]] = [
+        ("base", None, None),
+        ("searched", "longrope", longrope_options(long_factor, attention_factor)),
+        *[(m, m, None) for m in NAMED_METHODS],
+    ]
+    raw = {name: _score_variant(switch, method, opts, target_length, texts, sets) for name, method, opts in variants}
+    switch.restore()
+
+    models = {name: _summarise(r, raw["base"], sets, target_length) for name, r in raw.items()}
+    models["searched"]["factors"] = [float(v) for v in long_factor]
+    for m in NAMED_METHODS:
+        models[m]["factors"] = [float(v) for v in named[m]]
+    best_named = min(NAMED_METHODS, key=lambda m: models[m]["objective_nll"])
+    window = models["searched"]["window_vs_base"]
+    return {
+        "target_length": target_length,
+        "original_length": original,
+        "heldout": HELDOUT,
+        "sets": {k: v.info for k, v in sets.items()}
+        | {"ppl_documents": len(texts["ppl"]), "window_documents": len(texts["window"])},
+        "models": models,
+        "comparison": _comparison(raw, models, best_named, objective),
+        "in_window_max_abs_nll_diff_vs_base": window["max_abs_nll_diff"],
+        "attention_factor": attention_factor,
+    }
+
+
+def _heldout_sets(
+    tokenizer: Any, objective: str, target_length: int, original: int, trials: int, seed: int
+) -> dict[str, ObjectiveSet]:
+    """The held-out retrieval sets (and the objective's own set), the same items for every variant."""
+    return {
         "objective": build_objective(objective, tokenizer, target_length, original, 8 * trials, seed + 1, HELDOUT),
         "needle": retrieval_set(tokenizer, HELDOUT, target_length, REPORT_DEPTHS, trials, seed, "needle", [0]),
         "needle_in_window": retrieval_set(tokenizer, HELDOUT, original, REPORT_DEPTHS, trials, seed, "needle", [0]),
         "multikey": retrieval_set(tokenizer, HELDOUT, target_length, REPORT_DEPTHS, trials, seed, "multikey", [0]),
     }
-    variants: list[tuple[str, str | None, dict[str, Any] | None]] = [("base", None, None)]
-    from ctxext.search.apply import longrope_options
 
-    variants.append(("searched", "longrope", longrope_options(long_factor, attention_factor)))
-    variants += [(m, m, None) for m in NAMED_METHODS]
-    raw: dict[str, dict[str, Any]] = {}
+
+def _score_variant(
+    switch: Any,
+    method: str | None,
+    options: dict[str, Any] | None,
+    target_length: int,
+    texts: dict[str, list[list[int]]],
+    sets: dict[str, ObjectiveSet],
+) -> dict[str, Any]:
+    """Apply one variant (None: the base) and score every held-out item with it."""
+    from ctxext.search.window import doc_nll
+
+    if method is None:
+        switch.restore()
+    else:
+        switch.use(method, target_length, options)
+    model = switch.model
+    nll = doc_nll(model, texts["ppl"]) if texts["ppl"] else np.zeros((0, target_length - 1))
+    nll_window = doc_nll(model, texts["window"])
+    return {"nll": nll, "nll_window": nll_window, **{k: s.score(model) for k, s in sets.items()}}
+
+
+def _summarise(
+    r: dict[str, Any], base: dict[str, Any], sets: dict[str, ObjectiveSet], target_length: int
+) -> dict[str, Any]:
+    """One variant's report entry: perplexities (by bucket, in-window paired with the base) and retrieval."""
+    from ctxext.search.window import paired_window_ratio
+
+    n_docs = r["nll"].shape[0]
     bucket = target_length // N_BUCKETS
-    for name, method, options in variants:
-        if method is None:
-            switch.restore()
-        else:
-            switch.use(method, target_length, options)
-        nll = _doc_nll(model, ppl_docs) if ppl_docs else np.zeros((0, target_length - 1))
-        nll_window = _doc_nll(model, [d[:original] for d in ppl_docs]) if ppl_docs else np.zeros((0, original - 1))
-        raw[name] = {"nll": nll, "nll_window": nll_window, **{k: s.score(model) for k, s in sets.items()}}
-    switch.restore()
+    buckets = []
+    for b in range(N_BUCKETS):
+        # Column t − 1 holds token t; bucket b holds the tokens at positions [b·w, (b+1)·w).
+        lo, hi = max(1, b * bucket), (b + 1) * bucket
+        cols = r["nll"][:, lo - 1 : hi - 1]
+        entry = _ppl(cols.sum(axis=1), np.full(n_docs, cols.shape[1], dtype=np.float64))
+        buckets.append({"start": b * bucket, "end": (b + 1) * bucket, **entry})
+    window = r["nll_window"]
+    in_window_hits = r["needle_in_window"].correct.astype(np.float64)
+    base_hits = base["needle_in_window"].correct.astype(np.float64)
+    return {
+        "ppl_target": _ppl(r["nll"].sum(axis=1), np.full(n_docs, r["nll"].shape[1], dtype=np.float64)),
+        "ppl_window": _ppl(window.sum(axis=1), np.full(len(window), window.shape[1], dtype=np.float64)),
+        "window_vs_base": paired_window_ratio(window, base["nll_window"]),
+        "needle_in_window_vs_base": _paired(in_window_hits, base_hits, np.ones(len(base_hits))),
+        "ppl_buckets": buckets,
+        "objective_nll": r["objective"].mean_nll,
+        "objective_fitness": sets["objective"].fitness(r["objective"]),
+        "needle": _accuracy(r["needle"], sets["needle"].depths),
+        "needle_in_window": _accuracy(r["needle_in_window"], sets["needle_in_window"].depths),
+        "multikey": _accuracy(r["multikey"], sets["multikey"].depths),
+    }
 
-    models: dict[str, Any] = {}
-    for name, r in raw.items():
-        n_docs = r["nll"].shape[0]
-        buckets = []
-        for b in range(N_BUCKETS):
-            # Column t − 1 holds token t; bucket b holds the tokens at positions [b·w, (b+1)·w).
-            lo, hi = max(1, b * bucket), (b + 1) * bucket
-            cols = r["nll"][:, lo - 1 : hi - 1]
-            entry = _ppl(cols.sum(axis=1), np.full(n_docs, cols.shape[1], dtype=np.float64))
-            buckets.append({"start": b * bucket, "end": (b + 1) * bucket, **entry})
-        models[name] = {
-            "ppl_target": _ppl(r["nll"].sum(axis=1), np.full(n_docs, r["nll"].shape[1], dtype=np.float64)),
-            "ppl_window": _ppl(
-                r["nll_window"].sum(axis=1), np.full(n_docs, r["nll_window"].shape[1], dtype=np.float64)
-            ),
-            "ppl_buckets": buckets,
-            "objective_nll": r["objective"].mean_nll,
-            "needle": _accuracy(r["needle"], sets["needle"].depths),
-            "needle_in_window": _accuracy(r["needle_in_window"], sets["needle_in_window"].depths),
-            "multikey": _accuracy(r["multikey"], sets["multikey"].depths),
-        }
-        if name == "searched":
-            models[name]["factors"] = [float(v) for v in long_factor]
-        elif name in named:
-            models[name]["factors"] = [float(v) for v in named[name]]
 
-    best_named = min(NAMED_METHODS, key=lambda m: models[m]["objective_nll"])
-    ours, rival = raw["searched"], raw[best_named]
-    ones = lambda x: np.ones(len(x.nll_sums), dtype=np.float64)  # noqa: E731
-    comparison = {
+def _comparison(
+    raw: dict[str, dict[str, Any]], models: dict[str, Any], best_named: str, objective: str
+) -> dict[str, Any]:
+    """Searched − best named method: the held-out objective and retrieval, paired over items."""
+    s, b = raw["searched"], raw[best_named]
+    out = {
         "best_named": best_named,
         "objective": {
             "kind": objective,
             "searched_nll": models["searched"]["objective_nll"],
             "best_named_nll": models[best_named]["objective_nll"],
             "ratio": math.exp(models["searched"]["objective_nll"] - models[best_named]["objective_nll"]),
-            **_paired(ours["objective"].nll_sums, rival["objective"].nll_sums, ours["objective"].counts),
+            **_paired(s["objective"].nll_sums, b["objective"].nll_sums, s["objective"].counts),
         },
     }
     for task in ("needle", "multikey"):
-        a_hits = ours[task].correct.astype(np.float64)
-        b_hits = rival[task].correct.astype(np.float64)
-        comparison[task] = _paired(a_hits, b_hits, ones(ours[task]))
-    window_diff = float(np.abs(raw["searched"]["nll_window"] - raw["base"]["nll_window"]).max()) if ppl_docs else 0.0
-    return {
-        "target_length": target_length,
-        "original_length": original,
-        "heldout": HELDOUT,
-        "sets": {k: v.info for k, v in sets.items()} | {"ppl_documents": len(ppl_docs)},
-        "models": models,
-        "comparison": comparison,
-        "in_window_max_abs_nll_diff_vs_base": window_diff,
-        "attention_factor": attention_factor,
-    }
+        hits_s, hits_b = s[task].correct.astype(np.float64), b[task].correct.astype(np.float64)
+        out[task] = _paired(hits_s, hits_b, np.ones(len(hits_s)))
+    return out
 
 
 def _pct(x: float) -> str:
@@ -230,7 +257,13 @@ def render_markdown(report: dict[str, Any], summary: dict[str, Any]) -> str:
         f"Held-out ({report['heldout']}): best named method by the held-out objective: **{cmp_['best_named']}**. "
         f"Searched − {cmp_['best_named']}: {obj['diff']:+.4f} NLL/token (paired 95% CI {obj['ci_low']:+.4f} … "
         f"{obj['ci_high']:+.4f}, {obj['items']} items; ratio of perplexities {obj['ratio']:.3f})"
-        + (" — the CI excludes 0." if obj["excludes_zero"] else " — the CI includes 0 (no significant difference)."),
+        + (" — the CI excludes 0." if obj["excludes_zero"] else " — the CI includes 0 (no significant difference).")
+        + (
+            " The held-out objective compared here is the mean answer NLL of all needles (the worst-depth value "
+            "the search minimised is `objective_fitness` in report.json)."
+            if obj["kind"] == "needle-worst"
+            else ""
+        ),
         "",
         f"| variant | held-out objective (NLL/token) | ppl@{L} | ppl@{T} | needle@{L} | needle@{T} "
         f"| worst depth@{T} | multikey@{T} |",
@@ -262,14 +295,29 @@ def render_markdown(report: dict[str, Any], summary: dict[str, Any]) -> str:
             f"- {task}@{T}: {100 * c['diff']:+.1f} points "
             f"({100 * c['ci_low']:+.1f} … {100 * c['ci_high']:+.1f}, {c['items']} trials)"
         )
-    att = report.get("attention_factor", 1.0)
-    lines.append(
-        f"- inside the original window (short factors 1, attention factor {att:.4g}): max |ΔNLL| vs the base "
-        f"{report['in_window_max_abs_nll_diff_vs_base']:.2e}"
-        + (" — identical to the base" if report["in_window_max_abs_nll_diff_vs_base"] == 0 else "")
-    )
+    lines.append(_window_line(report))
     lines += ["", "![factors](factors.png)", ""]
     return "\n".join(lines)
+
+
+def window_verdict(window: dict[str, Any]) -> str:
+    """``identical``, ``not detectably changed`` (paired CI includes 1) or ``changed``."""
+    if window["max_abs_nll_diff"] == 0.0:
+        return "identical"
+    return "not detectably changed" if window["includes_one"] else "changed"
+
+
+def _window_line(report: dict[str, Any]) -> str:
+    # The in-window cost of the searched model, paired with the base (same windows, same trials).
+    s = report["models"]["searched"]
+    w, n = s["window_vs_base"], s["needle_in_window_vs_base"]
+    return (
+        f"- inside the original window ({report['original_length']} tokens; short factors 1, attention factor "
+        f"{report.get('attention_factor', 1.0):.4g}): ppl ratio vs the base {w['ratio']:.4f} (paired 95% CI "
+        f"{w['ci_low']:.4f} … {w['ci_high']:.4f}, {w['documents']} held-out windows; max |ΔNLL| "
+        f"{w['max_abs_nll_diff']:.1e}) — {window_verdict(w)}; needle@{report['original_length']} vs the base "
+        f"{100 * n['diff']:+.1f} points ({100 * n['ci_low']:+.1f} … {100 * n['ci_high']:+.1f})"
+    )
 
 
 def plot_factors(report: dict[str, Any], path: Path) -> None:
@@ -283,9 +331,7 @@ def plot_factors(report: dict[str, Any], path: Path) -> None:
     for name, m in report["models"].items():
         if "factors" not in m:
             continue
-        style: dict[str, Any] = (
-            {"linewidth": 2.5, "color": "black"} if name == "searched" else {"linewidth": 1.2, "linestyle": "--"}
-        )
+        style = {"linewidth": 2.5, "color": "black"} if name == "searched" else {"linewidth": 1.2, "linestyle": "--"}
         ax.plot(range(len(m["factors"])), m["factors"], label=name, **style)
     ax.set_yscale("log")
     ax.set_xlabel("rotary dimension pair i (0 = highest frequency)")

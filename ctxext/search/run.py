@@ -4,7 +4,9 @@ The workflow, top to bottom:
 
 1. check the inputs (a RoPE model, a target above its context, a positive budget, the output folder)
    before anything is written;
-2. load the model once (fp32 on the CPU) and build the fitness set on the training split;
+2. load the model once (fp32 on the CPU) and build the fitness set on the training split; with
+   ``--attention-factor search``, bound the attention factor by its in-window cost
+   (:mod:`ctxext.search.window`);
 3. run the evolutionary search (:mod:`ctxext.search.evolution`) from the seeds of
    :mod:`ctxext.search.factors`, each candidate applied in place (:class:`~ctxext.search.apply.RopeSwitch`)
    and scored teacher-forced (:mod:`ctxext.search.objective`), logging every candidate to
@@ -45,7 +47,7 @@ class SearchSettings:
         model: model folder, Hub id or ``builtin:NAME``.
         target_length: the context to extend to.
         out: output folder (the model folder, with the log and the report).
-        objective: ``needle`` (default) or ``far-ppl``.
+        objective: ``needle`` (default), ``needle-worst`` or ``far-ppl``.
         budget_seconds: wall-clock budget of the search phase.
         population: candidates per generation.
         generations: generations after the initial population.
@@ -56,7 +58,13 @@ class SearchSettings:
         mutation_rate: probability that a mutation redraws a dimension.
         step: grid of mutated factor values.
         attention_factor: ``1`` (default: the model is unchanged inside its window), ``auto`` (LongRoPE's
-            ``√(1 + ln s / ln L)``) or a number; fixed during the search and written into the folder.
+            ``√(1 + ln s / ln L)``), a number (all fixed during the search), or ``search``: searched with
+            the factors, between 1 and the largest value whose in-window cost is within ``window_tolerance``
+            (:mod:`ctxext.search.window`). Written into the folder.
+        window_tolerance: for ``attention_factor="search"``: the in-window perplexity increase allowed
+            (0.005 = 0.5 %) on the upper end of the paired 95 % interval against the base; 0 (default)
+            admits only factors whose change is not detectable (the interval includes 1).
+        window_docs: windows of ``L`` tokens for the in-window statistics (the scan and the report).
         report: compare with the named methods on held-out files and write the report.
         report_trials: retrieval trials per depth in the report.
         report_docs: held-out documents for perplexity in the report.
@@ -80,6 +88,8 @@ class SearchSettings:
     mutation_rate: float = 0.3
     step: float = 0.01
     attention_factor: str | float = 1.0
+    window_tolerance: float = 0.0
+    window_docs: int = 256
     report: bool = True
     report_trials: int = 20
     report_docs: int = 24
@@ -108,17 +118,31 @@ class SearchSettings:
             raise InputError(f"step must be positive (got {self.step})")
         from ctxext.search.apply import resolve_attention_factor
 
-        resolve_attention_factor(self.attention_factor, 2.0, 2)
+        if not self.searches_attention():
+            resolve_attention_factor(self.attention_factor, 2.0, 2)
+        if not (isinstance(self.window_tolerance, int | float) and 0 <= self.window_tolerance < 1):
+            raise InputError(
+                f"--window-tolerance must be at least 0 and below 100 percent (got {100 * self.window_tolerance:g})"
+            )
         if self.resume and self.overwrite:
             raise InputError("--resume and --overwrite contradict each other: choose one")
+
+    def searches_attention(self) -> bool:
+        """Whether the attention factor is searched (``attention_factor="search"``)."""
+        return isinstance(self.attention_factor, str) and self.attention_factor.strip().lower() == "search"
 
     def logged(self, original_length: int, rotary_dim: int) -> dict[str, Any]:
         """The settings recorded in the log's header (everything that defines the search)."""
         from ctxext.search.apply import resolve_attention_factor
 
-        attention = resolve_attention_factor(
-            self.attention_factor, self.target_length / original_length, original_length
-        )
+        attention: str | float = "search"
+        if not self.searches_attention():
+            attention = resolve_attention_factor(
+                self.attention_factor, self.target_length / original_length, original_length
+            )
+        searched = {"window_tolerance": self.window_tolerance, "window_docs": self.window_docs}
+        if not self.searches_attention():
+            searched = {}
         return {
             "model": self.model,
             "target_length": self.target_length,
@@ -134,6 +158,7 @@ class SearchSettings:
             "step": self.step,
             "attention_factor": attention,
             "budget_seconds": parse_budget(self.budget_seconds),
+            **searched,
         }
 
 
@@ -149,6 +174,7 @@ class SearchResult:
         evaluations: candidates evaluated (replayed ones included).
         ended: ``generations`` or ``budget``.
         seconds: search wall time over all sessions; ``cpu_seconds`` likewise in CPU time.
+        attention_factor: the attention factor written (fixed, or the searched one).
         report: the held-out comparison (empty without a report).
     """
 
@@ -160,6 +186,7 @@ class SearchResult:
     ended: str
     seconds: float
     cpu_seconds: float
+    attention_factor: float = 1.0
     report: dict[str, Any] = field(default_factory=dict)
 
 
@@ -250,12 +277,9 @@ def run_search(
     from ctxext.evaluation.loading import ModelSpec, load_model
     from ctxext.rope import plan_extension, read_rope
     from ctxext.search.apply import RopeSwitch, longrope_options
-    from ctxext.search.factors import seeds as make_seeds
-    from ctxext.search.objective import build_objective
     from ctxext.sources import load_config
 
     settings.validate()
-    budget = parse_budget(settings.budget_seconds)
     # Everything that can be checked from the config is checked before a weight is loaded or a file written.
     config, _ = load_config(settings.model)
     state = read_rope(config, original_length=settings.original_length)
@@ -263,186 +287,311 @@ def run_search(
     log_path = _prepare_out(settings)
 
     loaded = load_model(ModelSpec(settings.model), device=settings.device)
-    model, tokenizer = loaded.model, loaded.tokenizer
-    fingerprint = model_fingerprint(model)
-    header_settings = settings.logged(state.original_length, state.rotary_dim)
-    attention = float(header_settings["attention_factor"])
-    logged: list[dict[str, Any]] = []
-    if settings.resume:
-        records = read_log(log_path)
-        check_resume(records[0], header_settings, fingerprint, log_path)
-        logged = [r for r in records if r.get("type") == "candidate"]
-
-    objective = build_objective(
-        settings.objective,
-        tokenizer,
-        settings.target_length,
-        state.original_length,
-        settings.samples,
-        settings.seed,
-        settings.data,
-    )
-    seeds = make_seeds(config, settings.target_length, settings.original_length)
-    scale = settings.target_length / state.original_length
-    upper = max(1.0 + scale, max(float(s.factors.max()) for s in seeds))
-    evo_settings = EvolutionSettings(
-        population=settings.population,
-        generations=settings.generations,
-        mutation_rate=settings.mutation_rate,
-        step=settings.step,
-        seed=settings.seed,
-    )
-    evolution = Evolution(evo_settings, lower=1.0, upper=upper)
-
-    # From here on files are written: a fresh log, or the resumed one rewritten without a cut-off line.
-    if settings.resume:
-        keep = read_log(log_path)
-        tmp = log_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-        tmp.replace(log_path)
-    else:
-        from ctxext.atomic import write_manifest
-
-        if settings.out.exists():
-            shutil.rmtree(settings.out)  # empty, or a search folder ctxext wrote with --overwrite: checked above
-        settings.out.mkdir(parents=True)
-        SearchLog(log_path).append(
-            {
-                "type": "header",
-                "settings": header_settings,
-                "fingerprint": fingerprint,
-                "objective_set": objective.info,
-                "seeds": [s.name for s in seeds],
-                "bounds": [1.0, upper],
-            }
-        )
-        write_manifest(settings.out, SEARCH_KIND)
-    search_log = SearchLog(log_path)
-    switch = RopeSwitch(model, settings.original_length)
-    prior_wall = float(logged[-1]["seconds"]) if logged else 0.0
-    prior_cpu = float(logged[-1]["cpu_seconds"]) if logged else 0.0
-    start_wall, start_cpu = time.perf_counter(), time.process_time()
-    cache: dict[tuple[float, ...], float] = {}
-    best_score = math.inf
-    progress = _Progress(evo_settings.expected_evaluations(len(seeds)), settings.show_progress)
-    done = 0
-    n_generations_logged = sum(1 for r in read_log(log_path) if r.get("type") == "generation")
-
-    def wall() -> float:
-        return prior_wall + time.perf_counter() - start_wall
-
-    def evaluate(cand: Candidate) -> float:
-        nonlocal best_score, done
-        key = tuple(np.round(cand.factors, 12))
-        if cand.index < len(logged):
-            record = logged[cand.index]
-            if record["index"] != cand.index or not np.array_equal(np.asarray(record["factors"]), cand.factors):
-                raise InputError(
-                    f"{log_path}: candidate {cand.index} of the log differs from the replay (was the log written by "
-                    "another ctxext version?); start afresh with --overwrite"
-                )
-            score = float(record["score"])
-        else:
-            if wall() >= budget:
-                raise StopSearch
-            if key in cache:
-                score = cache[key]
-            else:
-                switch.use_factors(cand.factors, settings.target_length, attention)
-                score = objective.score(model).mean_nll
-            search_log.append(
-                {
-                    "type": "candidate",
-                    "index": cand.index,
-                    "generation": cand.generation,
-                    "origin": cand.origin,
-                    "factors": [float(v) for v in cand.factors],
-                    "score": score,
-                    "seconds": round(wall(), 3),
-                    "cpu_seconds": round(prior_cpu + time.process_time() - start_cpu, 3),
-                }
-            )
-        cache[key] = score
-        best_score = min(best_score, score)
-        done += 1
-        progress.update(done, cand.generation, best_score)
-        if on_candidate is not None and cand.index >= len(logged):
-            on_candidate(cand)
-        return score
-
-    def on_generation(generation: int, population: list[Candidate]) -> None:
-        top = best(population)
-        if generation >= n_generations_logged:
-            search_log.append(
-                {
-                    "type": "generation",
-                    "generation": generation,
-                    "best_index": top.index,
-                    "best_score": top.score,
-                    "best_origin": top.origin,
-                    "evaluations": done,
-                    "seconds": round(wall(), 3),
-                }
-            )
-        log(f"generation {generation}: best {top.score:.4f} ({top.origin}, candidate {top.index}), {done} evaluations")
-
-    if logged:
-        log(f"resuming {log_path}: replaying {len(logged)} logged candidates")
-    with progress:
-        evaluated, ended = run_evolution(evolution, [(s.name, s.factors) for s in seeds], evaluate, on_generation)
-    seconds = wall()
-    cpu_seconds = prior_cpu + time.process_time() - start_cpu
-    winner = best(evaluated)
-    assert winner.score is not None  # best() returns a scored candidate
-    seed_cands = [c for c in evaluated if c.origin.startswith("seed:")]
-    top_seed = best(seed_cands) if seed_cands else winner
-    search_log.append(
-        {
-            "type": "end",
-            "reason": ended,
-            "evaluations": len(evaluated),
-            "best_index": winner.index,
-            "best_score": winner.score,
-            "best_seed": top_seed.origin,
-            "best_seed_score": top_seed.score,
-            "seconds": round(seconds, 3),
-            "cpu_seconds": round(cpu_seconds, 3),
-        }
-    )
-    log(
-        f"search ended ({ended}) after {len(evaluated)} evaluations, {seconds:.0f} s wall / {cpu_seconds:.0f} s CPU: "
-        f"best {winner.score:.4f} ({winner.origin}); best seed {top_seed.origin} {top_seed.score:.4f}"
-    )
-    result = SearchResult(
-        out=None,
-        long_factor=[float(v) for v in winner.factors],
-        score=float(winner.score),
-        best_seed={"name": top_seed.origin.removeprefix("seed:"), "score": top_seed.score},
-        evaluations=len(evaluated),
-        ended=ended,
-        seconds=seconds,
-        cpu_seconds=cpu_seconds,
-    )
+    switch = RopeSwitch(loaded.model, settings.original_length)
+    session = _Session.start(settings, switch, loaded.tokenizer, state, log_path, log)
+    if session.logged:
+        log(f"resuming {log_path}: replaying {len(session.logged)} logged candidates")
+    with session.progress:
+        score = lambda cand: session.evaluate(cand, on_candidate)  # noqa: E731
+        evaluated, ended = run_evolution(session.evolution, session.seed_vectors(), score, session.on_generation)
+    result = session.finish(evaluated, ended)
     if settings.report:
         from ctxext.search.report import compare_heldout
 
         log("comparing with the named methods on held-out files")
         result.report = compare_heldout(
             switch,
-            tokenizer,
-            winner.factors,
+            loaded.tokenizer,
+            np.asarray(result.long_factor),
             settings.target_length,
             objective=settings.objective,
             trials=settings.report_trials,
             docs=settings.report_docs,
             seed=settings.seed,
-            attention_factor=attention,
+            attention_factor=result.attention_factor,
+            window_docs=settings.window_docs,
             show_progress=settings.show_progress,
         )
+        if session.attention_limit is not None:
+            result.report["attention_limit"] = asdict(session.attention_limit)
     switch.restore()
-    options = longrope_options(winner.factors, attention)
+    options = longrope_options(result.long_factor, result.attention_factor)
     result.out = _write_output(settings, result, state, options, log_path)
     return result
+
+
+@dataclass
+class _Session:
+    """One search session: the fitness set, the evolution, the log, and the clocks (summed over sessions).
+
+    Built by :meth:`start`; :meth:`evaluate` and :meth:`on_generation` are the evolution's callbacks.
+    """
+
+    settings: SearchSettings
+    switch: Any
+    objective: Any
+    evolution: Evolution
+    seeds: list[Any]
+    search_log: SearchLog
+    logged: list[dict[str, Any]]
+    attention: float
+    attention_limit: Any
+    log: Callable[[str], None]
+    progress: _Progress
+    n_generations_logged: int
+    prior_wall: float = 0.0
+    prior_cpu: float = 0.0
+    start_wall: float = field(default_factory=time.perf_counter)
+    start_cpu: float = field(default_factory=time.process_time)
+    cache: dict[tuple[float, ...], float] = field(default_factory=dict)
+    best_score: float = math.inf
+    done: int = 0
+
+    @classmethod
+    def start(
+        cls,
+        settings: SearchSettings,
+        switch: Any,
+        tokenizer: Any,
+        state: Any,
+        log_path: Path,
+        log: Callable[[str], None],
+    ) -> _Session:
+        """Build the fitness set, the seeds and the evolution; open (or check and reopen) the log."""
+        from ctxext.search.factors import seeds as make_seeds
+        from ctxext.search.objective import build_objective
+
+        # The clocks start here: the attention-factor scan (when searched) counts as search time.
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        header_settings = settings.logged(state.original_length, state.rotary_dim)
+        fingerprint = model_fingerprint(switch.model)
+        logged: list[dict[str, Any]] = []
+        if settings.resume:
+            records = read_log(log_path)
+            check_resume(records[0], header_settings, fingerprint, log_path)
+            logged = [r for r in records if r.get("type") == "candidate"]
+        objective = build_objective(
+            settings.objective,
+            tokenizer,
+            settings.target_length,
+            state.original_length,
+            settings.samples,
+            settings.seed,
+            settings.data,
+        )
+        seeds = make_seeds(switch.model.config, settings.target_length, settings.original_length)
+        upper = max(1.0 + settings.target_length / state.original_length, max(float(s.factors.max()) for s in seeds))
+        limit = _attention_limit(settings, switch, tokenizer, state, seeds[0].factors, log)
+        evo_settings = EvolutionSettings(
+            population=settings.population,
+            generations=settings.generations,
+            mutation_rate=settings.mutation_rate,
+            step=settings.step,
+            seed=settings.seed,
+        )
+        attention_range = None if limit is None else (limit.low, limit.high)
+        evolution = Evolution(evo_settings, lower=1.0, upper=upper, attention=attention_range)
+        header = {
+            "type": "header",
+            "settings": header_settings,
+            "fingerprint": fingerprint,
+            "objective_set": objective.info,
+            "seeds": [s.name for s in seeds],
+            "bounds": [1.0, upper],
+        }
+        if limit is not None:
+            header["attention_limit"] = asdict(limit)
+        _open_log(settings, log_path, header)
+        n_generations = sum(1 for r in read_log(log_path) if r.get("type") == "generation")
+        return cls(
+            settings=settings,
+            switch=switch,
+            objective=objective,
+            evolution=evolution,
+            seeds=seeds,
+            search_log=SearchLog(log_path),
+            logged=logged,
+            attention=float(header_settings["attention_factor"]) if limit is None else limit.high,
+            attention_limit=limit,
+            log=log,
+            progress=_Progress(evo_settings.expected_evaluations(len(seeds)), settings.show_progress),
+            n_generations_logged=n_generations,
+            prior_wall=float(logged[-1]["seconds"]) if logged else 0.0,
+            prior_cpu=float(logged[-1]["cpu_seconds"]) if logged else 0.0,
+            start_wall=start_wall,
+            start_cpu=start_cpu,
+        )
+
+    def seed_vectors(self) -> list[tuple[str, np.ndarray]]:
+        """The seeds as search vectors (with the attention gene at the top of its range when it is searched)."""
+        if self.attention_limit is None:
+            return [(s.name, s.factors) for s in self.seeds]
+        return [(s.name, np.append(s.factors, self.attention_limit.high)) for s in self.seeds]
+
+    def split(self, vector: np.ndarray) -> tuple[np.ndarray, float]:
+        """``(long factors, attention factor)`` of a search vector."""
+        n = self.evolution.n_factors(vector)
+        return vector[:n], (float(vector[n]) if n < len(vector) else self.attention)
+
+    def wall(self) -> float:
+        """Search wall time over all sessions."""
+        return self.prior_wall + time.perf_counter() - self.start_wall
+
+    def cpu(self) -> float:
+        """Search CPU time over all sessions."""
+        return self.prior_cpu + time.process_time() - self.start_cpu
+
+    def _replayed(self, cand: Candidate) -> float:
+        record = self.logged[cand.index]
+        factors, attention = self.split(cand.factors)
+        same = record["index"] == cand.index and np.array_equal(np.asarray(record["factors"]), factors)
+        if not same or float(record.get("attention_factor", self.attention)) != attention:
+            raise InputError(
+                f"{self.search_log.path}: candidate {cand.index} of the log differs from the replay (was the log "
+                "written by another ctxext version?); start afresh with --overwrite"
+            )
+        return float(record["score"])
+
+    def _scored(self, cand: Candidate, key: tuple[float, ...]) -> float:
+        if self.wall() >= parse_budget(self.settings.budget_seconds):
+            raise StopSearch
+        factors, attention = self.split(cand.factors)
+        if key in self.cache:
+            score = self.cache[key]
+        else:
+            self.switch.use_factors(factors, self.settings.target_length, attention)
+            score = self.objective.fitness(self.objective.score(self.switch.model))
+        self.search_log.append(
+            {
+                "type": "candidate",
+                "index": cand.index,
+                "generation": cand.generation,
+                "origin": cand.origin,
+                "factors": [float(v) for v in factors],
+                "attention_factor": attention,
+                "score": score,
+                "seconds": round(self.wall(), 3),
+                "cpu_seconds": round(self.cpu(), 3),
+            }
+        )
+        return score
+
+    def evaluate(self, cand: Candidate, on_candidate: Callable[[Candidate], None] | None = None) -> float:
+        """The evolution's scoring callback: a logged score on replay, else one teacher-forced pass."""
+        key = tuple(np.round(cand.factors, 12))
+        replay = cand.index < len(self.logged)
+        score = self._replayed(cand) if replay else self._scored(cand, key)
+        self.cache[key] = score
+        self.best_score = min(self.best_score, score)
+        self.done += 1
+        self.progress.update(self.done, cand.generation, self.best_score)
+        if on_candidate is not None and not replay:
+            on_candidate(cand)
+        return score
+
+    def on_generation(self, generation: int, population: list[Candidate]) -> None:
+        """Log a finished generation (once: a resumed search does not log a replayed one again)."""
+        top = best(population)
+        if generation >= self.n_generations_logged:
+            self.search_log.append(
+                {
+                    "type": "generation",
+                    "generation": generation,
+                    "best_index": top.index,
+                    "best_score": top.score,
+                    "best_origin": top.origin,
+                    "evaluations": self.done,
+                    "seconds": round(self.wall(), 3),
+                }
+            )
+        self.log(
+            f"generation {generation}: best {top.score:.4f} ({top.origin}, candidate {top.index}), "
+            f"{self.done} evaluations"
+        )
+
+    def finish(self, evaluated: list[Candidate], ended: str) -> SearchResult:
+        """Log the end of the search and return its result (without a report)."""
+        seconds, cpu_seconds = self.wall(), self.cpu()
+        winner = best(evaluated)
+        seed_cands = [c for c in evaluated if c.origin.startswith("seed:")]
+        top_seed = best(seed_cands) if seed_cands else winner
+        factors, attention = self.split(winner.factors)
+        self.search_log.append(
+            {
+                "type": "end",
+                "reason": ended,
+                "evaluations": len(evaluated),
+                "best_index": winner.index,
+                "best_score": winner.score,
+                "best_attention_factor": attention,
+                "best_seed": top_seed.origin,
+                "best_seed_score": top_seed.score,
+                "seconds": round(seconds, 3),
+                "cpu_seconds": round(cpu_seconds, 3),
+            }
+        )
+        self.log(
+            f"search ended ({ended}) after {len(evaluated)} evaluations, {seconds:.0f} s wall / {cpu_seconds:.0f} s "
+            f"CPU: best {winner.score:.4f} ({winner.origin}, attention factor {attention:.4g}); best seed "
+            f"{top_seed.origin} {top_seed.score:.4f}"
+        )
+        return SearchResult(
+            out=None,
+            long_factor=[float(v) for v in factors],
+            score=float(winner.score),
+            best_seed={"name": top_seed.origin.removeprefix("seed:"), "score": top_seed.score},
+            evaluations=len(evaluated),
+            ended=ended,
+            seconds=seconds,
+            cpu_seconds=cpu_seconds,
+            attention_factor=attention,
+        )
+
+
+def _attention_limit(
+    settings: SearchSettings, switch: Any, tokenizer: Any, state: Any, any_factors: np.ndarray, log: Callable
+) -> Any:
+    """For ``--attention-factor search``: the range of the attention gene (None when the factor is fixed)."""
+    if not settings.searches_attention():
+        return None
+    from ctxext.search.apply import resolve_attention_factor
+    from ctxext.search.window import attention_limit
+
+    ceiling = resolve_attention_factor("auto", settings.target_length / state.original_length, state.original_length)
+    limit = attention_limit(
+        switch,
+        tokenizer,
+        settings.data,
+        settings.target_length,
+        ceiling,
+        settings.step,
+        settings.window_tolerance,
+        any_factors,
+        settings.window_docs,
+    )
+    log(
+        f"attention factor searched in [1, {limit.high:.4g}]: the largest on the grid up to {ceiling:.4g} whose "
+        "in-window ppl ratio to the base (paired 95% CI, training-split windows) includes 1 or stays within "
+        f"+{100 * settings.window_tolerance:g}%"
+    )
+    return limit
+
+
+def _open_log(settings: SearchSettings, log_path: Path, header: dict[str, Any]) -> None:
+    """Start a fresh log (with the folder's manifest), or rewrite a resumed one without a cut-off last line."""
+    if settings.resume:
+        keep = read_log(log_path)
+        tmp = log_path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+        tmp.replace(log_path)
+        return
+    from ctxext.atomic import write_manifest
+
+    if settings.out.exists():
+        shutil.rmtree(settings.out)  # empty, or a search folder ctxext wrote with --overwrite: checked before
+    settings.out.mkdir(parents=True)
+    SearchLog(log_path).append(header)
+    write_manifest(settings.out, SEARCH_KIND)
 
 
 def _write_output(
