@@ -103,3 +103,19 @@ def test_compare_models_pairs_documents_by_content_and_grid_trials():
     assert compare_models([base]) is None
     md = "\n".join(comparisons_markdown(comp))
     assert "Paired comparisons against `base`" in md and "McNemar" in md and "2 comparisons" in md
+
+
+def test_compare_models_pairs_ruler_task_trials():
+    # RULER-style tasks sit under ruler.tasks; each is paired trial by trial like a top-level grid.
+    def entry(name, outcomes):
+        cells = [
+            {"length": 64, "depth": 10.0, "outcomes": outcomes},
+            {"length": 128, "depth": 10.0, "outcomes": [0, 0]},
+        ]
+        return {"name": name, "ruler": {"tasks": {"multikey-1": {"cells": cells}}}}
+
+    comp = compare_models([entry("base", [1, 1, 0, 0]), entry("ft", [1, 0, 1, 1])])
+    rows = {r["length"]: r for r in comp["grids"]}
+    assert set(rows) == {64, 128, "all"} and rows[64]["task"] == "ruler/multikey-1"
+    assert (rows[64]["only_a"], rows[64]["only_b"]) == (2, 1)
+    assert "ruler/multikey-1" in "\n".join(comparisons_markdown(comp))

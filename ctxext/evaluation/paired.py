@@ -144,11 +144,22 @@ def _ppl_rows(m: dict[str, Any], ref: dict[str, Any], resamples: int, seed: int,
     return rows
 
 
+def _grids(m: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    # Every retrieval grid of a model entry: top-level sections (passkey, needle, …) and the RULER-style
+    # suite's tasks (labelled "ruler/<task>").
+    out = {k: v for k, v in m.items() if isinstance(v, dict) and "cells" in v}
+    ruler = m.get("ruler")
+    if isinstance(ruler, dict):
+        out |= {f"ruler/{k}": v for k, v in (ruler.get("tasks") or {}).items() if isinstance(v, dict) and "cells" in v}
+    return out
+
+
 def _grid_rows(m: dict[str, Any], ref: dict[str, Any], notes: list[str]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for task, section in m.items():
-        other = ref.get(task)
-        if not isinstance(section, dict) or not isinstance(other, dict) or "cells" not in section:
+    ref_grids = _grids(ref)
+    for task, section in _grids(m).items():
+        other = ref_grids.get(task)
+        if other is None:
             continue
         a_cells = {(c["length"], c["depth"]): c for c in section["cells"] if "outcomes" in c}
         b_cells = {(c["length"], c["depth"]): c for c in other.get("cells", []) if "outcomes" in c}
