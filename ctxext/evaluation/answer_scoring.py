@@ -35,8 +35,10 @@ from ctxext.evaluation.perplexity import _head_and_decoder
 from ctxext.evaluation.progress import progress_bar
 from ctxext.rope import reset_dynamic_rope
 
-# Tokens per batched forward pass on the CPU / a GPU (sequences of one length are stacked up to this).
-BATCH_TOKENS_CPU = 16384
+# Tokens per batched forward pass on the CPU / a GPU (sequences of one length are stacked up to this). On the
+# CPU small batches are faster per token: the activations of a pass stay in cache (the grown model's needle
+# grid scores in 1.42 CPU s at 2048 tokens per pass, 1.75 s at 8192 or 32768; benchmarks/retrieval_speed.py).
+BATCH_TOKENS_CPU = 2048
 BATCH_TOKENS_GPU = 131072
 
 
@@ -178,7 +180,7 @@ def score_answers(
         model: a causal LM (possibly a ``PeftModel``).
         sequences: token ids of prompt + answer, one list per item.
         answer_spans: ``(start, end)`` of the answer tokens in each sequence (``sequence[start:end]``).
-        batch_tokens: tokens per forward pass (default 16384 on the CPU, 131072 on a GPU).
+        batch_tokens: tokens per forward pass (default 2048 on the CPU, 131072 on a GPU).
         show_progress: draw a progress bar.
         answer_only: run the final decoder layer at answer positions only where the architecture allows
             (:func:`answer_only_last_layer`; the same scores, less work); False runs it everywhere.
