@@ -21,7 +21,7 @@ and answer per trial; the haystack is tokenised once) and scoring them with the 
 positions only or in full (``score_answers(..., answer_only=False)``, the previous scorer), on the same
 samples, with the scores compared.
 
-    nice -n 10 python benchmarks/retrieval_speed.py      # writes benchmarks/results/retrieval_speed.md
+    nice -n 5 python benchmarks/retrieval_speed.py      # writes benchmarks/results/retrieval_speed.md
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def main() -> None:
         if ratio_long >= 3
         else "NOT met"
     )
-    cmd = "nice -n 10 python benchmarks/retrieval_speed.py" + "".join(f" {a}" for a in sys.argv[1:])
+    cmd = "python benchmarks/retrieval_speed.py" + "".join(f" {a}" for a in sys.argv[1:])
     lines = [
         "# Retrieval grids: teacher-forced scoring vs greedy generation",
         "",
