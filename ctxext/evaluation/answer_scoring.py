@@ -80,7 +80,7 @@ def answer_only_last_layer(decoder: torch.nn.Module, length: int) -> torch.nn.Mo
     if window is not None and getattr(config, "use_sliding_window", True) and window < length:
         return None
     layers = getattr(decoder, "layers", None)
-    if layers is None or len(layers) < config.num_hidden_layers:
+    if layers is None or len(layers) < config.num_hidden_layers or not hasattr(decoder, "norm"):
         return None
     layer = layers[config.num_hidden_layers - 1]
     attn = getattr(layer, "self_attn", None)
@@ -98,24 +98,32 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def _decoder_until_last_layer(decoder: torch.nn.Module, layer: torch.nn.Module, ids: torch.Tensor) -> dict[str, Any]:
-    """Run every decoder layer before ``layer``; return ``layer``'s inputs (hidden states, position embeddings)."""
+def _decoder_until_last_layer(
+    decoder: torch.nn.Module, layer: torch.nn.Module, ids: torch.Tensor
+) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """Run every decoder layer before ``layer`` and capture ``layer``'s inputs (hidden states, position embeddings).
+
+    Returns:
+        The captured inputs, and None; or, where the layer is called in a form without them (then the
+        decoder runs to the end), nothing captured and the decoder's final hidden states.
+    """
     captured: dict[str, Any] = {}
 
     def grab(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        captured["hidden"] = args[0] if args else kwargs["hidden_states"]
-        captured["position_embeddings"] = kwargs["position_embeddings"]
-        # Stop the decoder here: the final layer runs below, at the rows that matter only.
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if hidden is None or kwargs.get("position_embeddings") is None:
+            return  # an unexpected call form: let the layer run, the full pass is used
+        captured["hidden"], captured["position_embeddings"] = hidden, kwargs["position_embeddings"]
+        # Stop the decoder here: the final layer runs afterwards, at the rows that matter only.
         raise _StopBeforeLastLayer
 
     handle = layer.register_forward_pre_hook(grab, with_kwargs=True)
     try:
-        decoder(input_ids=ids, use_cache=False)
+        return captured, decoder(input_ids=ids, use_cache=False).last_hidden_state
     except _StopBeforeLastLayer:
-        pass
+        return captured, None
     finally:
         handle.remove()
-    return captured
 
 
 def _last_layer_at(
@@ -149,7 +157,9 @@ def _final_hidden(
     layer = answer_only_last_layer(decoder, ids.shape[1]) if answer_only else None
     if layer is None:
         return decoder(input_ids=ids, use_cache=False).last_hidden_state, 0
-    inputs = _decoder_until_last_layer(decoder, layer, ids)
+    inputs, full = _decoder_until_last_layer(decoder, layer, ids)
+    if full is not None:
+        return full, 0
     return decoder.norm(_last_layer_at(layer, inputs["hidden"], inputs["position_embeddings"], first)), first
 
 
