@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from ctxext.builtin import GROWN_DIR
 from ctxext.errors import InputError
-from ctxext.evaluation.answer_scoring import score_answers
+from ctxext.evaluation.answer_scoring import answer_only_last_layer, score_answers
 from ctxext.rope import patch_model, reset_dynamic_rope
 from tests.conftest import tiny_model
 
@@ -84,6 +84,43 @@ def test_dynamic_rope_independent_of_order():
     alone = score_answers(model, [short], [(40, 48)])[0]
     both = score_answers(model, [long, short], [(100, 120), (40, 48)])
     assert both[1].nll == pytest.approx(alone.nll, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("kind", "method", "overrides"),
+    [
+        ("llama", None, {}),
+        ("llama", "yarn", {"max_position_embeddings": 32}),
+        ("llama", "dynamic", {"max_position_embeddings": 32}),
+        ("mistral", None, {"sliding_window": None}),
+        ("qwen2", None, {}),
+    ],
+)
+def test_answer_only_last_layer_equals_full_pass(kind, method, overrides):
+    # The final layer at the answer positions only (keys / values everywhere) gives the full pass's scores,
+    # for answers of different lengths in one batch (the window starts at the earliest answer).
+    model = tiny_model(kind, seed=4, **overrides)
+    if method:
+        patch_model(model, method, 128)
+    assert answer_only_last_layer(model.model, 64) is not None
+    rng = random.Random(2)
+    seqs = [[rng.randrange(512) for _ in range(64)] for _ in range(6)]
+    spans = [(60, 64), (55, 64), (63, 64), (40, 64), (62, 64), (1, 64)]
+    fast = score_answers(model, seqs, spans, answer_only=True)
+    full = score_answers(model, seqs, spans, answer_only=False)
+    assert [s.correct for s in fast] == [s.correct for s in full]
+    assert [s.nll for s in fast] == pytest.approx([s.nll for s in full], rel=1e-5, abs=1e-4)
+
+
+def test_answer_only_last_layer_falls_back():
+    # A sliding window shorter than the sequence: the layer is not Llama-like there, so the full pass runs.
+    model = tiny_model("mistral", seed=5, sliding_window=16)
+    assert answer_only_last_layer(model.model, 64) is None
+    assert answer_only_last_layer(model.model, 16) is not None
+    seq = list(range(3, 67))
+    (fast,) = score_answers(model, [seq], [(60, 64)], answer_only=True)
+    (full,) = score_answers(model, [seq], [(60, 64)], answer_only=False)
+    assert fast.nll == full.nll
 
 
 def test_bad_spans():

@@ -103,3 +103,35 @@ def test_compare_models_pairs_documents_by_content_and_grid_trials():
     assert compare_models([base]) is None
     md = "\n".join(comparisons_markdown(comp))
     assert "Paired comparisons against `base`" in md and "McNemar" in md and "2 comparisons" in md
+
+
+def test_compare_models_pairs_ruler_task_trials():
+    # RULER-style tasks sit under ruler.tasks; each is paired trial by trial like a top-level grid.
+    def entry(name, outcomes):
+        cells = [
+            {"length": 64, "depth": 10.0, "outcomes": outcomes},
+            {"length": 128, "depth": 10.0, "outcomes": [0, 0]},
+        ]
+        return {"name": name, "ruler": {"tasks": {"multikey-1": {"cells": cells}}}}
+
+    comp = compare_models([entry("base", [1, 1, 0, 0]), entry("ft", [1, 0, 1, 1])])
+    rows = {r["length"]: r for r in comp["grids"]}
+    assert set(rows) == {64, 128, "all"} and rows[64]["task"] == "ruler/multikey-1"
+    assert (rows[64]["only_a"], rows[64]["only_b"]) == (2, 1)
+    assert "ruler/multikey-1" in "\n".join(comparisons_markdown(comp))
+    # 128 tokens: both fail every trial — no discordant trial, so it cannot reject and is not in the family.
+    assert rows[128]["p_value"] == 1.0 and rows[128]["p_holm"] == 1.0
+    assert comp["comparisons"] == 2 and any("left out of the Holm family" in n for n in comp["notes"])
+
+
+def test_one_pass_and_per_length_perplexity_are_paired_sliding_is_not():
+    # Static RoPE scores every length in one pass, dynamic RoPE one pass per length: the same truncated-document
+    # NLLs, so they pair; sliding-window NLLs are another quantity.
+    keys, lower = ["d1", "d2", "d3"], {"64": [90.0, 140.0, 190.0]}
+    ref = {"name": "yarn", "perplexity": _ppl_section(keys, {"64": [100.0, 150.0, 200.0]})}
+    dyn = {"name": "dynamic", "perplexity": _ppl_section(keys, lower, "per-length")}
+    slid = {"name": "sliding", "perplexity": _ppl_section(keys, lower, "sliding")}
+    comp = compare_models([ref, dyn, slid], resamples=200)
+    assert [r["model"] for r in comp["perplexity"]] == ["dynamic"]
+    assert comp["perplexity"][0]["ratio"] < 1
+    assert any("sliding: perplexity not paired" in n for n in comp["notes"])

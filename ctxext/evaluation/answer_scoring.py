@@ -15,12 +15,17 @@ one causal forward pass over ``prompt + answer`` computes for all ``j`` at once.
   transformers#25104); this scoring has no cache at all.
 
 Only the positions that predict answer tokens are projected onto the vocabulary; sequences of equal
-length run batched.
+length run batched. The final decoder layer, too, runs in full only where answers are predicted: its
+keys and values are needed at every position, but its queries, attention output, MLP and the final norm
+only at the last few — for a Llama-structured layer (:func:`answer_only_last_layer`) those are all it
+computes, which is exact (the same arithmetic on fewer rows) and saves most of one layer's work; other
+architectures run the whole layer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,8 +35,10 @@ from ctxext.evaluation.perplexity import _head_and_decoder
 from ctxext.evaluation.progress import progress_bar
 from ctxext.rope import reset_dynamic_rope
 
-# Tokens per batched forward pass on the CPU / a GPU (sequences of one length are stacked up to this).
-BATCH_TOKENS_CPU = 16384
+# Tokens per batched forward pass on the CPU / a GPU (sequences of one length are stacked up to this). On the
+# CPU small batches are faster per token: the activations of a pass stay in cache (the grown model's needle
+# grid scores in 1.42 CPU s at 2048 tokens per pass, 1.75 s at 8192 or 32768; benchmarks/retrieval_speed.py).
+BATCH_TOKENS_CPU = 2048
 BATCH_TOKENS_GPU = 131072
 
 
@@ -49,6 +56,111 @@ class AnswerScore:
     correct: bool
     nll: float
     n_tokens: int
+
+
+# Model types whose decoder layers are LlamaDecoderLayer-shaped (pre-norm attention + MLP, q/k/v/o projections,
+# rotate-half RoPE, no q/k norms): the answer-only final layer below is exact for them.
+_LLAMA_LAYER_TYPES = ("llama", "mistral", "qwen2")
+
+
+class _StopBeforeLastLayer(Exception):
+    """Raised by a pre-hook on the final decoder layer: its inputs are captured, the layer itself not run."""
+
+
+def answer_only_last_layer(decoder: torch.nn.Module, length: int) -> torch.nn.Module | None:
+    """The final decoder layer if it can run at answer positions only for sequences of ``length``, else None.
+
+    Supported: Llama-structured layers (``llama``, ``mistral``, ``qwen2``) with full causal attention at
+    this length (no sliding window shorter than it).
+    """
+    config = getattr(decoder, "config", None)
+    if config is None or getattr(config, "model_type", None) not in _LLAMA_LAYER_TYPES:
+        return None
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and window < length:
+        return None
+    layers = getattr(decoder, "layers", None)
+    if layers is None or len(layers) < config.num_hidden_layers or not hasattr(decoder, "norm"):
+        return None
+    layer = layers[config.num_hidden_layers - 1]
+    attn = getattr(layer, "self_attn", None)
+    needed = ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")
+    if attn is None or not all(hasattr(attn, n) for n in needed) or hasattr(attn, "q_norm"):
+        return None
+    if not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm", "mlp")):
+        return None
+    return layer
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # Rotate-half RoPE as transformers applies it (cos / sin already carry any attention scaling).
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _decoder_until_last_layer(
+    decoder: torch.nn.Module, layer: torch.nn.Module, ids: torch.Tensor
+) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """Run every decoder layer before ``layer`` and capture ``layer``'s inputs (hidden states, position embeddings).
+
+    Returns:
+        The captured inputs, and None; or, where the layer is called in a form without them (then the
+        decoder runs to the end), nothing captured and the decoder's final hidden states.
+    """
+    captured: dict[str, Any] = {}
+
+    def grab(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs.get("hidden_states")
+        if hidden is None or kwargs.get("position_embeddings") is None:
+            return  # an unexpected call form: let the layer run, the full pass is used
+        captured["hidden"], captured["position_embeddings"] = hidden, kwargs["position_embeddings"]
+        # Stop the decoder here: the final layer runs afterwards, at the rows that matter only.
+        raise _StopBeforeLastLayer
+
+    handle = layer.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        return captured, decoder(input_ids=ids, use_cache=False).last_hidden_state
+    except _StopBeforeLastLayer:
+        return captured, None
+    finally:
+        handle.remove()
+
+
+def _last_layer_at(
+    layer: torch.nn.Module, hidden: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor], first: int
+) -> torch.Tensor:
+    """A Llama decoder layer's output at positions ``first …`` only (keys / values from every position).
+
+    Unpadded causal attention: the query at position ``first + i`` sees the keys at positions ``0 … first + i``.
+    """
+    attn = layer.self_attn
+    b, n, _ = hidden.shape
+    x = layer.input_layernorm(hidden)
+    cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+    k = _rotate(attn.k_proj(x).view(b, n, -1, attn.head_dim).transpose(1, 2), cos, sin)
+    v = attn.v_proj(x).view(b, n, -1, attn.head_dim).transpose(1, 2)
+    q = attn.q_proj(x[:, first:]).view(b, n - first, -1, attn.head_dim).transpose(1, 2)
+    q = _rotate(q, cos[:, :, first:], sin[:, :, first:])
+    if k.shape[1] != q.shape[1]:  # grouped-query attention
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    mask = torch.ones(n - first, n, dtype=torch.bool, device=hidden.device).tril(diagonal=first)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
+    h = hidden[:, first:] + attn.o_proj(out.transpose(1, 2).reshape(b, n - first, -1))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def _final_hidden(
+    decoder: torch.nn.Module, ids: torch.Tensor, first: int, answer_only: bool
+) -> tuple[torch.Tensor, int]:
+    """Final (normed) hidden states of positions ``offset …`` and that offset (``first``, or 0 for a full pass)."""
+    layer = answer_only_last_layer(decoder, ids.shape[1]) if answer_only else None
+    if layer is None:
+        return decoder(input_ids=ids, use_cache=False).last_hidden_state, 0
+    inputs, full = _decoder_until_last_layer(decoder, layer, ids)
+    if full is not None:
+        return full, 0
+    return decoder.norm(_last_layer_at(layer, inputs["hidden"], inputs["position_embeddings"], first)), first
 
 
 def _check(sequences: list[list[int]], answer_spans: list[tuple[int, int]]) -> None:
@@ -70,6 +182,7 @@ def score_answers(
     *,
     batch_tokens: int | None = None,
     show_progress: bool = False,
+    answer_only: bool = True,
 ) -> list[AnswerScore]:
     """Score answers teacher-forced: one causal forward pass per batch of equal-length sequences.
 
@@ -77,8 +190,10 @@ def score_answers(
         model: a causal LM (possibly a ``PeftModel``).
         sequences: token ids of prompt + answer, one list per item.
         answer_spans: ``(start, end)`` of the answer tokens in each sequence (``sequence[start:end]``).
-        batch_tokens: tokens per forward pass (default 16384 on the CPU, 131072 on a GPU).
+        batch_tokens: tokens per forward pass (default 2048 on the CPU, 131072 on a GPU).
         show_progress: draw a progress bar.
+        answer_only: run the final decoder layer at answer positions only where the architecture allows
+            (:func:`answer_only_last_layer`; the same scores, less work); False runs it everywhere.
 
     Returns:
         One :class:`AnswerScore` per sequence, in order.
@@ -104,8 +219,9 @@ def score_answers(
                 # Length-dependent RoPE keeps the frequencies of the longest sequence seen: reset, so
                 # this pass uses the frequencies of its own length whatever ran before.
                 reset_dynamic_rope(model)
-                hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
-                # The hidden state at position p predicts token p + 1: gather only those before answers.
+                # The hidden state at position p predicts token p + 1: only those before answers matter.
+                first = min(answer_spans[i][0] for i in batch) - 1
+                hidden, offset = _final_hidden(decoder, ids, first, answer_only)
                 rows: list[int] = []
                 cols: list[int] = []
                 for r, i in enumerate(batch):
@@ -114,7 +230,7 @@ def score_answers(
                     cols += list(range(start - 1, end - 1))
                 rows_t = torch.tensor(rows, device=device)
                 cols_t = torch.tensor(cols, device=device)
-                logits = head(hidden[rows_t, cols_t]).float()
+                logits = head(hidden[rows_t, cols_t - offset]).float()
                 if softcap:
                     logits = torch.tanh(logits / softcap) * softcap
                 targets = ids[rows_t, cols_t + 1]

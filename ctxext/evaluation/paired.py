@@ -80,11 +80,22 @@ def compare_models(
         grid_rows += _grid_rows(m, ref, notes)
         attn_rows += _attention_rows(m, ref, resamples, seed)
     rows = ppl_rows + grid_rows + attn_rows
-    for row, p in zip(rows, holm([r["p_value"] for r in rows]), strict=True):
+    # Retrieval comparisons without a discordant trial cannot reject (p is 1 whatever happens): they stay
+    # out of the Holm family, or a suite of tasks every model fails would dilute every real difference.
+    family = [r for r in rows if r["p_value"] == r["p_value"] and r.get("only_a", 1) + r.get("only_b", 1) > 0]
+    for row in rows:
+        row["p_holm"] = 1.0 if row["p_value"] == row["p_value"] else row["p_value"]
+    for row, p in zip(family, holm([r["p_value"] for r in family]), strict=True):
         row["p_holm"] = p
+    untestable = sum(1 for r in grid_rows if r["only_a"] + r["only_b"] == 0)
+    if untestable:
+        notes.append(
+            f"{untestable} retrieval comparison(s) without a discordant trial (p = 1 whatever the models do) "
+            "are left out of the Holm family"
+        )
     return {
         "reference": ref_name,
-        "comparisons": sum(1 for r in rows if r["p_value"] == r["p_value"]),
+        "comparisons": len(family),
         "correction": "holm",
         "notes": notes,
         "perplexity": ppl_rows,
@@ -99,12 +110,18 @@ def _pair(a: dict[str, Any], a_keys: list[str], b: dict[str, Any], b_keys: list[
     return [(i, b_pos[a_keys[d]]) for i, d in enumerate(a["docs"]) if a_keys[d] in b_pos]
 
 
+def _protocol(mode: str | None) -> str | None:
+    # One-pass and per-length scoring compute the same truncated-document NLLs (one pass serves every
+    # length for static RoPE; length-dependent RoPE needs a pass per length); sliding windows differ.
+    return "truncated" if mode in ("one-pass", "per-length") else mode
+
+
 def _ppl_rows(m: dict[str, Any], ref: dict[str, Any], resamples: int, seed: int, notes: list[str]) -> list[dict]:
     pa, pb = m.get("perplexity") or {}, ref.get("perplexity") or {}
     da, db = pa.get("per_document"), pb.get("per_document")
     if not da or not db:
         return []
-    if pa.get("mode") != pb.get("mode"):
+    if _protocol(pa.get("mode")) != _protocol(pb.get("mode")):
         notes.append(f"{m['name']}: perplexity not paired (mode {pa.get('mode')} vs {pb.get('mode')})")
         return []
     rows: list[dict[str, Any]] = []
@@ -144,11 +161,22 @@ def _ppl_rows(m: dict[str, Any], ref: dict[str, Any], resamples: int, seed: int,
     return rows
 
 
+def _grids(m: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    # Every retrieval grid of a model entry: top-level sections (passkey, needle, …) and the RULER-style
+    # suite's tasks (labelled "ruler/<task>").
+    out = {k: v for k, v in m.items() if isinstance(v, dict) and "cells" in v}
+    ruler = m.get("ruler")
+    if isinstance(ruler, dict):
+        out |= {f"ruler/{k}": v for k, v in (ruler.get("tasks") or {}).items() if isinstance(v, dict) and "cells" in v}
+    return out
+
+
 def _grid_rows(m: dict[str, Any], ref: dict[str, Any], notes: list[str]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for task, section in m.items():
-        other = ref.get(task)
-        if not isinstance(section, dict) or not isinstance(other, dict) or "cells" not in section:
+    ref_grids = _grids(ref)
+    for task, section in _grids(m).items():
+        other = ref_grids.get(task)
+        if other is None:
             continue
         a_cells = {(c["length"], c["depth"]): c for c in section["cells"] if "outcomes" in c}
         b_cells = {(c["length"], c["depth"]): c for c in other.get("cells", []) if "outcomes" in c}

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     from transformers import GenerationMixin
 
 SCORINGS = ("teacher-forced", "generate")
+# Prompt + new tokens per generate call (generation's per-step overhead favours large batches).
+GENERATE_BATCH_TOKENS = 32768
 
 NEEDLE_TEXT = " The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day. "
 NEEDLE_QUESTION = "\n\nWhat is the best thing to do in San Francisco? The best thing to do in San Francisco is"
@@ -153,7 +155,8 @@ class GridSettings:
         trials: samples per cell.
         seed: seed of the samples (keys, names, haystack offsets).
         max_new_tokens: ``generate`` scoring: tokens generated at least (more if the answer is longer).
-        batch_tokens: tokens per forward pass / generate call.
+        batch_tokens: tokens per forward pass / generate call (default: teacher-forced, the scorer's device
+            default, :data:`ctxext.evaluation.answer_scoring.BATCH_TOKENS_CPU` / ``_GPU``; generate, 32768).
         allow_beyond_context: accept lengths above the model's context (marked).
         scoring: ``teacher-forced`` (default) or ``generate``.
     """
@@ -163,7 +166,7 @@ class GridSettings:
     trials: int = 5
     seed: int = 0
     max_new_tokens: int = 12
-    batch_tokens: int = 32768
+    batch_tokens: int | None = None
     allow_beyond_context: bool = False
     scoring: str = "teacher-forced"
 
@@ -214,7 +217,7 @@ def _score_generate(loaded: LoadedModel, samples: list[TaskSample], settings: Gr
         groups.setdefault(len(s.prompt), []).append(i)
     for plen, members in groups.items():
         n_new = max(settings.max_new_tokens, *(len(samples[i].answer_ids) for i in members))
-        per_batch = max(1, settings.batch_tokens // (plen + n_new))
+        per_batch = max(1, (settings.batch_tokens or GENERATE_BATCH_TOKENS) // (plen + n_new))
         for b in range(0, len(members), per_batch):
             batch = members[b : b + per_batch]
             gens = greedy_generate_ids(loaded, [samples[i].prompt for i in batch], n_new)
