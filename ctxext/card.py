@@ -142,7 +142,7 @@ def _tokens(n: Any) -> str:
 
 def _dataset_ids(inputs: CardInputs) -> list[str]:
     ids: list[str] = []
-    data = inputs.recipe.get("data") if isinstance(inputs.recipe.get("data"), dict) else {}
+    data = d if isinstance(d := inputs.recipe.get("data"), dict) else {}
     if looks_like_hub_id(data.get("path")):
         ids.append(str(data["path"]))
     for report in inputs.reports:
@@ -292,9 +292,9 @@ def _model_section(inputs: CardInputs) -> list[str]:
 
 def _recipe_section(inputs: CardInputs) -> list[str]:
     run, recipe = inputs.run, inputs.recipe
-    lora = run.get("lora") if isinstance(run.get("lora"), dict) else recipe.get("lora") or {}
-    train = recipe.get("train") if isinstance(recipe.get("train"), dict) else {}
-    data = recipe.get("data") if isinstance(recipe.get("data"), dict) else {}
+    lora = lr if isinstance(lr := run.get("lora"), dict) else recipe.get("lora") or {}
+    train = t if isinstance(t := recipe.get("train"), dict) else {}
+    data = d if isinstance(d := recipe.get("data"), dict) else {}
     extra = run.get("extra_trainable") or lora.get("extra_trainable") or []
     rows = [
         ("steps", run.get("steps")),

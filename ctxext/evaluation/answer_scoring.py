@@ -133,9 +133,11 @@ def _last_layer_at(
 
     Unpadded causal attention: the query at position ``first + i`` sees the keys at positions ``0 … first + i``.
     """
-    attn = layer.self_attn
+    # transformers' decoder layers are used duck-typed (nn.Module types every attribute as Tensor | Module).
+    block: Any = layer
+    attn: Any = block.self_attn
     b, n, _ = hidden.shape
-    x = layer.input_layernorm(hidden)
+    x = block.input_layernorm(hidden)
     cos, sin = (t.unsqueeze(1) for t in position_embeddings)
     k = _rotate(attn.k_proj(x).view(b, n, -1, attn.head_dim).transpose(1, 2), cos, sin)
     v = attn.v_proj(x).view(b, n, -1, attn.head_dim).transpose(1, 2)
@@ -147,7 +149,7 @@ def _last_layer_at(
     mask = torch.ones(n - first, n, dtype=torch.bool, device=hidden.device).tril(diagonal=first)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
     h = hidden[:, first:] + attn.o_proj(out.transpose(1, 2).reshape(b, n - first, -1))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
+    return h + block.mlp(block.post_attention_layernorm(h))
 
 
 def _final_hidden(
@@ -160,7 +162,8 @@ def _final_hidden(
     inputs, full = _decoder_until_last_layer(decoder, layer, ids)
     if full is not None:
         return full, 0
-    return decoder.norm(_last_layer_at(layer, inputs["hidden"], inputs["position_embeddings"], first)), first
+    norm: Any = decoder.norm
+    return norm(_last_layer_at(layer, inputs["hidden"], inputs["position_embeddings"], first)), first
 
 
 def _check(sequences: list[list[int]], answer_spans: list[tuple[int, int]]) -> None:

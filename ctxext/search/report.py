@@ -331,7 +331,8 @@ def plot_factors(report: dict[str, Any], path: Path) -> None:
     for name, m in report["models"].items():
         if "factors" not in m:
             continue
-        style = {"linewidth": 2.5, "color": "black"} if name == "searched" else {"linewidth": 1.2, "linestyle": "--"}
+        searched = name == "searched"
+        style: dict[str, Any] = {"linewidth": 2.5, "color": "black"} if searched else {"linewidth": 1.2, "linestyle": "--"}
         ax.plot(range(len(m["factors"])), m["factors"], label=name, **style)
     ax.set_yscale("log")
     ax.set_xlabel("rotary dimension pair i (0 = highest frequency)")

@@ -535,6 +535,7 @@ class _Session:
             f"CPU: best {winner.score:.4f} ({winner.origin}, attention factor {attention:.4g}); best seed "
             f"{top_seed.origin} {top_seed.score:.4f}"
         )
+        assert winner.score is not None  # every evaluated candidate has a score
         return SearchResult(
             out=None,
             long_factor=[float(v) for v in factors],
