@@ -331,8 +331,9 @@ def plot_factors(report: dict[str, Any], path: Path) -> None:
     for name, m in report["models"].items():
         if "factors" not in m:
             continue
-        searched = name == "searched"
-        style: dict[str, Any] = {"linewidth": 2.5, "color": "black"} if searched else {"linewidth": 1.2, "linestyle": "--"}
+        style: dict[str, Any] = {"linewidth": 1.2, "linestyle": "--"}
+        if name == "searched":
+            style = {"linewidth": 2.5, "color": "black"}
         ax.plot(range(len(m["factors"])), m["factors"], label=name, **style)
     ax.set_yscale("log")
     ax.set_xlabel("rotary dimension pair i (0 = highest frequency)")
