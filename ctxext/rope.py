@@ -895,13 +895,9 @@ def verify_model_rope(model: torch.nn.Module, lengths: list[int] | None = None) 
     return result
 
 
-def patch_model(
-    model: torch.nn.Module,
-    method: str,
-    target_length: int,
-    options: dict[str, Any] | None = None,
-    original_length: int | None = None,
-    relative_to: str | None = None,
+def patch_model(  # the parameters after ``model`` are plan_extension's, forwarded unchanged
+    model: torch.nn.Module, method: str, target_length: int, options: dict[str, Any] | None = None,
+    original_length: int | None = None, relative_to: str | None = None,
 ) -> RopePlan:
     """Extend a loaded model in place: patch its config, rebuild its rotary modules, verify.
 
