@@ -56,6 +56,8 @@ class DemoSettings:
         pose: mixture: train with PoSE at ``pose_seq_factor`` × the window instead of the full target.
         pose_seq_factor: PoSE row length in windows.
         lora_r: LoRA rank.
+        gradient_checkpointing: recompute activations in the backward pass (saves memory, costs time;
+            the grown model needs no saving, so the demo trains without it).
     """
 
     model: str = "builtin:grown-code-64"
@@ -75,6 +77,7 @@ class DemoSettings:
     pose: bool = False
     pose_seq_factor: int = 2
     lora_r: int = 16
+    gradient_checkpointing: bool = False
 
     @classmethod
     def quick(cls, out: Path) -> DemoSettings:
@@ -148,6 +151,7 @@ def finetune_recipe(settings: DemoSettings, original: int, target: int, run_dir:
                 "save_every": max(1, settings.train_steps // 2),
                 "loss_chunk_size": 256,
                 "seed": 0,
+                "gradient_checkpointing": settings.gradient_checkpointing,
                 **train_extra,
             },
             "output": {"dir": str(run_dir)},
