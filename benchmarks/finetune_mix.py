@@ -66,6 +66,7 @@ def train_arm(arm: str, seed: int, args: argparse.Namespace, out: Path) -> dict[
         return json.loads((run_dir / "arm.json").read_text())
     settings = DemoSettings(
         model=args.model,
+        method=args.method,
         factor=args.factor,
         train_steps=args.steps,
         micro_batch_size=args.micro_batch_size,
@@ -76,6 +77,7 @@ def train_arm(arm: str, seed: int, args: argparse.Namespace, out: Path) -> dict[
         short_fraction=args.short_fraction,
         task_weight=args.task_weight,
         lora_r=args.lora_r,
+        gradient_checkpointing=args.gradient_checkpointing,
     )
     recipe = finetune_recipe(settings, args.original, args.original * args.factor, run_dir)
     recipe.train.seed = seed
@@ -242,18 +244,28 @@ def markdown(payload: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="builtin:grown-code-64")
+    from ctxext.demo import DemoSettings
+
+    demo = DemoSettings()  # every training default is the demo's, so the `mix` arm is the demo's fine-tune
+    parser.add_argument("--model", default=demo.model)
     parser.add_argument("--original", type=int, default=64)
-    parser.add_argument("--factor", type=int, default=4)
+    parser.add_argument("--factor", type=int, default=demo.factor)
+    parser.add_argument("--method", default=demo.method, help="the RoPE method of the fine-tuned arms")
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=demo.gradient_checkpointing,
+        help="train with activation checkpointing (saves memory, costs time)",
+    )
     parser.add_argument("--arms", default="plain,mix,mix-pose")
     parser.add_argument("--seeds", default="0")
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--micro-batch-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--lora-r", type=int, default=16)
-    parser.add_argument("--short-fraction", type=float, default=0.2)
-    parser.add_argument("--task-weight", type=float, default=0.5)
-    parser.add_argument("--pose-factor", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=demo.train_steps)
+    parser.add_argument("--micro-batch-size", type=int, default=demo.micro_batch_size)
+    parser.add_argument("--lr", type=float, default=demo.learning_rate)
+    parser.add_argument("--lora-r", type=int, default=demo.lora_r)
+    parser.add_argument("--short-fraction", type=float, default=demo.short_fraction)
+    parser.add_argument("--task-weight", type=float, default=demo.task_weight)
+    parser.add_argument("--pose-factor", type=int, default=demo.pose_seq_factor)
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--docs", type=int, default=32, help="held-out documents for perplexity")
     parser.add_argument("--threads", type=int, default=1)

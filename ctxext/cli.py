@@ -622,19 +622,23 @@ def push(
 def demo(
     out: Annotated[Path, typer.Option(help="output folder (reused as a cache by later runs)")] = Path("runs/demo"),
     model: Annotated[str, typer.Option(help="base model")] = "builtin:grown-code-64",
-    method: Annotated[str, typer.Option(help="extension method")] = "yarn",
-    steps: Annotated[int | None, typer.Option(help="QLoRA steps (default 120; 6 with --quick)")] = None,
+    method: Annotated[
+        str | None, typer.Option(help="extension method of the fine-tune (default llama3; YaRN is always shown too)")
+    ] = None,
+    steps: Annotated[int | None, typer.Option(help="QLoRA steps (default 240; 6 with --quick)")] = None,
     quick: Annotated[bool, typer.Option("--quick", help="a reduced setting (CI): same steps, little work")] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="recompute every step instead of reusing --out")] = False,
     plain: Annotated[
         bool, typer.Option("--plain", help="fine-tune on plain code only, not the retrieval mixture (comparison)")
     ] = False,
 ) -> None:
-    """Grown model → evaluate unpatched at 4× → extend with YaRN → nf4 QLoRA → evaluate all three, compared."""
+    """Grown model → evaluate unpatched at 4× → extend (YaRN, llama3) → nf4 QLoRA → evaluate all, compared."""
     from ctxext.demo import DemoSettings, run_demo
 
     settings = DemoSettings.quick(out) if quick else DemoSettings(out=out)
-    settings.model, settings.method, settings.fresh, settings.plain = model, method, fresh, plain
+    settings.model, settings.fresh, settings.plain = model, fresh, plain
+    if method is not None:
+        settings.method = method
     if steps is not None:
         settings.train_steps = steps
     run_demo(settings, console)

@@ -4,11 +4,13 @@ The built-in ``grown-code-64`` is a small Llama pretrained on the Python standar
 a 64-token window (``benchmarks/grow_base.py``). The demo
 
 1. evaluates it unpatched at 4× its window (the failure context extension exists to fix),
-2. extends it 4× with YaRN, training-free (``ctxext extend``),
-3. fine-tunes the extended model with nf4 QLoRA (``ctxext train``) on a training mixture: training-split
+2. extends it 4× training-free (``ctxext extend``) with YaRN (the usual reference) and with Llama 3.1's
+   RoPE scaling (``llama3``, the method the fine-tune uses: it keeps the high frequencies, so the model
+   stays closer to itself inside its window),
+3. fine-tunes the ``llama3``-extended model with nf4 QLoRA (``ctxext train``) on a training mixture: training-split
    source files, synthetic key/value retrieval tasks on them (``ctxext.tasks``) and short blocks at the
    original window (``--plain``: source files only, the comparison),
-4. evaluates all three on held-out files with the same suite (``eval/demo.yaml``): perplexity by
+4. evaluates all four on held-out files with the same suite (``eval/demo.yaml``): perplexity by
    length and position bucket, the context-use curve, and in-domain needle retrieval by depth
    (``KEY_xy = 68310`` hidden in code, retrieved after ``assert KEY_xy ==``),
 
@@ -40,7 +42,8 @@ class DemoSettings:
 
     Attributes:
         model: the base model (default: the grown model).
-        method: the extension method.
+        method: the extension method of the fine-tune (and its training-free row).
+        reference_method: a second training-free row (the usual reference), when it differs from ``method``.
         factor: target length / original length.
         out: the output folder.
         train_steps: QLoRA optimizer steps.
@@ -56,13 +59,16 @@ class DemoSettings:
         pose: mixture: train with PoSE at ``pose_seq_factor`` × the window instead of the full target.
         pose_seq_factor: PoSE row length in windows.
         lora_r: LoRA rank.
+        gradient_checkpointing: recompute activations in the backward pass (saves memory, costs time;
+            the grown model needs no saving, so the demo trains without it).
     """
 
     model: str = "builtin:grown-code-64"
-    method: str = "yarn"
+    method: str = "llama3"
+    reference_method: str = "yarn"
     factor: int = 4
     out: Path = Path("runs/demo")
-    train_steps: int = 120
+    train_steps: int = 240
     micro_batch_size: int = 8
     learning_rate: float = 1e-3
     max_documents: int = 400
@@ -75,6 +81,7 @@ class DemoSettings:
     pose: bool = False
     pose_seq_factor: int = 2
     lora_r: int = 16
+    gradient_checkpointing: bool = False
 
     @classmethod
     def quick(cls, out: Path) -> DemoSettings:
@@ -148,6 +155,7 @@ def finetune_recipe(settings: DemoSettings, original: int, target: int, run_dir:
                 "save_every": max(1, settings.train_steps // 2),
                 "loss_chunk_size": 256,
                 "seed": 0,
+                "gradient_checkpointing": settings.gradient_checkpointing,
                 **train_extra,
             },
             "output": {"dir": str(run_dir)},
@@ -233,13 +241,15 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
     target = original * settings.factor
     console.rule(f"[bold]ctxext demo[/]: {settings.model}, {original} → {target} tokens with {settings.method}")
 
-    # 1-2. Training-free extension: a plain model folder that vanilla transformers loads.
-    patched = out / f"patched-{settings.method}"
-    if not (patched / "config.json").is_file():
-        console.print(f"[cyan]1/3[/] extending {settings.model} ×{settings.factor} with {settings.method} → {patched}")
-        extend_folder(settings.model, patched, settings.method, target, overwrite=True)
-    else:
-        console.print(f"[cyan]1/3[/] extended model cached: {patched}")
+    # 1-2. Training-free extension: plain model folders that vanilla transformers loads.
+    methods = list(dict.fromkeys([settings.reference_method, settings.method]))
+    for method in methods:
+        patched = out / f"patched-{method}"
+        if not (patched / "config.json").is_file():
+            console.print(f"[cyan]1/3[/] extending {settings.model} ×{settings.factor} with {method} → {patched}")
+            extend_folder(settings.model, patched, method, target, overwrite=True)
+        else:
+            console.print(f"[cyan]1/3[/] extended model cached: {patched}")
 
     # 3. nf4 QLoRA fine-tune of the extended model: the retrieval mixture, or plain code (--plain).
     kind = "plain" if settings.plain else "mix"
@@ -261,10 +271,10 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
         console.print(f"[cyan]3/3[/] report cached: {report_file}")
         report = read_report(report_file).to_json_dict()  # through the schema: an old layout is refused
     else:
-        console.print("[cyan]3/3[/] evaluating base (unpatched, past its window), patched, fine-tuned")
+        console.print("[cyan]3/3[/] evaluating base (unpatched, past its window), training-free, fine-tuned")
         specs = [
             ModelSpec(settings.model, name="base"),
-            ModelSpec(str(patched), name=f"{settings.method}×{settings.factor}"),
+            *(ModelSpec(str(out / f"patched-{m}"), name=f"{m}×{settings.factor}") for m in methods),
             ModelSpec(str(run_dir), name=f"{settings.method}×{settings.factor}+QLoRA {kind}"),
         ]
         report = run_suite(

@@ -1,4 +1,4 @@
-"""``ctxext demo --quick`` end to end: grown model → unpatched at 4× → YaRN → nf4 QLoRA → one report."""
+"""``ctxext demo --quick`` end to end: grown model → unpatched at 4× → YaRN, llama3 → nf4 QLoRA → one report."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ def test_demo_quick_end_to_end(tmp_path, cache_root):
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report" / "report.json").read_text())
     names = [m["name"] for m in report["models"]]
-    assert names == ["base", "yarn×4", "yarn×4+QLoRA mix"]
+    assert names == ["base", "yarn×4", "llama3×4", "llama3×4+QLoRA mix"]
     assert json.loads((out / "finetuned" / "run.json").read_text())["status"] == "complete"
-    assert (out / "patched-yarn" / "config.json").is_file()
-    base, patched, tuned = report["models"]
+    assert (out / "patched-yarn" / "config.json").is_file() and (out / "patched-llama3" / "config.json").is_file()
+    base, patched, _, tuned = report["models"]
     # The grown model retrieves its in-domain needle inside its 64-token window ...
     assert base["needle"]["by_length"]["64"]["accuracy"] >= 0.8
     # ... and not at 4× its window unpatched, where its numbers are marked as beyond its context.

@@ -1,0 +1,83 @@
+"""Train one sweep arm: the demo's fine-tune recipe with overrides; prints CPU seconds and peak RSS.
+
+    python benchmarks/mix_sweep/arm.py NAME '{"steps": 240, "rope": {"method": "llama3"}}'
+
+Overrides: ``steps``, ``lr``, ``r``, ``short``, ``tasks``, ``factor``, ``pose``, ``pose_factor`` (the
+:class:`ctxext.demo.DemoSettings` knobs) and any recipe section (deep-merged into the recipe). The run
+goes to ``runs/sweep/NAME``; ``THREADS`` sets the training's thread count (default 1). ``cpu_s`` is the
+training process's user + system CPU time (data preparation and loading included): on a quiet machine
+that is the single-core wall time, the honest measure on a shared one.
+"""
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from ctxext.config import dump_recipe  # noqa: E402
+from ctxext.demo import DemoSettings, finetune_recipe  # noqa: E402
+
+
+def deep_merge(a: dict, b: dict) -> None:
+    """Merge ``b`` into ``a`` (nested dicts merged, everything else replaced)."""
+    for k, v in b.items():
+        if isinstance(v, dict) and isinstance(a.get(k), dict):
+            deep_merge(a[k], v)
+        else:
+            a[k] = v
+
+
+def main() -> None:
+    name, ov = sys.argv[1], json.loads(sys.argv[2])
+    demo = DemoSettings()
+    factor = ov.pop("factor", demo.factor)
+    settings = DemoSettings(
+        factor=factor,
+        train_steps=ov.pop("steps", demo.train_steps),
+        learning_rate=ov.pop("lr", demo.learning_rate),
+        lora_r=ov.pop("r", demo.lora_r),
+        short_fraction=ov.pop("short", demo.short_fraction),
+        task_weight=ov.pop("tasks", demo.task_weight),
+        pose=ov.pop("pose", False),
+        pose_seq_factor=ov.pop("pose_factor", demo.pose_seq_factor),
+    )
+    run = ROOT / "runs" / "sweep" / name
+    recipe = yaml.safe_load(dump_recipe(finetune_recipe(settings, 64, 64 * factor, run)))
+    deep_merge(recipe, ov)
+    recipe["train"]["save_every"] = None
+    file = run.parent / f"{name}.yaml"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text(yaml.safe_dump(recipe))
+    if run.exists():
+        shutil.rmtree(run)
+    started = time.time()
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("THREADS", "1"))
+    proc = subprocess.run([sys.executable, "-m", "ctxext", "train", str(file)], env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(proc.stdout[-2000:] + proc.stderr[-3000:])
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    print(
+        json.dumps(
+            {
+                "arm": name,
+                "wall_s": round(time.time() - started),
+                "cpu_s": round(usage.ru_utime + usage.ru_stime),
+                "peak_mb": max(m["peak_mem_mb"] for m in metrics),
+                "loss": metrics[-1].get("loss"),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

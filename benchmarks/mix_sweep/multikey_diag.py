@@ -1,0 +1,56 @@
+"""Why multi-key retrieval fails: where the first answer token comes from, and whether the rest follows.
+
+    python benchmarks/mix_sweep/multikey_diag.py MODEL [LENGTH [SAMPLES [DISTRACTORS]]]
+
+On ``multikey`` samples (form t0, ``KEY_xy = 12345``) inside the window by default, teacher-forced:
+the share of samples fully right; whether the first predicted answer token is the target key's first
+token, a distractor's, or neither; and whether the remaining answer tokens are right given the true
+prefix (copying on after the first token). Also split by whether the target's name is one token.
+"""
+
+import collections
+import json
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    import torch
+
+    from ctxext.evaluation.data import iter_texts
+    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.tasks import Haystack, get_task
+
+    torch.set_num_threads(1)
+    path = sys.argv[1]
+    length, n, distractors = (int(x) for x in (sys.argv[2:] + ["64", "200", "2"][len(sys.argv) - 2 :])[:3])
+    loaded = load_model(ModelSpec(path, name="m"), device="cpu")
+    tok, model = loaded.tokenizer, loaded.model
+    hay = Haystack.from_texts(tok, iter_texts("builtin:stdlib"), 50_000, "builtin:stdlib")
+    one_token = len(tok.encode("\nKEY_ab =", add_special_tokens=False))
+    task, rng = get_task("multikey"), random.Random(7)
+    counts: collections.Counter = collections.Counter()
+    for _ in range(n):
+        s = task.generate(tok, hay, length, rng.random(), rng, template=0, distractors=distractors)
+        a0, a1 = s.answer_span
+        with torch.no_grad():
+            pred = model(torch.tensor([s.ids[:a1]])).logits[0, a0 - 1 : a1 - 1].argmax(-1).tolist()
+        gold = s.ids[a0:a1]
+        others = [tok.encode(f" {k}", add_special_tokens=False)[0] for k in s.fields["distractors"].values()]
+        first = "target" if pred[0] == gold[0] else "distractor" if pred[0] in others else "neither"
+        name_ids = tok.encode(f"\nKEY_{s.fields['name']} =", add_special_tokens=False)
+        name_kind = "1" if len(name_ids) == one_token else "2"
+        counts["correct"] += pred == gold
+        counts[f"first token from {first}"] += 1
+        counts["rest right given the true first token"] += pred[1:] == gold[1:]
+        counts[f"name of {name_kind} token(s)"] += 1
+        counts[f"correct, name of {name_kind} token(s)"] += pred == gold
+    print(json.dumps({"model": path, "length": length, "samples": n, "distractors": distractors, **counts}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Quick evaluation of sweep arms on held-out stdlib files, with per-trial outcomes for paired tests.
+
+    python benchmarks/mix_sweep/qeval.py runs/sweep/A,runs/sweep/B 256 50 > evals.jsonl
+
+Per model (one JSON line): teacher-forced ``needle`` (form t0, the demo's) at 64 tokens and at the
+target by depth (0/25/50/75/100 %), ``multikey`` with 2 distractors (t0) at both lengths, and the
+per-document NLL of the first 64 tokens of 32 documents with the ppl ratio to the unpatched base's
+(95 % paired bootstrap). Trials are seeded as in ``benchmarks/finetune_mix.py`` (1234 needle, 4321
+multi-key), so every model sees the same trials. ``THREADS`` sets torch's threads (default 1).
+"""
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+DEPTHS = [0, 25, 50, 75, 100]
+
+
+def main() -> None:
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    from ctxext.evaluation.data import iter_texts
+    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.evaluation.passkey import GridSettings, evaluate_task_grid
+    from ctxext.evaluation.perplexity import token_nll, tokenize_documents
+    from ctxext.evaluation.stats import bootstrap_mean_diff
+    from ctxext.tasks import Haystack
+
+    torch.set_num_threads(int(os.environ.get("THREADS", "1")))
+    paths, target, trials = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3])
+    tok = AutoTokenizer.from_pretrained(paths[0])
+    hay = Haystack.from_texts(tok, iter_texts("builtin:stdlib"), 200_000, "builtin:stdlib")
+    docs = tokenize_documents(iter_texts("builtin:stdlib"), tok, target, 32).ids
+
+    def doc_nll(loaded, length):
+        return [float(token_nll(loaded.model, d[:length].unsqueeze(0))[0].sum()) for d in docs]
+
+    base_nll = doc_nll(load_model(ModelSpec("builtin:grown-code-64", name="base"), device="cpu"), 64)
+    for path in paths:
+        started = time.time()
+        loaded = load_model(ModelSpec(path, name=Path(path).name), device="cpu")
+        res: dict = {"model": path}
+        grid = GridSettings(lengths=[64, target], depths=DEPTHS, trials=trials, seed=1234)
+        g = evaluate_task_grid(loaded, grid, "needle", hay, template=0, show_progress=False)
+        far = [c for c in g["cells"] if c["length"] == target]
+        res.update(
+            needle64=round(100 * g["by_length"]["64"]["accuracy"]),
+            lb64=round(100 * g["by_length"]["64"]["ci_low"]),
+            needleT=round(100 * g["by_length"][str(target)]["accuracy"]),
+            depthT=[round(100 * c["accuracy"]) for c in far],
+            worst_lb=min(round(100 * c["ci_low"]) for c in far),
+            out_needle=[o for c in g["cells"] for o in c["outcomes"]],
+        )
+        grid = GridSettings(lengths=[64, target], depths=DEPTHS, trials=trials, seed=4321)
+        options = {"distractors": 2}
+        g = evaluate_task_grid(loaded, grid, "multikey", hay, template=0, options=options, show_progress=False)
+        res.update(
+            mk64=round(100 * g["by_length"]["64"]["accuracy"]),
+            mkT=round(100 * g["by_length"][str(target)]["accuracy"]),
+            out_mk=[o for c in g["cells"] for o in c["outcomes"]],
+        )
+        nll = doc_nll(loaded, 64)
+        a, b, cnt = np.array(nll), np.array(base_nll), np.full(len(nll), 63.0)
+        low, high = bootstrap_mean_diff(a, b, cnt, resamples=1000, seed=0)
+        ratio = math.exp((a.sum() - b.sum()) / cnt.sum())
+        res.update(ppl64_vs_base=[round(ratio, 3), round(math.exp(low), 3), round(math.exp(high), 3)], doc_nll64=nll)
+        res["eval_s"] = round(time.time() - started)
+        print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()
