@@ -85,7 +85,7 @@ class DemoSettings:
 
     @classmethod
     def quick(cls, out: Path) -> DemoSettings:
-        """A reduced setting for CI: the same steps, far less work."""
+        """A reduced setting for CI: every stage of the demo, far less work (6 QLoRA steps)."""
         return cls(out=out, train_steps=6, micro_batch_size=2, max_documents=40, trials=2, max_docs=4)
 
 
