@@ -626,7 +626,9 @@ def demo(
         str | None, typer.Option(help="extension method of the fine-tune (default llama3; YaRN is always shown too)")
     ] = None,
     steps: Annotated[int | None, typer.Option(help="QLoRA steps (default 240; 6 with --quick)")] = None,
-    quick: Annotated[bool, typer.Option("--quick", help="a reduced setting (CI): every stage of the demo, little work (6 QLoRA steps)")] = False,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="a reduced setting (CI): every stage, little work (6 QLoRA steps)")
+    ] = False,
     fresh: Annotated[bool, typer.Option("--fresh", help="recompute every step instead of reusing --out")] = False,
     plain: Annotated[
         bool, typer.Option("--plain", help="fine-tune on plain code only, not the retrieval mixture (comparison)")
