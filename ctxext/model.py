@@ -37,7 +37,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 @dataclass
-class LoadedModel:
+class TrainingModel:
     """A model ready to train, and what was done to it.
 
     Attributes:
@@ -258,7 +258,7 @@ def add_lora(model: Any, lora: Any, gradient_checkpointing: bool, quantized: boo
     return get_peft_model(model, config), extra
 
 
-def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharded: bool = False) -> LoadedModel:
+def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharded: bool = False) -> TrainingModel:
     """Load, patch, quantize and LoRA-wrap the recipe's model: everything before the training loop.
 
     Args:
@@ -267,7 +267,7 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
         sharded: FSDP will shard the model.
 
     Returns:
-        A :class:`LoadedModel`.
+        A :class:`TrainingModel`.
     """
     device = torch.device(device)
     dtype = compute_dtype_for(recipe.quantization.compute_dtype, device)
@@ -300,7 +300,7 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
     )
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
-    return LoadedModel(
+    return TrainingModel(
         model=peft_model,
         tokenizer=tokenizer,
         base_path=folder,
