@@ -161,7 +161,6 @@ def load_base(
     from ctxext.sources import config_from_folder
 
     folder = resolve_model_path(path, revision)
-    # Damaged files are named as such before transformers fails on them with a traceback.
     config = config if config is not None else config_from_folder(folder, trust_remote_code)
     model = load_weights(
         folder,
@@ -222,6 +221,7 @@ def load_weights(
         "attn_implementation": attn_implementation,
         "trust_remote_code": trust_remote_code,
     }
+    # Damaged files are named as such before transformers fails on them with a traceback.
     check_weights_readable(folder)
     qconf = quantization_config(quantization, double_quant, compute_dtype, sharded)
     if qconf is not None:
