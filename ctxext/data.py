@@ -1,6 +1,7 @@
 """Long documents for training, through ``datasets``: load, split, tokenize, pack.
 
-Sources: local ``.jsonl`` / ``.json`` / ``.parquet`` / ``.txt`` files (or a folder of them), a Hub
+Sources: local ``.jsonl`` / ``.json`` / ``.parquet`` / ``.csv`` files or text files (or a folder of one kind;
+:mod:`ctxext.data_sources` lists the types, shared with evaluation), a Hub
 data set name, or ``builtin:stdlib`` (the Python standard library's own source files, present on
 every machine). The held-out validation split is taken over *documents*, before packing, so no
 validation text is ever trained on. Tokenization runs with ``map(num_proc=…)`` and is cached by
@@ -25,19 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ctxext.data_sources import FILE_KINDS, file_kind, is_stdlib, looks_like_path
 from ctxext.errors import InputError
-
-BUILTIN_STDLIB = "builtin:stdlib"
-
-# File suffix → the datasets builder that reads it.
-LOADERS: dict[str, str] = {
-    ".jsonl": "json",
-    ".json": "json",
-    ".parquet": "parquet",
-    ".txt": "text",
-    ".text": "text",
-    ".md": "text",
-}
 
 
 @dataclass
@@ -96,7 +86,7 @@ def load_documents(path: str, text_field: str = "text", split: str = "train", na
     """
     import datasets
 
-    if path == BUILTIN_STDLIB or path.startswith(BUILTIN_STDLIB + "-"):
+    if is_stdlib(path):
         try:
             paths = list(_stdlib_paths(path))
         except KeyError as exc:
@@ -111,16 +101,16 @@ def load_documents(path: str, text_field: str = "text", split: str = "train", na
     if local.exists():
         files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
         files = [f for f in files if not f.name.startswith(".")]
-        kinds = {LOADERS.get(f.suffix.lower()) for f in files}
+        kinds = {file_kind(f) for f in files}
         if not files:
             raise InputError(f"data.path: {local} is an empty folder; put .jsonl, .json, .parquet or .txt files in it")
         if None in kinds or len(kinds) != 1:
             suffixes = sorted({f.suffix or "(none)" for f in files})
             raise InputError(
                 f"data.path: {local} holds files of type {', '.join(suffixes)}; use one kind of "
-                f"{', '.join(sorted(LOADERS))} files"
+                f"{', '.join(sorted(FILE_KINDS))} files"
             )
-        kind = LOADERS[files[0].suffix.lower()]  # every file has this one kind (checked above)
+        kind = FILE_KINDS[files[0].suffix.lower()]  # every file has this one kind (checked above)
         from ctxext.sources import check_utf8
 
         check_utf8(files, "data.path")
@@ -153,7 +143,7 @@ def _load_hub(path: str, split: str, name: str | None) -> Any:
 
     from ctxext.sources import hub_error_message
 
-    if path.startswith((".", "/", "~")) or path.count("/") > 1:
+    if looks_like_path(path):
         raise InputError(f"data.path: {path} does not exist (not a file, a folder, builtin:stdlib or a Hub data set)")
     try:
         return datasets.load_dataset(path, name, split=split)

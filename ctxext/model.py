@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ctxext.errors import InputError
-from ctxext.rope import RopePlan, patch_model, verify_model_rope
+from ctxext.rope import RopeCheck, RopePlan, patch_model, verify_model_rope
 from ctxext.sources import resolve_model_path
 
 # Quantization modes → the BitsAndBytesConfig arguments they need (None: full precision).
@@ -37,7 +37,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 @dataclass
-class LoadedModel:
+class TrainingModel:
     """A model ready to train, and what was done to it.
 
     Attributes:
@@ -156,20 +156,72 @@ def load_base(
     Returns:
         ``(model, tokenizer, local folder)``.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from ctxext.sources import config_from_folder
-    from ctxext.weights import check_weights_readable
 
     folder = resolve_model_path(path, revision)
+    config = config if config is not None else config_from_folder(folder, trust_remote_code)
+    model = load_weights(
+        folder,
+        config,
+        quantization=quantization,
+        double_quant=double_quant,
+        compute_dtype=compute_dtype,
+        attn_implementation=attn_implementation,
+        device=device,
+        trust_remote_code=trust_remote_code,
+        sharded=sharded,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    if tokenizer.eos_token_id is None:
+        raise InputError(f"the tokenizer of {path} has no EOS token; documents could not be separated when packing")
+    return model, tokenizer, folder
+
+
+def load_weights(
+    folder: Path,
+    config: Any,
+    *,
+    quantization: str = "none",
+    double_quant: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    device: torch.device | str = "cpu",
+    trust_remote_code: bool = False,
+    sharded: bool = False,
+) -> Any:
+    """Load a causal LM's weights from a local folder with a given config, on ``device``.
+
+    Args:
+        folder: the local model folder (see :func:`ctxext.sources.resolve_model_path`).
+        config: the config to build the model with (the folder's, or a patched one).
+        quantization: ``nf4``, ``int8`` or ``none``.
+        double_quant: nested quantization for nf4.
+        compute_dtype: dtype of the non-quantized weights and activations.
+        attn_implementation: transformers attention implementation.
+        device: the device to load onto (each process loads its own copy).
+        trust_remote_code: allow custom modeling code.
+        sharded: the model will be sharded by FSDP (see :func:`quantization_config`).
+
+    Returns:
+        The transformers model.
+
+    Raises:
+        InputError: truncated or corrupt weight files (named before transformers fails on them).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from ctxext.weights import check_weights_readable
+
     device = torch.device(device)
     kwargs: dict[str, Any] = {
+        "config": config,
         "dtype": compute_dtype,
         "attn_implementation": attn_implementation,
         "trust_remote_code": trust_remote_code,
     }
     # Damaged files are named as such before transformers fails on them with a traceback.
-    kwargs["config"] = config if config is not None else config_from_folder(folder, trust_remote_code)
     check_weights_readable(folder)
     qconf = quantization_config(quantization, double_quant, compute_dtype, sharded)
     if qconf is not None:
@@ -182,10 +234,7 @@ def load_base(
         model.to(device)  # type: ignore[arg-type]
     elif device.type == "cpu":
         _keep_cpu_4bit_layout(model)
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    if tokenizer.eos_token_id is None:
-        raise InputError(f"the tokenizer of {path} has no EOS token; documents could not be separated when packing")
-    return model, tokenizer, folder
+    return model
 
 
 def _keep_cpu_4bit_layout(model: torch.nn.Module) -> None:
@@ -258,7 +307,7 @@ def add_lora(model: Any, lora: Any, gradient_checkpointing: bool, quantized: boo
     return get_peft_model(model, config), extra
 
 
-def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharded: bool = False) -> LoadedModel:
+def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharded: bool = False) -> TrainingModel:
     """Load, patch, quantize and LoRA-wrap the recipe's model: everything before the training loop.
 
     Args:
@@ -267,7 +316,7 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
         sharded: FSDP will shard the model.
 
     Returns:
-        A :class:`LoadedModel`.
+        A :class:`TrainingModel`.
     """
     device = torch.device(device)
     dtype = compute_dtype_for(recipe.quantization.compute_dtype, device)
@@ -300,7 +349,7 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
     )
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
-    return LoadedModel(
+    return TrainingModel(
         model=peft_model,
         tokenizer=tokenizer,
         base_path=folder,
@@ -313,6 +362,151 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
     )
 
 
+@dataclass
+class InferenceModel:
+    """A base model reloaded for inference, with its adapter attached, and where each part came from.
+
+    Attributes:
+        model: the causal LM in eval mode (a ``PeftModel`` when an adapter is attached).
+        tokenizer: its tokenizer.
+        base: the base model reference (folder, Hub id or ``builtin:NAME``).
+        base_path: the local folder the base weights came from.
+        adapter_dir: the folder holding ``adapter_config.json``, or ``None``.
+        config_from: the folder whose ``config.json`` the base runs with (``None``: the base's own).
+        compute_dtype: the dtype of the non-quantized weights and activations.
+        rope_check: the runtime RoPE verification (``None`` when not verified).
+    """
+
+    model: Any
+    tokenizer: Any
+    base: str
+    base_path: Path
+    adapter_dir: Path | None
+    config_from: str | None
+    compute_dtype: torch.dtype
+    rope_check: RopeCheck | None
+
+
+def find_adapter_dir(path: str | Path) -> Path | None:
+    """The folder holding a peft adapter: ``path`` itself, or its ``adapter`` / ``final`` subfolder.
+
+    Args:
+        path: an adapter folder or a ctxext run folder.
+
+    Returns:
+        The folder with ``adapter_config.json``, or ``None``.
+    """
+    path = Path(path)
+    for cand in (path, path / "adapter", path / "final"):
+        if (cand / "adapter_config.json").is_file():
+            return cand
+    return None
+
+
+def load_inference_model(
+    base: str | None,
+    adapter: str | Path | None = None,
+    *,
+    config_from: str | Path | None = None,
+    revision: str | None = None,
+    quantization: str = "none",
+    compute_dtype: torch.dtype | None = None,
+    attn_implementation: str = "sdpa",
+    device: torch.device | str = "cpu",
+    verify: bool = True,
+    what: str | None = None,
+) -> InferenceModel:
+    """Load a base model (with the patched config of its run) and attach an adapter: the one inference loader.
+
+    A ctxext run folder writes the patched base config next to its adapter; the base weights are built
+    with that config, so the rotary modules carry the patched RoPE, and the runtime RoPE is verified
+    before the adapter goes on.
+
+    Args:
+        base: the base model reference; ``None`` reads it from ``adapter``'s ``run.json`` (a ctxext run
+            folder) and checks that the base weights are still the ones the run was trained on.
+        adapter: an adapter folder or a ctxext run folder (its ``adapter`` / ``final`` subfolder is found too).
+        config_from: a folder whose ``config.json`` replaces the base's (default: the adapter's, when it has one).
+        revision: Hub revision of ``base``.
+        quantization: ``nf4``, ``int8`` or ``none``.
+        compute_dtype: dtype of activations (default: bf16 on CUDA, fp32 on the CPU).
+        attn_implementation: transformers attention implementation (already resolved, see :func:`attention_for`).
+        device: where to load.
+        verify: check the runtime RoPE against the reference (raises on a mismatch).
+        what: the command, for the message when a run's base weights changed (default ``loading RUN``).
+
+    Returns:
+        An :class:`InferenceModel`.
+
+    Raises:
+        InputError: an adapter folder without an adapter, an unusable run folder, damaged files, no tokenizer.
+        ctxext.rope.RopeMismatchError: the runtime RoPE differs from the config.
+    """
+    from ctxext.runfolder import RUN_FILE, check_run_base, run_base_model
+    from ctxext.sources import config_from_folder
+    from ctxext.weights import check_weights_readable
+
+    device = torch.device(device)
+    dtype = compute_dtype or compute_dtype_for("auto", device)
+    adapter_dir: Path | None = None
+    if adapter is not None:
+        adapter_dir = find_adapter_dir(adapter)
+        if adapter_dir is None:
+            raise InputError(f"adapter folder {adapter} has no adapter_config.json (a peft / ctxext run folder)")
+        # A ctxext run writes the patched config next to its adapter; the base must run with it.
+        if config_from is None:
+            config_from = next((c for c in (Path(adapter), adapter_dir) if (c / "config.json").is_file()), None)
+    run_dir = Path(adapter) if base is None and adapter is not None else None
+    if run_dir is not None:
+        base = run_base_model(run_dir)
+    if base is None:
+        raise InputError("no base model: name one, or give a ctxext run folder whose run.json names it")
+    base_dir = resolve_model_path(base, revision)
+    if run_dir is not None:
+        # Damaged weight files are named as such before the fingerprint check reads them.
+        check_weights_readable(base_dir)
+        check_run_base(json.loads((run_dir / RUN_FILE).read_text()), what or f"loading {run_dir}")
+    config = config_from_folder(config_from or base_dir)
+    model = load_weights(
+        base_dir,
+        config,
+        quantization=quantization,
+        compute_dtype=dtype,
+        attn_implementation=attn_implementation,
+        device=device,
+    )
+    # The rotary modules were built from the (patched) config at load time; check they really are.
+    check = verify_model_rope(model) if verify else None
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+    model.eval()
+    tokenizer = _find_tokenizer([str(p) for p in (adapter, config_from, base_dir) if p])
+    return InferenceModel(
+        model=model,
+        tokenizer=tokenizer,
+        base=base,
+        base_path=base_dir,
+        adapter_dir=adapter_dir,
+        config_from=str(config_from) if config_from is not None else None,
+        compute_dtype=dtype,
+        rope_check=check,
+    )
+
+
+def _find_tokenizer(candidates: list[str]) -> Any:
+    from transformers import AutoTokenizer
+
+    for cand in candidates:
+        p = Path(cand)
+        if p.is_dir() and any(
+            (p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+        ):
+            return AutoTokenizer.from_pretrained(p)
+    raise InputError(f"no tokenizer found in {', '.join(candidates)}; save the tokenizer next to the model")
+
+
 def load_for_inference(
     base: str | None,
     adapter_dir: str | Path,
@@ -323,6 +517,8 @@ def load_for_inference(
     attn_implementation: str = "auto",
 ) -> tuple[Any, Any]:
     """Reload a base model with a trained adapter, using the adapter's patched RoPE config, and verify RoPE.
+
+    The run folder's own checks and its quantization, on top of :func:`load_inference_model`.
 
     Args:
         base: the base model reference; ``None`` reads it from the run folder's ``run.json``.
@@ -340,9 +536,6 @@ def load_for_inference(
     Raises:
         InputError: a folder without an adapter or without a config.
     """
-    from peft import PeftModel
-    from transformers import AutoConfig, AutoTokenizer
-
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
         raise InputError(f"{adapter_dir} has no adapter_config.json; point at a `ctxext train` run folder")
@@ -351,27 +544,17 @@ def load_for_inference(
     run = {}
     if (adapter_dir / "run.json").is_file():
         run = json.loads((adapter_dir / "run.json").read_text())
-    if base is None:
-        base = run.get("base_model")
-        if base is None:
-            raise InputError(f"{adapter_dir}/run.json does not name the base model; pass it explicitly")
+    if base is None and run.get("base_model") is None:
+        raise InputError(f"{adapter_dir}/run.json does not name the base model; pass it explicitly")
     if quantization in (None, "auto"):
         quantization = run.get("quantization", "none")
     device = torch.device(device)
-    dtype = compute_dtype or compute_dtype_for("auto", device)
-    config = AutoConfig.from_pretrained(adapter_dir)
-    model, _, _ = load_base(
+    loaded = load_inference_model(
         base,
-        quantization=quantization,
-        compute_dtype=dtype,
+        adapter_dir,
+        quantization=str(quantization),
+        compute_dtype=compute_dtype,
         attn_implementation=attention_for(attn_implementation, device),
         device=device,
-        config=config,
     )
-    # The rotary modules were built from the patched config at load time; check they really are.
-    verify_model_rope(model)
-    model = PeftModel.from_pretrained(model, adapter_dir)
-    model.eval()
-    tok_dir = adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else resolve_model_path(base)
-    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-    return model, tokenizer
+    return loaded.model, loaded.tokenizer

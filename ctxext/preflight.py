@@ -56,13 +56,14 @@ def _check_data(recipe: Recipe, problems: list[tuple[str, str]]) -> None:
 
 
 def _check_corpus(key: str, path: str, problems: list[tuple[str, str]]) -> None:
+    from ctxext.data_sources import looks_like_path
     from ctxext.sources import SourceError, check_utf8
 
     if path.startswith("builtin:"):
         return
     local = Path(path).expanduser()
     if not local.exists():
-        if path.startswith((".", "/", "~")) or local.suffix or path.count("/") > 1:
+        if looks_like_path(path):
             problems.append((key, f"{path} does not exist (not a file, a folder, builtin:stdlib or a Hub id)"))
         return  # a Hub data set: not fetched here
     files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())

@@ -79,6 +79,29 @@ def read_run(run_dir: str | Path, allow_incomplete: bool = False) -> dict[str, A
     return info
 
 
+def run_base_model(run_dir: str | Path) -> str:
+    """The base model a run was trained from, as recorded in its ``run.json``.
+
+    Args:
+        run_dir: the run folder.
+
+    Returns:
+        A model reference (folder, Hub id or ``builtin:NAME``).
+
+    Raises:
+        InputError: ``run.json`` names no base model.
+    """
+    run = json.loads((Path(run_dir) / RUN_FILE).read_text())
+    for key in ("base_model_resolved", "base_model"):
+        value = run.get(key)
+        if value and (key == "base_model" or Path(str(value)).exists()):
+            return str(value)
+    model_section = (run.get("recipe") or {}).get("model") or {}
+    if model_section.get("path"):
+        return str(model_section["path"])
+    raise InputError(f"{run_dir}/run.json names no base model (base_model_resolved / base_model)")
+
+
 def is_run_folder(path: str | Path) -> bool:
     """Whether ``path`` holds a training run (``run.json`` + adapter)."""
     path = Path(path)

@@ -26,6 +26,7 @@ CORE = {
     "pose",
     "rows",
     "data",
+    "data_sources",
     "mixture",
     "losses",
     "model",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -101,3 +102,40 @@ def test_unsupported_files_and_unknown_names(tmp_path, tiny_tokenizer):
     # A Hub name with HF_HUB_OFFLINE=1: says so, no traceback, no 23 s of retries.
     with pytest.raises(InputError, match="HF_HUB_OFFLINE"):
         load_documents("someone/some-long-documents")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".py", ".text", ".md"])
+def test_training_and_evaluation_read_the_same_file_types(tmp_path, suffix):
+    # One list of file types (ctxext.data_sources) for both readers: what one reads, the other reads too.
+    from ctxext.data_sources import file_kind
+    from ctxext.evaluation.data import iter_texts
+
+    docs = ["def f(x):\n    return x + 1\n", "class A:\n    pass\n"]
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    if file_kind("d" + suffix) == "text":
+        for i, doc in enumerate(docs):
+            (folder / f"d{i}{suffix}").write_text(doc)
+        source = str(folder)
+    elif suffix == ".csv":
+        source = str(folder / f"d{suffix}")
+        with (folder / f"d{suffix}").open("w", newline="") as f:
+            csv.writer(f).writerows([["text"], *([d] for d in docs)])
+    else:
+        source = str(folder / f"d{suffix}")
+        (folder / f"d{suffix}").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    assert sorted(load_documents(source)["text"]) == sorted(docs)
+    assert sorted(iter_texts(source)) == sorted(docs)
+
+
+def test_a_missing_file_is_a_path_for_both_readers_and_a_bare_name_is_a_hub_id():
+    from ctxext.data_sources import looks_like_path
+
+    assert looks_like_path("nope.jsonl") and looks_like_path("./x") and looks_like_path("a/b/c")
+    assert not looks_like_path("pg19") and not looks_like_path("org/name")
+    from ctxext.evaluation.data import iter_texts
+
+    with pytest.raises(InputError, match="does not exist"):
+        load_documents("nope.jsonl")
+    with pytest.raises(InputError, match="does not exist"):
+        list(iter_texts("nope.jsonl"))

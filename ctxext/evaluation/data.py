@@ -18,10 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ctxext.data_sources import TABLE_SUFFIXES, TEXT_SUFFIXES, file_kind, looks_like_path
 from ctxext.errors import InputError
 
-TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".tex")
-TABLE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 STDLIB_SPLITS = ("stdlib", "stdlib-heldout", "stdlib-train", "stdlib-all", "stdlib-long")
 LONG_DOC_CHARS = 128_000
 
@@ -93,9 +92,9 @@ def _load_table(path: Path, source: str, split: str) -> Any:
     import datasets
 
     if path.exists():
-        fmt = TABLE_FORMATS.get(path.suffix.lower())
-        if fmt is None:
-            raise InputError(f"{path}: unsupported file type; use {', '.join(TABLE_FORMATS)} or a text file")
+        fmt = file_kind(path)
+        if fmt is None or fmt == "text":
+            raise InputError(f"{path}: unsupported file type; use {', '.join(TABLE_SUFFIXES)} or a text file")
         from ctxext.sources import check_utf8
 
         check_utf8([path], str(path))
@@ -105,7 +104,7 @@ def _load_table(path: Path, source: str, split: str) -> Any:
             from ctxext.sources import read_error_message
 
             raise InputError(read_error_message(exc, path, fmt)) from None
-    if _looks_like_path(source):
+    if looks_like_path(source):
         raise InputError(f"data file {source} does not exist")
     try:
         return datasets.load_dataset(source, split=split)
@@ -124,10 +123,6 @@ def _read_text(path: Path) -> str:
         from ctxext.sources import read_error_message
 
         raise InputError(read_error_message(exc, path, "text")) from None
-
-
-def _looks_like_path(source: str) -> bool:
-    return source.startswith((".", "/", "~")) or source.count("/") != 1 or Path(source).suffix != ""
 
 
 def iter_texts(source: str, text_field: str = "text", split: str = "train") -> Iterator[str]:

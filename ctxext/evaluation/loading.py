@@ -12,7 +12,6 @@ the adapter is applied on top.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from ctxext.errors import InputError
-from ctxext.rope import RopeState, read_rope, verify_model_rope
+from ctxext.rope import RopeState, read_rope
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -91,41 +90,6 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
 
-def _adapter_dir(path: Path) -> Path | None:
-    for cand in (path, path / "adapter", path / "final"):
-        if (cand / "adapter_config.json").is_file():
-            return cand
-    return None
-
-
-def run_base_model(run_dir: str | Path) -> str:
-    """The base model a run was trained from, as recorded in its ``run.json``.
-
-    Args:
-        run_dir: the run folder.
-
-    Returns:
-        A model reference (folder, Hub id or ``builtin:NAME``).
-
-    Raises:
-        InputError: ``run.json`` names no base model.
-    """
-    run = json.loads((Path(run_dir) / "run.json").read_text())
-    for key in ("base_model_resolved", "base_model"):
-        value = run.get(key)
-        if value and (key == "base_model" or Path(str(value)).exists()):
-            return str(value)
-    model_section = (run.get("recipe") or {}).get("model") or {}
-    if model_section.get("path"):
-        return str(model_section["path"])
-    raise InputError(f"{run_dir}/run.json names no base model (base_model_resolved / base_model)")
-
-
-def default_dtype(device: torch.device) -> torch.dtype:
-    """float32 on the CPU (bf16 is ~25× slower there), bfloat16 on a GPU."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
 def pick_device(device: str | None = None) -> torch.device:
     """``cuda`` when available (unless told otherwise), else the CPU."""
     if device:
@@ -137,6 +101,9 @@ def load_model(
     spec: ModelSpec, device: str | None = None, dtype: torch.dtype | None = None, verify: bool = True
 ) -> LoadedModel:
     """Load a model for evaluation and verify its runtime RoPE.
+
+    The evaluation defaults (SDPA, float32 on the CPU) and the report's ``info``, on top of
+    :func:`ctxext.model.load_inference_model`.
 
     Args:
         spec: what to load (see :class:`ModelSpec`); a ctxext run folder as ``ref`` means its base plus
@@ -152,72 +119,42 @@ def load_model(
         InputError: a missing adapter folder or an unusable run folder.
         ctxext.rope.RopeMismatchError: the runtime RoPE differs from the config.
     """
-    from transformers import AutoModelForCausalLM
-
-    from ctxext.runfolder import check_run_base, is_run_folder
-    from ctxext.sources import config_from_folder, resolve_model_path
-    from ctxext.weights import check_weights_readable
+    from ctxext.model import load_inference_model
+    from ctxext.runfolder import is_run_folder
 
     dev = pick_device(device)
-    dtype = dtype or default_dtype(dev)
-    base_ref, adapter, config_from = spec.ref, spec.adapter, spec.config_from
-    if is_run_folder(spec.ref) and adapter is None:
-        adapter = spec.ref
-        base_ref = run_base_model(spec.ref)
-    adapter_dir: Path | None = None
-    if adapter is not None:
-        adapter_dir = _adapter_dir(Path(adapter))
-        if adapter_dir is None:
-            raise InputError(f"adapter folder {adapter} has no adapter_config.json (a peft / ctxext run folder)")
-        # A ctxext run writes the patched config next to its adapter; the base must run with it.
-        if config_from is None:
-            for cand in (Path(adapter), adapter_dir):
-                if (cand / "config.json").is_file():
-                    config_from = str(cand)
-                    break
-    base_dir = resolve_model_path(base_ref, spec.revision)
-    check_weights_readable(base_dir)
-    if is_run_folder(spec.ref) and spec.adapter is None:
-        check_run_base(json.loads((Path(spec.ref) / "run.json").read_text()), f"evaluating {spec.ref}")
-    config = config_from_folder(config_from or base_dir)
-    model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(
-        base_dir, config=config, dtype=dtype, attn_implementation="sdpa"
+    # A ctxext run folder as the model means its base plus its adapter, with the run's patched config.
+    from_run = is_run_folder(spec.ref) and spec.adapter is None
+    loaded = load_inference_model(
+        None if from_run else spec.ref,
+        spec.ref if from_run else spec.adapter,
+        config_from=spec.config_from,
+        revision=spec.revision,
+        compute_dtype=dtype,
+        attn_implementation="sdpa",
+        device=dev,
+        verify=verify,
+        what=f"evaluating {spec.ref}",
     )
-    if adapter_dir is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
-    model.to(dev).eval()
-    tokenizer = _load_tokenizer([p for p in (adapter, config_from, str(base_dir)) if p])
+    model: torch.nn.Module = loaded.model
+    tokenizer = loaded.tokenizer
     rope = read_rope(_base(model).config)
-    check = verify_model_rope(_base(model)) if verify else None
+    check = loaded.rope_check
     n_params = sum(p.numel() for p in model.parameters())
     info = {
         "name": spec.label(),
         "ref": spec.ref,
-        "base": str(base_ref),
-        "base_path": str(base_dir),
-        "adapter": str(adapter_dir) if adapter_dir else None,
-        "config_from": config_from,
-        "dtype": str(dtype).replace("torch.", ""),
+        "base": loaded.base,
+        "base_path": str(loaded.base_path),
+        "adapter": str(loaded.adapter_dir) if loaded.adapter_dir else None,
+        "config_from": loaded.config_from,
+        "dtype": str(loaded.compute_dtype).replace("torch.", ""),
         "device": str(dev),
         "attention": "sdpa",
         "parameters": n_params,
         "rope_verified": bool(check and check.ok),
     }
     return LoadedModel(name=spec.label(), model=model, tokenizer=tokenizer, rope=rope, info=info)
-
-
-def _load_tokenizer(candidates: list[str]) -> Any:
-    from transformers import AutoTokenizer
-
-    for cand in candidates:
-        p = Path(cand)
-        if p.is_dir() and any(
-            (p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
-        ):
-            return AutoTokenizer.from_pretrained(p)
-    raise InputError(f"no tokenizer found in {', '.join(candidates)}; save the tokenizer next to the model")
 
 
 def _base(model: torch.nn.Module) -> PreTrainedModel:

@@ -619,7 +619,8 @@ def run_suite_for_run(run_dir: str | Path, recipe: Any, show_progress: bool = Tr
     Returns:
         The report folder.
     """
-    from ctxext.evaluation.loading import ModelSpec, run_base_model
+    from ctxext.evaluation.loading import ModelSpec
+    from ctxext.runfolder import run_base_model
 
     run_dir = Path(run_dir)
     suite_ref = recipe.eval.suite

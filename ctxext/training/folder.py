@@ -126,7 +126,7 @@ def run_record(
 
     Args:
         recipe: the recipe.
-        loaded: the training model (:class:`ctxext.model.LoadedModel`).
+        loaded: the training model (:class:`ctxext.model.TrainingModel`).
         num_processes: processes in the job.
         base_fingerprint: the base weights' fingerprint (:func:`ctxext.weights.fingerprint`).
         previous: the resumed run's ``run.json`` (its initial validation loss is kept), or ``None``.

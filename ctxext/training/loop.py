@@ -48,7 +48,7 @@ class TrainingLoop:
     Args:
         recipe: the recipe.
         launch: the accelerator and this process's place in the job.
-        loaded: the training model (:class:`ctxext.model.LoadedModel`: plan, attention implementation).
+        loaded: the training model (:class:`ctxext.model.TrainingModel`: plan, attention implementation).
         data: the training data (:class:`ctxext.data.TrainingData`).
         model: the prepared :class:`~ctxext.training.steps.CausalLMWithChunkedLoss`.
         trainable: the trainable parameters (clipped).
