@@ -255,7 +255,9 @@ class DataSection(_Section):
     """Long documents to train on: one corpus (``path``) or a weighted ``mixture`` of corpora and tasks."""
 
     path: str | None = Field(
-        default=None, description="local jsonl/json/parquet/csv or text (txt, md, py, …) file or folder, a Hub data set, or 'builtin:stdlib'"
+        default=None,
+        description="local jsonl/json/parquet/csv or text (txt, md, py, …) file or folder, a Hub data set, "
+        "or 'builtin:stdlib'",
     )
     text_field: str = "text"
     split: str = "train"
