@@ -15,8 +15,7 @@ from ctxext.search.objective import ItemScores, ObjectiveSet
 from ctxext.search.report import window_verdict
 from ctxext.search.run import SearchSettings, run_search
 from ctxext.search.window import admissible, paired_window_ratio
-
-TARGET = 512  # the tiny model's context is 256: 2×
+from tests.test_search import _settings
 
 
 def test_worst_depth_fitness_is_the_worst_depths_mean_nll():
@@ -58,24 +57,8 @@ def test_paired_window_ratio_identical_and_changed():
     assert window_verdict(noisy) in ("not detectably changed", "changed")
 
 
-def _settings(model_dir, out, **kw) -> SearchSettings:
-    base = dict(
-        model=str(model_dir),
-        target_length=TARGET,
-        out=out,
-        population=4,
-        generations=1,
-        samples=4,
-        budget_seconds=600,
-        window_docs=12,
-        report=False,
-        show_progress=False,
-    )
-    base.update(kw)
-    return SearchSettings(**base)
-
-
-ATT = dict(attention_factor="search", window_tolerance=0.5, objective="needle-worst")
+# One generation and 12 in-window documents: enough to exercise the attention gene, quick on 2 cores.
+ATT = dict(attention_factor="search", window_tolerance=0.5, objective="needle-worst", generations=1, window_docs=12)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +108,9 @@ def test_attention_search_resumes_to_the_uninterrupted_result(att_search, tiny_m
 
 def test_zero_tolerance_admits_only_undetectable_in_window_changes(tiny_model_dir, tmp_path):
     out = tmp_path / "att0"
-    result = run_search(_settings(tiny_model_dir, out, attention_factor="search"), log=lambda _: None)
+    result = run_search(
+        _settings(tiny_model_dir, out, attention_factor="search", generations=1, window_docs=12), log=lambda _: None
+    )
     limit = json.loads((out / "search.jsonl").read_text().splitlines()[0])["attention_limit"]
     assert limit["tolerance"] == 0.0
     # Every factor admitted has a paired in-window interval that reaches down to 1; the next one does not.
