@@ -16,6 +16,12 @@ def _f(x: float | None) -> float:
     return math.nan if x is None else x
 
 
+def _ppl_with_ci(ax: Any, x: list[float], entries: list[dict[str, Any]], label: str) -> None:
+    # One model's perplexity curve (entries with ppl / ci_low / ci_high) and its 95 % band.
+    ax.plot(x, [_f(e["ppl"]) for e in entries], marker="o", label=label)
+    ax.fill_between(x, [_f(e["ci_low"]) for e in entries], [_f(e["ci_high"]) for e in entries], alpha=0.2)
+
+
 def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
     """Write the PNG plots that the report's data supports.
 
@@ -39,9 +45,7 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for m in ppl:
             bb = m["perplexity"]["by_bucket"]
-            x = [(b["start"] + b["end"]) / 2 for b in bb]
-            ax.plot(x, [_f(b["ppl"]) for b in bb], marker="o", label=m["name"])
-            ax.fill_between(x, [_f(b["ci_low"]) for b in bb], [_f(b["ci_high"]) for b in bb], alpha=0.2)
+            _ppl_with_ci(ax, [(b["start"] + b["end"]) / 2 for b in bb], bb, m["name"])
         for m in ppl:
             ax.axvline(m["rope"]["original_length"], color="grey", linestyle=":", linewidth=1)
         ax.set_xlabel("token position (bucket centre)")
@@ -58,9 +62,7 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
             items = sorted(
                 ((int(L), e) for L, e in m["perplexity"]["by_length"].items() if e.get("ppl")), key=lambda t: t[0]
             )
-            x = [L for L, _ in items]
-            ax.plot(x, [_f(e["ppl"]) for _, e in items], marker="o", label=m["name"])
-            ax.fill_between(x, [_f(e["ci_low"]) for _, e in items], [_f(e["ci_high"]) for _, e in items], alpha=0.2)
+            _ppl_with_ci(ax, [L for L, _ in items], [e for _, e in items], m["name"])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("evaluation length (tokens)")
