@@ -21,6 +21,9 @@ Usage::
     nice -n 10 python benchmarks/grow_base.py                 # grow + measure (~40 min on 2 cores)
     python benchmarks/grow_base.py --measure-only             # re-measure the saved model (~2 min)
     python benchmarks/grow_base.py --steps 20 --out /tmp/g    # smoke run
+    # a further stage on windows with 2-4 keys, asking for one (multi-key retrieval in the window):
+    python benchmarks/grow_base.py --init-from ctxext/data/grown-code-64 --out /tmp/grow-mk --skip-measure \
+        --steps 2400 --lr 1.5e-3 --warmup 50 --needle-share 0.1 --multikey-share 0.7 --seed 4
 
 Everything measured is printed and written to ``grow_report.json`` / ``grow_report.md`` in the
 output folder.
@@ -71,6 +74,13 @@ class Settings:
     # Training mixture: the rest of the sequences are plain code.
     needle_share: float = 0.30
     repeat_share: float = 0.10
+    # Multi-key windows: 2 to 1 + max_distractors needles with distinct names, the query asks for one of
+    # them (a later stage: the model learns to select a key by its name, RULER's MK-NIAH in-window).
+    multikey_share: float = 0.0
+    max_distractors: int = 3
+    # Key names: "letters" (KEY_ab, two lowercase letters, often two tokens) or "words" (KEY_path: a
+    # lowercase vocabulary entry that stays one token after ``KEY_``, so a name is matched by one token).
+    key_names: str = "letters"
     repeat_min: int = 8
     repeat_max: int = 16
     # Optimisation (fp32, AdamW, linear warm-up then cosine to min_lr_ratio x lr).
@@ -152,21 +162,31 @@ class Needles:
     training sequences and the retrieval prompts agree token for token.
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, key_names: str = "letters"):
         self.tokenizer = tokenizer
+        self.words: list[str] = []
+        if key_names == "words":
+            vocab = sorted(tokenizer.get_vocab())
+            self.words = [w for w in vocab if w.isascii() and w.isalpha() and w.islower() and 3 <= len(w) <= 7]
         ids = range(len(tokenizer))
         # Tokens that end a line (ByteLevel joins "\n" with the next line's indentation).
         self.line_end = np.array(["\n" in tokenizer.decode([i]) for i in ids], dtype=bool)
         self.newline = encode(tokenizer, "\n")
 
-    def sample(self, rng: np.random.Generator) -> tuple[list[int], list[int], list[int]]:
-        """One needle: (needle line ids, query prompt ids, answer ids)."""
-        key = "KEY_" + "".join(chr(97 + int(c)) for c in rng.integers(0, 26, size=2))
+    def sample(self, rng: np.random.Generator, key: str | None = None) -> tuple[list[int], list[int], list[int]]:
+        """One needle: (needle line ids, query prompt ids, answer ids); ``key`` drawn unless given."""
+        key = key or self.draw_key(rng)
         value = int(rng.integers(10000, 100000))
         needle = encode(self.tokenizer, f"{key} = {value}\n")
         prompt = encode(self.tokenizer, f"assert {key} ==")
         answer = encode(self.tokenizer, f" {value}")
         return needle, prompt, answer
+
+    def draw_key(self, rng: np.random.Generator) -> str:
+        """A random ``KEY_xy`` name (two lowercase letters, or one vocabulary word)."""
+        if self.words:
+            return "KEY_" + self.words[int(rng.integers(len(self.words)))]
+        return "KEY_" + "".join(chr(97 + int(c)) for c in rng.integers(0, 26, size=2))
 
     def boundaries(self, code: np.ndarray) -> np.ndarray:
         """Positions in ``code`` where a new line starts (0 included): where a needle may go."""
@@ -203,6 +223,35 @@ class TrainingSequences:
         seq = np.concatenate([code[:first], needle, code[first:second], query, code[second:]])
         return seq
 
+    def multikey_sequence(self) -> np.ndarray:
+        """Several needles with distinct names, then the query for one of them, at line starts."""
+        w = self.s.window
+        count = int(self.rng.integers(2, 2 + self.s.max_distractors))
+        keys: list[str] = []
+        while len(keys) < count:
+            key = self.needles.draw_key(self.rng)
+            if key not in keys:
+                keys.append(key)
+        target, *others = [self.needles.sample(self.rng, key) for key in keys]
+        _, prompt, answer = target
+        query = prompt + answer + encode(self.needles.tokenizer, "\n")
+        # Four needles and a query may not fit a 64-token window: drop distractors until 8 code tokens fit.
+        while others and w - len(target[0]) - sum(len(d[0]) for d in others) - len(query) < 8:
+            others.pop()
+        drawn = [target, *others]
+        drawn = [drawn[i] for i in self.rng.permutation(len(drawn))]
+        count = len(drawn)
+        n = w - sum(len(d[0]) for d in drawn) - len(query)
+        code = self.code(n)
+        lines = self.needles.boundaries(code)
+        # Needles at sorted random line starts, the query after the last one.
+        cuts = sorted(snap(lines, x) for x in self.rng.uniform(0, n, size=count + 1))
+        parts, last = [], 0
+        for cut, piece in zip(cuts, [d[0] for d in drawn] + [query], strict=True):
+            parts += [code[last:cut], piece]
+            last = cut
+        return np.concatenate([*parts, code[last:]])
+
     def repeat_sequence(self) -> np.ndarray:
         w = self.s.window
         code = self.code(w)
@@ -220,6 +269,8 @@ class TrainingSequences:
                 rows.append(self.needle_sequence())
             elif u < self.s.needle_share + self.s.repeat_share:
                 rows.append(self.repeat_sequence())
+            elif u < self.s.needle_share + self.s.repeat_share + self.s.multikey_share:
+                rows.append(self.multikey_sequence())
             else:
                 rows.append(self.code(self.s.window))
         return torch.from_numpy(np.stack(rows))
@@ -268,7 +319,7 @@ def pretrain(s: Settings, tokenizer, train_docs: list[np.ndarray], heldout_docs:
     """Pretrain the model (a new one, or ``model`` to continue); returns (model, training record)."""
     sep = np.asarray(encode(tokenizer, "\n\n"), dtype=np.int64)
     stream = np.concatenate([x for doc in train_docs for x in (doc, sep)])
-    needles = Needles(tokenizer)
+    needles = Needles(tokenizer, s.key_names)
     data = TrainingSequences(stream, needles, s, seed=s.seed + 1)
     # A fixed held-out set of plain code windows and needle windows, to watch the run.
     held_stream = np.concatenate([x for doc in heldout_docs for x in (doc, sep)])
