@@ -2,7 +2,7 @@
 
     python benchmarks/mix_sweep/arm.py NAME '{"steps": 240, "rope": {"method": "llama3"}}'
 
-Overrides: ``steps``, ``lr``, ``r``, ``short``, ``tasks``, ``factor``, ``pose``, ``pose_factor`` (the
+Overrides: ``steps``, ``lr``, ``r``, ``short``, ``tasks``, ``multikey``, ``factor``, ``pose``, ``pose_factor`` (the
 :class:`ctxext.demo.DemoSettings` knobs) and any recipe section (deep-merged into the recipe). The run
 goes to ``runs/sweep/NAME``; ``THREADS`` sets the training's thread count (default 1). ``cpu_s`` is the
 training process's user + system CPU time (data preparation and loading included): on a quiet machine
@@ -47,6 +47,7 @@ def main() -> None:
         lora_r=ov.pop("r", demo.lora_r),
         short_fraction=ov.pop("short", demo.short_fraction),
         task_weight=ov.pop("tasks", demo.task_weight),
+        multikey_share=ov.pop("multikey", demo.multikey_share),
         pose=ov.pop("pose", False),
         pose_seq_factor=ov.pop("pose_factor", demo.pose_seq_factor),
     )

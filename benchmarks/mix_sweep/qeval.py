@@ -6,7 +6,8 @@ Per model (one JSON line): teacher-forced ``needle`` (form t0, the demo's) at 64
 target by depth (0/25/50/75/100 %), ``multikey`` with 2 distractors (t0) at both lengths, and the
 per-document NLL of the first 64 tokens of 32 documents with the ppl ratio to the unpatched base's
 (95 % paired bootstrap). Trials are seeded as in ``benchmarks/finetune_mix.py`` (1234 needle, 4321
-multi-key), so every model sees the same trials. ``THREADS`` sets torch's threads (default 1).
+multi-key), so every model sees the same trials. ``THREADS`` sets torch's threads (default 1); ``BASE``
+the unpatched base of the ppl ratio (default ``builtin:grown-code-64``).
 """
 
 import json
@@ -43,7 +44,7 @@ def main() -> None:
     def doc_nll(loaded, length):
         return [float(token_nll(loaded.model, d[:length].unsqueeze(0))[0].sum()) for d in docs]
 
-    base_nll = doc_nll(load_model(ModelSpec("builtin:grown-code-64", name="base"), device="cpu"), 64)
+    base_nll = doc_nll(load_model(ModelSpec(os.environ.get("BASE", "builtin:grown-code-64"), name="base"), device="cpu"), 64)
     for path in paths:
         started = time.time()
         loaded = load_model(ModelSpec(path, name=Path(path).name), device="cpu")
