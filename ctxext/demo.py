@@ -56,6 +56,9 @@ class DemoSettings:
         plain: fine-tune on plain code only (the mixture's baseline) instead of the mixture.
         short_fraction: mixture: share of rows made of blocks at the original length.
         task_weight: mixture: share of rows of synthetic key/value retrieval tasks.
+        multikey_share: mixture: the part of ``task_weight`` given to ``multikey`` rows (2 distractor
+            keys) instead of single-key ``needle`` rows. 0 by default: the grown model cannot select one
+            of several keys even inside its window, and multi-key rows cost single-key retrieval there.
         pose: mixture: train with PoSE at ``pose_seq_factor`` × the window instead of the full target.
         pose_seq_factor: PoSE row length in windows.
         lora_r: LoRA rank.
@@ -78,6 +81,7 @@ class DemoSettings:
     plain: bool = False
     short_fraction: float = 0.2
     task_weight: float = 0.5
+    multikey_share: float = 0.0
     pose: bool = False
     pose_seq_factor: int = 2
     lora_r: int = 16
@@ -94,15 +98,22 @@ def training_mixture(settings: DemoSettings, original: int) -> list[dict[str, An
 
     The tasks use the registry's training templates (template 4, ``{name}_id = {key}``, is held out
     for evaluation); sample lengths run from the original window to the row length, needle depths are
-    uniform, so needle distances cover the whole target.
+    uniform, so needle distances cover the whole target. ``multikey`` rows are off by default (see
+    :class:`DemoSettings`); a model that retrieves one of several keys inside its window should keep a
+    share of them, so that the fine-tune carries that skill to the new length too.
     """
-    tasks = settings.task_weight
-    return [
+    tasks, multikey = settings.task_weight, settings.task_weight * settings.multikey_share
+    # Templates 0-2 (code and comment forms) fit a 64-token window; the prose template 3 needs more.
+    mixture: list[dict[str, Any]] = [
         {"path": "builtin:stdlib", "weight": 1.0 - tasks},
-        # Templates 0-2 (code and comment forms) fit a 64-token window; the prose template 3 needs more.
-        {"task": "needle", "weight": tasks / 2, "min_length": original, "templates": [0, 1, 2]},
-        {"task": "multikey", "weight": tasks / 2, "distractors": 2, "min_length": 2 * original, "templates": [0, 1, 2]},
+        {"task": "needle", "weight": tasks - multikey, "min_length": original, "templates": [0, 1, 2]},
     ]
+    if multikey > 0:
+        mixture.append(
+            {"task": "multikey", "weight": multikey, "distractors": 2, "min_length": 2 * original}
+            | {"templates": [0, 1, 2]}
+        )
+    return mixture
 
 
 def finetune_recipe(settings: DemoSettings, original: int, target: int, run_dir: Path) -> Any:

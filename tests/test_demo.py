@@ -37,10 +37,23 @@ def test_demo_quick_end_to_end(tmp_path, cache_root):
         assert len(model["perplexity"]["by_bucket"]) == 8
     assert "needle@256" in result.output and "2 keys@256" in result.output and "report:" in result.output
     mixture = json.loads((out / "finetuned" / "mixture.json").read_text())["realised"]
-    assert {s["source"] for s in mixture["sources"]} >= {"builtin:stdlib", "task:needle", "task:multikey"}
+    assert {s["source"] for s in mixture["sources"]} == {"builtin:stdlib", "task:needle", "short:builtin:stdlib"}
     for model in report["models"]:
         assert {"multikey-2", "needle-heldout-form"} <= set(model["ruler"]["tasks"])
     assert (out / "report" / "ppl_by_position.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # A second run reuses every step (the cache) and prints the same table.
     again = CliRunner().invoke(app, ["demo", "--quick", "--out", str(out)], catch_exceptions=False)
     assert again.exit_code == 0 and "cached" in again.output
+
+
+def test_demo_mixture_has_multikey_rows_only_when_asked(tmp_path):
+    from ctxext.demo import DemoSettings, finetune_recipe, training_mixture
+
+    default = training_mixture(DemoSettings(), 64)
+    assert [(m.get("task") or m["path"], m["weight"]) for m in default] == [("builtin:stdlib", 0.5), ("needle", 0.5)]
+    mixed = {m.get("task") or m["path"]: m for m in training_mixture(DemoSettings(multikey_share=0.5), 64)}
+    assert mixed["needle"]["weight"] == mixed["multikey"]["weight"] == 0.25
+    assert mixed["multikey"]["distractors"] == 2 and mixed["multikey"]["min_length"] == 128
+    # The recipe built from it validates (weights, task names, lengths that fit the multi-key prompt).
+    recipe = finetune_recipe(DemoSettings(multikey_share=0.5), 64, 256, tmp_path / "run")
+    assert [m.task for m in recipe.data.mixture if m.task] == ["needle", "multikey"]
