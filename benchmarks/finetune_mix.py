@@ -76,6 +76,7 @@ def train_arm(arm: str, seed: int, args: argparse.Namespace, out: Path) -> dict[
         pose_seq_factor=args.pose_factor,
         short_fraction=args.short_fraction,
         task_weight=args.task_weight,
+        multikey_share=args.multikey_share,
         lora_r=args.lora_r,
         gradient_checkpointing=args.gradient_checkpointing,
     )
@@ -265,6 +266,9 @@ def main() -> None:
     parser.add_argument("--lora-r", type=int, default=demo.lora_r)
     parser.add_argument("--short-fraction", type=float, default=demo.short_fraction)
     parser.add_argument("--task-weight", type=float, default=demo.task_weight)
+    parser.add_argument(
+        "--multikey-share", type=float, default=demo.multikey_share, help="part of the task rows that are multi-key"
+    )
     parser.add_argument("--pose-factor", type=int, default=demo.pose_seq_factor)
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--docs", type=int, default=32, help="held-out documents for perplexity")

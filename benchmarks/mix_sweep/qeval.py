@@ -44,7 +44,8 @@ def main() -> None:
     def doc_nll(loaded, length):
         return [float(token_nll(loaded.model, d[:length].unsqueeze(0))[0].sum()) for d in docs]
 
-    base_nll = doc_nll(load_model(ModelSpec(os.environ.get("BASE", "builtin:grown-code-64"), name="base"), device="cpu"), 64)
+    base = ModelSpec(os.environ.get("BASE", "builtin:grown-code-64"), name="base")
+    base_nll = doc_nll(load_model(base, device="cpu"), 64)
     for path in paths:
         started = time.time()
         loaded = load_model(ModelSpec(path, name=Path(path).name), device="cpu")
