@@ -225,6 +225,11 @@ class MixtureSource(_Section):
     min_length: int | None = Field(
         default=None, gt=0, description="task: shortest sample (lengths uniform up to train.seq_len; null: seq_len)"
     )
+    max_length: int | None = Field(
+        default=None,
+        gt=0,
+        description="task: longest sample (null: train.seq_len); the last sample of a row takes what is left",
+    )
     answer_only: bool = Field(default=False, description="task: loss only on the answer tokens (default: all tokens)")
     haystack: str | None = Field(
         default=None, description="task: the haystack corpus (default: the first corpus source, else data.path)"
@@ -242,8 +247,11 @@ class MixtureSource(_Section):
             if self.task not in task_names():
                 raise ValueError(f"task: unknown task {self.task!r}; choose one of: {', '.join(task_names())}")
             stray = [k for k in ("max_documents", "long_fraction") if getattr(self, k) is not None]
+            if self.min_length is not None and self.max_length is not None and self.max_length < self.min_length:
+                raise ValueError(f"max_length: {self.max_length} is below min_length {self.min_length}")
         else:
-            stray = [k for k in ("templates", "distractors", "haystack", "min_length") if getattr(self, k) is not None]
+            keys = ("templates", "distractors", "haystack", "min_length", "max_length")
+            stray = [k for k in keys if getattr(self, k) is not None]
             stray += ["answer_only"] if self.answer_only else []
         if stray:
             kind = "a task" if self.task is not None else "a corpus"

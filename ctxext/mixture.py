@@ -13,9 +13,9 @@ skips the ones already trained on):
 * the rest is split over the sources by weight (largest remainder). A corpus row is one of the
   corpus's ``seq_len`` blocks (``long_fraction``: that share drawn from blocks of documents at least
   ``seq_len`` long — up-sampling long documents within the source, Fu et al. 2024). A task row is
-  filled with task samples whose lengths are uniform in ``[min_length, seq_len]`` and whose needle
-  depth is uniform in [0, 1], each sample its own segment — needle distances cover the whole row,
-  and with PoSE the whole target length.
+  filled with task samples whose lengths are uniform in ``[min_length, max_length or seq_len]`` (the
+  last sample of a row takes what is left) and whose needle depth is uniform in [0, 1], each sample
+  its own segment — needle distances cover the whole row, and with PoSE the whole target length.
 
 The realised mixture (rows and tokens per source, samples per task and template) is returned for
 ``mixture.json`` and ``run.json``.
@@ -119,6 +119,7 @@ def _task_rows(
     min_length: int,
     seed: int,
     stats: Counter,
+    max_length: int | None = None,
 ) -> list[dict]:
     from ctxext.tasks import get_task
 
@@ -135,7 +136,9 @@ def _task_rows(
         seg = 0
         while len(toks) < seq_len:
             remaining = seq_len - len(toks)
-            length = rng.randint(min_length, seq_len)
+            # Without max_length the draw is the historical one (rows stay identical for old recipes).
+            top = seq_len if max_length is None else max(min_length, min(max_length, remaining))
+            length = rng.randint(min_length, top)
             if remaining - length < min_length:
                 length = remaining
             try:
@@ -212,6 +215,7 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
                 min_length,
                 seed,
                 stats,
+                None if source.max_length is None else min(source.max_length, seq_len),
             )
             entry.update(task=source.task, haystack=hay_path, answer_only=source.answer_only, samples=dict(stats))
         entry["tokens"] = count * seq_len

@@ -135,3 +135,38 @@ def test_task_that_cannot_fit_names_its_source(tiny_tokenizer):
     )
     with pytest.raises(InputError, match=r"data.mixture\[1\]: task multikey: length \d+ cannot hold"):
         prepare_training_data(recipe, tiny_tokenizer, SimpleNamespace(original_length=256, target_length=512), 2)
+
+
+def test_task_max_length_bounds_sample_lengths(tiny_tokenizer):
+    from types import SimpleNamespace
+
+    from ctxext.mixture import prepare_training_data
+
+    recipe = parse_recipe(
+        _mix(
+            {"path": "builtin:stdlib", "weight": 1, "max_documents": 4},
+            {"task": "needle", "weight": 3, "min_length": 96, "max_length": 128, "templates": [0]},
+            num_proc=1,
+        )
+    )
+    data = prepare_training_data(recipe, tiny_tokenizer, SimpleNamespace(original_length=256, target_length=512), 8)
+    rows = data.train.with_format(None)
+    task_rows = [i for i in range(8) if max(rows["segments"][i]) > 0]
+    assert len(task_rows) == 6
+    for i in task_rows:
+        lengths = torch.bincount(torch.tensor(rows["segments"][i])).tolist()
+        # Every sample but a row's last is 96-128 tokens; the last takes what is left (< 96 + 128).
+        assert all(96 <= n <= 128 for n in lengths[:-1]) and 96 <= lengths[-1] < 96 + 128
+        assert sum(lengths) == 512
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ({"task": "needle", "weight": 1, "min_length": 128, "max_length": 64}, "max_length: 64 is below min_length"),
+        ({"path": "builtin:stdlib", "weight": 1, "max_length": 64}, "max_length: not an option of a corpus"),
+    ],
+)
+def test_max_length_errors(source, message):
+    with pytest.raises(RecipeError, match=message):
+        parse_recipe(_mix({"path": "builtin:stdlib", "weight": 1}, source))
