@@ -2,9 +2,10 @@
 
     python benchmarks/mix_sweep/multikey_names.py MODEL [DISTRACTORS [SAMPLES]]
 
-Samples of 64 tokens (the grown model's window; no extension involved): ``1 + DISTRACTORS`` needles
-``KEY_{name} = {5-digit key}`` (template 0's form) at random places in held-out stdlib code, then
-``assert KEY_{target} ==``; teacher-forced, the sample is right when every answer token is the argmax.
+Samples of 64 tokens (the grown model's window; no extension involved), built by the task registry's prompt
+builder (``ctxext.tasks.base.assemble``): ``1 + DISTRACTORS`` needles ``KEY_{name} = {5-digit key}`` (template
+0's form) at uniform random depths in held-out stdlib code, then ``assert KEY_{target} ==``; scored
+teacher-forced (``score_answers``): right when every answer token is the argmax.
 Three kinds of name, each with the same seeded draws: two letters a–z (what ``benchmarks/grow_base.py``
 trains on), two letters a–j (what ``ctxext.tasks`` draws), and one vocabulary word that stays a single
 token after ``KEY_`` (``KEY_path``), so that a name is matched by one token. Prints one JSON line per kind:
@@ -24,16 +25,17 @@ sys.path.insert(0, str(ROOT))
 def main() -> None:
     import torch
 
+    from ctxext.evaluation.answer_scoring import score_answers
     from ctxext.evaluation.data import iter_texts
     from ctxext.evaluation.loading import ModelSpec, load_model
     from ctxext.tasks import Haystack
-    from ctxext.tasks.base import encode
+    from ctxext.tasks.base import assemble, encode
 
     torch.set_num_threads(2)
     path = sys.argv[1]
     distractors, samples = (int(x) for x in (sys.argv[2:] + ["2", "100"][len(sys.argv) - 2 :])[:2])
     loaded = load_model(ModelSpec(path, name="m"), device="cpu")
-    tok, model = loaded.tokenizer, loaded.model
+    tok = loaded.tokenizer
     hay = Haystack.from_texts(tok, iter_texts("builtin:stdlib"), 50_000, "builtin:stdlib")
     pools = {
         "letters a-z": [a + b for a in string.ascii_lowercase for b in string.ascii_lowercase],
@@ -44,27 +46,33 @@ def main() -> None:
     }
     for kind, pool in pools.items():
         rng = random.Random(1)
-        right = first = 0
+        built = []
         for _ in range(samples):
             names = rng.sample(pool, distractors + 1)
             keys = [str(rng.randint(10000, 99999)) for _ in names]
-            needles = [encode(tok, f"\nKEY_{n} = {k}\n") for n, k in zip(names, keys, strict=True)]
-            question, answer = encode(tok, f"\nassert KEY_{names[0]} =="), encode(tok, f" {keys[0]}")
-            n_fill = 64 - 1 - sum(map(len, needles)) - len(question) - len(answer)
-            body = hay.take(n_fill, rng.randrange(len(hay)))
-            cuts = sorted(rng.randrange(n_fill + 1) for _ in needles)
-            rng.shuffle(needles)
-            ids, at = [tok.bos_token_id], 0
-            for cut, needle in zip(cuts, needles, strict=True):
-                ids += body[at:cut] + needle
-                at = cut
-            ids += body[at:] + question
-            a0 = len(ids)
-            ids += answer
-            with torch.no_grad():
-                pred = model(torch.tensor([ids])).logits[0, a0 - 1 : len(ids) - 1].argmax(-1).tolist()
-            right += pred == answer
-            first += pred[0] == answer[0]
+            # The needles at independent uniform depths (the registry's prompt builder places them).
+            inserts = [(rng.random(), encode(tok, f"\nKEY_{n} = {k}\n")) for n, k in zip(names, keys, strict=True)]
+            built.append(
+                assemble(
+                    tok,
+                    task="multikey-names",
+                    length=64,
+                    depth=inserts[0][0],
+                    rng=rng,
+                    haystack=hay,
+                    prefix="",
+                    inserts=inserts,
+                    question=encode(tok, f"\nassert KEY_{names[0]} =="),
+                    answer=encode(tok, f" {keys[0]}"),
+                    answer_text=keys[0],
+                    template=None,
+                    fields={},
+                )
+            )
+        seqs = [b.ids for b in built]
+        right = sum(s.correct for s in score_answers(loaded.model, seqs, [b.answer_span for b in built]))
+        firsts = [(b.answer_span[0], b.answer_span[0] + 1) for b in built]
+        first = sum(s.correct for s in score_answers(loaded.model, seqs, firsts))
         print(
             json.dumps(
                 {
