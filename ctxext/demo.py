@@ -110,8 +110,13 @@ def training_mixture(settings: DemoSettings, original: int) -> list[dict[str, An
     ]
     if multikey > 0:
         mixture.append(
-            {"task": "multikey", "weight": multikey, "distractors": 2, "min_length": 2 * original}
-            | {"templates": [0, 1, 2]}
+            {
+                "task": "multikey",
+                "weight": multikey,
+                "distractors": 2,
+                "min_length": 2 * original,
+                "templates": [0, 1, 2],
+            }
         )
     return mixture
 
