@@ -460,6 +460,13 @@ def search(
             "end of the paired 95% CI vs the base); 0: only changes the CI cannot detect"
         ),
     ] = 0.0,
+    min_form_accuracy: Annotated[
+        float,
+        typer.Option(
+            help="needle objectives: use a needle form only if the base retrieves at least this share of it "
+            "inside its own window, in percent"
+        ),
+    ] = 50.0,
     report: Annotated[bool, typer.Option(help="compare with PI/NTK/YaRN/llama3 on held-out files")] = True,
     recipe: Annotated[
         Path | None, typer.Option(help="take model, target and search settings from a recipe's model/rope/search")
@@ -497,6 +504,7 @@ def search(
             original_length=original_length,
             attention_factor=attention_factor,
             window_tolerance=window_tolerance / 100,
+            min_form_accuracy=min_form_accuracy / 100,
             report=report,
         )
     settings.device = device

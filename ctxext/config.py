@@ -386,6 +386,13 @@ class SearchSection(_Section):
     window_tolerance: float = Field(
         default=0.0, ge=0, lt=100, description="attention_factor search: in-window ppl increase allowed, percent"
     )
+    min_form_accuracy: float = Field(
+        default=50.0,
+        ge=0,
+        le=100,
+        description="needle objectives: a needle form is used only if the base retrieves at least this share of it "
+        "inside its window, percent",
+    )
     out: str | None = Field(default=None, description="the search's model folder (default: <output.dir>-search)")
 
     @model_validator(mode="after")

@@ -247,6 +247,7 @@ def build_objective(
     samples: int,
     seed: int,
     source: str = "builtin:stdlib-train",
+    templates: list[int] | None = None,
 ) -> ObjectiveSet:
     """The search's fitness set.
 
@@ -258,6 +259,8 @@ def build_objective(
         samples: needle samples (spread evenly over :data:`SEARCH_DEPTHS`) or documents.
         seed: the seed of the needle samples.
         source: where haystacks / documents come from (the training split by default).
+        templates: the needle forms used (default: the task's training templates; the search passes the
+            forms the base retrieves inside its window, :mod:`ctxext.search.forms`).
 
     Raises:
         InputError: an unknown objective.
@@ -267,7 +270,7 @@ def build_objective(
     if kind == "far-ppl":
         return far_ppl_set(tokenizer, source, length, original_length, samples)
     per_depth = max(1, -(-samples // len(SEARCH_DEPTHS)))
-    found = retrieval_set(tokenizer, source, length, SEARCH_DEPTHS, per_depth, seed)
+    found = retrieval_set(tokenizer, source, length, SEARCH_DEPTHS, per_depth, seed, templates=templates)
     found.aggregate = AGGREGATES[kind]
     found.info["aggregate"] = found.aggregate
     return found

@@ -57,6 +57,7 @@ def settings_from_recipe(recipe: Any, out: Path | None = None) -> Any:
         report=s.report,
         attention_factor=s.attention_factor,
         window_tolerance=s.window_tolerance / 100,
+        min_form_accuracy=s.min_form_accuracy / 100,
     )
 
 

@@ -89,6 +89,7 @@ def compare_heldout(
     attention_factor: float = 1.0,
     window_docs: int = 256,
     show_progress: bool = False,
+    templates: list[int] | None = None,
 ) -> dict[str, Any]:
     """Score the base, the searched factors and the named methods on held-out files.
 
@@ -100,10 +101,13 @@ def compare_heldout(
         objective: the search objective (its held-out value decides the best named method).
         trials: retrieval trials per depth.
         docs: held-out documents for perplexity.
-        seed: seeds the held-out samples.
+        seed: seeds the held-out samples (the search passes none: every search, whatever its own seed, is
+            compared on the same held-out items).
         attention_factor: the searched model's attention factor.
         window_docs: held-out windows of ``L`` tokens for the in-window statistics.
         show_progress: print nothing extra (kept for symmetry; scoring is fast).
+        templates: the needle forms of the held-out objective (the search's: the forms the base retrieves
+            inside its window); default the task's training templates.
 
     Returns:
         The JSON-ready comparison.
@@ -122,7 +126,7 @@ def compare_heldout(
         "ppl": _documents(tokenizer, HELDOUT, target_length, docs),
         "window": windows(tokenizer, HELDOUT, original, window_docs),
     }
-    sets = _heldout_sets(tokenizer, objective, target_length, original, trials, seed)
+    sets = _heldout_sets(tokenizer, objective, target_length, original, trials, seed, templates)
     variants: list[tuple[str, str | None, dict[str, Any] | None]] = [
         ("base", None, None),
         ("searched", "longrope", longrope_options(long_factor, attention_factor)),
@@ -151,11 +155,19 @@ def compare_heldout(
 
 
 def _heldout_sets(
-    tokenizer: Any, objective: str, target_length: int, original: int, trials: int, seed: int
+    tokenizer: Any,
+    objective: str,
+    target_length: int,
+    original: int,
+    trials: int,
+    seed: int,
+    templates: list[int] | None = None,
 ) -> dict[str, ObjectiveSet]:
     """The held-out retrieval sets (and the objective's own set), the same items for every variant."""
     return {
-        "objective": build_objective(objective, tokenizer, target_length, original, 8 * trials, seed + 1, HELDOUT),
+        "objective": build_objective(
+            objective, tokenizer, target_length, original, 8 * trials, seed + 1, HELDOUT, templates=templates
+        ),
         "needle": retrieval_set(tokenizer, HELDOUT, target_length, REPORT_DEPTHS, trials, seed, "needle", [0]),
         "needle_in_window": retrieval_set(tokenizer, HELDOUT, original, REPORT_DEPTHS, trials, seed, "needle", [0]),
         "multikey": retrieval_set(tokenizer, HELDOUT, target_length, REPORT_DEPTHS, trials, seed, "multikey", [0]),

@@ -65,6 +65,8 @@ class SearchSettings:
             (0.005 = 0.5 %) on the upper end of the paired 95 % interval against the base; 0 (default)
             admits only factors whose change is not detectable (the interval includes 1).
         window_docs: windows of ``L`` tokens for the in-window statistics (the scan and the report).
+        min_form_accuracy: needle objectives: a training form is used only if the base retrieves at least
+            this share of it inside its own window (:mod:`ctxext.search.forms`).
         report: compare with the named methods on held-out files and write the report.
         report_trials: retrieval trials per depth in the report.
         report_docs: held-out documents for perplexity in the report.
@@ -90,6 +92,7 @@ class SearchSettings:
     attention_factor: str | float = 1.0
     window_tolerance: float = 0.0
     window_docs: int = 256
+    min_form_accuracy: float = 0.5
     report: bool = True
     report_trials: int = 20
     report_docs: int = 24
@@ -120,6 +123,10 @@ class SearchSettings:
 
         if not self.searches_attention():
             resolve_attention_factor(self.attention_factor, 2.0, 2)
+        if not (isinstance(self.min_form_accuracy, int | float) and 0 <= self.min_form_accuracy <= 1):
+            raise InputError(
+                f"--min-form-accuracy must be between 0 and 100 percent (got {100 * self.min_form_accuracy:g})"
+            )
         if not (isinstance(self.window_tolerance, int | float) and 0 <= self.window_tolerance < 1):
             raise InputError(
                 f"--window-tolerance must be at least 0 and below 100 percent (got {100 * self.window_tolerance:g})"
@@ -140,9 +147,12 @@ class SearchSettings:
             attention = resolve_attention_factor(
                 self.attention_factor, self.target_length / original_length, original_length
             )
-        searched = {"window_tolerance": self.window_tolerance, "window_docs": self.window_docs}
-        if not self.searches_attention():
-            searched = {}
+        # Settings that only define some searches are recorded only for those.
+        conditional: dict[str, Any] = {}
+        if self.searches_attention():
+            conditional |= {"window_tolerance": self.window_tolerance, "window_docs": self.window_docs}
+        if self.objective != "far-ppl":
+            conditional["min_form_accuracy"] = self.min_form_accuracy
         return {
             "model": self.model,
             "target_length": self.target_length,
@@ -158,7 +168,7 @@ class SearchSettings:
             "step": self.step,
             "attention_factor": attention,
             "budget_seconds": parse_budget(self.budget_seconds),
-            **searched,
+            **conditional,
         }
 
 
@@ -307,8 +317,8 @@ def run_search(
             objective=settings.objective,
             trials=settings.report_trials,
             docs=settings.report_docs,
-            seed=settings.seed,
             attention_factor=result.attention_factor,
+            templates=session.objective.info.get("templates"),
             window_docs=settings.window_docs,
             show_progress=settings.show_progress,
         )
@@ -359,6 +369,7 @@ class _Session:
     ) -> _Session:
         """Build the fitness set, the seeds and the evolution; open (or check and reopen) the log."""
         from ctxext.search.factors import seeds as make_seeds
+        from ctxext.search.forms import describe, usable_templates
         from ctxext.search.objective import build_objective
 
         # The clocks start here: the attention-factor scan (when searched) counts as search time.
@@ -370,6 +381,7 @@ class _Session:
             records = read_log(log_path)
             check_resume(records[0], header_settings, fingerprint, log_path)
             logged = [r for r in records if r.get("type") == "candidate"]
+        forms = _needle_forms(settings, switch, tokenizer, state, log)
         objective = build_objective(
             settings.objective,
             tokenizer,
@@ -378,7 +390,12 @@ class _Session:
             settings.samples,
             settings.seed,
             settings.data,
+            templates=None
+            if forms is None
+            else usable_templates(forms, state.original_length, settings.min_form_accuracy),
         )
+        if forms is not None:
+            objective.info["forms"] = describe(forms)
         seeds = make_seeds(switch.model.config, settings.target_length, settings.original_length)
         upper = max(1.0 + settings.target_length / state.original_length, max(float(s.factors.max()) for s in seeds))
         limit = _attention_limit(settings, switch, tokenizer, state, seeds[0].factors, log)
@@ -547,6 +564,34 @@ class _Session:
             cpu_seconds=cpu_seconds,
             attention_factor=attention,
         )
+
+
+def _needle_forms(settings: SearchSettings, switch: Any, tokenizer: Any, state: Any, log: Callable) -> Any:
+    """For a needle objective: each training form probed inside the window with the base (None for far-ppl)."""
+    if settings.objective == "far-ppl":
+        return None
+    from ctxext.search.forms import check_forms
+    from ctxext.tasks import get_task
+
+    switch.restore()
+    templates = get_task("needle").training_templates()
+    checks = check_forms(
+        switch.model,
+        tokenizer,
+        settings.data,
+        state.original_length,
+        templates,
+        settings.seed,
+        min_accuracy=settings.min_form_accuracy,
+    )
+    found = ", ".join(
+        f"{c.template}: " + ("does not fit" if c.accuracy is None else f"{100 * c.accuracy:.0f} %") for c in checks
+    )
+    log(
+        f"needle forms retrieved by the base inside its {state.original_length}-token window ({found}); the search "
+        f"uses {', '.join(str(c.template) for c in checks if c.kept) or 'none'}"
+    )
+    return checks
 
 
 def _attention_limit(
