@@ -10,9 +10,8 @@ four training forms were noise, and the search chose factors worse than llama3 o
 So before a needle search, each training form is probed **inside the original window with the base model**
 (teacher-forced, like the fitness) and only the forms it retrieves at least ``min_accuracy`` of the time
 (:data:`MIN_WINDOW_ACCURACY` by default, ``--min-form-accuracy``) are used, at the target length, for the
-search and for the report's held-out objective. A real
-pretrained model retrieves every form and keeps them all. The probes come from the same (training-split)
-source as the fitness set, with their own seed.
+search and for the report's held-out objective. A real pretrained model retrieves every form and keeps
+them all. The probes come from the same (training-split) source as the fitness set.
 """
 
 from __future__ import annotations
@@ -99,16 +98,19 @@ def usable_templates(
     """
     kept = [c.template for c in checks if c.kept]
     if not kept:
-        found = ", ".join(
-            f"form {c.template}: " + ("does not fit" if c.accuracy is None else f"{100 * c.accuracy:.0f} %")
-            for c in checks
-        )
         raise InputError(
             f"the base model retrieves none of the needle forms inside its own {original_length}-token window "
-            f"({found}; at least {100 * min_accuracy:.0f} % needed), so a needle objective cannot tell good "
-            "factors from bad ones. Use --objective far-ppl (or a lower --min-form-accuracy)."
+            f"({summarize(checks)}; at least {100 * min_accuracy:.0f} % needed), so a needle objective cannot "
+            "tell good factors from bad ones. Use --objective far-ppl (or a lower --min-form-accuracy)."
         )
     return kept
+
+
+def summarize(checks: list[FormCheck]) -> str:
+    """``form 0: 100 %, form 3: does not fit, …``: what the probes found, for messages."""
+    return ", ".join(
+        f"form {c.template}: " + ("does not fit" if c.accuracy is None else f"{100 * c.accuracy:.0f} %") for c in checks
+    )
 
 
 def describe(checks: list[FormCheck]) -> list[dict[str, Any]]:

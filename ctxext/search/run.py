@@ -382,6 +382,9 @@ class _Session:
             check_resume(records[0], header_settings, fingerprint, log_path)
             logged = [r for r in records if r.get("type") == "candidate"]
         forms = _needle_forms(settings, switch, tokenizer, state, log)
+        templates = (
+            None if forms is None else usable_templates(forms, state.original_length, settings.min_form_accuracy)
+        )
         objective = build_objective(
             settings.objective,
             tokenizer,
@@ -390,9 +393,7 @@ class _Session:
             settings.samples,
             settings.seed,
             settings.data,
-            templates=None
-            if forms is None
-            else usable_templates(forms, state.original_length, settings.min_form_accuracy),
+            templates=templates,
         )
         if forms is not None:
             objective.info["forms"] = describe(forms)
@@ -570,7 +571,7 @@ def _needle_forms(settings: SearchSettings, switch: Any, tokenizer: Any, state: 
     """For a needle objective: each training form probed inside the window with the base (None for far-ppl)."""
     if settings.objective == "far-ppl":
         return None
-    from ctxext.search.forms import check_forms
+    from ctxext.search.forms import check_forms, summarize
     from ctxext.tasks import get_task
 
     switch.restore()
@@ -584,12 +585,9 @@ def _needle_forms(settings: SearchSettings, switch: Any, tokenizer: Any, state: 
         settings.seed,
         min_accuracy=settings.min_form_accuracy,
     )
-    found = ", ".join(
-        f"{c.template}: " + ("does not fit" if c.accuracy is None else f"{100 * c.accuracy:.0f} %") for c in checks
-    )
     log(
-        f"needle forms retrieved by the base inside its {state.original_length}-token window ({found}); the search "
-        f"uses {', '.join(str(c.template) for c in checks if c.kept) or 'none'}"
+        f"needle forms retrieved by the base inside its {state.original_length}-token window ({summarize(checks)}); "
+        f"the search uses {', '.join(str(c.template) for c in checks if c.kept) or 'none'}"
     )
     return checks
 
