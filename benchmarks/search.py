@@ -152,7 +152,7 @@ def _seed_row(seed: int, r: dict[str, Any]) -> str:
         f"{w['ci_high']:.4f}): {_verdict(rep)} | {100 * n['diff']:+.0f} | {cmp_['best_named']}: {obj['diff']:+.3f} "
         f"({obj['ci_low']:+.3f} … {obj['ci_high']:+.3f}) | {100 * hit['diff']:+.1f} ({100 * hit['ci_low']:+.1f} … "
         f"{100 * hit['ci_high']:+.1f}) | {summ['evaluations']}, {summ['seconds']:.0f} / {summ['cpu_seconds']:.0f} s, "
-        f"{summ['ended']} | " + (f"{load['load_before']:.1f} → {load['load_after']:.1f}" if load else "–") + " |"
+        f"{summ['ended']} | {load['load_before']:.1f} → {load['load_after']:.1f} |"
     )
 
 
