@@ -629,7 +629,7 @@ def push(
 @friendly_errors
 def demo(
     out: Annotated[Path, typer.Option(help="output folder (reused as a cache by later runs)")] = Path("runs/demo"),
-    model: Annotated[str, typer.Option(help="base model")] = "builtin:grown-code-64",
+    model: Annotated[str, typer.Option(help="base model")] = "builtin:grown-code-64-mk",
     method: Annotated[
         str | None, typer.Option(help="extension method of the fine-tune (default llama3; YaRN is always shown too)")
     ] = None,

@@ -7,11 +7,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ctxext.builtin import GROWN_DIR
+from ctxext.builtin import GROWN_MK_DIR
 from ctxext.cli import app
 
 pytestmark = pytest.mark.skipif(
-    not (GROWN_DIR / "model.safetensors").is_file(), reason="the grown model is not packaged (benchmarks/grow_base.py)"
+    not (GROWN_MK_DIR / "model.safetensors").is_file(), reason="the demo's grown model is not packaged"
 )
 
 
