@@ -1,6 +1,7 @@
 """Fine-tuning data for context extension: plain code vs the retrieval mixture vs the mixture with PoSE.
 
-On the packaged grown model (``builtin:grown-code-64``, 64-token window) extended ×F with YaRN, the
+On the demo's grown model (``--model``: ``builtin:grown-code-64-mk`` since 2026-12-01, before that
+``builtin:grown-code-64``, which the results page's older sections used; 64-token window) extended ×F, the
 same number of optimizer steps and rows for every arm:
 
 * ``yarn`` — YaRN training-free (the reference every arm is paired against);

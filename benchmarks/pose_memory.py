@@ -35,12 +35,14 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._memory import status_kb  # noqa: E402
 
 
-def child(arm: str, factor: int, steps: int, pose_factor: int, out: Path) -> None:
+def child(arm: str, model: str, factor: int, steps: int, pose_factor: int, out: Path) -> None:
     """Train one arm in this process and print its memory as one JSON line."""
     import ctxext.train as training
     from ctxext.demo import DemoSettings, finetune_recipe
 
-    settings = DemoSettings(factor=factor, train_steps=steps, pose=arm == "pose", pose_seq_factor=pose_factor)
+    settings = DemoSettings(
+        model=model, factor=factor, train_steps=steps, pose=arm == "pose", pose_seq_factor=pose_factor
+    )
     recipe = finetune_recipe(settings, 64, 64 * factor, out / arm)
     recipe.train.eval_every = None  # only the training loop
     recipe.train.save_every = None
@@ -81,6 +83,9 @@ def child(arm: str, factor: int, steps: int, pose_factor: int, out: Path) -> Non
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from ctxext.demo import DemoSettings
+
+    parser.add_argument("--model", default=DemoSettings().model, help="base model (default: the demo's)")
     parser.add_argument("--factor", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--pose-factor", type=int, default=2)
@@ -89,13 +94,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.factor, args.steps, args.pose_factor, args.out)
+        child(args.child, args.model, args.factor, args.steps, args.pose_factor, args.out)
         return
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for arm in ("full", "pose"):
             cmd = [sys.executable, __file__, "--child", arm, "--out", tmp]
-            cmd += ["--factor", str(args.factor), "--steps", str(args.steps), "--pose-factor", str(args.pose_factor)]
+            cmd += ["--model", args.model, "--factor", str(args.factor), "--steps", str(args.steps)]
+            cmd += ["--pose-factor", str(args.pose_factor)]
             env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
             if proc.returncode != 0:
