@@ -266,7 +266,7 @@ def build_grown_code_64(out: Path) -> None:
 def build_grown_code_64_mk(out: Path) -> None:
     """Copy the packaged multi-key grown model (``ctxext/data/grown-code-64-mk``) into ``out``.
 
-    ``grown-code-64`` continued for 1,400 steps (8 minutes on 2 cores) on windows of which 40-50 % hold
+    ``grown-code-64`` continued for 1,400 steps (8.5 minutes on 2 cores) on windows of which 40-50 % hold
     2-4 ``KEY_xy = NNNNN`` needles and ask for one, with an extra loss on that answer: inside its window
     it retrieves the asked key among 2 distractors ~95 % of the time, where ``grown-code-64`` is at
     chance. Its ``grow_report.md`` has the commands (``benchmarks/grow_base.py --answer-weight``).
