@@ -552,7 +552,6 @@ def needle_accuracy(model, needles: Needles, docs: list[np.ndarray], length: int
     return acc, dist
 
 
-@torch.no_grad()
 def multikey_accuracy(model, needles: Needles, docs: list[np.ndarray], s: Settings, keys: int, seed: int):
     """Multi-key retrieval inside the window: ``keys`` needles with distinct names in held-out code, the
     query asks for one (the training stages' windows, drawn from held-out files); teacher-forced exact match.
@@ -560,16 +559,13 @@ def multikey_accuracy(model, needles: Needles, docs: list[np.ndarray], s: Settin
     Returns:
         (accuracy, trials): every trial's window has exactly ``keys`` needles unless they cannot fit.
     """
+    from ctxext.evaluation.answer_scoring import score_answers
+
     data = TrainingSequences(np.concatenate(docs), needles, s, seed)
     trials = s.needle_trials * len(s.depths)
-    ok = []
-    for first in range(0, trials, 32):
-        drawn = [data.multikey_sequence(count=keys) for _ in range(min(32, trials - first))]
-        x = torch.from_numpy(np.stack([seq for seq, _ in drawn]))
-        logits = model(input_ids=x).logits
-        for row, (_, (a0, a1)) in enumerate(drawn):
-            ok.append(bool(torch.equal(logits[row, a0 - 1 : a1 - 1].argmax(-1), x[row, a0:a1])))
-    return float(np.mean(ok)), trials
+    drawn = [data.multikey_sequence(count=keys) for _ in range(trials)]
+    scores = score_answers(model, [seq.tolist() for seq, _ in drawn], [span for _, span in drawn])
+    return float(np.mean([score.correct for score in scores])), trials
 
 
 def load_saved(path: Path):
