@@ -278,9 +278,6 @@ class TrainingSequences:
         seq = np.concatenate([code[: start + dist], code[start : start + span], code[start + dist :]])
         return seq[:w]
 
-    def batch(self, size: int) -> torch.Tensor:
-        return self.batch_with_answers(size)[0]
-
     def batch_with_answers(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A batch of windows and a mask of the multi-key answer tokens in it (False elsewhere)."""
         rows = []
