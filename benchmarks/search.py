@@ -115,7 +115,7 @@ def finished_runs(root: Path) -> dict[tuple[int, str, int], dict[str, Any]]:
     """Every finished benchmark search under ``root``, keyed (factor, attention, seed), in a stable order."""
     found = [read_run(d) for d in sorted(root.iterdir()) if (d / BENCH).is_file() and (d / "report.json").is_file()]
     keyed = {(r["bench"]["factor"], r["bench"]["attention"], r["bench"]["seed"]): r for r in found}
-    return dict(sorted(keyed.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])))
+    return dict(sorted(keyed.items()))
 
 
 def _verdict(rep: dict[str, Any]) -> str:
