@@ -5,7 +5,7 @@ the same packed rows of training-split stdlib code, alternately
 
 * without masking (the default causal path), and
 * with masking: positions restarting per document and a 4D block-causal boolean mask
-  (:func:`ctxext.rows.build_inputs`),
+  (:func:`ctxext.training.data.rows.build_inputs`),
 
 interleaved ``--repeats`` times in one process; the table gives tokens/s of both and their ratio
 (median over repeats), at each ``--seq-lens``.
@@ -36,10 +36,10 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ctxext.builtin import GROWN_DIR
-    from ctxext.config import DataSection
-    from ctxext.data import prepare_data
-    from ctxext.rows import build_inputs
+    from ctxext.models.builtin import GROWN_DIR
+    from ctxext.recipe.schema import DataSection
+    from ctxext.training.data.corpus import prepare_data
+    from ctxext.training.data.rows import build_inputs
 
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(GROWN_DIR)

@@ -66,7 +66,7 @@ def _model(vocab: int, hidden: int, layers: int, context: int, head_dim: int = 1
 
 
 def _tokenizer():
-    from ctxext.builtin import train_code_tokenizer
+    from ctxext.models.builtin import train_code_tokenizer
 
     return train_code_tokenizer(vocab_size=512, max_bytes=400_000)
 
@@ -91,7 +91,7 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     from ctxext.evaluation.loading import LoadedModel
     from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity, token_nll
-    from ctxext.rope import read_rope
+    from ctxext.rope.core import read_rope
 
     lengths = [int(x) for x in args.lengths.split(",")]
     tok = _tokenizer()

@@ -59,8 +59,8 @@ def train_arm(arm: str, seed: int, args: argparse.Namespace, out: Path) -> dict[
     """Train one arm in its own process (its peak memory is its own); return time, memory, run.json."""
     import yaml
 
-    from ctxext.config import dump_recipe
-    from ctxext.demo import DemoSettings, finetune_recipe
+    from ctxext.cli.demo import DemoSettings, finetune_recipe
+    from ctxext.recipe.schema import dump_recipe
 
     run_dir = out / f"{arm}-s{seed}"
     if (run_dir / "run.json").is_file() and json.loads((run_dir / "run.json").read_text()).get("status") == "complete":
@@ -124,8 +124,8 @@ def evaluate(path: str, name: str, args: argparse.Namespace, docs: list[Any], ha
     """Retrieval grids and per-document NLL of one model on the held-out files."""
     import torch
 
+    from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.evaluation.passkey import GridSettings, evaluate_task_grid
 
     loaded = load_model(ModelSpec(path, name=name), device="cpu")
     if name == "base":  # the unpatched model: only its own window (the original-length ppl reference)
@@ -246,7 +246,7 @@ def markdown(payload: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from ctxext.demo import DemoSettings
+    from ctxext.cli.demo import DemoSettings
 
     demo = DemoSettings()  # every training default is the demo's, so the `mix` arm is the demo's fine-tune
     parser.add_argument("--model", default=demo.model)
@@ -283,7 +283,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from ctxext.evaluation.data import iter_texts
     from ctxext.evaluation.perplexity import tokenize_documents
-    from ctxext.extend import extend_folder
+    from ctxext.extend.folder import extend_folder
     from ctxext.tasks import Haystack
 
     out = args.out

@@ -3,7 +3,7 @@
 No real checkpoint can be downloaded on these machines and a random model says nothing about
 context extension, so ctxext grows its own. This script is the whole recipe, deterministic (seeded):
 
-1. split the Python standard library's source (:func:`ctxext.builtin.stdlib_files`) into training
+1. split the Python standard library's source (:func:`ctxext.models.builtin.stdlib_files`) into training
    files and held-out files (every file whose ``sha1(path relative to the stdlib root) mod 10 == 0``);
 2. train a byte-level BPE tokenizer on the training files only;
 3. pretrain a ~4.2M-parameter Llama (4 layers, hidden 256, 4 heads, rope_theta 10000) at a 64-token
@@ -11,7 +11,7 @@ context extension, so ctxext grows its own. This script is the whole recipe, det
    (``KEY_ab = 68310`` on one line, ``assert KEY_ab == 68310`` later) and a share carry a repeated
    span, at distances spread uniformly over the window, so that the model learns to use its whole
    window (a plain-code model of this size uses only its last few dozen tokens);
-4. save model + tokenizer (fp32 safetensors) to ``ctxext/data/grown-code-64/``;
+4. save model + tokenizer (fp32 safetensors) to ``ctxext/resources/grown-code-64/``;
 5. measure on the held-out files: (1) context use (perplexity on the same tokens with the full window
    versus one eighth of it, bootstrap CI over documents); (2) needle retrieval by depth inside the
    window; (3) both at 4x the window, unscaled and with training-free RoPE methods.
@@ -23,9 +23,9 @@ Usage::
     python benchmarks/grow_base.py --steps 20 --out /tmp/g    # smoke run
     # builtin:grown-code-64-mk: two further stages on windows with 2-4 keys, asking for one, with an extra
     # loss on the asked key's answer (without it, 3,600 steps of such windows never taught key selection):
-    python benchmarks/grow_base.py --init-from ctxext/data/grown-code-64 --out /tmp/grow-mka --skip-measure \
+    python benchmarks/grow_base.py --init-from ctxext/resources/grown-code-64 --out /tmp/grow-mka --skip-measure \
         --steps 800 --lr 1e-3 --warmup 20 --needle-share 0.2 --multikey-share 0.4 --answer-weight 1.0 --seed 5
-    python benchmarks/grow_base.py --init-from /tmp/grow-mka --out ctxext/data/grown-code-64-mk \
+    python benchmarks/grow_base.py --init-from /tmp/grow-mka --out ctxext/resources/grown-code-64-mk \
         --steps 600 --lr 7e-4 --warmup 20 --needle-share 0.2 --multikey-share 0.5 --answer-weight 2.0 --seed 6
 
 Everything measured is printed and written to ``grow_report.json`` / ``grow_report.md`` in the
@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctxext.builtin import stdlib_files, train_bpe_tokenizer
+from ctxext.models.builtin import stdlib_files, train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "ctxext" / "data" / "grown-code-64"
@@ -475,7 +475,7 @@ def context_use(model, docs: list[np.ndarray], lo: int, settings: list[tuple[str
     Returns:
         {name: array of per-document NLL sums}, array of per-document target counts.
     """
-    from ctxext.rope import reset_dynamic_rope
+    from ctxext.rope.core import reset_dynamic_rope
 
     sums: dict[str, list[float]] = {name: [] for name, _, _ in settings}
     counts = []
@@ -515,7 +515,7 @@ def needle_accuracy(model, needles: Needles, docs: list[np.ndarray], length: int
     Returns:
         {depth: accuracy}, and the mean needle-to-query distance (tokens) per depth.
     """
-    from ctxext.rope import reset_dynamic_rope
+    from ctxext.rope.core import reset_dynamic_rope
 
     rng = np.random.default_rng(seed)
     long_docs = [d for d in docs if len(d) >= length]
@@ -574,7 +574,7 @@ def load_saved(path: Path):
 
 
 def patched(path: Path, method: str, target: int):
-    from ctxext.rope import patch_model
+    from ctxext.rope.core import patch_model
 
     model, _ = load_saved(path)
     if method != "none":

@@ -1,10 +1,10 @@
 """Longest sequence ``builtin:grown-code-64`` can train on (one forward + backward) within a RAM budget.
 
-Both sides load the model through ctxext's own code path: a recipe from :func:`ctxext.config.parse_recipe`
+Both sides load the model through ctxext's own code path: a recipe from :func:`ctxext.recipe.schema.parse_recipe`
 (YaRN to the tested length, nf4 double-quant, LoRA r=16, gradient checkpointing, ``train.seq_len`` = length)
-built by :func:`ctxext.model.build_training_model`. They differ only in the loss:
+built by :func:`ctxext.models.load.build_training_model`. They differ only in the loss:
 
-* **ctxext**: the training loop's :class:`ctxext.train.CausalLMWithChunkedLoss` (chunked cross-entropy over
+* **ctxext**: the training loop's :class:`ctxext.training.run.CausalLMWithChunkedLoss` (chunked cross-entropy over
   the last hidden states, logits never materialised at full length), ``total / n`` then backward.
 * **plain**: ``model(input_ids=ids, labels=ids).loss`` then backward (transformers' full-length logits).
 
@@ -45,9 +45,9 @@ def _version(package: str) -> str:
 
 
 def _recipe(length: int, out: str, chunk: int):
-    from ctxext.config import parse_recipe
+    from ctxext.recipe.schema import parse_recipe
 
-    # The same recipe shape as `ctxext demo` (ctxext/demo.py `_recipe`), at the tested length.
+    # The same recipe shape as `ctxext demo` (ctxext/cli/demo.py `_recipe`), at the tested length.
     return parse_recipe(
         {
             "model": {"path": MODEL},
@@ -74,8 +74,8 @@ def child(side: str, length: int, threads: int, chunk: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from ctxext.model import build_training_model
-    from ctxext.train import CausalLMWithChunkedLoss, shifted_labels
+    from ctxext.models.load import build_training_model
+    from ctxext.training.run import CausalLMWithChunkedLoss, shifted_labels
 
     with tempfile.TemporaryDirectory() as tmp:
         recipe = _recipe(length, tmp, chunk)
@@ -230,7 +230,7 @@ def main() -> None:
         f"{mem_total_gb():.0f} GB RAM, no GPU; torch {_version('torch')}, transformers "
         f"{_version('transformers')}, peft {_version('peft')}, bitsandbytes {_version('bitsandbytes')}.\n\n"
         + f"Model: `{MODEL}` (4.2M-param Llama, 4 layers, hidden 256, vocab 2048, 64-token window), loaded by "
-        "`ctxext.model.build_training_model` from a `parse_recipe` recipe: YaRN to the tested length, nf4 "
+        "`ctxext.models.load.build_training_model` from a `parse_recipe` recipe: YaRN to the tested length, nf4 "
         "double-quant, LoRA r=16 α=32 (+ embed_tokens, norm trainable), gradient checkpointing, batch 1, "
         f"`train.seq_len` = length, loss_chunk_size {args.chunk}. One forward + backward on random token ids per "
         "cell, each in a fresh process. **ctxext** = the training loop's `CausalLMWithChunkedLoss` (chunked "

@@ -1,14 +1,14 @@
 """RoPE method matrix on the grown model: training-free and after the same short nf4 QLoRA fine-tune.
 
-For each factor (4× and 8× the grown model's 64-token window) and each method (none / linear / ntk /
-dynamic / yarn / llama3), the script chains the public APIs exactly as ``ctxext demo`` does:
-``ctxext.extend.extend_folder`` (training-free patch), ``ctxext.train.train`` (nf4 QLoRA, the demo's recipe
-with fewer steps; same steps, data and seed for every method) and ``ctxext.evaluation.suite.run_suite`` with
-``ctxext/data/demo-suite.yaml`` (held-out stdlib files: perplexity per length and position bucket, the
-context-use curve, in-domain needle retrieval; 95% CIs). One ``run_suite`` call per factor and stage puts
-every method side by side on the same data. ``none`` is the unpatched base evaluated past its window
-(``allow_beyond_for``); it is not fine-tuned (a fine-tune at its own 64-token window does not teach longer
-positions, and one at the target length without a RoPE change is not a method of this matrix).
+For each factor (4× and 8× the grown model's 64-token window) and each method (none / linear / ntk / dynamic / yarn
+/ llama3), the script chains the public APIs exactly as ``ctxext demo`` does: ``ctxext.extend.folder.extend_folder``
+(training-free patch), ``ctxext.training.run.train`` (nf4 QLoRA, the demo's recipe with fewer steps; same steps,
+data and seed for every method) and ``ctxext.evaluation.suite.run_suite`` with ``ctxext/resources/demo-suite.yaml``
+(held-out stdlib files: perplexity per length and position bucket, the context-use curve, in-domain needle
+retrieval; 95% CIs). One ``run_suite`` call per factor and stage puts every method side by side on the same data.
+``none`` is the unpatched base evaluated past its window (``allow_beyond_for``); it is not fine-tuned (a fine-tune
+at its own 64-token window does not teach longer positions, and one at the target length without a RoPE change is
+not a method of this matrix).
 
 Every step is cached in ``--out``; a factor can run in its own process (``--factors 4``) and a last call with
 all factors (cached) writes ``benchmarks/results/methods.md``.
@@ -38,7 +38,7 @@ METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
 
 def recipe(method: str, original: int, target: int, run_dir: Path, args: argparse.Namespace) -> Any:
     """The demo's plain-code fine-tune with this benchmark's steps; identical for every method but the RoPE method."""
-    from ctxext.demo import DemoSettings, finetune_recipe
+    from ctxext.cli.demo import DemoSettings, finetune_recipe
 
     settings = DemoSettings(
         model=MODEL,
@@ -76,11 +76,11 @@ def run_factor(factor: int, args: argparse.Namespace, timings: dict[str, float])
     from ctxext.errors import InputError
     from ctxext.evaluation.loading import ModelSpec
     from ctxext.evaluation.suite import run_suite
-    from ctxext.extend import extend_folder
-    from ctxext.rope import read_rope
-    from ctxext.sources import load_config
-    from ctxext.train import read_run
-    from ctxext.train import train as run_training
+    from ctxext.extend.folder import extend_folder
+    from ctxext.models.sources import load_config
+    from ctxext.rope.core import read_rope
+    from ctxext.training.run import read_run
+    from ctxext.training.run import train as run_training
 
     config, _ = load_config(MODEL)
     original = read_rope(config).original_length
@@ -274,7 +274,7 @@ def render(reports: dict[int, dict[str, Any]], args: argparse.Namespace, timings
         f"--threads {args.threads} --out {args.out}",
         "```",
         "",
-        f"Protocol: suite `ctxext/data/demo-suite.yaml` (held-out stdlib files), perplexity on {args.max_docs} "
+        f"Protocol: suite `ctxext/resources/demo-suite.yaml` (held-out stdlib files), perplexity on {args.max_docs} "
         f"documents ({args.resamples} bootstrap resamples for CIs), needle `KEY_xy = NNNNN` at depths 10/30/50/70/90%, "
         f"{args.trials} trials per (length, depth) cell (Wilson CIs; n below = trials per length). Fine-tune: the "
         f"demo's recipe (nf4 double-quant, LoRA r=16 α=32 + embed_tokens/norm trainable, builtin:stdlib train split, "

@@ -42,9 +42,9 @@ def main() -> None:
 
     import torch
 
+    from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.evaluation.passkey import GridSettings, NeedleTask, evaluate_needle
-    from ctxext.rope import patch_model, read_rope
+    from ctxext.rope.core import patch_model, read_rope
 
     torch.set_num_threads(args.threads)
     task = NeedleTask(haystack="builtin:stdlib", split="test", **NEEDLE)

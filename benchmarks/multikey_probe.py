@@ -56,8 +56,8 @@ def main() -> None:
     import torch
 
     from ctxext.evaluation.answer_scoring import score_answers
+    from ctxext.evaluation.grid import load_haystack
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.evaluation.passkey import load_haystack
 
     torch.set_num_threads(1)
     print("| model | length | distractors | target value (accuracy) | chance (1/n) | copies one of the values |")
@@ -78,9 +78,7 @@ def main() -> None:
                     copied += any(hits[at : at + len(vals)])
                     at += len(vals)
                 n = len(samples)
-                print(
-                    f"| {ref} | {length} | {nd} | {target}/{n} | {100 / (nd + 1):.0f} % | {copied}/{n} |", flush=True
-                )
+                print(f"| {ref} | {length} | {nd} | {target}/{n} | {100 / (nd + 1):.0f} % | {copied}/{n} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """How close is ``ctxext plan``'s predicted peak memory to the measured peak, on this CPU?
 
-Two models, loaded through ctxext's own training path (:func:`ctxext.model.build_training_model`: nf4
+Two models, loaded through ctxext's own training path (:func:`ctxext.models.load.build_training_model`: nf4
 double-quant base, YaRN to the tested length, LoRA, peft k-bit preparation):
 
 * ``bench``: the 32k-vocabulary random Llama of ``benchmarks/train_memory.py`` (its ``build_model``; hidden
@@ -12,10 +12,10 @@ Each cell (model × length × gradient checkpointing on/off × chunked loss / fu
 process (``benchmarks/_memory.py``): load, one untimed 128-token warm-up step (forward, backward, AdamW step,
 which allocates the optimizer state), then one real step at the length — forward, backward, ``optimizer.step()``.
 The measured value is the process's peak resident set (``VmHWM``: imports, model and step). ``chunked`` is the
-training loop's :class:`ctxext.train.CausalLMWithChunkedLoss`; ``full`` is transformers' own
+training loop's :class:`ctxext.training.run.CausalLMWithChunkedLoss`; ``full`` is transformers' own
 ``model(input_ids, labels=input_ids).loss`` (full-length float32 logits).
 
-The prediction is :func:`ctxext.plan.plan_recipe` for the same recipe against this machine's RAM, which
+The prediction is :func:`ctxext.planner.plan.plan_recipe` for the same recipe against this machine's RAM, which
 adds the CPU runtime terms (see ``docs/planning.md``). Measurements are kept in
 ``benchmarks/results/plan_accuracy.json`` (a rerun measures only missing cells unless ``--remeasure``);
 the comparison is written to ``benchmarks/results/plan_accuracy.md``.
@@ -51,7 +51,7 @@ def bench_model_dir() -> Path:
     """The 32k-vocabulary random Llama of ``train_memory.py`` (built there, by its own builder, once)."""
     from train_memory import build_model
 
-    from ctxext.builtin import cache_dir
+    from ctxext.models.builtin import cache_dir
 
     folder = cache_dir() / "benchmarks" / "llama-v32000-h128-l2"
     if not (folder / "config.json").is_file():
@@ -63,7 +63,7 @@ def bench_model_dir() -> Path:
 
 def recipe_for(model: str, length: int, checkpointing: bool, model_dir: str | None = None):
     """The recipe of one cell (the same for the measurement and the prediction)."""
-    from ctxext.config import parse_recipe
+    from ctxext.recipe.schema import parse_recipe
 
     if model == "bench":
         path, lora, chunk = model_dir or str(bench_model_dir()), {"r": 8, "alpha": 16, "extra_trainable": []}, 1024
@@ -100,8 +100,8 @@ def child(model: str, length: int, checkpointing: bool, loss: str, model_dir: st
     import torch
 
     torch.set_num_threads(threads)
-    from ctxext.model import build_training_model
-    from ctxext.train import CausalLMWithChunkedLoss, shifted_labels
+    from ctxext.models.load import build_training_model
+    from ctxext.training.run import CausalLMWithChunkedLoss, shifted_labels
     from ctxext.training.steps import make_optimizer
 
     recipe = recipe_for(model, length, checkpointing, model_dir)
@@ -175,8 +175,8 @@ def measure(args: argparse.Namespace, store: dict) -> None:
 
 def predict(model: str, length: int, checkpointing: bool, loss: str, bench_dir: str):
     """The planner's prediction for one cell, against this machine's RAM."""
-    from ctxext.devices import cpu_device
-    from ctxext.plan import plan_recipe
+    from ctxext.models.devices import cpu_device
+    from ctxext.planner.plan import plan_recipe
 
     recipe = recipe_for(model, length, checkpointing, bench_dir)
     return plan_recipe(recipe, cpu_device(), loss=loss, advise_changes=False, search=False)
@@ -214,21 +214,21 @@ def report(store: dict, args: argparse.Namespace) -> str:
         )
     table = "\n".join(rows)
     within = sum(abs(e) <= TOLERANCE for e in errors)
-    from ctxext.plan import CPU_RUNTIME
+    from ctxext.planner.plan import CPU_RUNTIME
 
     summary = (
         f"{within} of {len(errors)} cells within ±{TOLERANCE:.0%}; mean |error| "
         f"{sum(abs(e) for e in errors) / max(1, len(errors)):.1%}, worst {max(errors, key=abs, default=0):+.1%}. "
         f"Runtime fit: mean over cells of (resident MiB after load + warm-up − predicted model state) = "
         f"{sum(runtime) / max(1, len(runtime)):.0f} MiB (range {min(runtime, default=0):.0f}–"
-        f"{max(runtime, default=0):.0f}); `CPU_RUNTIME` in ctxext/plan.py = {CPU_RUNTIME / 2**20:.0f} MiB."
+        f"{max(runtime, default=0):.0f}); `CPU_RUNTIME` in ctxext/planner/plan.py = {CPU_RUNTIME / 2**20:.0f} MiB."
     )
     return table + live_table(store, bench_dir), summary
 
 
 def live_table(store: dict, bench_dir: str) -> str:
     """Cells measured with forced mmap: the live peak against the formulas without the malloc-retention term."""
-    from ctxext.footprint import PHASES
+    from ctxext.planner.footprint import PHASES
 
     rows = []
     for key in sorted(store, key=lambda k: (k.split("/")[0], int(k.split("/")[1]), k)):
@@ -282,7 +282,7 @@ def main() -> None:
     table, summary = report(store, args)
     print(table)
     print(summary)
-    from ctxext.plan import cpu_runtime_note
+    from ctxext.planner.plan import cpu_runtime_note
 
     # The table is rebuilt from every stored cell, so it names the commands that measured them.
     command = (
@@ -297,7 +297,7 @@ def main() -> None:
         f"RAM, no GPU, {args.threads} torch thread(s) per cell.\n\n"
         "Each cell is a fresh process: ctxext's model loading (nf4 double-quant, YaRN, LoRA, peft k-bit "
         "preparation), a 128-token warm-up step, then one forward + backward + AdamW step at the length. "
-        "Measured = the process's peak resident set (VmHWM). Predicted = `ctxext.plan.plan_recipe` for the "
+        "Measured = the process's peak resident set (VmHWM). Predicted = `ctxext.planner.plan.plan_recipe` for the "
         "same recipe on the CPU (fp32 compute, SDPA). `bench` = the 32k-vocabulary random Llama of "
         "`train_memory.py` (hidden 128, 2 layers, LoRA r=8, loss chunk 1024); `grown` = `builtin:grown-code-64` "
         "(hidden 256, 4 layers, vocabulary 2048, LoRA r=16 + embed_tokens and norms trained, loss chunk 256). "

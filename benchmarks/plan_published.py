@@ -1,6 +1,6 @@
 """``ctxext plan``'s predictions for settings with published memory figures, next to those figures.
 
-Config-only (no GPU needed): each setting is a recipe for :func:`ctxext.plan.plan_recipe` with the model's
+Config-only (no GPU needed): each setting is a recipe for :func:`ctxext.planner.plan.plan_recipe` with the model's
 published shape. Sources and the published numbers are in the table; ``docs/planning.md`` explains each
 difference. Written to ``benchmarks/results/plan_published.md``.
 
@@ -148,9 +148,9 @@ def predict(case: Case):
     """The plan of one case."""
     from transformers import LlamaConfig
 
-    from ctxext.config import parse_recipe
-    from ctxext.devices import gpu
-    from ctxext.plan import plan_recipe
+    from ctxext.models.devices import gpu
+    from ctxext.planner.plan import plan_recipe
+    from ctxext.recipe.schema import parse_recipe
 
     recipe = parse_recipe(case.recipe, source=case.setting)
     config = LlamaConfig(**case.shape, tie_word_embeddings=False)

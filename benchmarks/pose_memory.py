@@ -5,13 +5,13 @@ torch, datasets, the tokenized data), which does not depend on the row length. S
 peak RSS (``VmHWM``, what ``metrics.jsonl`` reports as ``peak_mem_mb``) this benchmark reports the
 **training memory**: the highest resident set sampled (every 5 ms) while the training loop runs, minus
 the resident set when the loop starts (model loaded, data prepared, optimizer built). Both arms train the
-demo's ×F mixture recipe (``ctxext.demo.finetune_recipe``) for a few steps, each in its own fresh process,
+demo's ×F mixture recipe (``ctxext.cli.demo.finetune_recipe``) for a few steps, each in its own fresh process,
 one after the other in the same run:
 
 * ``full`` — rows of the target length (``rope.target_length``);
 * ``pose`` — PoSE rows of ``--pose-factor`` × the original window, positions reaching the target.
 
-The loop start is observed by wrapping ``ctxext.train.micro_batches`` (called once, just before the
+The loop start is observed by wrapping ``ctxext.training.run.micro_batches`` (called once, just before the
 loop) in the child; nothing else changes.
 
     python benchmarks/pose_memory.py --factor 8 --steps 3
@@ -37,8 +37,8 @@ from benchmarks._memory import status_kb  # noqa: E402
 
 def child(arm: str, model: str, factor: int, steps: int, pose_factor: int, out: Path) -> None:
     """Train one arm in this process and print its memory as one JSON line."""
-    import ctxext.train as training
-    from ctxext.demo import DemoSettings, finetune_recipe
+    import ctxext.training.run as training
+    from ctxext.cli.demo import DemoSettings, finetune_recipe
 
     settings = DemoSettings(
         model=model, factor=factor, train_steps=steps, pose=arm == "pose", pose_seq_factor=pose_factor
@@ -83,7 +83,7 @@ def child(arm: str, model: str, factor: int, steps: int, pose_factor: int, out: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from ctxext.demo import DemoSettings
+    from ctxext.cli.demo import DemoSettings
 
     parser.add_argument("--model", default=DemoSettings().model, help="base model (default: the demo's)")
     parser.add_argument("--factor", type=int, default=8)

@@ -39,7 +39,7 @@ NEEDLE = {"needle": "\nKEY_{name} = {key}\n", "question": "\nassert KEY_{name} =
 
 def _load(method: str | None):
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.rope import patch_model, read_rope
+    from ctxext.rope.core import patch_model, read_rope
 
     lm = load_model(ModelSpec("builtin:grown-code-64"), device="cpu")
     if method:
@@ -54,7 +54,7 @@ def _load(method: str | None):
 def _run(lm, grid, task, hay, scoring: str, new_tokens: int, per_cell: bool, batch_tokens: int | None):
     from dataclasses import replace
 
-    from ctxext.evaluation.passkey import evaluate_task_grid
+    from ctxext.evaluation.grid import evaluate_task_grid
 
     settings = replace(grid, scoring=scoring, max_new_tokens=new_tokens, batch_tokens=batch_tokens)
     cpu, wall = time.process_time(), time.perf_counter()
@@ -76,7 +76,7 @@ def _run(lm, grid, task, hay, scoring: str, new_tokens: int, per_cell: bool, bat
 def _profile(lm, grid, task, hay, repeats: int) -> dict[str, float | bool]:
     """Least CPU seconds of building the grid's samples and of scoring them (answer-only / full final layer)."""
     from ctxext.evaluation.answer_scoring import score_answers
-    from ctxext.evaluation.passkey import make_samples
+    from ctxext.evaluation.grid import make_samples
 
     variants = {"previous": (False, 32768), "full": (False, None), "answer-only": (True, None)}
     best = {"build": 1e9, **dict.fromkeys(variants, 1e9)}
@@ -112,8 +112,8 @@ def main() -> None:
 
     import torch
 
-    from ctxext.evaluation.passkey import GridSettings, NeedleTask, load_haystack
-    from ctxext.rope import LENGTH_DEPENDENT_TYPES
+    from ctxext.evaluation.grid import GridSettings, NeedleTask, load_haystack
+    from ctxext.rope.core import LENGTH_DEPENDENT_TYPES
 
     torch.set_num_threads(args.threads)
     grid = GridSettings(

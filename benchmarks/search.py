@@ -158,7 +158,7 @@ def _seed_row(seed: int, r: dict[str, Any]) -> str:
 
 def _targets(factor: int, label: str, runs: dict[int, dict[str, Any]]) -> list[str]:
     """The issue's targets for one (factor, attention setting), checked in every seed."""
-    from ctxext.search.budget import parse_budget
+    from ctxext.recipe.budget import parse_budget
 
     need = TARGET_MIN_DEPTH.get(factor)
     rows = []

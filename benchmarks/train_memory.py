@@ -38,7 +38,7 @@ def build_model(folder: Path, vocab: int, hidden: int, layers: int, context: int
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ctxext.builtin import train_code_tokenizer
+    from ctxext.models.builtin import train_code_tokenizer
 
     tokenizer = train_code_tokenizer(vocab_size=vocab, max_bytes=3_000_000)
     config = LlamaConfig(
@@ -68,7 +68,7 @@ def _peak_mb() -> float:
 
 
 def _recipe(args: argparse.Namespace, length: int, out: Path):
-    from ctxext.config import parse_recipe
+    from ctxext.recipe.schema import parse_recipe
 
     return parse_recipe(
         {
@@ -93,7 +93,7 @@ def _recipe(args: argparse.Namespace, length: int, out: Path):
 
 def worker_ctxext(args: argparse.Namespace) -> dict:
     """One `ctxext train` run in this process."""
-    from ctxext.train import train
+    from ctxext.training.run import train
 
     with tempfile.TemporaryDirectory() as tmp:
         result = train(_recipe(args, args.length, Path(tmp) / "run"), command=["benchmark"])
@@ -116,8 +116,8 @@ def worker_plain(args: argparse.Namespace) -> dict:
         default_data_collator,
     )
 
-    from ctxext.data import prepare_data
-    from ctxext.extend import extend_folder
+    from ctxext.extend.folder import extend_folder
+    from ctxext.training.data.corpus import prepare_data
 
     recipe = _recipe(args, args.length, Path("unused"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -245,7 +245,7 @@ def main() -> None:
         print("RESULT " + json.dumps(WORKERS[args.worker](args)), flush=True)
         return
 
-    from ctxext.builtin import cache_dir
+    from ctxext.models.builtin import cache_dir
 
     if args.model_dir is None:
         args.model_dir = cache_dir() / "benchmarks" / f"llama-v{args.vocab}-h{args.hidden}-l{args.layers}"

@@ -1,5 +1,5 @@
 """``python -m ctxext`` (used by ``accelerate launch -m ctxext train …``)."""
 
-from ctxext.cli import main
+from ctxext.cli.commands import main
 
 main()

@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ctxext.builtin import stdlib_files
 from ctxext.evaluation.loading import LoadedModel
-from ctxext.rope import patch_model, read_rope
+from ctxext.models.builtin import stdlib_files
+from ctxext.rope.core import patch_model, read_rope
 
 
 def stdlib_texts(n: int, min_chars: int = 4000) -> list[str]:

@@ -1,6 +1,6 @@
 """A real tiny training run folder and a real evaluation report, for the merge / card / push tests.
 
-The run is made the way ``ctxext train`` makes one (the run-folder contract in ctxext/runfolder.py):
+The run is made the way ``ctxext train`` makes one (the run-folder contract in ctxext/artifacts/run.py):
 the base is loaded in 4-bit nf4 with bitsandbytes and the run's patched YaRN config, prepared for
 k-bit training, wrapped with LoRA + fully trained embeddings and norms (peft ``modules_to_save``),
 trained for a few real optimizer steps on real text, and saved with ``save_pretrained``. The report
@@ -28,7 +28,7 @@ LORA = {
 
 
 def _recipe_yaml(base_dir: Path, steps: int) -> str:
-    from ctxext.config import dump_recipe, parse_recipe
+    from ctxext.recipe.schema import dump_recipe, parse_recipe
 
     recipe = parse_recipe(
         {
@@ -60,8 +60,8 @@ def build_tiny_run(base_dir: Path, run_dir: Path, steps: int = 3, status: str = 
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
-    from ctxext.merge import text_tokens
-    from ctxext.rope import apply_plan, plan_extension, verify_model_rope
+    from ctxext.publish.merge import text_tokens
+    from ctxext.rope.core import apply_plan, plan_extension, verify_model_rope
 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(base_dir)
@@ -156,7 +156,7 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
         lengths: evaluation lengths.
 
     Returns:
-        The :class:`~ctxext.evaluation.schema.EvalReport` written.
+        The :class:`~ctxext.artifacts.report.EvalReport` written.
     """
     import matplotlib
 
@@ -164,7 +164,7 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
     import matplotlib.pyplot as plt
     from transformers import AutoTokenizer
 
-    from ctxext.evaluation.schema import (
+    from ctxext.artifacts.report import (
         Accuracy,
         EvalReport,
         Grid,
@@ -175,7 +175,7 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
         RopeInfo,
     )
     from ctxext.evaluation.stats import wilson_interval
-    from ctxext.merge import passkey_trial, text_tokens
+    from ctxext.publish.merge import passkey_trial, text_tokens
 
     tokenizer = AutoTokenizer.from_pretrained(run_dir)
     docs = text_tokens(tokenizer, max(lengths) * 2).view(2, max(lengths))
@@ -260,7 +260,7 @@ def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (25
     ax.legend()
     fig.savefig(out / "ppl_by_position.png", dpi=60)
     plt.close(fig)
-    # Built and written through the report schema (ctxext/evaluation/schema.py), as `ctxext eval` writes it.
+    # Built and written through the report schema (ctxext/artifacts/report.py), as `ctxext eval` writes it.
     report = EvalReport(models=models, data={"perplexity": {"source": "builtin:stdlib"}})
     (out / "report.json").write_text(report.to_json())
     return report
@@ -294,7 +294,7 @@ def shared_run(tmp_path_factory: Any, base_dir: Path) -> Path:
 def shared_merge(tmp_path_factory: Any, base_dir: Path) -> tuple[Path, Any]:
     """The session's merged model folder and its smoke-test result (built on first use)."""
     if "merged" not in _BUILT:
-        from ctxext.merge import merge_run
+        from ctxext.publish.merge import merge_run
 
         run_dir = shared_run(tmp_path_factory, base_dir)
         out = tmp_path_factory.mktemp("merged") / "model"

@@ -58,7 +58,7 @@ def cache_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(cache_root):
-    from ctxext.builtin import train_code_tokenizer
+    from ctxext.models.builtin import train_code_tokenizer
 
     return train_code_tokenizer(vocab_size=512, max_bytes=200_000)
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ctxext.builtin import GROWN_DIR
 from ctxext.errors import InputError
 from ctxext.evaluation.answer_scoring import answer_only_last_layer, score_answers
-from ctxext.rope import patch_model, reset_dynamic_rope
+from ctxext.models.builtin import GROWN_DIR
+from ctxext.rope.core import patch_model, reset_dynamic_rope
 from tests.conftest import tiny_model
 
 
@@ -140,15 +140,15 @@ def test_length_dependent_rope_no_kv_cache_bug(cache_root, method):
 
     Generation with a KV cache gets 6/30 (dynamic) and 0/30 (longrope) on this grid (issue 10).
     """
+    from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.evaluation.passkey import GridSettings, NeedleTask, evaluate_needle
 
     torch.set_num_threads(1)
     lm = load_model(ModelSpec("builtin:grown-code-64"))
     # longrope: short factors 1 (the original rotation in-window), long factors 4 (interpolation past it).
     options = {"short_factor": [1.0] * 32, "long_factor": [4.0] * 32} if method == "longrope" else None
     patch_model(lm.model, method, 256, options)
-    from ctxext.rope import read_rope
+    from ctxext.rope.core import read_rope
 
     lm.rope = read_rope(lm.model.config)
     task = NeedleTask(needle="\nKEY_{name} = {key}\n", question="\nassert KEY_{name} ==", answer="{key}")
@@ -163,9 +163,9 @@ def test_checkpoint_generation_config_changes_no_retrieval_number(cache_root, tm
     import json
     import shutil
 
+    from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.evaluation.passkey import GridSettings, NeedleTask, evaluate_needle
-    from ctxext.sources import resolve_model_path
+    from ctxext.models.sources import resolve_model_path
 
     torch.set_num_threads(1)
     src = resolve_model_path("builtin:grown-code-64")

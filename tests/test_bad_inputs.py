@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ctxext.cli import app
+from ctxext.cli.commands import app
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

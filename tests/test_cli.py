@@ -11,8 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from ctxext.cli import app
-from ctxext.rope import read_rope, verify_model_rope
+from ctxext.cli.commands import app
+from ctxext.rope.core import read_rope, verify_model_rope
 
 runner = CliRunner()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ctxext.config import RecipeError, apply_overrides, dump_recipe, load_recipe, parse_recipe
+from ctxext.recipe.schema import RecipeError, apply_overrides, dump_recipe, load_recipe, parse_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

@@ -7,8 +7,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ctxext.builtin import GROWN_MK_DIR
-from ctxext.cli import app
+from ctxext.cli.commands import app
+from ctxext.models.builtin import GROWN_MK_DIR
 
 pytestmark = pytest.mark.skipif(
     not (GROWN_MK_DIR / "model.safetensors").is_file(), reason="the demo's grown model is not packaged"
@@ -47,7 +47,7 @@ def test_demo_quick_end_to_end(tmp_path, cache_root):
 
 
 def test_demo_mixture_has_multikey_rows_only_when_asked(tmp_path):
-    from ctxext.demo import DemoSettings, finetune_recipe, training_mixture
+    from ctxext.cli.demo import DemoSettings, finetune_recipe, training_mixture
 
     default = training_mixture(DemoSettings(), 64)
     assert [(m.get("task") or m["path"], m["weight"]) for m in default] == [("builtin:stdlib", 0.5), ("needle", 0.5)]

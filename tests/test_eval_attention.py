@@ -23,7 +23,7 @@ from tests._eval_helpers import (
 def _eager(tokenizer, method=None):
     from transformers import AutoModelForCausalLM
 
-    from ctxext.rope import patch_model
+    from ctxext.rope.core import patch_model
     from tests.conftest import tiny_config
 
     torch.manual_seed(0)
@@ -88,7 +88,7 @@ def test_cli_attention_two_models_report_plot_and_paired_difference(tiny_model_d
 
     from typer.testing import CliRunner
 
-    from ctxext.cli import app
+    from ctxext.cli.commands import app
 
     runner = CliRunner()
     out = tmp_path / "attn"

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from ctxext.errors import InputError
-from ctxext.evaluation.passkey import (
+from ctxext.evaluation.grid import (
     GridSettings,
     NeedleTask,
     evaluate_needle,

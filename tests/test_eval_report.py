@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ctxext.evaluation.passkey import GridSettings, evaluate_passkey
+from ctxext.evaluation.grid import GridSettings, evaluate_passkey
 from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
 from ctxext.evaluation.report import SCHEMA, build_report, model_entry, write_report
 from tests._eval_helpers import (
@@ -94,7 +94,7 @@ def run_dir(tmp_path_factory, tiny_model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ctxext.rope import patch_model
+    from ctxext.rope.core import patch_model
 
     run = tmp_path_factory.mktemp("run")
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -109,8 +109,8 @@ def run_dir(tmp_path_factory, tiny_model_dir):
 
 
 def test_run_folder_loads_base_adapter_and_patched_rope(run_dir, tiny_model_dir):
+    from ctxext.artifacts.run import is_run_folder
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.runfolder import is_run_folder
 
     assert is_run_folder(run_dir)
     ft = load_model(ModelSpec(ref=str(run_dir)))
@@ -147,10 +147,12 @@ def test_run_suite_for_run_compares_base_patched_finetuned(run_dir, tmp_path):
 
 
 def test_cli_ppl_and_errors(tiny_model_dir, tmp_path):
-    from ctxext.cli import app
+    from ctxext.cli.commands import app
 
     doc = tmp_path / "doc.txt"
-    doc.write_text("\n".join(p.read_text() for p in __import__("ctxext.builtin").builtin.stdlib_files()[:3]))
+    doc.write_text(
+        "\n".join(p.read_text() for p in __import__("ctxext.models.builtin").models.builtin.stdlib_files()[:3])
+    )
     runner = CliRunner()
     out = tmp_path / "out"
     res = runner.invoke(

@@ -13,16 +13,16 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from ctxext.cli import app
-from ctxext.config import RecipeError, parse_recipe, schema_lines
+from ctxext.cli.commands import app
 from ctxext.errors import InputError
+from ctxext.recipe.schema import RecipeError, parse_recipe, schema_lines
 
 RECIPE = {"model": {"path": "builtin:tiny-llama"}, "data": {"path": "builtin:stdlib"}}
 
 
 @pytest.fixture
 def toy_method():
-    from ctxext.rope_methods import METHODS, register_method, unregister_method
+    from ctxext.rope.methods import METHODS, register_method, unregister_method
 
     module = importlib.import_module("toy_rope_method")
     register_method(module.PowerTheta)  # again after an earlier test unregistered it
@@ -43,7 +43,7 @@ def toy_section():
 def test_a_method_file_reaches_schema_and_cli_and_extends_a_model(toy_method, tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from ctxext.rope import read_rope, verify_model_rope
+    from ctxext.rope.core import read_rope, verify_model_rope
 
     # The recipe schema: listed, converted, checked, refused for another method.
     assert any(line.strip().startswith("rope.theta_power: float") for line in schema_lines())

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ctxext.builtin import GROWN_DIR, GROWN_MK_DIR
+from ctxext.models.builtin import GROWN_DIR, GROWN_MK_DIR
 
 pytestmark = pytest.mark.skipif(
     not (GROWN_DIR / "model.safetensors").is_file(),
@@ -30,7 +30,7 @@ STDLIB = Path(sysconfig.get_paths()["stdlib"])
 def grown(cache_root):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ctxext.sources import resolve_model_path
+    from ctxext.models.sources import resolve_model_path
 
     folder = resolve_model_path("builtin:grown-code-64")
     assert str(folder).startswith(str(cache_root))
@@ -66,7 +66,7 @@ def test_heldout_files_follow_the_split_rule(grown):
     for name in names:
         assert int(hashlib.sha1(name.encode()).hexdigest(), 16) % 10 == 0, name
     # The evaluation data (builtin:stdlib-heldout) is exactly the model's held-out set.
-    from ctxext.builtin import stdlib_files, stdlib_split
+    from ctxext.models.builtin import stdlib_files, stdlib_split
 
     assert sorted(p.relative_to(STDLIB).as_posix() for p in stdlib_files() if stdlib_split(p) == "heldout") == sorted(
         names
@@ -107,8 +107,8 @@ def test_multikey_model_selects_the_asked_key_where_its_parent_does_not(cache_ro
     at the 64-token window, the same seeded trials for both models. Measured: 94 % vs 5 % (120 trials).
     """
     from ctxext.evaluation.data import iter_texts
+    from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.evaluation.passkey import GridSettings, evaluate_task_grid
     from ctxext.tasks import Haystack
 
     accuracy = {}

@@ -11,7 +11,7 @@ import pytest
 from _hub_helpers import copy_run, shared_merge, shared_run
 from huggingface_hub import ModelCard
 
-from ctxext.card import build_model_card
+from ctxext.publish.card import build_model_card
 
 
 @pytest.fixture(scope="session")
@@ -115,8 +115,8 @@ def test_card_without_reports_has_no_model_index(tiny_run):
 
 def test_card_from_a_ctxext_eval_report_with_base_comparison(tiny_run, tmp_path):
     """The report ``ctxext train`` writes at the end (eval suite, base and patched-only compared) feeds the card."""
-    from ctxext.config import load_recipe
     from ctxext.evaluation.suite import run_suite_for_run
+    from ctxext.recipe.schema import load_recipe
 
     run = copy_run(tiny_run, tmp_path / "run")
     shutil.rmtree(run / "eval")

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from ctxext.cli import app
-from ctxext.rope import verify_model_rope
+from ctxext.cli.commands import app
+from ctxext.rope.core import verify_model_rope
 
 runner = CliRunner()
 PREFIX = "base_model.model."
@@ -116,7 +116,7 @@ def test_tied_embeddings_are_untied_when_the_embeddings_were_trained(tiny_tokeni
     from _hub_helpers import build_tiny_run
     from conftest import tiny_model
 
-    from ctxext.merge import merge_run
+    from ctxext.publish.merge import merge_run
 
     base_dir = tmp_path / "base"
     model = tiny_model("llama", tie_word_embeddings=True, pad_token_id=tiny_tokenizer.pad_token_id)

@@ -14,10 +14,10 @@ import pytest
 from _hub_helpers import LocalHub, copy_run, file_hashes, shared_run
 from typer.testing import CliRunner
 
-from ctxext.cli import app
-from ctxext.config import HubSection
-from ctxext.evaluation.schema import EvalReport
-from ctxext.hub import HubError, push, push_run
+from ctxext.artifacts.report import EvalReport
+from ctxext.cli.commands import app
+from ctxext.publish.hub import HubError, push, push_run
+from ctxext.recipe.schema import HubSection
 
 runner = CliRunner()
 PUBLISHED = {

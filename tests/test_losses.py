@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ctxext.losses import causal_lm_loss, chunked_cross_entropy
+from ctxext.training.losses import causal_lm_loss, chunked_cross_entropy
 
 
 def _inputs(n=300, h=16, v=97, dtype=torch.float64, bias=False, seed=0):
@@ -84,7 +84,7 @@ _MEMORY_PROBE = textwrap.dedent(
     """
     import json, sys
     import torch, torch.nn.functional as F
-    from ctxext.losses import chunked_cross_entropy
+    from ctxext.training.losses import chunked_cross_entropy
     torch.set_num_threads(1)
     torch.manual_seed(0)
     n, h, v = 2048, 64, 8000

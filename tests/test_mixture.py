@@ -8,9 +8,9 @@ import pytest
 import torch
 from _train_helpers import write_recipe
 
-from ctxext.config import RecipeError, load_recipe, parse_recipe
-from ctxext.mixture import allocate
-from ctxext.train import read_run, train
+from ctxext.recipe.schema import RecipeError, load_recipe, parse_recipe
+from ctxext.training.data.mixture import allocate
+from ctxext.training.run import read_run, train
 
 
 def test_allocate_is_exact_and_deterministic():
@@ -76,7 +76,7 @@ def test_validate_command_reports_mixture_problems(tmp_path):
     import yaml
     from typer.testing import CliRunner
 
-    from ctxext.cli import app
+    from ctxext.cli.commands import app
 
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump(_mix({"task": "nope", "weight": 1}, {"path": "builtin:stdlib", "weight": -2})))
@@ -89,7 +89,7 @@ def test_validate_command_reports_mixture_problems(tmp_path):
 def test_task_rows_are_deterministic_cover_depths_and_answer_only(tiny_tokenizer):
     from types import SimpleNamespace
 
-    from ctxext.mixture import prepare_training_data
+    from ctxext.training.data.mixture import prepare_training_data
 
     recipe = parse_recipe(
         _mix(
@@ -124,7 +124,7 @@ def test_task_that_cannot_fit_names_its_source(tiny_tokenizer):
     from types import SimpleNamespace
 
     from ctxext.errors import InputError
-    from ctxext.mixture import prepare_training_data
+    from ctxext.training.data.mixture import prepare_training_data
 
     recipe = parse_recipe(
         _mix(
@@ -140,7 +140,7 @@ def test_task_that_cannot_fit_names_its_source(tiny_tokenizer):
 def test_task_max_length_bounds_sample_lengths(tiny_tokenizer):
     from types import SimpleNamespace
 
-    from ctxext.mixture import prepare_training_data
+    from ctxext.training.data.mixture import prepare_training_data
 
     recipe = parse_recipe(
         _mix(

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ctxext.atomic import OUTPUT_MARKER, atomic_folder, check_output
-from ctxext.cli import app
+from ctxext.cli.commands import app
 from ctxext.errors import InputError
 
 runner = CliRunner()
@@ -228,7 +228,7 @@ def test_push_never_replaces_a_users_hub_folder(tmp_path_factory, tiny_model_dir
 
 
 def test_demo_refuses_a_foreign_folder_and_fresh_deletes_only_its_own(tmp_path, user_folder):
-    from ctxext.demo import prepare_demo_folder
+    from ctxext.cli.demo import prepare_demo_folder
 
     result = run("demo", "--out", user_folder, "--quick")
     assert result.exit_code == 2 and "not empty" in flat(result)
@@ -251,7 +251,7 @@ def test_changed_base_weights_are_refused_by_merge_eval_and_push(tmp_path_factor
     from _hub_helpers import copy_run, shared_run
     from safetensors.torch import load_file, save_file
 
-    from ctxext.weights import fingerprint
+    from ctxext.models.weights import fingerprint
 
     base = tmp_path / "base"
     shutil.copytree(tiny_model_dir, base)

@@ -11,12 +11,12 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from ctxext.cli import app
-from ctxext.config import load_recipe
-from ctxext.devices import GIB, Device, gpu, parse_memory
+from ctxext.cli.commands import app
 from ctxext.errors import InputError
-from ctxext.footprint import ModelShape, Setup, footprint
-from ctxext.plan import HEADROOM, longest_fit, plan_recipe, read_model_config
+from ctxext.models.devices import GIB, Device, gpu, parse_memory
+from ctxext.planner.footprint import ModelShape, Setup, footprint
+from ctxext.planner.plan import HEADROOM, longest_fit, plan_recipe, read_model_config
+from ctxext.recipe.schema import load_recipe
 
 runner = CliRunner()
 LLAMA2 = "recipes/llama2-7b-yarn-32k.yaml"
@@ -113,7 +113,7 @@ def test_verdict_and_longest_length_on_the_shipped_recipe():
     assert plan.longest >= plan.setup.seq_len
     at = dataclasses.replace(plan.setup, seq_len=plan.longest)
     beyond = dataclasses.replace(plan.setup, seq_len=plan.longest + 1024)
-    from ctxext.plan import device_footprint
+    from ctxext.planner.plan import device_footprint
 
     usable = plan.device.memory * (1 - HEADROOM)
     assert device_footprint(plan.shape, at, plan.device).total <= usable
@@ -224,7 +224,7 @@ def test_train_strict_refuses_a_run_the_plan_says_will_not_fit(tiny_model_dir, t
 
 
 def test_preflight_plans_a_cpu_run_against_ram(tiny_model_dir):
-    from ctxext.plan import preflight
+    from ctxext.planner.plan import preflight
 
     plan = preflight(load_recipe("recipes/tiny-cpu.yaml", [f"model.path={tiny_model_dir}"]))
     assert plan.device.kind == "cpu" and "RAM" in plan.device.name
@@ -233,7 +233,7 @@ def test_preflight_plans_a_cpu_run_against_ram(tiny_model_dir):
 
 
 def test_train_preflight_warns_without_strict(tiny_model_dir, capsys):
-    from ctxext.cli import _memory_preflight as _preflight
+    from ctxext.cli.commands import _memory_preflight as _preflight
 
     big = [f"model.path={tiny_model_dir}", "rope.target_length=16777216", "train.seq_len=16777216"]
     _preflight(load_recipe("recipes/tiny-cpu.yaml", big), strict=False)  # returns: the run would go on
@@ -247,9 +247,9 @@ def test_saved_activation_formula_matches_autograd(tiny_model_dir):
     """The per-layer formula against what autograd really saves in ctxext's training forward (nf4, LoRA, SDPA)."""
     import torch
 
-    from ctxext.footprint import layer_bytes
-    from ctxext.model import build_training_model
-    from ctxext.train import CausalLMWithChunkedLoss, shifted_labels
+    from ctxext.models.load import build_training_model
+    from ctxext.planner.footprint import layer_bytes
+    from ctxext.training.run import CausalLMWithChunkedLoss, shifted_labels
 
     length = 512
     recipe = load_recipe(

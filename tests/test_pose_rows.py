@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from ctxext.config import RecipeError, parse_recipe
-from ctxext.pose import example_generator, pose_position_ids
-from ctxext.rows import block_causal_mask, build_inputs, segment_positions
+from ctxext.recipe.schema import RecipeError, parse_recipe
+from ctxext.training.data.pose import example_generator, pose_position_ids
+from ctxext.training.data.rows import block_causal_mask, build_inputs, segment_positions
 
 
 def test_pose_positions_monotone_from_zero_below_target_and_cover_distances():

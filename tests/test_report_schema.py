@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
+from ctxext.artifacts.report import SCHEMA, EvalReport, parse_report, read_report
 from ctxext.errors import InputError
-from ctxext.evaluation.schema import SCHEMA, EvalReport, parse_report, read_report
 
 
 def _ppl(ppl: float, docs: int = 3, **extra: object) -> dict:
@@ -35,8 +35,13 @@ def _entry(name: str, adapter: str | None, ppls: dict[int, float], passkey: dict
     return {
         "name": name,
         "model": {"ref": "me/tiny-llama", "adapter": adapter, "config_from": None, "rope_verified": True},
-        "rope": {"rope_type": "yarn" if adapter else "default", "rope_theta": 10000.0, "original_length": 256,
-                 "current_length": 1024 if adapter else 256, "factor": 4.0 if adapter else 1.0},  # fmt: skip
+        "rope": {
+            "rope_type": "yarn" if adapter else "default",
+            "rope_theta": 10000.0,
+            "original_length": 256,
+            "current_length": 1024 if adapter else 256,
+            "factor": 4.0 if adapter else 1.0,
+        },  # fmt: skip
         "perplexity": {
             "protocol": "truncated-document perplexity",
             "by_length": {str(L): _ppl(p, beyond_context=adapter is None and L > 256) for L, p in ppls.items()},
@@ -63,8 +68,12 @@ def _report() -> dict:
         "models": [
             # Named "reference": the base is told by how it was loaded (no adapter), not by its label.
             _entry("reference", None, {256: 10.0, 512: 40.0, 1024: 90.0}, {(1024, 0): [0, 0], (1024, 100): [0, 1]}),
-            _entry("yarn-tuned", "runs/x", {256: 10.5, 512: 9.0, 1024: 8.0}, {(512, 0): [1, 1], (1024, 0): [1, 0],
-                                                                                (1024, 100): [1, 1]}),  # fmt: skip
+            _entry(
+                "yarn-tuned",
+                "runs/x",
+                {256: 10.5, 512: 9.0, 1024: 8.0},
+                {(512, 0): [1, 1], (1024, 0): [1, 0], (1024, 100): [1, 1]},
+            ),  # fmt: skip
         ],
         "comparisons": {"reference": "reference", "comparisons": 0, "notes": ["nothing paired"]},
         "added_by_a_newer_ctxext": {"kept": True},
@@ -109,7 +118,7 @@ def test_round_trip_write_read_same(tmp_path):
     ],
 )
 def test_unknown_layouts_are_refused_with_a_clear_message(tmp_path, content, message):
-    from ctxext.runfolder import load_report
+    from ctxext.artifacts.run import load_report
 
     path = tmp_path / "report.json"
     path.write_text(content if isinstance(content, str) else json.dumps(content))
@@ -146,7 +155,7 @@ def _run_folder(tmp_path: Path, report: EvalReport) -> Path:
 
 
 def test_card_renders_from_a_report_built_with_the_schema(tmp_path):
-    from ctxext.card import build_model_card
+    from ctxext.publish.card import build_model_card
 
     report = EvalReport.model_validate(_report())
     text = build_model_card(_run_folder(tmp_path, report), repo_id="me/tiny-yarn")
@@ -170,7 +179,7 @@ def test_card_renders_from_a_report_built_with_the_schema(tmp_path):
 
 
 def test_card_refuses_a_report_of_an_unknown_layout(tmp_path):
-    from ctxext.card import build_model_card
+    from ctxext.publish.card import build_model_card
 
     run = _run_folder(tmp_path, EvalReport.model_validate(_report()))
     (run / "eval" / "report.json").write_text(json.dumps({"results": {"x": {"perplexity": {}}}}))

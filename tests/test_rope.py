@@ -11,8 +11,8 @@ import torch
 from conftest import tiny_config, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ctxext import rope
-from ctxext.rope import (
+from ctxext.rope import core as rope
+from ctxext.rope.core import (
     RopeConfigError,
     RopeError,
     RopeMismatchError,

@@ -1,7 +1,7 @@
 """Every RoPE method, with every option set, plans exactly what it planned before methods became declarations.
 
 ``tests/data/rope_plans.json`` holds the plans (or errors) of the code before the method registry was
-rebuilt from per-method declarations (``ctxext/rope_methods/``), captured with
+rebuilt from per-method declarations (``ctxext/rope/methods/``), captured with
 ``python tests/test_rope_golden.py tests/data/rope_plans.json``. Any change to a method's
 ``rope_parameters``, lengths, notes or error messages shows up here.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from conftest import tiny_config
 
-from ctxext.rope import RopeError, apply_plan, plan_extension
+from ctxext.rope.core import RopeError, apply_plan, plan_extension
 
 GOLDEN = Path(__file__).parent / "data" / "rope_plans.json"
 D = 16

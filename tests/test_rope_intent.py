@@ -12,8 +12,8 @@ from conftest import tiny_config, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 from typer.testing import CliRunner
 
-from ctxext.cli import app
-from ctxext.rope import (
+from ctxext.cli.commands import app
+from ctxext.rope.core import (
     RopeError,
     RopeMismatchError,
     apply_plan,
@@ -22,7 +22,7 @@ from ctxext.rope import (
     read_rope,
     runtime_model_from_config,
 )
-from ctxext.verify import verify_folder
+from ctxext.rope.verify import verify_folder
 
 runner = CliRunner()
 D = 16  # the tiny models' head dim
@@ -235,7 +235,7 @@ def test_methods_state_the_dynamic_definition():
 
 def test_patched_runtime_matches_plan_for_every_method(tmp_path):
     # Every method's plan, applied to a config and built as transformers builds it, passes the plan check.
-    from ctxext.rope import METHODS, verify_against_plan
+    from ctxext.rope.core import METHODS, verify_against_plan
 
     options = {"theta": {"rope_theta": 1e6}, "longrope": {"short_factor": [1.0] * 8, "long_factor": [4.0] * 8}}
     for method in METHODS:

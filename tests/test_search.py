@@ -11,10 +11,10 @@ import torch
 from transformers import AutoModelForCausalLM, GPT2Config
 from typer.testing import CliRunner
 
-from ctxext.cli import app
+from ctxext.cli.commands import app
 from ctxext.errors import InputError
-from ctxext.rope import patch_model, reference_rope, rotary_modules, verify_model_rope
-from ctxext.search.budget import parse_budget
+from ctxext.recipe.budget import parse_budget
+from ctxext.rope.core import patch_model, reference_rope, rotary_modules, verify_model_rope
 from ctxext.search.evolution import Evolution, EvolutionSettings
 from ctxext.search.factors import base_inv_freq, is_monotone, method_factors, seeds
 from ctxext.search.run import SearchSettings, run_search
@@ -178,7 +178,7 @@ def test_written_folder_loads_in_plain_transformers(first_search, tiny_model_dir
 
 
 def base_inv_freq_of(model) -> np.ndarray:
-    from ctxext.rope import read_rope
+    from ctxext.rope.core import read_rope
 
     return base_inv_freq(read_rope(model.config))
 
@@ -249,7 +249,7 @@ def test_resuming_a_log_of_another_model_is_refused(first_search, tiny_model_dir
 
 
 def test_recipe_search_section(tmp_path, first_search, tiny_model_dir):
-    from ctxext.config import RecipeError, parse_recipe
+    from ctxext.recipe.schema import RecipeError, parse_recipe
     from ctxext.search.recipe import search_before_training, settings_from_recipe
 
     data = {

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ctxext.builtin import GROWN_DIR
 from ctxext.errors import InputError
+from ctxext.models.builtin import GROWN_DIR
 from ctxext.search.forms import FormCheck, check_forms, usable_templates
 from ctxext.search.run import run_search
 from tests.test_search import _settings

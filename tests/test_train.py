@@ -8,9 +8,9 @@ import pytest
 import torch
 from _train_helpers import write_recipe
 
-from ctxext.config import load_recipe
 from ctxext.errors import CtxextError, InputError
-from ctxext.train import TrainingDiverged, read_run, train
+from ctxext.recipe.schema import load_recipe
+from ctxext.training.run import TrainingDiverged, read_run, train
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +106,8 @@ def test_run_folder_contract(trained):
 def test_extra_modules_saved_and_reload_reproduces_logits(trained):
     from safetensors.torch import load_file
 
-    from ctxext.model import load_for_inference
-    from ctxext.rope import check_model_rope
+    from ctxext.models.load import load_for_inference
+    from ctxext.rope.core import check_model_rope
 
     result, _ = trained
     saved = load_file(str(result.run_dir / "adapter_model.safetensors"))
@@ -136,9 +136,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, cache_root):
     # appears at step 3: steps 1 and 2 are good and checkpointed.
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ctxext.data import prepare_data
-    from ctxext.sources import resolve_model_path
-    from ctxext.train import micro_batches
+    from ctxext.models.sources import resolve_model_path
+    from ctxext.training.data.corpus import prepare_data
+    from ctxext.training.run import micro_batches
 
     source = resolve_model_path("builtin:tiny-llama")
     tokenizer = AutoTokenizer.from_pretrained(source)
@@ -180,7 +180,7 @@ def test_cli_bad_recipe_and_folders(tmp_path, cache_root):
     # In-process (the command line parsing and the error handling are the same as in a subprocess).
     from typer.testing import CliRunner
 
-    from ctxext.cli import app
+    from ctxext.cli.commands import app
 
     def bad(*args: str) -> str:
         result = CliRunner().invoke(app, ["train", *args])
@@ -218,7 +218,7 @@ def test_shipped_accelerate_configs_load():
 def test_tiny_cpu_recipe_is_above_the_model_context():
     from _train_helpers import ROOT
 
-    from ctxext.sources import load_config
+    from ctxext.models.sources import load_config
 
     recipe = load_recipe(ROOT / "recipes" / "tiny-cpu.yaml", ["output.dir=/tmp/x"])
     config, _ = load_config(recipe.model.path)

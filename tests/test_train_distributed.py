@@ -15,9 +15,9 @@ import pytest
 import torch
 from _train_helpers import ROOT, accelerate_cmd, adapter_tensors, ctxext_cmd, env, run, write_recipe
 
-from ctxext.config import load_recipe
 from ctxext.errors import InputError
-from ctxext.train import read_run, train
+from ctxext.recipe.schema import load_recipe
+from ctxext.training.run import read_run, train
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from _train_helpers import accelerate_cmd, run, write_recipe
 
-from ctxext.config import load_recipe
-from ctxext.train import read_run, train
+from ctxext.recipe.schema import load_recipe
+from ctxext.training.run import read_run, train
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

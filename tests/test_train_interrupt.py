@@ -9,17 +9,17 @@ import pytest
 import torch
 from _train_helpers import write_recipe
 
-import ctxext.train as train_module
 import ctxext.training.loop as loop_module
-from ctxext.config import load_recipe
+import ctxext.training.run as train_module
+from ctxext.artifacts.run import read_run
 from ctxext.errors import CtxextError, InputError
-from ctxext.runfolder import read_run
-from ctxext.weights import fingerprint
+from ctxext.models.weights import fingerprint
+from ctxext.recipe.schema import load_recipe
 
 
 @pytest.fixture()
 def base_copy(tmp_path, cache_root):
-    from ctxext.sources import resolve_model_path
+    from ctxext.models.sources import resolve_model_path
 
     dest = tmp_path / "base"
     shutil.copytree(resolve_model_path("builtin:tiny-llama"), dest)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctxext.rope_methods import Option, RopeMethod, positive, register_method
-from ctxext.rope_types import RopePlan, RopeState
+from ctxext.rope.methods import Option, RopeMethod, positive, register_method
+from ctxext.rope.types import RopePlan, RopeState
 
 
 @register_method

@@ -3,7 +3,7 @@
     python benchmarks/mix_sweep/arm.py NAME '{"steps": 240, "rope": {"method": "llama3"}}'
 
 Overrides: ``steps``, ``lr``, ``r``, ``short``, ``tasks``, ``multikey``, ``factor``, ``pose``, ``pose_factor`` (the
-:class:`ctxext.demo.DemoSettings` knobs) and any recipe section (deep-merged into the recipe). The run
+:class:`ctxext.cli.demo.DemoSettings` knobs) and any recipe section (deep-merged into the recipe). The run
 goes to ``runs/sweep/NAME``; ``THREADS`` sets the training's thread count (default 1). ``cpu_s`` is the
 training process's user + system CPU time (data preparation and loading included): on a quiet machine
 that is the single-core wall time, the honest measure on a shared one.
@@ -23,8 +23,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ctxext.config import dump_recipe  # noqa: E402
-from ctxext.demo import DemoSettings, finetune_recipe  # noqa: E402
+from ctxext.cli.demo import DemoSettings, finetune_recipe  # noqa: E402
+from ctxext.recipe.schema import dump_recipe  # noqa: E402
 
 
 def deep_merge(a: dict, b: dict) -> None:

@@ -1,6 +1,6 @@
 """Paired comparison of qeval results: each model against the first (McNemar exact, ppl ratio bootstrap).
 
-    python benchmarks/mix_sweep/compare.py REF.jsonl OTHER.jsonl ...
+python benchmarks/mix_sweep/compare.py REF.jsonl OTHER.jsonl ...
 """
 
 import json

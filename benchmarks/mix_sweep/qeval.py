@@ -29,8 +29,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from ctxext.evaluation.data import iter_texts
+    from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.evaluation.passkey import GridSettings, evaluate_task_grid
     from ctxext.evaluation.perplexity import token_nll, tokenize_documents
     from ctxext.evaluation.stats import bootstrap_mean_diff
     from ctxext.tasks import Haystack

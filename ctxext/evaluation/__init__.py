@@ -24,11 +24,11 @@ _EXPORTS = {
     "sliding_nll": "perplexity",
     "AnswerScore": "answer_scoring",
     "score_answers": "answer_scoring",
-    "GridSettings": "passkey",
-    "NeedleTask": "passkey",
-    "evaluate_passkey": "passkey",
-    "evaluate_needle": "passkey",
-    "evaluate_task_grid": "passkey",
+    "GridSettings": "grid",
+    "NeedleTask": "grid",
+    "evaluate_passkey": "grid",
+    "evaluate_needle": "grid",
+    "evaluate_task_grid": "grid",
     "RulerSettings": "ruler",
     "RulerTaskSpec": "ruler",
     "evaluate_ruler": "ruler",
@@ -38,8 +38,8 @@ _EXPORTS = {
     "build_report": "report",
     "write_report": "report",
     "model_entry": "report",
-    "EvalReport": "schema",
-    "read_report": "schema",
+    "EvalReport": "ctxext.artifacts.report",
+    "read_report": "ctxext.artifacts.report",
     "load_suite": "suite",
     "run_suite": "suite",
     "run_suite_for_run": "suite",
@@ -54,6 +54,7 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
-        module = importlib.import_module(f"ctxext.evaluation.{_EXPORTS[name]}")
+        target = _EXPORTS[name]
+        module = importlib.import_module(target if "." in target else f"ctxext.evaluation.{target}")
         return getattr(module, name)
     raise AttributeError(f"module 'ctxext.evaluation' has no attribute {name!r}")

@@ -3,7 +3,7 @@
 ``builtin:stdlib`` is the held-out part of the Python standard library's source: the files whose
 SHA-1 of the path relative to the stdlib root, read as an integer, is divisible by 10 (about 10 % of
 the files, the same on every machine with the same Python; the split lives in
-:func:`ctxext.builtin.stdlib_split` and is shared with training, where plain ``builtin:stdlib`` means
+:func:`ctxext.models.builtin.stdlib_split` and is shared with training, where plain ``builtin:stdlib`` means
 the other 90 %). ``builtin:stdlib-heldout`` / ``builtin:stdlib-train`` name a split explicitly,
 ``builtin:stdlib-all`` is every file. ``builtin:stdlib-long`` joins the held-out files, in path order
 (a package's files stay together), into documents of at least ``LONG_DOC_CHARS`` characters (~128 KB,
@@ -18,15 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ctxext.data_sources import TABLE_SUFFIXES, TEXT_SUFFIXES, file_kind, looks_like_path
 from ctxext.errors import InputError
+from ctxext.models.data_sources import TABLE_SUFFIXES, TEXT_SUFFIXES, file_kind, looks_like_path
 
 STDLIB_SPLITS = ("stdlib", "stdlib-heldout", "stdlib-train", "stdlib-all", "stdlib-long")
 LONG_DOC_CHARS = 128_000
 
 
 def _stdlib_texts(name: str) -> Iterator[str]:
-    from ctxext.builtin import stdlib_source_files
+    from ctxext.models.builtin import stdlib_source_files
 
     if name == "stdlib-long":
         yield from _stdlib_long_texts()
@@ -39,7 +39,7 @@ def _stdlib_texts(name: str) -> Iterator[str]:
 def _stdlib_long_texts() -> Iterator[str]:
     import sysconfig
 
-    from ctxext.builtin import stdlib_source_files
+    from ctxext.models.builtin import stdlib_source_files
 
     root = Path(sysconfig.get_paths()["stdlib"])
     parts: list[str] = []
@@ -95,13 +95,13 @@ def _load_table(path: Path, source: str, split: str) -> Any:
         fmt = file_kind(path)
         if fmt is None or fmt == "text":
             raise InputError(f"{path}: unsupported file type; use {', '.join(TABLE_SUFFIXES)} or a text file")
-        from ctxext.sources import check_utf8
+        from ctxext.models.sources import check_utf8
 
         check_utf8([path], str(path))
         try:
             return datasets.load_dataset(fmt, data_files=str(path), split="train")
         except Exception as exc:
-            from ctxext.sources import read_error_message
+            from ctxext.models.sources import read_error_message
 
             raise InputError(read_error_message(exc, path, fmt)) from None
     if looks_like_path(source):
@@ -109,7 +109,7 @@ def _load_table(path: Path, source: str, split: str) -> Any:
     try:
         return datasets.load_dataset(source, split=split)
     except Exception as exc:
-        from ctxext.sources import hub_error_message
+        from ctxext.models.sources import hub_error_message
 
         message = hub_error_message(exc, f"data set {source}")
         raise InputError(message or f"cannot load data set {source} (split {split}): {exc}") from None
@@ -120,7 +120,7 @@ def _read_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        from ctxext.sources import read_error_message
+        from ctxext.models.sources import read_error_message
 
         raise InputError(read_error_message(exc, path, "text")) from None
 

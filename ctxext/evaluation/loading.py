@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from ctxext.errors import InputError
-from ctxext.rope import RopeState, read_rope
+from ctxext.rope.core import RopeState, read_rope
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -103,7 +103,7 @@ def load_model(
     """Load a model for evaluation and verify its runtime RoPE.
 
     The evaluation defaults (SDPA, float32 on the CPU) and the report's ``info``, on top of
-    :func:`ctxext.model.load_inference_model`.
+    :func:`ctxext.models.load.load_inference_model`.
 
     Args:
         spec: what to load (see :class:`ModelSpec`); a ctxext run folder as ``ref`` means its base plus
@@ -117,10 +117,10 @@ def load_model(
 
     Raises:
         InputError: a missing adapter folder or an unusable run folder.
-        ctxext.rope.RopeMismatchError: the runtime RoPE differs from the config.
+        ctxext.rope.core.RopeMismatchError: the runtime RoPE differs from the config.
     """
-    from ctxext.model import load_inference_model
-    from ctxext.runfolder import is_run_folder
+    from ctxext.artifacts.run import is_run_folder
+    from ctxext.models.load import load_inference_model
 
     dev = pick_device(device)
     # A ctxext run folder as the model means its base plus its adapter, with the run's patched config.

@@ -43,7 +43,7 @@ from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel, base_model
 from ctxext.evaluation.progress import progress_bar
 from ctxext.evaluation.stats import DEFAULT_RESAMPLES, bootstrap_mean_diff, ppl_entry
-from ctxext.rope import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
+from ctxext.rope.core import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
 
 MAX_BUCKETS = 1024
 # A bootstrap interval over one or two documents has (almost) zero width and means nothing.

@@ -1,6 +1,6 @@
 """PNG plots of an evaluation report: perplexity by position / length / context limit, retrieval, QA, attention.
 
-Every plot reads the report's JSON form (:meth:`ctxext.evaluation.schema.EvalReport.to_json_dict`, NaN written
+Every plot reads the report's JSON form (:meth:`ctxext.artifacts.report.EvalReport.to_json_dict`, NaN written
 as null); matplotlib is imported only when plots are written.
 """
 
@@ -144,7 +144,10 @@ def _ruler_heatmap(plt: Any, models: list[dict[str, Any]], folder: Path) -> str:
     from matplotlib.patches import Rectangle
 
     fig, axes = plt.subplots(
-        1, len(models), figsize=(3.2 * len(models) + 2, 0.45 * len(models[0]["ruler"]["tasks"]) + 2.2), squeeze=False,
+        1,
+        len(models),
+        figsize=(3.2 * len(models) + 2, 0.45 * len(models[0]["ruler"]["tasks"]) + 2.2),
+        squeeze=False,
         constrained_layout=True,
     )
     image = None

@@ -26,7 +26,7 @@ from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel
 from ctxext.evaluation.progress import progress_bar
 from ctxext.evaluation.stats import bootstrap_nll
-from ctxext.rope import reset_dynamic_rope
+from ctxext.rope.core import reset_dynamic_rope
 
 METRIC_PATH = Path(__file__).parent / "metrics" / "squad_offline" / "squad_offline.py"
 QA_TEMPLATE = "{context}\n\nQuestion: {question}\nAnswer:"
@@ -265,7 +265,7 @@ def _length_bucket(tokens: int, edges: list[int]) -> str:
 
 @torch.no_grad()
 def _answer(loaded: LoadedModel, ids: list[int], max_new_tokens: int) -> str:
-    from ctxext.evaluation.passkey import greedy_generate
+    from ctxext.evaluation.grid import greedy_generate
 
     text = greedy_generate(loaded, [ids], max_new_tokens)[0]
     return text.strip().split("\n")[0].strip()

@@ -1,9 +1,9 @@
 """Evaluation reports: ``report.json``, ``report.md`` and PNG plots, models side by side.
 
-``report.json`` follows the typed schema in :mod:`ctxext.evaluation.schema` (``"schema": "ctxext.eval.report/v1"``;
+``report.json`` follows the typed schema in :mod:`ctxext.artifacts.report` (``"schema": "ctxext.eval.report/v1"``;
 fields are only added, never renamed): :func:`build_report` assembles and validates it, :func:`write_report`
 writes it through the schema with its Markdown and plots. The Markdown tables the model card also shows live in
-:mod:`ctxext.evaluation.tables`; the plots in :mod:`ctxext.evaluation.plots`.
+:mod:`ctxext.artifacts.tables`; the plots in :mod:`ctxext.evaluation.plots`.
 
 ``nll`` is the mean negative log-likelihood in nats per token, ``ppl = exp(nll)``; ``ci_low`` / ``ci_high``
 bound the perplexity (95 % bootstrap over documents); accuracies carry 95 % Wilson intervals; EM / F1 are
@@ -18,9 +18,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ctxext.atomic import atomic_folder
-from ctxext.evaluation.schema import SCHEMA, EvalReport, Grid, ModelEntry, parse_report
-from ctxext.evaluation.tables import (
+from ctxext.artifacts.report import SCHEMA, EvalReport, Grid, ModelEntry, parse_report
+from ctxext.artifacts.tables import (
     bucket_table,
     fmt,
     grid_table,
@@ -31,6 +30,7 @@ from ctxext.evaluation.tables import (
     short_context_table,
     table,
 )
+from ctxext.atomic import atomic_folder
 
 # The kind of output folder a report is (``ctxext.atomic``): --overwrite replaces only another report.
 REPORT_KIND = "report"
@@ -93,7 +93,7 @@ def build_report(
         reference: the model every other model is compared with, paired (default: the first).
 
     Returns:
-        The report as a dict, checked against the schema (:mod:`ctxext.evaluation.schema`).
+        The report as a dict, checked against the schema (:mod:`ctxext.artifacts.report`).
 
     Raises:
         InputError: the entries do not make a report of the schema (a bug in an evaluator, named by field).
@@ -127,7 +127,7 @@ def write_report(report: EvalReport | dict[str, Any], out: str | Path, overwrite
     interrupted run never leaves a report that looks complete.
 
     Args:
-        report: from :func:`build_report`, or a typed :class:`~ctxext.evaluation.schema.EvalReport`.
+        report: from :func:`build_report`, or a typed :class:`~ctxext.artifacts.report.EvalReport`.
         out: the output folder (created). An existing non-empty folder is refused unless ``overwrite``,
             and even then replaced only when it is a report folder ctxext wrote (see
             :func:`ctxext.atomic.check_output`).

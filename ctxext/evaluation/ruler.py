@@ -1,6 +1,6 @@
 """RULER-style task suite: registered synthetic tasks × lengths × depths, with effective length.
 
-Each task of the suite runs as a retrieval grid (:func:`ctxext.evaluation.passkey.evaluate_task_grid`)
+Each task of the suite runs as a retrieval grid (:func:`ctxext.evaluation.grid.evaluate_task_grid`)
 on one haystack, with trials spread over the chosen templates (``heldout``: the templates training does
 not use by default). A task's score at a length is its accuracy over every depth and trial there.
 
@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.errors import InputError
+from ctxext.evaluation.grid import GridSettings, evaluate_task_grid, load_haystack
 from ctxext.evaluation.loading import LoadedModel
-from ctxext.evaluation.passkey import GridSettings, evaluate_task_grid, load_haystack
 from ctxext.tasks import get_task
 
 THRESHOLD_REFERENCES = ("original", "absolute")

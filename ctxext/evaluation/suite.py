@@ -220,7 +220,7 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
         raw = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML: {exc}") from None
-    from ctxext.config import RecipeError, apply_overrides
+    from ctxext.recipe.schema import RecipeError, apply_overrides
 
     try:
         apply_overrides(raw, list(overrides or []))  # the one key=value parser, shared with recipes
@@ -417,9 +417,9 @@ def _reference_context(specs: list[Any]) -> tuple[int, int]:
 
     That model sets the lengths a suite gives relative to a context (``2x original``, ``target``).
     """
-    from ctxext.rope import read_rope
-    from ctxext.runfolder import is_run_folder
-    from ctxext.sources import load_config
+    from ctxext.artifacts.run import is_run_folder
+    from ctxext.models.sources import load_config
+    from ctxext.rope.core import read_rope
 
     states = []
     for spec in specs:
@@ -526,7 +526,7 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
         t = getattr(suite, task)
         if t is None:
             continue
-        from ctxext.evaluation.passkey import GridSettings, NeedleTask, evaluate_needle, evaluate_passkey
+        from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle, evaluate_passkey
 
         grid = GridSettings(
             lengths=plan[task],
@@ -613,14 +613,14 @@ def run_suite_for_run(run_dir: str | Path, recipe: Any, show_progress: bool = Tr
 
     Args:
         run_dir: the run folder (``run.json``, adapter, patched ``config.json``).
-        recipe: the run's :class:`ctxext.config.Recipe`.
+        recipe: the run's :class:`ctxext.recipe.schema.Recipe`.
         show_progress: progress bars.
 
     Returns:
         The report folder.
     """
+    from ctxext.artifacts.run import run_base_model
     from ctxext.evaluation.loading import ModelSpec
-    from ctxext.runfolder import run_base_model
 
     run_dir = Path(run_dir)
     suite_ref = recipe.eval.suite

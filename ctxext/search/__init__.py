@@ -18,7 +18,7 @@ _LAZY = {
     "SearchResult": "ctxext.search.run",
     "SearchSettings": "ctxext.search.run",
     "run_search": "ctxext.search.run",
-    "parse_budget": "ctxext.search.budget",
+    "parse_budget": "ctxext.recipe.budget",
 }
 
 

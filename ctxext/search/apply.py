@@ -2,7 +2,7 @@
 
 Loading a model per candidate would dominate a search; instead the model is loaded once and, for each
 candidate, its config's RoPE fields are reset to the original ones and the new setting is applied with
-:func:`ctxext.rope.patch_model` — which rebuilds the rotary modules and verifies their runtime
+:func:`ctxext.rope.core.patch_model` — which rebuilds the rotary modules and verifies their runtime
 frequencies against ctxext's reference, so every scored candidate runs with exactly the factors logged.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctxext.rope import RopePlan, _text_config, patch_model, read_rope, rebuild_rotary, verify_model_rope
+from ctxext.rope.core import RopePlan, _text_config, patch_model, read_rope, rebuild_rotary, verify_model_rope
 
 # The searched model keeps the original behaviour inside the original window: short factors of 1 and
 # no attention scaling (transformers applies ``attention_factor`` at every length, short ones included).
@@ -45,9 +45,7 @@ def resolve_attention_factor(value: str | float, scale: float, original_length: 
     except (TypeError, ValueError):
         number = math.nan
     if not math.isfinite(number) or number <= 0:
-        raise InputError(
-            f"attention factor {value!r} must be 'auto', 'search' or a positive number (1 = no scaling)"
-        )
+        raise InputError(f"attention factor {value!r} must be 'auto', 'search' or a positive number (1 = no scaling)")
     return number
 
 

@@ -29,7 +29,7 @@ def settings_from_recipe(recipe: Any, out: Path | None = None) -> Any:
     """The :class:`~ctxext.search.run.SearchSettings` of a recipe's ``model`` / ``rope`` / ``search`` sections.
 
     Args:
-        recipe: a validated :class:`ctxext.config.Recipe`.
+        recipe: a validated :class:`ctxext.recipe.schema.Recipe`.
         out: overrides ``search.out``.
 
     Raises:

@@ -13,7 +13,7 @@ The workflow, top to bottom:
    ``OUT/search.jsonl`` until the generations are done or the time budget is spent;
 4. compare the best factors with the named methods on held-out files (:mod:`ctxext.search.report`);
 5. write ``OUT`` as a model folder (``rope_type: longrope``, short factors 1, the found long factors)
-   through :func:`ctxext.extend.extend_folder` in a temporary folder, reload it with plain transformers
+   through :func:`ctxext.extend.folder.extend_folder` in a temporary folder, reload it with plain transformers
    and check its runtime RoPE, then rename it into place — with the log, the factors and the report.
 
 While the search runs, ``OUT`` holds only ``search.jsonl`` (no ``config.json``: it does not load as a
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ctxext.errors import InputError
-from ctxext.search.budget import parse_budget
+from ctxext.recipe.budget import parse_budget
 from ctxext.search.evolution import Candidate, Evolution, EvolutionSettings, StopSearch, best, run_evolution
 from ctxext.search.log import LOG_NAME, SearchLog, check_resume, model_fingerprint, read_log
 
@@ -282,12 +282,12 @@ def run_search(
     Raises:
         InputError: bad settings, or a log that belongs to another search.
         FileExistsError: ``out`` exists without ``--resume`` / ``--overwrite``.
-        ctxext.rope.RopeError: a model without RoPE, or a target not above its context.
+        ctxext.rope.core.RopeError: a model without RoPE, or a target not above its context.
     """
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.rope import plan_extension, read_rope
+    from ctxext.models.sources import load_config
+    from ctxext.rope.core import plan_extension, read_rope
     from ctxext.search.apply import RopeSwitch, longrope_options
-    from ctxext.sources import load_config
 
     settings.validate()
     # Everything that can be checked from the config is checked before a weight is loaded or a file written.
@@ -643,7 +643,7 @@ def _write_output(
 ) -> Path:
     """Write the model folder (with log, factors and report) atomically, after reloading and verifying it."""
     from ctxext.atomic import atomic_folder
-    from ctxext.extend import extend_folder
+    from ctxext.extend.folder import extend_folder
 
     out = settings.out
     # The folder holds this search's log (its manifest says so): replaced by the finished folder.
@@ -679,7 +679,7 @@ def _verify_folder(folder: Path, long_factor: list[float]) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ctxext.rope import RopeMismatchError, verify_model_rope
+    from ctxext.rope.core import RopeMismatchError, verify_model_rope
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     verify_model_rope(model)

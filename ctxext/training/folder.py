@@ -1,4 +1,4 @@
-"""The run folder as ``ctxext train`` writes it; :mod:`ctxext.runfolder` is its reader.
+"""The run folder as ``ctxext train`` writes it; :mod:`ctxext.artifacts.run` is its reader.
 
 Order of writing: the output folder is checked (new, or a run to resume with the same recipe) before
 anything is loaded; ``recipe.yaml``, ``versions.json``, ``mixture.json`` and a ``running`` ``run.json``
@@ -15,10 +15,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ctxext.artifacts.run import RUN_FILE, read_run
 from ctxext.atomic import check_output
-from ctxext.config import Recipe
 from ctxext.errors import InputError
-from ctxext.runfolder import RUN_FILE, read_run
+from ctxext.recipe.schema import Recipe
 
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
@@ -126,9 +126,9 @@ def run_record(
 
     Args:
         recipe: the recipe.
-        loaded: the training model (:class:`ctxext.model.TrainingModel`).
+        loaded: the training model (:class:`ctxext.models.load.TrainingModel`).
         num_processes: processes in the job.
-        base_fingerprint: the base weights' fingerprint (:func:`ctxext.weights.fingerprint`).
+        base_fingerprint: the base weights' fingerprint (:func:`ctxext.models.weights.fingerprint`).
         previous: the resumed run's ``run.json`` (its initial validation loss is kept), or ``None``.
     """
     plan = loaded.plan
@@ -206,7 +206,7 @@ class RunWriter:
         """Adapter, patched config, tokenizer: staged in a hidden folder, then moved in."""
         from transformers import AutoConfig
 
-        from ctxext.rope import apply_plan, runtime_model_from_config, verify_against_plan
+        from ctxext.rope.core import apply_plan, runtime_model_from_config, verify_against_plan
 
         out, plan = self.out, loaded.plan
         stage = out / ".final-tmp"

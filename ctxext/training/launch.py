@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from ctxext.config import Recipe
 from ctxext.errors import CtxextError, InputError
+from ctxext.recipe.schema import Recipe
 
 
 @dataclass

@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from ctxext.config import Recipe
 from ctxext.errors import CtxextError
-from ctxext.rows import build_inputs
+from ctxext.recipe.schema import Recipe
 from ctxext.training.checkpoints import Checkpoints, Counters, step_of
+from ctxext.training.data.rows import build_inputs
 from ctxext.training.folder import METRICS_FILE, RunWriter
 from ctxext.training.launch import Launch
 from ctxext.training.steps import micro_batches, peak_mem_mb
@@ -48,8 +48,8 @@ class TrainingLoop:
     Args:
         recipe: the recipe.
         launch: the accelerator and this process's place in the job.
-        loaded: the training model (:class:`ctxext.model.TrainingModel`: plan, attention implementation).
-        data: the training data (:class:`ctxext.data.TrainingData`).
+        loaded: the training model (:class:`ctxext.models.load.TrainingModel`: plan, attention implementation).
+        data: the training data (:class:`ctxext.training.data.corpus.TrainingData`).
         model: the prepared :class:`~ctxext.training.steps.CausalLMWithChunkedLoss`.
         trainable: the trainable parameters (clipped).
         optimizer: the prepared optimizer.

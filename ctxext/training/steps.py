@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from ctxext.config import Recipe
 from ctxext.errors import InputError
-from ctxext.losses import chunked_cross_entropy
+from ctxext.recipe.schema import Recipe
+from ctxext.training.losses import chunked_cross_entropy
 
 
 class CausalLMWithChunkedLoss(torch.nn.Module):
@@ -37,7 +37,7 @@ class CausalLMWithChunkedLoss(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed next-token loss and the number of scored tokens (``labels`` are already shifted).
 
-        ``position_ids`` / ``attention_mask`` come from :func:`ctxext.rows.build_inputs` (PoSE, packed
+        ``position_ids`` / ``attention_mask`` come from :func:`ctxext.training.data.rows.build_inputs` (PoSE, packed
         documents); ``None`` is the model's default causal path.
         """
         base = self.peft_model.get_base_model()

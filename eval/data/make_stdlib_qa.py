@@ -13,7 +13,7 @@ import random
 import re
 from pathlib import Path
 
-from ctxext.builtin import stdlib_files, stdlib_split
+from ctxext.models.builtin import stdlib_files, stdlib_split
 
 ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) = ((?:'[^'\n]{1,30}'|\"[^\"\n]{1,30}\"|\d{1,8}))\s*$", re.M)
 

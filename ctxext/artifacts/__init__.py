@@ -1,0 +1,1 @@
+"""What ctxext writes and reads back (core): the run record (``run.json``), the evaluation report schema, tables."""

@@ -1,0 +1,501 @@
+"""``ctxext eval``: perplexity, passkey, needle, QA and suites, for one or several models side by side."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+eval_app = typer.Typer(
+    help="Evaluate long-context quality: perplexity by length / position, passkey and needle grids, QA, suites.",
+    no_args_is_help=True,
+)
+
+ModelOpt = Annotated[
+    list[str],
+    typer.Option("--model", "-m", help="model folder, Hub id, builtin:NAME or ctxext run folder (repeat to compare)"),
+]
+AdapterOpt = Annotated[
+    list[str] | None, typer.Option("--adapter", help="LoRA adapter per --model, in order ('none' for no adapter)")
+]
+NameOpt = Annotated[list[str] | None, typer.Option("--name", help="report label per --model")]
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="report folder (report.json, report.md, PNG plots)")]
+DeviceOpt = Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available)")]
+BeyondOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-beyond-context", help="evaluate lengths above a model's context (marked †) instead of failing"
+    ),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars")]
+OverwriteOpt = Annotated[
+    bool,
+    typer.Option("--overwrite", help="replace a previous report folder at --out (never a folder holding other files)"),
+]
+ScoringOpt = Annotated[
+    str,
+    typer.Option(
+        help="teacher-forced: one forward pass over prompt + answer (exact for greedy decoding, no KV cache); "
+        "generate: greedy decoding with an explicit greedy config (cross-check)"
+    ),
+]
+ReferenceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--reference", help="report label of the model the others are compared with, paired (default: the first)"
+    ),
+]
+
+
+@dataclass
+class Shared:
+    """The options every ``ctxext eval`` command takes besides ``--model`` and ``--out`` (see :func:`_shared`).
+
+    Attributes:
+        adapter: a LoRA adapter per model (``--adapter``).
+        name: a report label per model (``--name``).
+        reference: the label the other models are compared with (``--reference``).
+        device: ``cpu`` or ``cuda`` (``--device``).
+        quiet: no progress bars (``--quiet``).
+        overwrite: replace a previous report folder (``--overwrite``).
+    """
+
+    adapter: AdapterOpt = None
+    name: NameOpt = None
+    reference: ReferenceOpt = None
+    device: DeviceOpt = None
+    quiet: QuietOpt = False
+    overwrite: OverwriteOpt = False
+
+
+def _shared(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give a command the :class:`Shared` options: they are added to its CLI and passed as ``shared``."""
+    own = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.name != "shared"]
+    hints = inspect.get_annotations(Shared, eval_str=True)
+    added = [
+        inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+        for f in fields(Shared)
+    ]
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        shared = Shared(**{f.name: kwargs.pop(f.name) for f in fields(Shared)})
+        return fn(shared=shared, **kwargs)
+
+    kind = inspect.Parameter.KEYWORD_ONLY
+    command.__signature__ = inspect.Signature([p.replace(kind=kind) for p in own] + added)  # type: ignore[attr-defined]
+    return command
+
+
+def _check_reference(specs: list[Any], reference: str | None) -> None:
+    # Fail before any model is evaluated, not after an hour of scoring.
+    from ctxext.evaluation.paired import choose_reference
+
+    choose_reference([{"name": s.label()} for s in specs], reference)
+
+
+def _ints(text: str, what: str) -> list[int]:
+    from ctxext.errors import InputError
+
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise InputError(f"{what}: expected comma-separated integers, got {text!r}") from None
+
+
+def _floats(text: str, what: str) -> list[float]:
+    from ctxext.errors import InputError
+
+    try:
+        return [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise InputError(f"{what}: expected comma-separated numbers, got {text!r}") from None
+
+
+def _grid(lengths: str, depths: str, trials: int, seed: int, allow_beyond: bool, scoring: str) -> Any:
+    """The validated grid settings shared by the passkey and needle commands."""
+    from ctxext.evaluation.grid import GridSettings
+
+    grid = GridSettings(
+        lengths=_ints(lengths, "--lengths"),
+        depths=_floats(depths, "--depths"),
+        trials=trials,
+        seed=seed,
+        allow_beyond_context=allow_beyond,
+        scoring=scoring,
+    )
+    grid.validate()
+    return grid
+
+
+def _run(
+    models: list[str], out: Path, shared: Shared, task: str, fn: Callable[[Any], dict[str, Any]], data: dict[str, Any]
+) -> dict[str, Any]:
+    """Evaluate every model with ``fn``, write one report with the results under ``task``, print its summary."""
+    from ctxext.atomic import check_inputs_outside, check_output
+    from ctxext.cli.console import console
+    from ctxext.evaluation.loading import load_model, parse_model_specs
+    from ctxext.evaluation.report import REPORT_KIND, build_report, model_entry, write_report
+
+    device, overwrite, reference = shared.device, shared.overwrite, shared.reference
+    specs = parse_model_specs(models, shared.adapter, shared.name)
+    # Before any work: an output that cannot be written must not cost an evaluation.
+    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
+    check_output(out, REPORT_KIND, overwrite)
+    _check_reference(specs, reference)
+    entries = []
+    for spec in specs:
+        with console.status(f"loading {spec.label()}"):
+            loaded = load_model(spec, device=device)
+        console.print(
+            f"[green]✓[/] {loaded.name}: rope {loaded.rope.rope_type} ×{loaded.rope.factor:g}, context "
+            f"{loaded.context_length} (original {loaded.original_length}), runtime RoPE verified"
+        )
+        entry = model_entry(loaded)
+        entry[task] = fn(loaded)
+        entries.append(entry)
+        del loaded
+        gc.collect()
+    command = " ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]])
+    report = build_report(entries, data=data, command=command, reference=reference)
+    write_report(report, out, overwrite=overwrite)
+    _print_summary(report, out)
+    return report
+
+
+def _print_summary(report: dict[str, Any], out: Path) -> None:
+    from rich.table import Table
+
+    from ctxext.cli.console import console
+
+    for m in report["models"]:
+        if m.get("perplexity"):
+            p = m["perplexity"]
+            table = Table(title=f"perplexity — {m['name']} ({p['mode']})")
+            for col in ("length", "ppl", "95% CI", "docs", "tokens"):
+                table.add_column(col)
+            for L, e in p["by_length"].items():
+                if e.get("ppl") is not None:
+                    mark = " †" if e.get("beyond_context") else ""
+                    table.add_row(
+                        L + mark,
+                        f"{e['ppl']:.4g}",
+                        f"{e['ci_low']:.4g}–{e['ci_high']:.4g}",
+                        str(e["documents"]),
+                        str(e["tokens"]),
+                    )
+            if p.get("short_context") and p["short_context"].get("ppl"):
+                s = p["short_context"]
+                table.add_row(
+                    f"{s['length']} (original)",
+                    f"{s['ppl']:.4g}",
+                    f"{s['ci_low']:.4g}–{s['ci_high']:.4g}",
+                    str(s["documents"]),
+                    str(s["tokens"]),
+                )
+            console.print(table)
+        for task in ("passkey", "needle"):
+            if m.get(task):
+                ov = m[task]["overall"]
+                console.print(
+                    f"{task} — {m['name']}: {ov['accuracy'] * 100:.1f} % [{ov['ci_low'] * 100:.1f}, "
+                    f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials "
+                    f"({m[task].get('scoring', 'generate')})"
+                )
+        if m.get("ruler"):
+            eff = m["ruler"]["effective_length"]
+            per_task = ", ".join(
+                f"{t} {e['effective_length']['length'] or 'n/a'}" for t, e in m["ruler"]["tasks"].items()
+            )
+            console.print(f"ruler — {m['name']}: effective length {eff['length'] or 'n/a'} ({per_task})")
+        if m.get("attention"):
+            a = m["attention"]
+            console.print(
+                f"attention — {m['name']} at {a['length']} tokens: mass beyond the original window "
+                f"({a['original_length']}) {a['mean']['beyond_original'] * 100:.1f} %, on the first "
+                f"{a['settings']['sink_tokens']} tokens {a['mean']['sinks'] * 100:.1f} %, entropy "
+                f"{a['mean']['entropy']:.2f} nats (means over layers)"
+            )
+        if m.get("qa"):
+            q = m["qa"]["overall"]
+            console.print(
+                f"qa — {m['name']}: EM {q['exact_match']:.1f}, F1 {q['f1']:.1f} over {q['examples']} examples "
+                f"({m['qa']['truncated']} truncated in the middle)"
+            )
+    _print_comparisons(report.get("comparisons"))
+    console.print(f"[green]✓[/] report written to {out}/report.json, report.md and PNG plots")
+
+
+def _print_comparisons(comp: dict[str, Any] | None) -> None:
+    from ctxext.cli.console import console
+
+    if not comp or not comp["comparisons"]:
+        return
+    ref = comp["reference"]
+    for r in comp["perplexity"]:
+        if r["view"] == "length":
+            console.print(
+                f"paired — {r['model']} / {ref} ppl@{r['length']}: {r['ratio']:.3f}× "
+                f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] over {r['documents']} documents, p Holm {r['p_holm']:.2g}"
+            )
+    for r in comp["grids"]:
+        console.print(
+            f"paired — {r['model']} vs {ref} {r['task']}@{r['length']}: {r['a_correct']} vs {r['b_correct']} of "
+            f"{r['trials']}, McNemar p {r['p_value']:.2g} (Holm {r['p_holm']:.2g})"
+        )
+    for r in comp.get("attention") or []:
+        console.print(
+            f"paired — {r['model']} − {ref} attention beyond the original window at {r['length']}: "
+            f"{r['difference'] * 100:+.1f} pts [{r['ci_low'] * 100:+.1f}, {r['ci_high'] * 100:+.1f}] over "
+            f"{r['documents']} documents"
+        )
+    console.print(f"({comp['comparisons']} paired comparisons; p Holm is adjusted over all of them)")
+
+
+def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
+    from ctxext.cli.console import friendly_errors
+
+    return friendly_errors(fn)
+
+
+@eval_app.command("ppl")
+@_friendly
+@_shared
+def ppl_cmd(
+    shared: Shared,
+    model: ModelOpt,
+    data: Annotated[str, typer.Option(help="text file, folder, jsonl/parquet/csv, Hub data set, or builtin:stdlib")],
+    lengths: Annotated[str, typer.Option(help="evaluation lengths, e.g. 2048,4096,8192")],
+    out: OutOpt,
+    bucket_size: Annotated[int | None, typer.Option(help="position bucket width (divides the longest length)")] = None,
+    text_field: Annotated[str, typer.Option(help="text column of table-like data")] = "text",
+    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
+    max_docs: Annotated[
+        int | None, typer.Option(help="at most this many documents reaching the longest length (the common set)")
+    ] = None,
+    min_docs: Annotated[int, typer.Option(help="fewest documents a perplexity may average (error below)")] = 3,
+    stride: Annotated[
+        int | None, typer.Option(help="sliding-window mode: score whole documents, windows moved by this")
+    ] = None,
+    max_doc_tokens: Annotated[int | None, typer.Option(help="sliding-window mode: cut documents to this")] = None,
+    context_limits: Annotated[str | None, typer.Option(help="context-use curve: limits k, e.g. 32,128,512")] = None,
+    mode: Annotated[str, typer.Option(help="auto, one-pass or per-length")] = "auto",
+    short_context: Annotated[bool, typer.Option(help="also report ppl at the original context")] = True,
+    chunk_size: Annotated[
+        int | None, typer.Option(help="positions projected onto the vocabulary at once (default 256 CPU, 2048 GPU)")
+    ] = None,
+    resamples: Annotated[int, typer.Option(help="bootstrap resamples for the 95% CIs")] = 1000,
+    allow_beyond_context: BeyondOpt = False,
+) -> None:
+    """Perplexity by evaluation length and token-position bucket (truncated documents), with 95% CIs."""
+    from ctxext.evaluation.data import describe_source, iter_texts
+    from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+
+    settings = PerplexitySettings(
+        lengths=_ints(lengths, "--lengths"),
+        bucket_size=bucket_size,
+        stride=stride,
+        context_limits=_ints(context_limits, "--context-limits") if context_limits else [],
+        max_docs=max_docs,
+        min_docs=min_docs,
+        max_doc_tokens=max_doc_tokens,
+        chunk_size=chunk_size,
+        resamples=resamples,
+        short_context=short_context,
+        allow_beyond_context=allow_beyond_context,
+        mode=mode,
+    )
+    settings.validate()
+
+    def task(loaded: Any) -> dict[str, Any]:
+        return evaluate_perplexity(loaded, iter_texts(data, text_field, split), settings, not shared.quiet)
+
+    _run(model, out, shared, "perplexity", task, {"perplexity": describe_source(data, text_field, split)})
+
+
+@eval_app.command("passkey")
+@_friendly
+@_shared
+def passkey_cmd(
+    shared: Shared,
+    model: ModelOpt,
+    lengths: Annotated[str, typer.Option(help="prompt lengths in tokens, e.g. 4096,8192")],
+    out: OutOpt,
+    depths: Annotated[str, typer.Option(help="needle depths in percent")] = "0,25,50,75,100",
+    trials: Annotated[int, typer.Option(help="prompts (keys) per cell")] = 5,
+    seed: Annotated[int, typer.Option(help="seed of the keys")] = 0,
+    scoring: ScoringOpt = "teacher-forced",
+    allow_beyond_context: BeyondOpt = False,
+) -> None:
+    """Passkey retrieval (Landmark Attention prompt) over lengths × depths, k seeded keys per cell, teacher-forced."""
+    from ctxext.evaluation.grid import evaluate_passkey
+
+    grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring)
+    _run(model, out, shared, "passkey", lambda lm: evaluate_passkey(lm, grid, not shared.quiet), {})
+
+
+@eval_app.command("needle")
+@_friendly
+@_shared
+def needle_cmd(
+    shared: Shared,
+    model: ModelOpt,
+    lengths: Annotated[str, typer.Option(help="prompt lengths in tokens")],
+    out: OutOpt,
+    haystack: Annotated[
+        str, typer.Option(help="haystack text: file, folder, jsonl, Hub data set, builtin:stdlib")
+    ] = "builtin:stdlib",
+    needle: Annotated[str | None, typer.Option(help="the sentence to hide")] = None,
+    question: Annotated[str | None, typer.Option(help="the text that ends the prompt and asks for it")] = None,
+    answer: Annotated[
+        str | None, typer.Option(help="expected continuation of the question (scored token by token)")
+    ] = None,
+    text_field: Annotated[str, typer.Option(help="text column of a table-like haystack")] = "text",
+    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
+    depths: Annotated[str, typer.Option(help="needle depths in percent")] = "0,25,50,75,100",
+    trials: Annotated[int, typer.Option(help="haystack offsets per cell")] = 3,
+    seed: Annotated[int, typer.Option(help="seed of the haystack offsets")] = 0,
+    scoring: ScoringOpt = "teacher-forced",
+    allow_beyond_context: BeyondOpt = False,
+) -> None:
+    """Needle in a haystack over lengths × depths with a configurable haystack, needle, question and answer."""
+    from ctxext.evaluation.data import describe_source
+    from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
+
+    task = NeedleTask(haystack=haystack, text_field=text_field, split=split)
+    for key, value in (("needle", needle), ("question", question), ("answer", answer)):
+        if value:
+            setattr(task, key, value)
+    grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring)
+    data_info = {"needle": describe_source(haystack, text_field, split)}
+    _run(
+        model,
+        out,
+        shared,
+        "needle",
+        lambda lm: evaluate_needle(lm, GridSettings(**vars(grid)), task, not shared.quiet),
+        data_info,
+    )
+
+
+@eval_app.command("qa")
+@_friendly
+@_shared
+def qa_cmd(
+    shared: Shared,
+    model: ModelOpt,
+    data: Annotated[str, typer.Option(help="jsonl / json / parquet / csv file or Hub data set")],
+    out: OutOpt,
+    context_field: Annotated[str, typer.Option(help="column with the document")] = "context",
+    question_field: Annotated[str, typer.Option(help="column with the question")] = "question",
+    answers_field: Annotated[str, typer.Option(help="column with the answer(s)")] = "answers",
+    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
+    max_examples: Annotated[int | None, typer.Option(help="at most this many examples")] = None,
+    max_length: Annotated[int | None, typer.Option(help="prompt budget in tokens (default: model context)")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="answer budget in tokens")] = 32,
+    length_edges: Annotated[str, typer.Option(help="context-length bucket edges in tokens")] = "4000,8000",
+) -> None:
+    """Long-document QA: greedy answers, SQuAD EM / F1 by answer position and context length."""
+    from ctxext.evaluation.data import describe_source
+    from ctxext.evaluation.qa import QASettings, evaluate_qa
+
+    settings = QASettings(
+        data=data,
+        context_field=context_field,
+        question_field=question_field,
+        answers_field=answers_field,
+        split=split,
+        max_examples=max_examples,
+        max_length=max_length,
+        max_new_tokens=max_new_tokens,
+        length_edges=_ints(length_edges, "--length-edges"),
+    )
+    _run(
+        model,
+        out,
+        shared,
+        "qa",
+        lambda lm: evaluate_qa(lm, settings, not shared.quiet),
+        {"qa": describe_source(data, split=split)},
+    )
+
+
+@eval_app.command("attention")
+@_friendly
+@_shared
+def attention_cmd(
+    shared: Shared,
+    model: ModelOpt,
+    out: OutOpt,
+    data: Annotated[str, typer.Option(help="documents: file, folder, jsonl, Hub data set, builtin:stdlib")] = (
+        "builtin:stdlib"
+    ),
+    length: Annotated[int | None, typer.Option(help="tokens per document (default: each model's context)")] = None,
+    docs: Annotated[int, typer.Option(help="documents (each reaching the length)")] = 4,
+    bands: Annotated[str, typer.Option(help="distance band edges as fractions of the length")] = "0.01,0.1,0.5",
+    sink_tokens: Annotated[int, typer.Option(help="first tokens counted as attention sinks")] = 4,
+    allow_beyond_context: BeyondOpt = False,
+    text_field: Annotated[str, typer.Option(help="text column of table-like data")] = "text",
+    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
+) -> None:
+    """Attention diagnostics per layer: mass by distance band, beyond the original window, on sinks; entropy."""
+    from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
+    from ctxext.evaluation.data import describe_source, iter_texts
+
+    settings = AttentionSettings(
+        length=length,
+        docs=docs,
+        bands=_floats(bands, "--bands"),
+        sink_tokens=sink_tokens,
+        allow_beyond_context=allow_beyond_context,
+    )
+    settings.validate()
+
+    def task(loaded: Any) -> dict[str, Any]:
+        return evaluate_attention(loaded, iter_texts(data, text_field, split), settings, not shared.quiet)
+
+    data_info = {"attention": describe_source(data, text_field, split)}
+    _run(model, out, shared, "attention", task, data_info)
+
+
+@eval_app.command("run")
+@_friendly
+@_shared
+def run_cmd(
+    shared: Shared,
+    suite: Annotated[Path, typer.Argument(help="suite YAML (eval/long-context.yaml, eval/tiny-cpu.yaml)")],
+    model: ModelOpt,
+    out: OutOpt,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="suite override key=value (repeatable)")] = None,
+) -> None:
+    """Run an evaluation suite on one or several models and write one side-by-side report."""
+    from ctxext.evaluation.loading import parse_model_specs
+    from ctxext.evaluation.suite import load_suite, run_suite
+
+    parsed, _ = load_suite(suite, overrides or [])
+    specs = parse_model_specs(model, shared.adapter, shared.name)
+    _check_reference(specs, shared.reference)
+    report = run_suite(
+        parsed,
+        specs,
+        out,
+        str(suite),
+        not shared.quiet,
+        command=" ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]]),
+        device=shared.device,
+        overwrite=shared.overwrite,
+        reference=shared.reference,
+    )
+    for note in report["suite"]["notes"]:
+        from ctxext.cli.console import console
+
+        console.print(f"[yellow]note:[/] {note}")
+    _print_summary(report, out)

@@ -1,0 +1,129 @@
+"""Everything about a recipe that can be checked before training starts (``ctxext validate``, ``ctxext train``).
+
+The schema (:mod:`ctxext.recipe.schema`) checks each value on its own; this checks the recipe against the world:
+the model's config, the RoPE plan, the eval suite file, and what the training length means for the model.
+A problem found here would otherwise surface only after hours of training (an eval suite that does not
+exist) or never (a fine-tune that never sees a position beyond the original window).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ctxext.errors import CtxextError
+from ctxext.recipe.schema import Recipe, RecipeError
+
+
+def preflight(recipe: Recipe, source: str = "recipe", check_model: bool = True) -> list[str]:
+    """Check a validated recipe against its model, its RoPE plan and its eval suite.
+
+    Args:
+        recipe: the validated recipe.
+        source: the recipe's name, for messages.
+        check_model: read the model's config (local folders and built-ins only: nothing is downloaded).
+
+    Returns:
+        Warnings: settings that run but are probably not what the user wants.
+
+    Raises:
+        RecipeError: every problem found, each naming its key.
+    """
+    problems: list[tuple[str, str]] = []
+    warnings: list[str] = []
+    if recipe.eval.suite:
+        from ctxext.evaluation.suite import find_suite, load_suite
+
+        try:
+            load_suite(find_suite(recipe.eval.suite))
+        except CtxextError as exc:
+            problems.append(("eval.suite", str(exc)))
+    _check_data(recipe, problems)
+    if check_model:
+        _check_model(recipe, problems, warnings)
+    if problems:
+        raise RecipeError(source, problems)
+    return warnings
+
+
+def _check_data(recipe: Recipe, problems: list[tuple[str, str]]) -> None:
+    # data.path, and each corpus of a data.mixture (tasks have no files).
+    corpora = [("data.path", recipe.data.path)] + [
+        (f"data.mixture[{i}].path", s.path) for i, s in enumerate(recipe.data.mixture or []) if s.path
+    ]
+    for key, path in corpora:
+        if path is not None:
+            _check_corpus(key, path, problems)
+
+
+def _check_corpus(key: str, path: str, problems: list[tuple[str, str]]) -> None:
+    from ctxext.models.data_sources import looks_like_path
+    from ctxext.models.sources import SourceError, check_utf8
+
+    if path.startswith("builtin:"):
+        return
+    local = Path(path).expanduser()
+    if not local.exists():
+        if looks_like_path(path):
+            problems.append((key, f"{path} does not exist (not a file, a folder, builtin:stdlib or a Hub id)"))
+        return  # a Hub data set: not fetched here
+    files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+    try:
+        check_utf8([f for f in files if not f.name.startswith(".")], key)
+    except SourceError as exc:
+        problems.append((key, str(exc).removeprefix(f"{key}: ")))
+
+
+def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list[str]) -> None:
+    from ctxext.models.builtin import BUILTIN_PREFIX
+    from ctxext.models.sources import SourceError, load_config
+    from ctxext.rope.core import RopeError, plan_extension, read_rope
+
+    path = recipe.model.path
+    local = Path(path).expanduser()
+    if not path.startswith(BUILTIN_PREFIX) and not local.exists():
+        if path.startswith((".", "/", "~")) or path.count("/") != 1:
+            problems.append(("model.path", f"{path} does not exist (not a folder, builtin:NAME or a Hub id org/name)"))
+        return  # a Hub id: not fetched here
+    from ctxext.errors import InputError
+    from ctxext.models.weights import check_weights_readable
+
+    try:
+        config, folder = load_config(path, recipe.model.revision)
+        state = read_rope(config, original_length=recipe.model.original_length)
+        if folder.is_dir():
+            check_weights_readable(folder)
+    except (SourceError, RopeError, InputError) as exc:
+        problems.append(("model.path", str(exc)))
+        return
+    seq_len = recipe.seq_len
+    if recipe.rope.method == "none":
+        if seq_len > state.current_length:
+            warnings.append(
+                f"rope.method is none but train.seq_len {seq_len} is beyond the model's context "
+                f"{state.current_length}: positions past it run with unscaled RoPE (extrapolation), which models "
+                "learn poorly; choose a method (yarn, linear …) with rope.target_length"
+            )
+        return
+    target_length = recipe.rope.target_length
+    assert target_length is not None  # the recipe schema requires it once a method is set
+    try:
+        plan = plan_extension(
+            config,
+            recipe.rope.method,
+            target_length,
+            recipe.rope.options(),
+            recipe.model.original_length,
+            recipe.rope.relative_to,
+        )
+    except RopeError as exc:
+        problems.append(("rope", str(exc)))
+        return
+    # What composing with an existing extension changes (rope.relative_to), said before training.
+    warnings.extend(note for note in plan.notes if note.startswith("the model was"))
+    # PoSE trains short windows whose position ids reach the target on purpose.
+    if seq_len <= plan.original_length and recipe.train.pose is None:
+        warnings.append(
+            f"train.seq_len {seq_len} is at or below the model's original context {plan.original_length}: the "
+            f"fine-tune never sees a position beyond the original window, so it cannot teach the {plan.method} "
+            f"extension to {plan.target_length}; raise train.seq_len (default: rope.target_length)"
+        )

@@ -1,0 +1,1 @@
+"""Workflow: training-free extension of a model folder (``ctxext extend``) and ``ctxext inspect``."""

@@ -1,0 +1,317 @@
+"""Built-in models and texts that need no download: ``builtin:NAME`` anywhere a model path is taken.
+
+Every machine has the Python standard library's own source: a few MB of real code with long-range
+structure (names defined early, used much later). ctxext trains its tokenizers on it and uses it as
+built-in long documents. Built models are cached under ``$CTXEXT_CACHE`` (default
+``~/.cache/ctxext``) and built once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sysconfig
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ctxext.resources import RESOURCES
+
+BUILTIN_PREFIX = "builtin:"
+BuildFn = Callable[[Path], None]
+VersionFn = Callable[[], str]
+BUILTIN_MODELS: dict[str, tuple[str, BuildFn]] = {}
+# Extra cache-key material per built-in (e.g. a hash of packaged weights), so a regenerated
+# packaged model is never shadowed by a stale copy in the cache.
+BUILTIN_VERSIONS: dict[str, VersionFn] = {}
+
+
+def cache_dir() -> Path:
+    """The ctxext cache folder (``$CTXEXT_CACHE`` or ``~/.cache/ctxext``)."""
+    root = os.environ.get("CTXEXT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ctxext"
+    )
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def register_builtin_model(name: str, summary: str, version: VersionFn | None = None) -> Callable[[BuildFn], BuildFn]:
+    """Register a function that builds a model folder for ``builtin:NAME``.
+
+    Args:
+        name: the name after ``builtin:``.
+        summary: one line for listings.
+        version: returns a string that changes whenever the built model would (part of the cache key,
+            beside the builder's own code).
+
+    Returns:
+        A decorator that registers the builder unchanged.
+    """
+
+    def decorator(fn: BuildFn) -> BuildFn:
+        BUILTIN_MODELS[name] = (summary, fn)
+        if version is not None:
+            BUILTIN_VERSIONS[name] = version
+        return fn
+
+    return decorator
+
+
+def stdlib_files(min_bytes: int = 0) -> list[Path]:
+    """The standard library's ``.py`` files, sorted by path (deterministic), tests excluded.
+
+    Args:
+        min_bytes: skip files smaller than this.
+
+    Returns:
+        Paths of real source files present on every machine with Python.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = ("test", "tests", "idle_test", "site-packages", "lib2to3", "__pycache__", "turtledemo")
+    files = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).parts
+        if any(part in skip for part in rel):
+            continue
+        try:
+            if path.stat().st_size >= min_bytes:
+                files.append(path)
+        except OSError:
+            continue
+    return files
+
+
+# The standard library splits: ``heldout`` is every file whose SHA-1 of its path relative to the
+# stdlib root, read as an integer, is divisible by 10 (about 10 %, the same on every machine with the
+# same Python; the grown model was pretrained on the train split only); ``train`` is the rest.
+# ``builtin:stdlib`` means the train split when trained on and the held-out split when evaluated on,
+# so the defaults never train on evaluation files.
+STDLIB_SOURCES: dict[str, str | None] = {
+    "stdlib-train": "train",
+    "stdlib-heldout": "heldout",
+    "stdlib-all": None,
+}
+
+
+def stdlib_split(path: Path) -> str:
+    """``heldout`` or ``train``: the deterministic hash split of a standard-library file.
+
+    Args:
+        path: a file under the stdlib root.
+
+    Returns:
+        The split name.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    rel = path.relative_to(root).as_posix()
+    return "heldout" if int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 10 == 0 else "train"
+
+
+def stdlib_source_files(name: str, default_split: str) -> list[Path]:
+    """The files of a ``builtin:stdlib*`` source.
+
+    Args:
+        name: ``stdlib``, ``stdlib-train``, ``stdlib-heldout`` or ``stdlib-all`` (without ``builtin:``).
+        default_split: what plain ``stdlib`` means here: ``train`` for training, ``heldout`` for evaluation.
+
+    Returns:
+        Paths in a deterministic order.
+
+    Raises:
+        KeyError: an unknown name.
+    """
+    if name == "stdlib":
+        want: str | None = default_split
+    elif name in STDLIB_SOURCES:
+        want = STDLIB_SOURCES[name]
+    else:
+        raise KeyError(f"unknown built-in text {name!r}; known: stdlib, {', '.join(STDLIB_SOURCES)}")
+    return [p for p in stdlib_files() if want is None or stdlib_split(p) == want]
+
+
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int):
+    """Train a byte-level BPE tokenizer on ``texts``, wrapped for transformers.
+
+    Args:
+        texts: the training texts (consumed once, in order).
+        vocab_size: vocabulary size, special tokens included.
+
+    Returns:
+        A ``PreTrainedTokenizerFast`` that adds ``<s>`` (BOS) like a Llama tokenizer does.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    bos = tok.token_to_id("<s>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", add_bos_token=True
+    )
+
+
+def train_code_tokenizer(vocab_size: int, max_bytes: int = 3_000_000):
+    """Train a byte-level BPE tokenizer on standard-library source (see :func:`train_bpe_tokenizer`).
+
+    Args:
+        vocab_size: vocabulary size, special tokens included.
+        max_bytes: how much source text to train on (deterministic: files in path order).
+
+    Returns:
+        A ``PreTrainedTokenizerFast`` that adds ``<s>`` (BOS) like a Llama tokenizer does.
+    """
+    texts: list[str] = []
+    total = 0
+    for path in stdlib_files():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        texts.append(text)
+        total += len(text)
+        if total >= max_bytes:
+            break
+    return train_bpe_tokenizer(texts, vocab_size)
+
+
+@register_builtin_model("tiny-llama", "a random 2-layer Llama (hidden 64, context 256) with a code tokenizer")
+def build_tiny_llama(out: Path) -> None:
+    """Write a tiny random Llama (context 256) and its tokenizer: for smoke tests and the quick demo.
+
+    Args:
+        out: the folder to write.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = train_code_tokenizer(vocab_size=512, max_bytes=400_000)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+GROWN_DIR = RESOURCES / "grown-code-64"
+# The same model after two more pretraining stages on windows holding several keys (see its grow_report.md):
+# it retrieves a key by its name among others inside its window, as a real pretrained base does.
+GROWN_MK_DIR = RESOURCES / "grown-code-64-mk"
+
+
+def _weights_hash(folder: Path) -> str:
+    # The packaged weights' hash: regenerating a model invalidates its cached copy by itself.
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        return "absent"
+    digest = hashlib.sha1()
+    with weights.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _copy_packaged(folder: Path, out: Path) -> None:
+    from ctxext.errors import CtxextError
+
+    if not (folder / "model.safetensors").is_file():
+        raise CtxextError(f"the grown model is not packaged at {folder}; grow it with `python benchmarks/grow_base.py`")
+    shutil.copytree(folder, out, dirs_exist_ok=True)
+
+
+@register_builtin_model(
+    "grown-code-64",
+    "a 4.2M-parameter Llama pretrained here on stdlib code at a 64-token window (packaged)",
+    version=lambda: _weights_hash(GROWN_DIR),
+)
+def build_grown_code_64(out: Path) -> None:
+    """Copy the packaged grown model (``ctxext/resources/grown-code-64``) into the cache folder ``out``.
+
+    A real (not random) small Llama: pretrained on the standard library's source at a 64-token
+    window, with key/value needles and repeated spans so it uses its whole window; see its
+    ``grow_report.md`` for the recipe and measurements. Regenerate it (about an hour on 2 cores)
+    with ``nice -n 10 python benchmarks/grow_base.py``; the cache key includes the weights' hash.
+
+    Args:
+        out: the folder to write.
+    """
+    _copy_packaged(GROWN_DIR, out)
+
+
+@register_builtin_model(
+    "grown-code-64-mk",
+    "grown-code-64 after two multi-key stages: retrieves a key by its name among others (packaged; the demo's)",
+    version=lambda: _weights_hash(GROWN_MK_DIR),
+)
+def build_grown_code_64_mk(out: Path) -> None:
+    """Copy the packaged multi-key grown model (``ctxext/resources/grown-code-64-mk``) into ``out``.
+
+    ``grown-code-64`` continued for 1,400 steps (8.5 minutes on 2 cores) on windows of which 40-50 % hold
+    2-4 ``KEY_xy = NNNNN`` needles and ask for one, with an extra loss on that answer: inside its window
+    it retrieves the asked key among 2 distractors ~95 % of the time, where ``grown-code-64`` is at
+    chance. Its ``grow_report.md`` has the commands (``benchmarks/grow_base.py --answer-weight``).
+
+    Args:
+        out: the folder to write.
+    """
+    _copy_packaged(GROWN_MK_DIR, out)
+
+
+def resolve_builtin(name: str) -> Path:
+    """The cached folder of ``builtin:NAME``, building it on first use.
+
+    Args:
+        name: the name after ``builtin:``.
+
+    Returns:
+        The model folder.
+
+    Raises:
+        KeyError: an unknown name (message lists the known ones).
+    """
+    if name not in BUILTIN_MODELS:
+        raise KeyError(f"unknown built-in model {name!r}; known: {', '.join(BUILTIN_MODELS)}")
+    _, build = BUILTIN_MODELS[name]
+    key = hashlib.sha1(build.__code__.co_code)
+    if name in BUILTIN_VERSIONS:
+        key.update(BUILTIN_VERSIONS[name]().encode())
+    tag = key.hexdigest()[:8]
+    target = cache_dir() / "models" / f"{name}-{tag}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Built in a temporary folder and renamed, so a crash never leaves a half model in the cache.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            # Another process built it meanwhile.
+            shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target

@@ -1,0 +1,560 @@
+"""Loading a base model for long-context fine-tuning: quantization, attention, RoPE patch, LoRA.
+
+The order matters and is the same everywhere: load (4-bit / 8-bit / full) with the chosen attention
+implementation → patch RoPE and verify the runtime frequencies → gradient checkpointing → LoRA on
+the projections, with embeddings and norms trained in full beside it (LongLoRA: LoRA alone is
+clearly worse at long context).
+
+Extra trainable modules use peft's ``modules_to_save``: a full trainable copy of each matched module,
+saved inside ``adapter_model.safetensors`` and restored by ``PeftModel.from_pretrained``. It works
+with 4-bit bases because embeddings and norms are never quantized. peft matches these names as
+*suffixes* of module paths, so ``norm`` selects every ``*norm`` (input_layernorm,
+post_attention_layernorm and the final ``model.norm``); the matched names are reported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ctxext.errors import InputError
+from ctxext.models.sources import resolve_model_path
+from ctxext.rope.core import RopeCheck, RopePlan, patch_model, verify_model_rope
+
+# Quantization modes → the BitsAndBytesConfig arguments they need (None: full precision).
+QUANTIZATION_MODES: dict[str, dict[str, Any] | None] = {
+    "nf4": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"},
+    "int8": {"load_in_8bit": True},
+    "none": None,
+}
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class TrainingModel:
+    """A model ready to train, and what was done to it.
+
+    Attributes:
+        model: the peft model (LoRA + extra trainable modules).
+        tokenizer: its tokenizer.
+        base_path: the local folder the base came from.
+        plan: the RoPE plan applied (``None`` for ``rope.method: none``).
+        compute_dtype: the dtype of activations.
+        attn_implementation: the attention implementation used.
+        extra_trainable: module paths trained in full.
+        trainable_params: number of trainable parameters.
+        total_params: number of parameters (quantized ones counted as stored).
+    """
+
+    model: Any
+    tokenizer: Any
+    base_path: Path
+    plan: RopePlan | None
+    compute_dtype: torch.dtype
+    attn_implementation: str
+    extra_trainable: list[str] = field(default_factory=list)
+    trainable_params: int = 0
+    total_params: int = 0
+
+
+def compute_dtype_for(setting: str, device: torch.device) -> torch.dtype:
+    """The activation dtype: bf16 on CUDA, fp32 on the CPU (bf16 is ~25× slower there), unless set.
+
+    Args:
+        setting: ``auto`` or a dtype name.
+        device: where the model runs.
+
+    Returns:
+        A torch dtype.
+    """
+    if setting != "auto":
+        return _DTYPES[setting]
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def attention_for(setting: str, device: torch.device) -> str:
+    """The attention implementation: flash_attention_2 when installed on CUDA, else SDPA.
+
+    Args:
+        setting: ``auto`` or an implementation name.
+        device: where the model runs.
+
+    Returns:
+        The ``attn_implementation`` string for transformers.
+
+    Raises:
+        InputError: flash_attention_2 asked for where it cannot run.
+    """
+    has_flash = importlib.util.find_spec("flash_attn") is not None
+    if setting == "auto":
+        return "flash_attention_2" if device.type == "cuda" and has_flash else "sdpa"
+    if setting == "flash_attention_2" and (device.type != "cuda" or not has_flash):
+        raise InputError(
+            "model.attn_implementation: flash_attention_2 needs CUDA and the flash-attn package; use auto or sdpa here"
+        )
+    return setting
+
+
+def quantization_config(mode: str, double_quant: bool, dtype: torch.dtype, sharded: bool = False):
+    """A ``BitsAndBytesConfig`` for a quantization mode, or ``None`` for full precision.
+
+    Args:
+        mode: ``nf4``, ``int8`` or ``none``.
+        double_quant: quantize the 4-bit quantization constants too (QLoRA).
+        dtype: the compute dtype of 4-bit layers.
+        sharded: FSDP will shard the model; 4-bit weights are then stored in ``dtype`` so FSDP can
+            flatten them with the other weights (FSDP-QLoRA).
+
+    Returns:
+        The config, or ``None``.
+    """
+    args = QUANTIZATION_MODES[mode]
+    if args is None:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if mode == "nf4":
+        args = {**args, "bnb_4bit_use_double_quant": double_quant, "bnb_4bit_compute_dtype": dtype}
+        if sharded:
+            args["bnb_4bit_quant_storage"] = dtype
+    return BitsAndBytesConfig(**args)
+
+
+def load_base(
+    path: str,
+    *,
+    quantization: str = "nf4",
+    double_quant: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    device: torch.device | str = "cpu",
+    config: Any = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    sharded: bool = False,
+) -> tuple[Any, Any, Path]:
+    """Load a causal LM and its tokenizer from a folder, a Hub id or ``builtin:NAME``.
+
+    Args:
+        path: the model reference.
+        quantization: ``nf4``, ``int8`` or ``none``.
+        double_quant: nested quantization for nf4.
+        compute_dtype: dtype of the non-quantized weights and activations.
+        attn_implementation: transformers attention implementation.
+        device: the device to load onto (each process loads its own copy).
+        config: a config to use instead of the folder's (e.g. an already patched one).
+        revision: Hub revision.
+        trust_remote_code: allow custom modeling code.
+        sharded: the model will be sharded by FSDP (see :func:`quantization_config`).
+
+    Returns:
+        ``(model, tokenizer, local folder)``.
+    """
+    from transformers import AutoTokenizer
+
+    from ctxext.models.sources import config_from_folder
+
+    folder = resolve_model_path(path, revision)
+    config = config if config is not None else config_from_folder(folder, trust_remote_code)
+    model = load_weights(
+        folder,
+        config,
+        quantization=quantization,
+        double_quant=double_quant,
+        compute_dtype=compute_dtype,
+        attn_implementation=attn_implementation,
+        device=device,
+        trust_remote_code=trust_remote_code,
+        sharded=sharded,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    if tokenizer.eos_token_id is None:
+        raise InputError(f"the tokenizer of {path} has no EOS token; documents could not be separated when packing")
+    return model, tokenizer, folder
+
+
+def load_weights(
+    folder: Path,
+    config: Any,
+    *,
+    quantization: str = "none",
+    double_quant: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    device: torch.device | str = "cpu",
+    trust_remote_code: bool = False,
+    sharded: bool = False,
+) -> Any:
+    """Load a causal LM's weights from a local folder with a given config, on ``device``.
+
+    Args:
+        folder: the local model folder (see :func:`ctxext.models.sources.resolve_model_path`).
+        config: the config to build the model with (the folder's, or a patched one).
+        quantization: ``nf4``, ``int8`` or ``none``.
+        double_quant: nested quantization for nf4.
+        compute_dtype: dtype of the non-quantized weights and activations.
+        attn_implementation: transformers attention implementation.
+        device: the device to load onto (each process loads its own copy).
+        trust_remote_code: allow custom modeling code.
+        sharded: the model will be sharded by FSDP (see :func:`quantization_config`).
+
+    Returns:
+        The transformers model.
+
+    Raises:
+        InputError: truncated or corrupt weight files (named before transformers fails on them).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from ctxext.models.weights import check_weights_readable
+
+    device = torch.device(device)
+    kwargs: dict[str, Any] = {
+        "config": config,
+        "dtype": compute_dtype,
+        "attn_implementation": attn_implementation,
+        "trust_remote_code": trust_remote_code,
+    }
+    # Damaged files are named as such before transformers fails on them with a traceback.
+    check_weights_readable(folder)
+    qconf = quantization_config(quantization, double_quant, compute_dtype, sharded)
+    if qconf is not None:
+        kwargs["quantization_config"] = qconf
+        # bitsandbytes layers are placed at load time; the index keeps one process per GPU.
+        kwargs["device_map"] = {"": device.index if device.type == "cuda" and device.index is not None else str(device)}
+    model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    if qconf is None:
+        # transformers decorates PreTrainedModel.to with functools.wraps, which mypy reads as unbound (self first).
+        model.to(device)  # type: ignore[arg-type]
+    elif device.type == "cpu":
+        _keep_cpu_4bit_layout(model)
+    return model
+
+
+def _keep_cpu_4bit_layout(model: torch.nn.Module) -> None:
+    # bitsandbytes 0.50 repacks a 4-bit weight for its AVX512-BF16 CPU kernel the first time the layer
+    # runs in eval mode without grad. That repacking asserts out_features % 32 == 0 (the tiny Llama's
+    # 176-wide MLP fails) and switches validation and inference to other numerics than training.
+    # Keeping the training layout makes train, validation and reload compute the same thing.
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            # A bool attribute of bitsandbytes' layer; nn.Module types attributes as Tensor | Module.
+            module.support_avx512bf16_for_cpu = False  # type: ignore[assignment]
+
+
+def _matched_modules(model: torch.nn.Module, suffixes: list[str]) -> list[str]:
+    # The same rule peft applies to modules_to_save: a module whose path ends with a listed name.
+    return [name for name, _ in model.named_modules() if name and any(name.endswith(s) for s in suffixes)]
+
+
+def add_lora(model: Any, lora: Any, gradient_checkpointing: bool, quantized: bool) -> tuple[Any, list[str]]:
+    """Wrap a (possibly quantized) model with LoRA and fully trainable extra modules.
+
+    Args:
+        model: the base causal LM (already RoPE-patched).
+        lora: the recipe's ``lora`` section (``r``, ``alpha``, ``dropout``, ``target_modules``,
+            ``extra_trainable``).
+        gradient_checkpointing: recompute activations in the backward pass.
+        quantized: the base is 4-bit or 8-bit (peft's k-bit preparation is applied).
+
+    Returns:
+        ``(peft model, names of the extra trainable modules)``.
+
+    Raises:
+        InputError: target modules or extra modules that match nothing.
+    """
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    names = [n for n, _ in model.named_modules()]
+    missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise InputError(
+            f"lora.target_modules: {', '.join(missing)} match no module of this model; "
+            f"its linear layers are named: {', '.join(leaves)}"
+        )
+    extra = _matched_modules(model, list(lora.extra_trainable))
+    unmatched = [s for s in lora.extra_trainable if not any(n.endswith(s) for n in extra)]
+    if unmatched:
+        raise InputError(
+            f"lora.extra_trainable: {', '.join(unmatched)} match no module name suffix of this model "
+            "(e.g. embed_tokens, norm)"
+        )
+    ckpt_kwargs = {"use_reentrant": False}  # non-reentrant checkpointing works with DDP and frozen inputs
+    if quantized:
+        # peft would enable checkpointing through transformers' deprecated `gradient_checkpointing_enable`
+        # (removed in v6); with non-reentrant checkpointing its input-grad hack is not needed, so enable it here.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if gradient_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=ckpt_kwargs)
+    if gradient_checkpointing:
+        model.config.use_cache = False
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        modules_to_save=list(lora.extra_trainable) or None,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config), extra
+
+
+def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharded: bool = False) -> TrainingModel:
+    """Load, patch, quantize and LoRA-wrap the recipe's model: everything before the training loop.
+
+    Args:
+        recipe: a validated :class:`ctxext.recipe.schema.Recipe`.
+        device: this process's device.
+        sharded: FSDP will shard the model.
+
+    Returns:
+        A :class:`TrainingModel`.
+    """
+    device = torch.device(device)
+    dtype = compute_dtype_for(recipe.quantization.compute_dtype, device)
+    attn = attention_for(recipe.model.attn_implementation, device)
+    model, tokenizer, folder = load_base(
+        recipe.model.path,
+        quantization=recipe.quantization.mode,
+        double_quant=recipe.quantization.double_quant,
+        compute_dtype=dtype,
+        attn_implementation=attn,
+        device=device,
+        revision=recipe.model.revision,
+        trust_remote_code=recipe.model.trust_remote_code,
+        sharded=sharded,
+    )
+    plan = None
+    if recipe.rope.method != "none":
+        plan = patch_model(
+            model,
+            recipe.rope.method,
+            int(recipe.rope.target_length),
+            recipe.rope.options(),
+            recipe.model.original_length,
+            relative_to=recipe.rope.relative_to,
+        )
+    else:
+        verify_model_rope(model)
+    peft_model, extra = add_lora(
+        model, recipe.lora, recipe.train.gradient_checkpointing, recipe.quantization.mode != "none"
+    )
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in peft_model.parameters())
+    return TrainingModel(
+        model=peft_model,
+        tokenizer=tokenizer,
+        base_path=folder,
+        plan=plan,
+        compute_dtype=dtype,
+        attn_implementation=attn,
+        extra_trainable=extra,
+        trainable_params=trainable,
+        total_params=total,
+    )
+
+
+@dataclass
+class InferenceModel:
+    """A base model reloaded for inference, with its adapter attached, and where each part came from.
+
+    Attributes:
+        model: the causal LM in eval mode (a ``PeftModel`` when an adapter is attached).
+        tokenizer: its tokenizer.
+        base: the base model reference (folder, Hub id or ``builtin:NAME``).
+        base_path: the local folder the base weights came from.
+        adapter_dir: the folder holding ``adapter_config.json``, or ``None``.
+        config_from: the folder whose ``config.json`` the base runs with (``None``: the base's own).
+        compute_dtype: the dtype of the non-quantized weights and activations.
+        rope_check: the runtime RoPE verification (``None`` when not verified).
+    """
+
+    model: Any
+    tokenizer: Any
+    base: str
+    base_path: Path
+    adapter_dir: Path | None
+    config_from: str | None
+    compute_dtype: torch.dtype
+    rope_check: RopeCheck | None
+
+
+def find_adapter_dir(path: str | Path) -> Path | None:
+    """The folder holding a peft adapter: ``path`` itself, or its ``adapter`` / ``final`` subfolder.
+
+    Args:
+        path: an adapter folder or a ctxext run folder.
+
+    Returns:
+        The folder with ``adapter_config.json``, or ``None``.
+    """
+    path = Path(path)
+    for cand in (path, path / "adapter", path / "final"):
+        if (cand / "adapter_config.json").is_file():
+            return cand
+    return None
+
+
+def load_inference_model(
+    base: str | None,
+    adapter: str | Path | None = None,
+    *,
+    config_from: str | Path | None = None,
+    revision: str | None = None,
+    quantization: str = "none",
+    compute_dtype: torch.dtype | None = None,
+    attn_implementation: str = "sdpa",
+    device: torch.device | str = "cpu",
+    verify: bool = True,
+    what: str | None = None,
+) -> InferenceModel:
+    """Load a base model (with the patched config of its run) and attach an adapter: the one inference loader.
+
+    A ctxext run folder writes the patched base config next to its adapter; the base weights are built
+    with that config, so the rotary modules carry the patched RoPE, and the runtime RoPE is verified
+    before the adapter goes on.
+
+    Args:
+        base: the base model reference; ``None`` reads it from ``adapter``'s ``run.json`` (a ctxext run
+            folder) and checks that the base weights are still the ones the run was trained on.
+        adapter: an adapter folder or a ctxext run folder (its ``adapter`` / ``final`` subfolder is found too).
+        config_from: a folder whose ``config.json`` replaces the base's (default: the adapter's, when it has one).
+        revision: Hub revision of ``base``.
+        quantization: ``nf4``, ``int8`` or ``none``.
+        compute_dtype: dtype of activations (default: bf16 on CUDA, fp32 on the CPU).
+        attn_implementation: transformers attention implementation (already resolved, see :func:`attention_for`).
+        device: where to load.
+        verify: check the runtime RoPE against the reference (raises on a mismatch).
+        what: the command, for the message when a run's base weights changed (default ``loading RUN``).
+
+    Returns:
+        An :class:`InferenceModel`.
+
+    Raises:
+        InputError: an adapter folder without an adapter, an unusable run folder, damaged files, no tokenizer.
+        ctxext.rope.core.RopeMismatchError: the runtime RoPE differs from the config.
+    """
+    from ctxext.artifacts.run import RUN_FILE, check_run_base, run_base_model
+    from ctxext.models.sources import config_from_folder
+    from ctxext.models.weights import check_weights_readable
+
+    device = torch.device(device)
+    dtype = compute_dtype or compute_dtype_for("auto", device)
+    adapter_dir: Path | None = None
+    if adapter is not None:
+        adapter_dir = find_adapter_dir(adapter)
+        if adapter_dir is None:
+            raise InputError(f"adapter folder {adapter} has no adapter_config.json (a peft / ctxext run folder)")
+        # A ctxext run writes the patched config next to its adapter; the base must run with it.
+        if config_from is None:
+            config_from = next((c for c in (Path(adapter), adapter_dir) if (c / "config.json").is_file()), None)
+    run_dir = Path(adapter) if base is None and adapter is not None else None
+    if run_dir is not None:
+        base = run_base_model(run_dir)
+    if base is None:
+        raise InputError("no base model: name one, or give a ctxext run folder whose run.json names it")
+    base_dir = resolve_model_path(base, revision)
+    if run_dir is not None:
+        # Damaged weight files are named as such before the fingerprint check reads them.
+        check_weights_readable(base_dir)
+        check_run_base(json.loads((run_dir / RUN_FILE).read_text()), what or f"loading {run_dir}")
+    config = config_from_folder(config_from or base_dir)
+    model = load_weights(
+        base_dir,
+        config,
+        quantization=quantization,
+        compute_dtype=dtype,
+        attn_implementation=attn_implementation,
+        device=device,
+    )
+    # The rotary modules were built from the (patched) config at load time; check they really are.
+    check = verify_model_rope(model) if verify else None
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+    model.eval()
+    tokenizer = _find_tokenizer([str(p) for p in (adapter, config_from, base_dir) if p])
+    return InferenceModel(
+        model=model,
+        tokenizer=tokenizer,
+        base=base,
+        base_path=base_dir,
+        adapter_dir=adapter_dir,
+        config_from=str(config_from) if config_from is not None else None,
+        compute_dtype=dtype,
+        rope_check=check,
+    )
+
+
+def _find_tokenizer(candidates: list[str]) -> Any:
+    from transformers import AutoTokenizer
+
+    for cand in candidates:
+        p = Path(cand)
+        if p.is_dir() and any(
+            (p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+        ):
+            return AutoTokenizer.from_pretrained(p)
+    raise InputError(f"no tokenizer found in {', '.join(candidates)}; save the tokenizer next to the model")
+
+
+def load_for_inference(
+    base: str | None,
+    adapter_dir: str | Path,
+    *,
+    quantization: str | None = "auto",
+    device: torch.device | str = "cpu",
+    compute_dtype: torch.dtype | None = None,
+    attn_implementation: str = "auto",
+) -> tuple[Any, Any]:
+    """Reload a base model with a trained adapter, using the adapter's patched RoPE config, and verify RoPE.
+
+    The run folder's own checks and its quantization, on top of :func:`load_inference_model`.
+
+    Args:
+        base: the base model reference; ``None`` reads it from the run folder's ``run.json``.
+        adapter_dir: a ``ctxext train`` run folder (or any folder with a peft adapter and a
+            patched ``config.json``).
+        quantization: ``auto`` (the run's own quantization, which reproduces the trained model's
+            logits), ``nf4``, ``int8`` or ``none``.
+        device: where to load.
+        compute_dtype: activation dtype (default: bf16 on CUDA, fp32 on CPU).
+        attn_implementation: ``auto``, ``sdpa``, ``eager`` or ``flash_attention_2``.
+
+    Returns:
+        ``(peft model in eval mode, tokenizer)``.
+
+    Raises:
+        InputError: a folder without an adapter or without a config.
+    """
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise InputError(f"{adapter_dir} has no adapter_config.json; point at a `ctxext train` run folder")
+    if not (adapter_dir / "config.json").is_file():
+        raise InputError(f"{adapter_dir} has no config.json (the patched base config); it is not a ctxext run folder")
+    run = {}
+    if (adapter_dir / "run.json").is_file():
+        run = json.loads((adapter_dir / "run.json").read_text())
+    if base is None and run.get("base_model") is None:
+        raise InputError(f"{adapter_dir}/run.json does not name the base model; pass it explicitly")
+    if quantization in (None, "auto"):
+        quantization = run.get("quantization", "none")
+    device = torch.device(device)
+    loaded = load_inference_model(
+        base,
+        adapter_dir,
+        quantization=str(quantization),
+        compute_dtype=compute_dtype,
+        attn_implementation=attention_for(attn_implementation, device),
+        device=device,
+    )
+    return loaded.model, loaded.tokenizer

@@ -1,0 +1,561 @@
+"""``ctxext plan``: will a recipe fit on given GPUs, how long is the longest sequence that does, what to change.
+
+Config-only: the model's ``config.json`` is read (``transformers.AutoConfig``; a local folder, the HF cache, a
+built-in model, or, offline, a bundled copy of a few published configs), never its weights. The per-process
+memory comes from :mod:`ctxext.planner.footprint`; this module adds the runtime overheads of the device, searches for
+the longest fitting ``seq_len``, re-plans each piece of advice, and estimates throughput from the device's
+bf16 FLOP/s at a stated utilisation. The formulas and their checks are in ``docs/planning.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ctxext.errors import InputError
+from ctxext.models.devices import GIB, Device
+from ctxext.planner.footprint import FWD_BWD, PHASES, Footprint, ModelShape, Setup, footprint, layer_bytes
+from ctxext.resources import RESOURCES
+
+BUNDLED_CONFIGS = RESOURCES / "hub-configs"
+SHARDINGS = ("none", "ddp", "fsdp2", "zero3")
+
+# CUDA: the context, cuBLAS/cuDNN workspaces and NCCL buffers live outside PyTorch's allocator; the caching
+# allocator holds more than it hands out (fragmentation). Not calibrated here (no GPU): typical values.
+CUDA_CONTEXT = 1.0 * GIB
+CUDA_FRAGMENTATION = 0.10
+# CPU (peak resident memory, what `ctxext train` reports there): the resident memory of Python + torch +
+# transformers + peft + bitsandbytes with a model loaded and one warm-up step taken, less the model itself —
+# fitted as the mean over the benchmark cells of benchmarks/plan_accuracy.py (its "warm" column). And glibc
+# malloc's retention: activation tensors under its 32 MiB mmap threshold live in heap arenas that are not given
+# back when freed, so the resident peak holds, beside the live tensors, about one forward pass's worth of
+# activations (all layers' saved tensors) even with checkpointing. docs/planning.md shows, from runs with mmap
+# forced, that the activation formulas are conservative for the live peak and this term is below glibc's real
+# retention: on this CPU the two offset.
+CPU_RUNTIME = 553 * 2**20
+# Memory held back from the device's capacity before a plan "fits": what the formulas do not count (CUDA
+# graphs, NCCL buffers growing, a longer-than-usual document mask) and their own error (docs/planning.md).
+HEADROOM = 0.05
+DEFAULT_UTILIZATION = 0.40  # model FLOPs utilisation assumed for tokens/s (QLoRA on one GPU: 30-50 % typical)
+
+
+@dataclass
+class Advice:
+    """One change that makes the recipe fit, re-planned.
+
+    Attributes:
+        summary: what to change, in words.
+        overrides: recipe ``key=value`` overrides it takes.
+        launch: launch changes (GPUs, sharding), in words, or ``""``.
+        total: the re-planned peak per GPU, bytes.
+        fits: whether the re-planned recipe fits.
+        longest: the longest fitting seq_len with the change.
+    """
+
+    summary: str
+    overrides: list[str]
+    launch: str
+    total: int
+    fits: bool
+    longest: int | None
+
+
+@dataclass
+class Plan:
+    """The plan of one recipe on one kind of device."""
+
+    model: str
+    config_source: str
+    shape: ModelShape
+    device: Device
+    setup: Setup
+    memory: Footprint
+    fits: bool
+    longest: int | None = None
+    advice: list[Advice] = field(default_factory=list)
+    flops_per_token: float = 0.0
+    tokens_per_second: float | None = None
+    utilization: float = DEFAULT_UTILIZATION
+    tokens_per_step: int = 0
+    max_steps: int = 0
+    notes: list[str] = field(default_factory=list)
+    what_if: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def wall_seconds(self) -> float | None:
+        """Estimated time of the recipe's ``max_steps``."""
+        if not self.tokens_per_second:
+            return None
+        return self.max_steps * self.tokens_per_step / self.tokens_per_second
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready record (``ctxext plan --json``)."""
+        return {
+            "model": self.model,
+            "config_source": self.config_source,
+            "device": {
+                "name": self.device.name,
+                "memory_gib": self.device.memory / GIB,
+                "bf16_tflops": self.device.tflops,
+                "kind": self.device.kind,
+            },
+            "setup": dataclasses.asdict(self.setup),
+            "components": [
+                {**dataclasses.asdict(c), "gib": c.bytes / GIB, "phases": list(c.phases)}
+                for c in self.memory.components
+            ],
+            "peak_phase": self.memory.peak_phase,
+            "total_gib": self.memory.total / GIB,
+            "fits": self.fits,
+            "longest_seq_len": self.longest,
+            "advice": [dataclasses.asdict(a) | {"total_gib": a.total / GIB} for a in self.advice],
+            "flops_per_token": self.flops_per_token,
+            "utilization": self.utilization,
+            "tokens_per_second": self.tokens_per_second,
+            "tokens_per_step": self.tokens_per_step,
+            "max_steps": self.max_steps,
+            "wall_seconds": self.wall_seconds,
+            "what_if_gib": {k: v / GIB for k, v in self.what_if.items()},
+            "notes": self.notes + self.memory.notes,
+        }
+
+
+# ------------------------------------------------------------------------------------------------
+# The model's config, without weights
+# ------------------------------------------------------------------------------------------------
+
+
+def bundled_config_dir(ref: str) -> Path | None:
+    """The folder of ctxext's bundled copy of a published Hub config, if it has one."""
+    folder = BUNDLED_CONFIGS / ref.replace("/", "--")
+    return folder if (folder / "config.json").is_file() else None
+
+
+def read_model_config(ref: str, revision: str | None = None, trust_remote_code: bool = False) -> tuple[Any, str]:
+    """A model's config (no weights) and where it came from.
+
+    Tries the reference itself (folder, ``builtin:NAME``, HF cache / Hub); when that fails and ctxext bundles
+    the published config of that Hub id, uses the bundled copy and says so.
+
+    Raises:
+        InputError: the config cannot be read; the message says how to fix it.
+    """
+    from ctxext.models.sources import SourceError, load_config
+
+    try:
+        config, folder = load_config(ref, revision=revision, trust_remote_code=trust_remote_code)
+        return config, str(folder)
+    except (SourceError, OSError, ValueError) as exc:
+        bundled = bundled_config_dir(ref)
+        if bundled is None:
+            known = ", ".join(p.name.replace("--", "/") for p in sorted(BUNDLED_CONFIGS.iterdir()))
+            raise InputError(
+                f"model.path: cannot read the config of {ref!r} ({exc}). The planner needs only its config.json: "
+                f"pass model.path=/a/folder/with/config.json, or plan where the Hub is reachable. Bundled offline "
+                f"configs: {known}"
+            ) from None
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(bundled), f"bundled copy of the published {ref} config.json (offline)"
+
+
+# ------------------------------------------------------------------------------------------------
+# Recipe → setup
+# ------------------------------------------------------------------------------------------------
+
+
+def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, loss: str = "chunked") -> Setup:
+    """The training setup a recipe gives on a device and a launch, as ctxext's training loop builds it.
+
+    Raises:
+        InputError: an impossible launch (context parallel size not dividing the GPUs, CP without FSDP2).
+    """
+    train = recipe.train
+    cp = train.context_parallel_size
+    if sharding is None or sharding == "auto":
+        sharding = "fsdp2" if cp > 1 else "none"
+    if sharding not in SHARDINGS:
+        raise InputError(f"--sharding: unknown {sharding!r}; choose one of: {', '.join(SHARDINGS)}")
+    if cp > 1 and sharding != "fsdp2":
+        raise InputError(
+            "train.context_parallel_size: accelerate's context parallelism runs under FSDP2; use --sharding fsdp2"
+        )
+    if world % cp:
+        raise InputError(f"train.context_parallel_size: {cp} does not divide the {world} GPU(s) of the job")
+    if recipe.quantization.compute_dtype == "auto":
+        compute_bytes = 2 if device.kind == "cuda" else 4
+    else:
+        compute_bytes = 4 if recipe.quantization.compute_dtype == "float32" else 2
+    optimizer = train.optimizer
+    if optimizer == "auto":
+        optimizer = "paged_adamw_8bit" if device.kind == "cuda" else "adamw"
+    attention = recipe.model.attn_implementation
+    if attention == "auto":
+        attention = "sdpa"  # flash-attn when installed: the same (linear) memory order
+    return Setup(
+        seq_len=recipe.seq_len,
+        micro_batch=train.micro_batch_size,
+        quantization=recipe.quantization.mode,
+        double_quant=recipe.quantization.double_quant,
+        compute_bytes=compute_bytes,
+        lora_r=recipe.lora.r,
+        lora_targets=tuple(recipe.lora.target_modules),
+        extra_trainable=tuple(recipe.lora.extra_trainable),
+        optimizer=optimizer,
+        checkpointing=train.gradient_checkpointing,
+        attention=attention,
+        loss=loss,
+        loss_chunk=train.loss_chunk_size,
+        world=world,
+        context_parallel=cp,
+        sharding="none" if sharding == "ddp" else sharding,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Memory with the device's overheads, the longest length, advice
+# ------------------------------------------------------------------------------------------------
+
+
+def device_footprint(shape: ModelShape, setup: Setup, device: Device) -> Footprint:
+    """:func:`ctxext.planner.footprint.footprint` plus the device's runtime terms."""
+    fp = footprint(shape, setup)
+    dynamic = max(fp.group_total("activations", p) + fp.group_total("loss", p) for p in PHASES)
+    if device.kind == "cuda":
+        fp.add(
+            "overhead", "CUDA context + workspaces", CUDA_CONTEXT, "outside PyTorch's allocator (typical, not measured)"
+        )
+        fp.add(
+            "overhead",
+            "allocator fragmentation",
+            CUDA_FRAGMENTATION * dynamic,
+            f"{CUDA_FRAGMENTATION:.0%} of the activations (caching allocator)",
+        )
+    else:
+        fp.add("overhead", "Python + torch runtime", CPU_RUNTIME, "fitted on this CPU (benchmarks/plan_accuracy.py)")
+        fp.add(
+            "overhead",
+            "malloc retention",
+            shape.layers * layer_bytes(shape, setup),
+            "freed activation memory glibc keeps: one forward pass of saved tensors",
+            FWD_BWD,
+        )
+    return fp
+
+
+def usable(device: Device) -> int:
+    """The memory a plan may use: the device's capacity less the headroom."""
+    return int(device.memory * (1 - HEADROOM))
+
+
+def fits(shape: ModelShape, setup: Setup, device: Device) -> bool:
+    """Whether the step's predicted peak fits the device's usable memory."""
+    return device_footprint(shape, setup, device).total <= usable(device)
+
+
+def longest_fit(shape: ModelShape, setup: Setup, device: Device, step: int = 1024, limit: int = 1 << 24) -> int | None:
+    """The longest ``seq_len`` (a multiple of ``step``, at most ``limit``) that fits, or ``None``.
+
+    Memory grows with the length, so a binary search over multiples of ``step`` finds the boundary.
+    """
+    unit = step * setup.context_parallel
+
+    def ok(n: int) -> bool:
+        return fits(shape, dataclasses.replace(setup, seq_len=n * unit), device)
+
+    if not ok(1):
+        return None
+    lo, hi = 1, 2
+    while hi * unit <= limit and ok(hi):
+        lo, hi = hi, hi * 2
+    if hi * unit > limit:
+        return lo * unit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo * unit
+
+
+def _advice_candidates(setup: Setup, device: Device, gpus: int) -> list[tuple[str, list[str], str, Setup]]:
+    """Single changes to try, cheapest first: (summary, overrides, launch change, new setup)."""
+    out: list[tuple[str, list[str], str, Setup]] = []
+    rep = dataclasses.replace
+    if not setup.checkpointing:
+        out.append(
+            (
+                "turn on gradient checkpointing",
+                ["train.gradient_checkpointing=true"],
+                "",
+                rep(setup, checkpointing=True),
+            )
+        )
+    if setup.micro_batch > 1:
+        out.append(
+            (
+                "micro-batch of 1 (raise gradient accumulation to keep the batch)",
+                ["train.micro_batch_size=1", f"train.gradient_accumulation_steps=<×{setup.micro_batch}>"],
+                "",
+                rep(setup, micro_batch=1),
+            )
+        )
+    if setup.loss == "full":
+        out.append(("use ctxext's chunked loss", [], "", rep(setup, loss="chunked")))
+    if setup.loss == "chunked" and setup.loss_chunk > 256:
+        out.append(("smaller loss chunk", ["train.loss_chunk_size=256"], "", rep(setup, loss_chunk=256)))
+    if setup.optimizer == "adamw" and device.kind == "cuda":
+        out.append(
+            ("paged 8-bit AdamW", ["train.optimizer=paged_adamw_8bit"], "", rep(setup, optimizer="paged_adamw_8bit"))
+        )
+    if setup.quantization != "nf4":
+        out.append(("4-bit (nf4) base", ["quantization.mode=nf4"], "", rep(setup, quantization="nf4")))
+    if "embed_tokens" in setup.extra_trainable:
+        kept = [x for x in setup.extra_trainable if x != "embed_tokens"]
+        out.append(
+            (
+                "do not train the embeddings in full",
+                [f"lora.extra_trainable=[{','.join(kept)}]"],
+                "",
+                rep(setup, extra_trainable=tuple(kept)),
+            )
+        )
+    if setup.world > 1 and setup.sharding == "none":
+        out.append(
+            (
+                f"shard weights, gradients and optimizer over the {setup.world} GPUs (FSDP2)",
+                [],
+                "accelerate launch --config_file configs/accelerate/fsdp2.yaml",
+                rep(setup, sharding="fsdp2"),
+            )
+        )
+    return out
+
+
+def _with_cp(setup: Setup, k: int) -> Setup:
+    world = max(setup.world, k)
+    world = -(-world // k) * k
+    return dataclasses.replace(setup, context_parallel=k, world=world, sharding="fsdp2")
+
+
+def advise(shape: ModelShape, setup: Setup, device: Device, max_cp: int = 64) -> list[Advice]:
+    """Changes that make a non-fitting setup fit, each re-planned; the combination and context parallelism last.
+
+    Every single change is listed with its re-planned peak (whether or not it alone fits); then all the
+    single-GPU changes together; then the smallest context-parallel size K that fits on top of them.
+    """
+    result: list[Advice] = []
+    combined = setup
+    overrides_all: list[str] = []
+    launch_all = ""
+
+    def plan_one(summary: str, overrides: list[str], launch: str, new: Setup) -> Advice:
+        fp = device_footprint(shape, new, device)
+        longest = longest_fit(shape, new, device)
+        return Advice(summary, overrides, launch, fp.total, fp.total <= usable(device), longest)
+
+    base_total = device_footprint(shape, setup, device).total
+    for summary, overrides, launch, new in _advice_candidates(setup, device, setup.world):
+        one = plan_one(summary, overrides, launch, new)
+        if one.total >= base_total * 0.99:
+            continue  # does not lower the peak (e.g. a term that is not in the peak phase)
+        result.append(one)
+        changed = {
+            f.name: getattr(new, f.name)
+            for f in dataclasses.fields(new)
+            if getattr(new, f.name) != getattr(setup, f.name)
+        }
+        combined = dataclasses.replace(combined, **changed)
+        overrides_all += overrides
+        launch_all = launch or launch_all
+    if len(result) > 1:
+        result.append(plan_one("all of the above together", overrides_all, launch_all, combined))
+    if not fits(shape, combined, device):
+        # Context parallelism on the recipe as it is; with the other changes only if it alone does not get there.
+        for start, extra in ((setup, []), (combined, overrides_all)):
+            k = 2 * start.context_parallel
+            while k <= max_cp and not fits(shape, _with_cp(start, k), device):
+                k *= 2
+            if k <= max_cp:
+                candidate = _with_cp(start, k)
+                result.append(
+                    plan_one(
+                        f"context parallelism over {k} GPUs (each holds {setup.seq_len // k:,} tokens of a sequence)"
+                        + (" with the changes above" if extra else ""),
+                        [*extra, f"train.context_parallel_size={k}"],
+                        f"{candidate.world} GPUs: accelerate launch --config_file configs/accelerate/fsdp2.yaml "
+                        f"--num_processes {candidate.world}",
+                        candidate,
+                    )
+                )
+                break
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# Throughput
+# ------------------------------------------------------------------------------------------------
+
+
+def flops_per_token(shape: ModelShape, setup: Setup) -> float:
+    """Training FLOPs per token: 6·N for the matmul weights plus causal attention, × 4/3 with recomputation.
+
+    N counts the projections and the output head. Attention: QKᵀ and AV over a causal mask cost
+    2·2·T·d_q/2 FLOPs per token and layer forward, ×3 with the backward. 6·N also counts the weight
+    gradients of frozen 4-bit weights, which are not formed: an upper bound of the work, offset in practice by
+    nf4 dequantisation.
+    """
+    n = shape.matmul_params()
+    attn = 6 * shape.layers * setup.seq_len * shape.heads * shape.head_dim
+    total = 6 * n + attn
+    return total * (4 / 3 if setup.checkpointing else 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# The workflow
+# ------------------------------------------------------------------------------------------------
+
+
+def plan_recipe(
+    recipe: Any,
+    device: Device,
+    *,
+    num_gpus: int = 1,
+    nodes: int = 1,
+    sharding: str | None = None,
+    loss: str = "chunked",
+    utilization: float = DEFAULT_UTILIZATION,
+    advise_changes: bool = True,
+    search: bool = True,
+    config: Any = None,
+    config_source: str | None = None,
+) -> Plan:
+    """Plan a validated recipe on ``num_gpus × nodes`` devices.
+
+    Args:
+        recipe: a :class:`ctxext.recipe.schema.Recipe`.
+        device: the device each process runs on (:mod:`ctxext.models.devices`).
+        num_gpus: GPUs per node.
+        nodes: nodes.
+        sharding: ``none`` / ``ddp``, ``fsdp2`` or ``zero3`` (default: FSDP2 with context parallelism, else none).
+        loss: ``chunked`` (what ctxext trains with) or ``full`` (full-length logits, for comparison).
+        utilization: the fraction of the device's bf16 peak assumed for tokens/s.
+        advise_changes: re-plan changes when the recipe does not fit.
+        search: find the longest fitting ``seq_len``.
+        config: a transformers config to use instead of reading ``model.path``.
+        config_source: where ``config`` came from, for the report.
+
+    Returns:
+        The :class:`Plan`.
+
+    Raises:
+        InputError: a config that cannot be read, a bad launch.
+    """
+    if num_gpus < 1 or nodes < 1:
+        raise InputError("--num-gpus and --nodes must be at least 1")
+    if not 0 < utilization <= 1:
+        raise InputError("--utilization: a fraction in (0, 1], e.g. 0.4")
+    if config is None:
+        config, config_source = read_model_config(
+            recipe.model.path, recipe.model.revision, recipe.model.trust_remote_code
+        )
+    shape = ModelShape.from_config(config)
+    world = num_gpus * nodes
+    setup = setup_for(recipe, device, world, sharding, loss)
+    memory = device_footprint(shape, setup, device)
+    ok = memory.total <= usable(device)
+    plan = Plan(
+        model=recipe.model.path,
+        config_source=config_source or "given",
+        shape=shape,
+        device=device,
+        setup=setup,
+        memory=memory,
+        fits=ok,
+        utilization=utilization,
+        max_steps=recipe.train.max_steps,
+    )
+    if search:
+        plan.longest = longest_fit(shape, setup, device)
+    if advise_changes and not ok:
+        plan.advice = advise(shape, setup, device)
+    # The same step with checkpointing and the loss flipped, for comparison (the table shows the recipe's own).
+    flips: dict[str, dict[str, Any]] = {
+        f"checkpointing {'off' if setup.checkpointing else 'on'}": {"checkpointing": not setup.checkpointing},
+        "full logits" if setup.loss == "chunked" else "chunked loss": {
+            "loss": "full" if setup.loss == "chunked" else "chunked"
+        },
+    }
+    for label, change in flips.items():
+        plan.what_if[label] = device_footprint(shape, dataclasses.replace(setup, **change), device).total
+    plan.flops_per_token = flops_per_token(shape, setup)
+    data_parallel = world // setup.context_parallel
+    plan.tokens_per_step = recipe.train.gradient_accumulation_steps * setup.micro_batch * setup.seq_len * data_parallel
+    if device.tflops:
+        plan.tokens_per_second = utilization * device.tflops * 1e12 * world / plan.flops_per_token
+    if device.kind == "cpu":
+        plan.notes.append(
+            "no GPU: planned against this machine's RAM with fp32 compute (what ctxext trains with on a CPU)"
+        )
+    if getattr(config, "sliding_window", None) and setup.seq_len > int(config.sliding_window):
+        plan.notes.append(
+            f"the config has a {config.sliding_window}-token sliding window; memory is planned for full attention"
+        )
+    return plan
+
+
+def cpu_runtime_note() -> str:
+    """How the CPU terms were obtained (for benchmark reports)."""
+    return (
+        f"CPU runtime terms in `ctxext/planner/plan.py`: Python + torch runtime {CPU_RUNTIME / 2**20:.0f} MiB (the one "
+        "fitted constant: the mean, over all cells, of the resident memory after loading and a 128-token warm-up "
+        "step, less the model's predicted weights and trainable state) and malloc retention = one forward pass "
+        "of saved activations (a structural term with coefficient 1, chosen after forced-mmap runs showed that "
+        "glibc keeps freed heap memory; the second table shows it is below the real retention while the "
+        "activation formulas are above the live peak, errors that offset here; see docs/planning.md)."
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Before `ctxext train`
+# ------------------------------------------------------------------------------------------------
+
+
+def this_device() -> tuple[Device, int, str | None]:
+    """The device this process will train on, the job's process count, and its sharding (from accelerate's env).
+
+    On CUDA the GPU's own memory (and its bf16 peak when it is in the table); on the CPU, this machine's RAM.
+    """
+    import os
+
+    import torch
+
+    from ctxext.models.devices import GPUS, cpu_device
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    sharding = None
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        sharding = "fsdp2"
+    elif os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        sharding = "zero3"
+    if not torch.cuda.is_available():
+        return cpu_device(), world, sharding
+    index = int(os.environ.get("LOCAL_RANK", "0") or 0) % torch.cuda.device_count()
+    props = torch.cuda.get_device_properties(index)
+    name = props.name.lower()
+    tflops = next((d.tflops for key, d in GPUS.items() if key.split("-")[0] in name), None)
+    return Device(name=props.name, memory=int(props.total_memory), tflops=tflops, kind="cuda"), world, sharding
+
+
+def preflight(recipe: Any) -> Plan:
+    """The plan of a recipe on the device and launch this process is in (what ``ctxext train`` checks first).
+
+    Raises:
+        InputError: the model's config cannot be read (the caller decides whether that matters).
+    """
+    device, world, sharding = this_device()
+    if recipe.train.context_parallel_size > 1 and device.kind == "cpu":
+        sharding = None
+        recipe = recipe.model_copy(deep=True)
+        recipe.train.context_parallel_size = 1
+    return plan_recipe(recipe, device, num_gpus=world, sharding=sharding, search=False, advise_changes=True)

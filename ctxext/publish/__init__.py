@@ -1,0 +1,1 @@
+"""Workflow: merge an adapter run, write its model card, push it to the Hub."""

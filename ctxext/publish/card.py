@@ -1,0 +1,500 @@
+"""The model card (``README.md``) of a published extension: Hub metadata plus what a user needs to trust and use it.
+
+The YAML front matter is built with huggingface_hub's :class:`~huggingface_hub.ModelCardData` and
+:class:`~huggingface_hub.EvalResult`, so ``model-index`` has exactly the structure the Hub reads
+(perplexity per length and passkey accuracy show up as evaluation results on the model page).
+
+The prose says what was changed (method, factor, every rope parameter), how it was trained, how it
+scored (tables and plots from ``ctxext eval`` reports), what it cost at the original context, and how
+to load and serve it with the right RoPE — the step users most often get wrong (:mod:`ctxext.publish.card_usage`).
+Reports are read through the report schema (:mod:`ctxext.artifacts.report`) and shown with the tables of
+their own ``report.md`` (:mod:`ctxext.artifacts.tables`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ctxext.artifacts.report import ModelEntry
+from ctxext.artifacts.run import Report
+from ctxext.artifacts.tables import bucket_table, fmt, grid_table, ppl_length_table, qa_table, short_context_table
+from ctxext.publish.card_usage import load_section, looks_like_hub_id, rope_parameters, serving_section
+
+
+def split_base(models: list[ModelEntry]) -> tuple[ModelEntry | None, ModelEntry | None]:
+    """Pick the extended model's entry and the unmodified base's (for the short-context cost).
+
+    Args:
+        models: the models of one report.
+
+    Returns:
+        ``(extended, base)``; the extended one is the last non-base model (fine-tuned after patched-only).
+    """
+    base = next((m for m in models if m.is_base), None)
+    others = [m for m in models if m is not base]
+    return (others[-1] if others else None), base
+
+
+@dataclass
+class CardInputs:
+    """Everything the card is built from.
+
+    Attributes:
+        run: the run's ``run.json`` content.
+        config: the patched ``config.json`` content.
+        recipe: the run's resolved recipe (``recipe.yaml``), if present.
+        versions: ``versions.json``, if present.
+        smoke: the merge smoke test (for a merged model).
+        reports: evaluation reports.
+        plot_names: for each report plot, its path in the repository.
+    """
+
+    run: dict[str, Any]
+    config: dict[str, Any]
+    recipe: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    smoke: dict[str, Any] = field(default_factory=dict)
+    reports: list[Report] = field(default_factory=list)
+    plot_names: dict[Path, str] = field(default_factory=dict)
+
+
+def plot_repo_paths(reports: list[Report]) -> dict[Path, str]:
+    """Where each report's PNG plots go in the repository (``plots/NAME.png``, prefixed when several reports).
+
+    Args:
+        reports: the evaluation reports.
+
+    Returns:
+        ``{local PNG path: path in repo}``.
+    """
+    names: dict[Path, str] = {}
+    used: set[str] = set()
+    for report in reports:
+        for plot in report.plots:
+            name = f"plots/{plot.name}"
+            if name in used:
+                name = f"plots/{report.label}-{plot.name}"
+            used.add(name)
+            names[plot] = name
+    return names
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def card_inputs(
+    folder: str | Path, run: dict[str, Any], reports: list[Report], smoke: dict[str, Any] | None = None
+) -> CardInputs:
+    """Gather the card's inputs from a run folder or a merged model folder.
+
+    Args:
+        folder: the folder holding ``config.json`` (and, for a run, ``recipe.yaml`` and ``versions.json``).
+        run: the run's ``run.json`` content.
+        reports: evaluation reports to include.
+        smoke: the merge smoke test, for a merged model.
+
+    Returns:
+        The :class:`CardInputs`.
+    """
+    folder = Path(folder)
+    recipe: dict[str, Any] = {}
+    source = Path(run.get("run_dir") or folder)
+    for candidate in (folder / "recipe.yaml", source / "recipe.yaml"):
+        if candidate.is_file():
+            try:
+                loaded = yaml.safe_load(candidate.read_text())
+            except yaml.YAMLError:
+                loaded = None
+            recipe = loaded if isinstance(loaded, dict) else {}
+            break
+    versions = _read_json(folder / "versions.json") or _read_json(source / "versions.json")
+    return CardInputs(
+        run=run,
+        config=_read_json(folder / "config.json"),
+        recipe=recipe,
+        versions=versions,
+        smoke=smoke or {},
+        reports=reports,
+        plot_names=plot_repo_paths(reports),
+    )
+
+
+def _tokens(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "?"
+    n = float(n)
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{int(n)}"
+
+
+def _dataset_ids(inputs: CardInputs) -> list[str]:
+    ids: list[str] = []
+    data = d if isinstance(d := inputs.recipe.get("data"), dict) else {}
+    if looks_like_hub_id(data.get("path")):
+        ids.append(str(data["path"]))
+    for report in inputs.reports:
+        ref = report.data.data_source()
+        if ref and looks_like_hub_id(ref) and ref not in ids:
+            ids.append(ref)
+    return ids
+
+
+def _eval_dataset(report: Report, inputs: CardInputs) -> tuple[str, str]:
+    # (dataset_type, dataset_name) of a report's perplexity data for model-index.
+    ref = report.data.data_source()
+    if isinstance(ref, str) and ref:
+        if looks_like_hub_id(ref):
+            return ref, ref
+        return "text", Path(ref).name or ref
+    return "text", "held-out long documents"
+
+
+_PASSKEY_DATA = "Passkey retrieval (synthetic, landmark-attention prompt)"
+
+
+def _result(task: tuple[str, str, str, str, str], length: str, value: float) -> Any:
+    from huggingface_hub import EvalResult
+
+    task_name, dataset_type, dataset_name, metric, label = task
+    return EvalResult(
+        task_type="text-generation",
+        task_name=task_name,
+        dataset_type=dataset_type,
+        dataset_name=dataset_name,
+        metric_type=metric,
+        metric_name=f"{label} @ {length} tokens",
+        metric_value=value,
+        metric_config=length,
+    )
+
+
+def eval_results(inputs: CardInputs) -> list[Any]:
+    """The ``model-index`` entries: perplexity per length and passkey accuracy per length of the extended model.
+
+    Args:
+        inputs: the card inputs.
+
+    Returns:
+        A list of :class:`huggingface_hub.EvalResult`.
+    """
+    out: list[Any] = []
+    for report in inputs.reports:
+        extended, _ = split_base(report.data.models)
+        if extended is None:
+            continue
+        dtype, dname = _eval_dataset(report, inputs)
+        ppl = extended.perplexity.by_length if extended.perplexity else {}
+        for key, entry in sorted(ppl.items(), key=lambda kv: int(kv[0])):
+            if entry.ppl is not None:
+                ppl_task = ("Long-context language modeling", dtype, dname, "perplexity", "Perplexity")
+                out.append(_result(ppl_task, key, round(entry.ppl, 4)))
+        grid = extended.passkey
+        for length in grid.lengths() if grid else []:
+            acc = grid.accuracy_at(length) if grid else None
+            if acc is not None:
+                task = ("Passkey retrieval", "passkey", _PASSKEY_DATA, "accuracy", "Passkey accuracy")
+                out.append(_result(task, str(length), round(100.0 * acc, 2)))
+    return out
+
+
+def _front_matter(inputs: CardInputs, merged: bool, model_name: str) -> str:
+    from huggingface_hub import ModelCardData
+
+    run = inputs.run
+    method = str(run.get("method") or "rope")
+    tags = ["context-extension", method, "long-context", "rope-scaling", "ctxext"]
+    if not merged:
+        tags += ["lora", "qlora"] if str(run.get("quantization") or "").lower() in ("nf4", "int8") else ["lora"]
+    base = run.get("base_model")
+    results = eval_results(inputs)
+    data = ModelCardData(
+        base_model=base if looks_like_hub_id(base) else None,
+        library_name="transformers" if merged else "peft",
+        pipeline_tag="text-generation",
+        tags=list(dict.fromkeys(tags)),
+        datasets=_dataset_ids(inputs) or None,
+        model_name=model_name if results else None,
+        eval_results=results or None,
+    )
+    return data.to_yaml()
+
+
+def _title(run: dict[str, Any], repo_id: str | None) -> str:
+    if repo_id:
+        return repo_id.split("/")[-1]
+    base = str(run.get("base_model") or "model").rstrip("/").split("/")[-1]
+    if not run.get("target_length"):
+        return f"{base}-ctxext"
+    return f"{base}-{run.get('method')}-{_tokens(run.get('target_length'))}"
+
+
+def _summary(inputs: CardInputs, merged: bool) -> list[str]:
+    run = inputs.run
+    base = run.get("base_model")
+    original, target = run.get("original_length"), run.get("target_length")
+    factor = (inputs.config.get("ctxext") or {}).get("factor") or (
+        target / original if isinstance(target, int) and isinstance(original, int) and original else None
+    )
+    kind = "a merged model (LoRA and trained modules folded into the base weights)" if merged else "a LoRA adapter"
+    if run.get("method") in (None, "none") or not target:
+        what = f"`{base}` fine-tuned at {run.get('seq_len')} tokens with its RoPE unchanged"
+    else:
+        what = (
+            f"`{base}` extended from **{original}** to **{target}** tokens with **{run.get('method')}** RoPE scaling"
+            + (f" (factor ×{fmt(float(factor), 4)})" if factor else "")
+            + f", then fine-tuned at {run.get('seq_len') or target} tokens"
+        )
+    lines = [
+        f"{what}. This repository holds {kind}.",
+        "",
+        "Made with ctxext, which verifies the runtime RoPE against an independent reference of the method's "
+        "frequencies after every load and merge.",
+    ]
+    if inputs.run.get("status") != "complete":
+        lines += [
+            "",
+            f"> **Warning:** this was published from an unfinished training run (status `{run.get('status')}`, "
+            f"{run.get('steps')} steps). Its numbers are not final.",
+        ]
+    return lines
+
+
+def _model_section(inputs: CardInputs) -> list[str]:
+    run = inputs.run
+    params = rope_parameters(inputs.run, inputs.config)
+    meta = inputs.config.get("ctxext") or {}
+    rows = [
+        ("base model", f"`{run.get('base_model')}`"),
+        ("original context", str(run.get("original_length"))),
+        ("extended context", str(run.get("target_length"))),
+        ("method", f"`{run.get('method')}`"),
+        ("factor", fmt(float(meta["factor"]), 4) if meta.get("factor") else "-"),
+        ("max_position_embeddings", str(inputs.config.get("max_position_embeddings", "-"))),
+    ]
+    rows += [(f"rope_parameters.{k}", f"`{json.dumps(v)}`") for k, v in sorted(params.items())]
+    lines = ["## Model", "", "| | |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    return lines
+
+
+def _recipe_section(inputs: CardInputs) -> list[str]:
+    run, recipe = inputs.run, inputs.recipe
+    lora = lr if isinstance(lr := run.get("lora"), dict) else recipe.get("lora") or {}
+    train = t if isinstance(t := recipe.get("train"), dict) else {}
+    data = d if isinstance(d := recipe.get("data"), dict) else {}
+    extra = run.get("extra_trainable") or lora.get("extra_trainable") or []
+    rows = [
+        ("steps", run.get("steps")),
+        ("tokens seen", _tokens(run.get("tokens_seen"))),
+        ("sequence length", run.get("seq_len")),
+        ("base weights during training", run.get("quantization")),
+        (
+            "LoRA rank / alpha / dropout",
+            f"{lora.get('r', '?')} / {lora.get('alpha', lora.get('lora_alpha', '?'))} / "
+            f"{lora.get('dropout', lora.get('lora_dropout', '?'))}",
+        ),
+        ("LoRA target modules", ", ".join(lora.get("target_modules") or []) or "-"),
+        ("trained in full", ", ".join(extra) or "-"),
+        (
+            "learning rate / schedule",
+            f"{train.get('learning_rate', '?')} / {train.get('scheduler', '?')}" if train else None,
+        ),
+        (
+            "batch (micro × accumulation)",
+            f"{train.get('micro_batch_size')} × {train.get('gradient_accumulation_steps')}" if train else None,
+        ),
+        ("training data", f"`{data.get('path')}`" if data.get("path") else None),
+        (
+            "final train / validation loss",
+            " / ".join(
+                fmt(float(v), 4) if isinstance(v, (int, float)) else "-"
+                for v in (run.get("final_train_loss"), run.get("final_val_loss"))
+            ),
+        ),
+    ]
+    lines = ["## Training", "", "| | |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in rows if v is not None]
+    lines += ["", "The full resolved recipe is `recipe.yaml` in this repository: `ctxext train recipe.yaml` reruns it."]
+    if inputs.versions:
+        libs = inputs.versions.get("libraries")
+        libs = libs if isinstance(libs, dict) else inputs.versions
+        pinned = ", ".join(f"{k} {v}" for k, v in sorted(libs.items()) if isinstance(v, str))
+        if pinned:
+            lines += ["", f"Software: {pinned}."]
+    return lines
+
+
+def _eval_section(inputs: CardInputs) -> list[str]:
+    lines = ["## Evaluation", ""]
+    if not inputs.reports:
+        return lines + [
+            "No evaluation report was published with this model. `ctxext eval run eval/long-context.yaml "
+            "--model <this repo>` measures perplexity by length and position and passkey retrieval."
+        ]
+    for report in inputs.reports:
+        models = report.data.models
+        if len(inputs.reports) > 1:
+            lines += [f"### {report.label}", ""]
+        protocol = next((m.perplexity.protocol for m in models if m.perplexity and m.perplexity.protocol), None)
+        if protocol:
+            lines += [f"Protocol: {protocol}", ""]
+        data = report.data.data_source()
+        if data:
+            lines += [f"Data: `{data}`", ""]
+        # The tables of report.md (ctxext.artifacts.tables), so the card and the report read alike.
+        table = ppl_length_table(models)
+        if table:
+            lines += [
+                "Perplexity by evaluation length (lower is better): ppl [95 % CI] (documents); † beyond that "
+                "model's configured context.",
+                "",
+                *table,
+            ]
+        buckets = bucket_table(models)
+        if buckets:
+            lines += ["Perplexity by position of the predicted token:", "", *buckets]
+        for task, title in (("passkey", "Passkey accuracy"), ("needle", "Needle-in-a-haystack accuracy")):
+            for m in models:
+                grid = getattr(m, task)
+                if grid is not None:
+                    lines += [f"{title}, {m.name}:", "", *grid_table(m.name, grid)]
+        qa = qa_table(models)
+        if qa:
+            lines += ["Long-document QA (exact match / F1, %):", "", *qa]
+        plots = [p for p in report.plots if p in inputs.plot_names]
+        lines += [f"![{plot.stem}]({inputs.plot_names[plot]})" for plot in plots]
+        lines.append("")
+    return lines
+
+
+def _short_context_section(inputs: CardInputs) -> list[str]:
+    original = inputs.run.get("original_length")
+    lines = ["## Short-context cost", ""]
+    for report in inputs.reports:
+        extended, base = split_base(report.data.models)
+        if extended is None or base is None or not extended.perplexity or not base.perplexity:
+            continue
+        pair = [base, extended]
+        e, b = extended.perplexity.short_context, base.perplexity.short_context
+        if e is not None and b is not None and e.length == b.length:
+            return lines + [
+                f"Perplexity at the original context ({e.length} tokens), base model vs this model:",
+                "",
+                *short_context_table(pair),
+            ]
+        common = set(extended.perplexity.by_length) & set(base.perplexity.by_length)
+        short = sorted(int(L) for L in common if not original or int(L) <= int(original))
+        if short:
+            return lines + [
+                f"Perplexity within the original context ({original} tokens), base model vs this model:",
+                "",
+                *ppl_length_table(pair, short),
+            ]
+    return lines + [
+        "Not measured: no report compares this model with the unmodified base at the original context. "
+        "Run `ctxext eval` with the base model as a second `--model` (or `eval.compare_base: true` in the recipe)."
+    ]
+
+
+def _smoke_section(inputs: CardInputs) -> list[str]:
+    smoke = inputs.smoke
+    if not smoke:
+        return []
+    lines = ["## Merge check", ""]
+    lines.append(
+        f"After merging, the saved model was reloaded with plain transformers, its RoPE verified, and its logits "
+        f"compared with base + adapter on {smoke.get('sequences')} random sequences of {smoke.get('length')} tokens: "
+        f"max |Δlogit| = {smoke.get('max_abs_diff', float('nan')):.3g} (tolerance {smoke.get('tolerance')}, "
+        f"{smoke.get('dtype')}). Perplexity on {smoke.get('ppl_tokens')} tokens of standard-library source: "
+        f"{fmt(smoke.get('ppl'), 4)} merged vs "
+        f"{fmt(smoke.get('reference_ppl'), 4)} base + adapter."
+    )
+    return lines
+
+
+def render_card(inputs: CardInputs, merged: bool = False, repo_id: str | None = None) -> str:
+    """Render the model card text from gathered inputs.
+
+    Args:
+        inputs: see :func:`card_inputs`.
+        merged: the repository holds a merged model (``library_name: transformers``) rather than an adapter.
+        repo_id: the target repository (used in the snippets); a placeholder when not known.
+
+    Returns:
+        The README.md text, YAML front matter first.
+    """
+    title = _title(inputs.run, repo_id)
+    ref = repo_id or f"<user>/{title}"
+    parts = [
+        "---",
+        _front_matter(inputs, merged, title).rstrip(),
+        "---",
+        "",
+        f"# {title}",
+        "",
+        *_summary(inputs, merged),
+        "",
+        *_model_section(inputs),
+        "",
+        *_recipe_section(inputs),
+        "",
+        *_eval_section(inputs),
+        *_short_context_section(inputs),
+        "",
+        *_smoke_section(inputs),
+        "",
+        *load_section(inputs.run, merged, ref),
+        "",
+        *serving_section(inputs.run, inputs.config, merged, ref),
+        "",
+    ]
+    text = "\n".join(parts)
+    return re.sub(r"\n{3,}", "\n\n", text)
+
+
+def build_model_card(
+    run_dir: str | Path,
+    reports: list[Report | str | Path] | None = None,
+    merged: bool = False,
+    repo_id: str | None = None,
+    allow_incomplete: bool = False,
+) -> str:
+    """Generate the ``README.md`` model card of a run folder (adapter) or a merged model folder.
+
+    Args:
+        run_dir: a run folder written by ``ctxext train``, or a folder written by ``ctxext merge``.
+        reports: evaluation reports (``Report`` objects or paths); ``None``: the reports found in the folder.
+        merged: describe a merged model; implied for a merged folder.
+        repo_id: the target Hub repository, used in the loading snippets.
+        allow_incomplete: accept an unfinished run (the card then says so).
+
+    Returns:
+        The card text.
+    """
+    from ctxext.artifacts.run import find_reports, is_merged_folder, load_report, read_merged, read_run
+
+    folder = Path(run_dir)
+    smoke: dict[str, Any] = {}
+    if is_merged_folder(folder):
+        meta = read_merged(folder)
+        run, smoke, merged = meta["run"], meta.get("smoke") or {}, True
+    else:
+        run = read_run(folder, allow_incomplete=allow_incomplete)
+    if reports is None:
+        loaded = find_reports(folder)
+    else:
+        loaded = [r if isinstance(r, Report) else load_report(r) for r in reports]
+    return render_card(card_inputs(folder, run, loaded, smoke), merged=merged, repo_id=repo_id)

@@ -1,0 +1,266 @@
+"""A training mixture: weighted real corpora and synthetic long-range tasks, plus short blocks.
+
+``data.mixture`` lists sources, each a corpus (read by :mod:`ctxext.training.data.corpus`, the one data reader) or a
+task of the :mod:`ctxext.tasks` registry, with a weight. Training consumes exactly
+``max_steps × gradient_accumulation_steps × micro_batch_size × processes`` rows; this module builds
+that many rows up front, deterministically from the seed (so a resumed run rebuilds the same rows and
+skips the ones already trained on):
+
+* ``short_fraction`` of the rows are made of blocks at the model's *original* length, cut from the
+  corpus sources and packed side by side as separate segments (own positions from 0, no attention
+  across them): short data at its own scale, which keeps the model good at short range (ProLong
+  keeps ~40 % short data).
+* the rest is split over the sources by weight (largest remainder). A corpus row is one of the
+  corpus's ``seq_len`` blocks (``long_fraction``: that share drawn from blocks of documents at least
+  ``seq_len`` long — up-sampling long documents within the source, Fu et al. 2024). A task row is
+  filled with task samples whose lengths are uniform in ``[min_length, max_length or seq_len]`` (the
+  last sample of a row takes what is left) and whose needle depth is uniform in [0, 1], each sample
+  its own segment — needle distances cover the whole row, and with PoSE the whole target length.
+
+The realised mixture (rows and tokens per source, samples per task and template) is returned for
+``mixture.json`` and ``run.json``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+from ctxext.errors import InputError
+from ctxext.training.data.corpus import TrainingData, load_documents, prepare_data
+
+# Tokens of real text a task's haystack holds (samples start at random offsets in it).
+HAYSTACK_MIN_TOKENS = 200_000
+
+
+def allocate(n: int, weights: list[float]) -> list[int]:
+    """Split ``n`` rows over ``weights`` by largest remainder (deterministic, sums to ``n``)."""
+    total = sum(weights)
+    exact = [n * w / total for w in weights]
+    counts = [int(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[: n - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _corpus_section(data: Any, source: Any) -> Any:
+    """The ``data`` section as the data reader wants it, for one corpus source."""
+    return data.model_copy(
+        update={
+            "path": source.path,
+            "text_field": source.text_field,
+            "max_documents": source.max_documents if source.max_documents is not None else data.max_documents,
+            "mixture": None,
+            "short_fraction": 0.0,
+        }
+    )
+
+
+def _short_rows(blocks: Any, n_rows: int, seq_len: int, short_len: int, rng: random.Random) -> list[dict]:
+    """``n_rows`` rows, each ``seq_len // short_len`` (+ a partial) short blocks as separate segments."""
+    ids = blocks.with_format(None)["input_ids"]
+    order: list[int] = []
+    rows = []
+    for _ in range(n_rows):
+        toks: list[int] = []
+        segs: list[int] = []
+        seg = 0
+        while len(toks) < seq_len:
+            if not order:
+                order = list(range(len(ids)))
+                rng.shuffle(order)
+            block = list(ids[order.pop()])[: seq_len - len(toks)]
+            toks += block
+            segs += [seg] * len(block)
+            seg += 1
+        rows.append({"input_ids": toks, "segments": segs, "targets": [1] * seq_len, "pose": 0})
+    return rows
+
+
+def _corpus_rows(
+    blocks: Any, n_rows: int, seq_len: int, long_fraction: float | None, rng: random.Random
+) -> tuple[list[dict], int]:
+    """``n_rows`` of the corpus's blocks, without replacement until they run out, and how many are long."""
+    blocks = blocks.with_format(None)  # plain lists, every column
+    n = len(blocks)
+    doc_tokens = blocks["doc_tokens"]
+    long_ids = [i for i in range(n) if doc_tokens[i] >= seq_len]
+    other = [i for i in range(n) if doc_tokens[i] < seq_len]
+    pools: dict[str, list[int]] = {"long": [], "other": [], "all": []}
+    chosen = []
+    for _ in range(n_rows):
+        if long_fraction is None or not long_ids or not other:
+            kind, src = "all", list(range(n))
+        else:
+            kind = "long" if rng.random() < long_fraction else "other"
+            src = long_ids if kind == "long" else other
+        if not pools[kind]:
+            pools[kind] = list(src)
+            rng.shuffle(pools[kind])
+        chosen.append(pools[kind].pop())
+    has_segments = "segments" in blocks.column_names
+    rows = []
+    for i in chosen:
+        row = blocks[i]
+        segs = list(row["segments"]) if has_segments else [0] * seq_len
+        rows.append({"input_ids": list(row["input_ids"]), "segments": segs, "targets": [1] * seq_len, "pose": 1})
+    return rows, sum(1 for i in chosen if doc_tokens[i] >= seq_len)
+
+
+def _task_rows(
+    key: str,
+    source: Any,
+    tokenizer: Any,
+    haystack: Any,
+    n_rows: int,
+    seq_len: int,
+    min_length: int,
+    seed: int,
+    stats: Counter,
+    max_length: int | None = None,
+) -> list[dict]:
+    from ctxext.tasks import get_task
+
+    task = get_task(source.task)
+    templates = source.templates if source.templates is not None else task.training_templates()
+    options = {} if source.distractors is None else {"distractors": source.distractors}
+    rows = []
+    for r in range(n_rows):
+        # One rng per row: a pure function of (seed, source, row).
+        rng = random.Random(f"{seed}:{key}:{r}")
+        toks: list[int] = []
+        segs: list[int] = []
+        tgts: list[int] = []
+        seg = 0
+        while len(toks) < seq_len:
+            remaining = seq_len - len(toks)
+            # Without max_length the draw is the historical one (rows stay identical for old recipes).
+            top = seq_len if max_length is None else max(min_length, min(max_length, remaining))
+            length = rng.randint(min_length, top)
+            if remaining - length < min_length:
+                length = remaining
+            try:
+                sample = task.generate(
+                    tokenizer, haystack, length, rng.random(), rng, template=rng.choice(templates), **options
+                )
+            except InputError as exc:
+                raise InputError(f"{key}: {exc}") from None
+            start, end = sample.answer_span
+            toks += sample.ids
+            segs += [seg] * len(sample.ids)
+            tgts += [int(start <= i < end) for i in range(len(sample.ids))] if source.answer_only else [1] * length
+            seg += 1
+            stats[f"template {sample.template}"] += 1
+            stats["samples"] += 1
+        rows.append({"input_ids": toks, "segments": segs, "targets": tgts, "pose": 1})
+    return rows
+
+
+def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> TrainingData:
+    """The training data of a recipe: one corpus (:func:`ctxext.training.data.corpus.prepare_data`) or a mixture.
+
+    Args:
+        recipe: the validated recipe.
+        tokenizer: the model's tokenizer.
+        plan: the RoPE plan (its ``original_length`` sizes the short blocks), or ``None``.
+        rows: training rows the run consumes (all processes).
+
+    Returns:
+        The :class:`ctxext.training.data.corpus.TrainingData`; for a mixture, ``mixture`` records what it holds.
+
+    Raises:
+        InputError: unreadable sources, a task that cannot fit its length, short blocks without an
+            original length.
+    """
+    data, seq_len, seed = recipe.data, recipe.seq_len, recipe.train.seed
+    if data.mixture is None and data.short_fraction == 0:
+        return prepare_data(data, tokenizer, seq_len, seed=seed)
+    import datasets
+
+    sources = data.mixture or [_whole_path_source(data)]
+    original = plan.original_length if plan is not None else recipe.model.original_length
+    if data.short_fraction > 0 and not original:
+        raise InputError("data.short_fraction: needs the model's original length; set a rope method")
+    rng = random.Random(seed)
+    n_short = round(rows * data.short_fraction)
+    counts = allocate(rows - n_short, [s.weight for s in sources])
+    keys = [f"data.mixture[{i}]" if data.mixture else "data" for i in range(len(sources))]
+    corpus = [(k, s) for k, s in zip(keys, sources, strict=True) if s.path]
+    corpora: dict[str, TrainingData] = {}
+    for key, source in corpus:
+        try:
+            corpora[key] = prepare_data(_corpus_section(data, source), tokenizer, seq_len, seed, source.path)
+        except InputError as exc:
+            raise InputError(f"{key}.path: {exc}") from None
+    all_rows: list[dict] = []
+    record: list[dict[str, Any]] = []
+    for key, source, count in zip(keys, sources, counts, strict=True):
+        entry: dict[str, Any] = {"source": source.path or f"task:{source.task}", "weight": source.weight, "rows": count}
+        if source.path:
+            made, long_rows = _corpus_rows(corpora[key].train, count, seq_len, source.long_fraction, rng)
+            entry.update(blocks_available=len(corpora[key].train), rows_from_long_documents=long_rows)
+        else:
+            stats: Counter = Counter()
+            hay_path = source.haystack or next((s.path for s in sources if s.path), data.path)
+            min_length = min(source.min_length or seq_len, seq_len)
+            made = _task_rows(
+                key,
+                source,
+                tokenizer,
+                _haystack(hay_path, tokenizer, count * seq_len),
+                count,
+                seq_len,
+                min_length,
+                seed,
+                stats,
+                None if source.max_length is None else min(source.max_length, seq_len),
+            )
+            entry.update(task=source.task, haystack=hay_path, answer_only=source.answer_only, samples=dict(stats))
+        entry["tokens"] = count * seq_len
+        all_rows += made
+        record.append(entry)
+    if n_short:
+        # Short blocks come from the corpora in proportion to their weights.
+        weighted = [(k, s) for k, s in corpus if s.weight > 0] or corpus
+        per = allocate(n_short, [s.weight or 1.0 for _, s in weighted])
+        for (_, source), count in zip(weighted, per, strict=True):
+            short = prepare_data(_corpus_section(data, source), tokenizer, original, seed, source.path)
+            all_rows += _short_rows(short.train, count, seq_len, original, rng)
+            record.append(
+                {"source": f"short:{source.path}", "block_tokens": original, "rows": count, "tokens": count * seq_len}
+            )
+    # Validation: the first corpus's held-out documents, at seq_len, plain positions.
+    first = corpora[corpus[0][0]] if corpus else None
+    columns = {k: [r[k] for r in all_rows] for k in ("input_ids", "segments", "targets", "pose")}
+    train = datasets.Dataset.from_dict(columns)
+    train.set_format("torch", columns=list(columns))
+    summary = f"mixture of {len(all_rows)} rows of {seq_len} tokens: " + ", ".join(
+        f"{e['source']} {e['rows']}" for e in record
+    )
+    realised = {"rows": len(all_rows), "seq_len": seq_len, "short_fraction": data.short_fraction, "sources": record}
+    return TrainingData(
+        train=train,
+        validation=first.validation if first is not None else None,
+        seq_len=seq_len,
+        documents=sum(c.documents for c in corpora.values()),
+        train_tokens=len(all_rows) * seq_len,
+        summary=summary,
+        mixture={"realised": realised},
+    )
+
+
+def _whole_path_source(data: Any) -> Any:
+    from ctxext.recipe.schema import MixtureSource
+
+    return MixtureSource(path=data.path, weight=1.0, text_field=data.text_field)
+
+
+def _haystack(path: str, tokenizer: Any, tokens: int) -> Any:
+    from ctxext.tasks import Haystack
+
+    # The rows never use more filler than their own tokens: a bigger haystack only costs tokenizing.
+    docs = load_documents(path)
+    need = max(1, min(HAYSTACK_MIN_TOKENS, tokens))
+    return Haystack.from_texts(tokenizer, (t for t in docs["text"] if t and t.strip()), need, path)

@@ -1,0 +1,172 @@
+"""``ctxext train``: QLoRA long-document fine-tuning of a RoPE-patched model, under accelerate.
+
+One readable run, top to bottom (:func:`train`; the pieces live in :mod:`ctxext.training`)::
+
+    recipe → accelerator (+ launch check) → run folder checked (new, or resume) → model: load, patch RoPE,
+    quantize, LoRA → data: tokenize, pack, hold out → run folder created → optimizer + schedule → resume?
+    → the loop (:mod:`ctxext.training.loop`) → final validation → adapter, patched config, tokenizer
+    → run.json "complete" (written last)
+
+Resuming is exact: the data order is a pure function of (seed, epoch), so a resumed run skips exactly
+the micro-batches already consumed, and accelerate restores the trainable weights, optimizer,
+scheduler and RNG states. A run interrupted at any point ends with the same adapter as an
+uninterrupted one.
+
+A run folder is complete iff its ``run.json`` says ``"status": "complete"``; everything else in it is
+written before that file. Running the eval suite and pushing to the Hub after training is the CLI's job.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ctxext.artifacts.run import read_run
+from ctxext.errors import InputError
+from ctxext.models.sources import resolve_model_path
+from ctxext.models.weights import check_fingerprint, check_weights_readable, fingerprint
+from ctxext.recipe.schema import Recipe, dump_recipe
+from ctxext.training.checkpoints import Checkpoints, Counters
+from ctxext.training.data.rows import shifted_labels
+from ctxext.training.folder import CHECKPOINTS, RunWriter, check_output_dir, flat_config, run_record, versions
+from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
+from ctxext.training.loop import TrainingDiverged, TrainingLoop
+from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
+
+__all__ = [
+    "CausalLMWithChunkedLoss",
+    "TrainResult",
+    "TrainingDiverged",
+    "micro_batches",
+    "read_run",
+    "shifted_labels",
+    "train",
+]
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns.
+
+    Attributes:
+        run_dir: the complete run folder.
+        model: the trained peft model (unwrapped, eval mode) on the main process, else ``None``.
+        run: the ``run.json`` record.
+    """
+
+    run_dir: Path
+    model: Any
+    run: dict[str, Any]
+
+
+def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None) -> TrainResult:
+    """Run a training recipe to completion and return its run folder.
+
+    Args:
+        recipe: a validated recipe.
+        resume: continue the run in ``output.dir`` from its last checkpoint.
+        command: the command line, recorded in ``versions.json``.
+
+    Returns:
+        A :class:`TrainResult` (the complete run folder, the trained model).
+
+    Raises:
+        InputError: an output folder in the way, bad data, a recipe that differs from the run's on resume.
+        TrainingDiverged: NaN / inf loss; the last good checkpoint is kept for ``--resume``.
+        CtxextError: out of memory, or a bad multi-process launch.
+    """
+    from accelerate.utils import DistributedType, set_seed
+
+    from ctxext.models.load import build_training_model
+
+    cfg = recipe.train
+    out = Path(recipe.output.dir)
+    launch = start_accelerator(recipe, out)
+    accelerator = launch.accelerator
+
+    # Nothing is loaded before the output folder and the base weights are known to be right.
+    recipe_text = dump_recipe(recipe)
+    previous = check_output_dir(out, recipe_text, resume)
+    base_dir = resolve_model_path(recipe.model.path, recipe.model.revision)
+    check_weights_readable(base_dir)
+    base_fingerprint = fingerprint(base_dir)
+    if previous is not None:
+        check_fingerprint(base_dir, previous.get("base_fingerprint"), "--resume")
+
+    set_seed(cfg.seed)
+    loaded = build_training_model(
+        recipe, accelerator.device, sharded=accelerator.distributed_type == DistributedType.FSDP
+    )
+    data = _training_data(recipe, loaded, launch)
+
+    # The run folder: created only once the model and the data are known to be usable.
+    accelerator.wait_for_everyone()
+    record = run_record(recipe, loaded, accelerator.num_processes, base_fingerprint, previous)
+    writer = RunWriter(out, launch.main, record)
+    writer.start(recipe_text, versions(recipe, command or sys.argv), data.mixture)
+
+    model = CausalLMWithChunkedLoss(loaded.model, cfg.loss_chunk_size)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer, optimizer_name = make_optimizer(recipe, trainable, accelerator.device)
+    scheduler = make_scheduler(recipe, optimizer)
+    configure_deepspeed(accelerator, recipe, launch.world)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    counters = Counters()
+    checkpoints = Checkpoints(out / CHECKPOINTS, accelerator, cfg.keep_checkpoints)
+    checkpoints.register(model, scheduler, counters)
+    if cfg.tracker != "none":
+        accelerator.init_trackers(out.name or "ctxext", config=flat_config(recipe))
+    if resume:
+        checkpoints.resume(counters)
+    writer.trim_metrics(counters.step)
+
+    loop = TrainingLoop(
+        recipe, launch, loaded, data, model, trainable, optimizer, scheduler, counters, checkpoints, writer
+    )
+    loop.run(optimizer_name)
+
+    if loop.last_val is None:
+        loop.last_val = loop.validate()
+    state_dict = accelerator.get_state_dict(model)
+    accelerator.wait_for_everyone()
+    if launch.main:
+        writer.write_outputs(accelerator.unwrap_model(model).peft_model, state_dict, loaded)
+        writer.update(
+            status="complete",
+            steps=counters.step,
+            tokens_seen=counters.tokens_seen,
+            final_train_loss=loop.last_loss,
+            final_val_loss=loop.last_val,
+            error=None,
+        )
+    accelerator.wait_for_everyone()
+    if cfg.tracker != "none":
+        accelerator.end_training()
+    accelerator.print(f"run complete: {out} (train loss {loop.last_loss:.4f}, val loss {loop.last_val})")
+    unwrapped = accelerator.unwrap_model(model).peft_model.eval() if launch.main else None
+    return TrainResult(run_dir=out, model=unwrapped, run=dict(writer.run))
+
+
+def _training_data(recipe: Recipe, loaded: Any, launch: Launch) -> Any:
+    """Tokenize, pack and hold out the recipe's data for this job.
+
+    See :func:`ctxext.training.data.mixture.prepare_training_data`.
+
+    Raises:
+        InputError: too little data for one micro-batch on every process, or a data setting that context
+            parallelism cannot split.
+    """
+    from ctxext.training.data.mixture import prepare_training_data
+
+    cfg, accelerator = recipe.train, launch.accelerator
+    with accelerator.main_process_first():  # the main process tokenizes; the others read the datasets cache
+        rows = cfg.max_steps * cfg.gradient_accumulation_steps * cfg.micro_batch_size * launch.world
+        data = prepare_training_data(recipe, loaded.tokenizer, loaded.plan, rows)
+    accelerator.print(f"data: {data.summary}")
+    # Too little data for one micro-batch is bad input: say so before the run folder exists.
+    next(micro_batches(len(data.train), cfg.micro_batch_size, launch.world, launch.rank, cfg.seed))
+    if launch.cp > 1 and (cfg.pose or recipe.data.document_mask or recipe.data.short_fraction):
+        raise InputError("train.context_parallel_size: PoSE, data.document_mask and data.short_fraction need 1")
+    return data
