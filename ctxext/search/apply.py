@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctxext.rope.core import RopePlan, _text_config, patch_model, read_rope, rebuild_rotary, verify_model_rope
+from ctxext.rope.core import RopePlan, patch_model, read_rope, rebuild_rotary, text_config, verify_model_rope
 
 # The searched model keeps the original behaviour inside the original window: short factors of 1 and
 # no attention scaling (transformers applies ``attention_factor`` at every length, short ones included).
@@ -66,13 +66,13 @@ class RopeSwitch:
     def __init__(self, model: torch.nn.Module, original_length: int | None = None):
         self.model = model
         self.original_length = original_length
-        text = _text_config(model.config)
+        text = text_config(model.config)
         self._saved = {name: copy.deepcopy(getattr(text, name, _MISSING)) for name in _FIELDS}
         self.state = read_rope(model.config, original_length=original_length)
 
     def restore(self) -> None:
         """Put the original RoPE back (config fields and rotary modules)."""
-        text = _text_config(self.model.config)
+        text = text_config(self.model.config)
         for name, value in self._saved.items():
             if value is _MISSING:
                 if hasattr(text, name):
