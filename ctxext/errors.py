@@ -1,4 +1,10 @@
-"""The base of errors that the command line reports as a message, without a traceback."""
+"""The one hierarchy of errors that the command line reports as a message, without a traceback.
+
+Every user-facing error of ctxext is a :class:`CtxextError`; those about what the user gave (a recipe, a RoPE
+setting, a model or file reference, an option) are :class:`InputError` (exit code 2). The ones that pydantic
+validators may raise (RoPE, recipe, source errors) are also ``ValueError``, so pydantic reports them as
+validation problems of the key that raised them.
+"""
 
 from __future__ import annotations
 

@@ -36,9 +36,8 @@ def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        from ctxext.models.sources import SourceError
+        from ctxext.errors import CtxextError
         from ctxext.recipe.schema import RecipeError
-        from ctxext.rope.types import RopeError
 
         try:
             return fn(*args, **kwargs)
@@ -47,19 +46,14 @@ def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
             for key, msg in exc.problems:
                 err_console.print(f"  [yellow]{key}[/]: {msg}")
             raise typer.Exit(EXIT_BAD_INPUT) from None
-        except (RopeError, SourceError, FileExistsError, FileNotFoundError) as exc:
+        except CtxextError as exc:  # every user-facing error of ctxext (ctxext.errors)
+            _print_error(exc)
+            raise typer.Exit(exc.exit_code) from None
+        except (FileExistsError, FileNotFoundError) as exc:
             _print_error(exc)
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except KeyboardInterrupt:
             err_console.print("[bold red]interrupted[/]")
             raise typer.Exit(130) from None
-        except Exception as exc:
-            # Errors of the later stages (training, evaluation, hub) subclass CtxextError.
-            from ctxext.errors import CtxextError
-
-            if isinstance(exc, CtxextError):
-                _print_error(exc)
-                raise typer.Exit(exc.exit_code) from None
-            raise
 
     return wrapper

@@ -75,7 +75,7 @@ def _check_corpus(key: str, path: str, problems: list[tuple[str, str]]) -> None:
 
 def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list[str]) -> None:
     from ctxext.models.builtin import BUILTIN_PREFIX
-    from ctxext.models.sources import SourceError, load_config
+    from ctxext.models.sources import load_config
     from ctxext.rope.core import RopeError, plan_extension, read_rope
 
     path = recipe.model.path
@@ -92,7 +92,7 @@ def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list
         state = read_rope(config, original_length=recipe.model.original_length)
         if folder.is_dir():
             check_weights_readable(folder)
-    except (SourceError, RopeError, InputError) as exc:
+    except InputError as exc:  # SourceError, RopeError and weight problems alike
         problems.append(("model.path", str(exc)))
         return
     seq_len = recipe.seq_len

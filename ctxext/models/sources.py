@@ -6,10 +6,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ctxext.errors import InputError
 from ctxext.models.builtin import BUILTIN_PREFIX, resolve_builtin
 
 
-class SourceError(ValueError):
+class SourceError(InputError, ValueError):
     """A model or file that cannot be found or fetched; the message says what to do."""
 
 

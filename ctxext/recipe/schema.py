@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails
 
+from ctxext.errors import InputError
 from ctxext.rope.methods import METHODS, declared_options
 
 # A Hub repository id: namespace/name, each of letters, digits, '-', '_', '.'.
@@ -48,7 +49,7 @@ def pose_refusal(method: str) -> str | None:
     return None
 
 
-class RecipeError(ValueError):
+class RecipeError(InputError, ValueError):
     """A recipe that cannot be used; ``problems`` lists ``(key, message)`` pairs."""
 
     def __init__(self, source: str, problems: list[tuple[str, str]]):

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ctxext.errors import InputError
 
-class RopeError(ValueError):
+
+class RopeError(InputError, ValueError):
     """A RoPE problem the user can fix: the message says what is wrong and what to do."""
 
 
