@@ -121,29 +121,3 @@ def chunked_cross_entropy(
     if reduction == "sum":
         return total
     return total / (y != IGNORE_INDEX).sum().clamp(min=1)
-
-
-def causal_lm_loss(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    input_labels: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    chunk_size: int = 1024,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next-token loss of a causal LM from its final hidden states (position t predicts t+1).
-
-    Args:
-        hidden: ``(batch, seq, hidden_size)`` final hidden states (after the final norm).
-        weight: ``lm_head.weight``.
-        input_labels: ``(batch, seq)`` labels aligned with the inputs (usually the input ids); the
-            shift happens here.
-        bias: ``lm_head.bias``.
-        chunk_size: rows per chunk.
-
-    Returns:
-        ``(summed loss, number of scored tokens)``; divide for the mean.
-    """
-    h = hidden[:, :-1, :]
-    y = input_labels[:, 1:]
-    total = chunked_cross_entropy(h, weight, y, bias=bias, chunk_size=chunk_size, reduction="sum")
-    return total, (y != IGNORE_INDEX).sum()
