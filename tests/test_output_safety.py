@@ -273,6 +273,8 @@ def test_changed_base_weights_are_refused_by_merge_eval_and_push(tmp_path_factor
     for args in (
         ["merge", run_dir, "--out", tmp_path / "merged"],
         ["eval", "passkey", "--model", run_dir, "--lengths", "64", "--out", tmp_path / "rep"],
+        # The base named explicitly beside the run's adapter: checked the same way.
+        ["eval", "passkey", "--model", base, "--adapter", run_dir, "--lengths", "64", "--out", tmp_path / "rep"],
         ["push", run_dir, "--repo-id", "me/x", "--dry-run"],
     ):
         result = run(*args)

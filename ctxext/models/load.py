@@ -403,6 +403,19 @@ def find_adapter_dir(path: str | Path) -> Path | None:
     return None
 
 
+def _run_folder_of(adapter: str | Path | None, adapter_dir: Path | None) -> Path | None:
+    # The ctxext run folder an adapter belongs to: the folder given, or the run above its adapter/final subfolder.
+    from ctxext.artifacts.run import RUN_FILE
+
+    if adapter is None or adapter_dir is None:
+        return None
+    above = [adapter_dir.parent] if adapter_dir.name in ("adapter", "final") else []
+    for cand in (Path(adapter), adapter_dir, *above):
+        if (cand / RUN_FILE).is_file():
+            return cand
+    return None
+
+
 def load_inference_model(
     base: str | None,
     adapter: str | Path | None = None,
@@ -442,9 +455,9 @@ def load_inference_model(
         InputError: an adapter folder without an adapter, an unusable run folder, damaged files, no tokenizer.
         ctxext.rope.core.RopeMismatchError: the runtime RoPE differs from the config.
     """
-    from ctxext.artifacts.run import RUN_FILE, check_run_base, run_base_model
+    from ctxext.artifacts.run import RUN_FILE, run_base_model
     from ctxext.models.sources import config_from_folder
-    from ctxext.models.weights import check_weights_readable
+    from ctxext.models.weights import check_fingerprint, check_weights_readable
 
     device = torch.device(device)
     dtype = compute_dtype or compute_dtype_for("auto", device)
@@ -456,16 +469,18 @@ def load_inference_model(
         # A ctxext run writes the patched config next to its adapter; the base must run with it.
         if config_from is None:
             config_from = next((c for c in (Path(adapter), adapter_dir) if (c / "config.json").is_file()), None)
-    run_dir = Path(adapter) if base is None and adapter is not None else None
-    if run_dir is not None:
+    run_dir = _run_folder_of(adapter, adapter_dir)
+    if base is None and run_dir is not None:
         base = run_base_model(run_dir)
     if base is None:
         raise InputError("no base model: name one, or give a ctxext run folder whose run.json names it")
     base_dir = resolve_model_path(base, revision)
     if run_dir is not None:
-        # Damaged weight files are named as such before the fingerprint check reads them.
+        # Whether the base comes from run.json or is named beside the run's adapter, it must be the weights the
+        # adapter was trained on. Damaged weight files are named as such before the fingerprint check reads them.
         check_weights_readable(base_dir)
-        check_run_base(json.loads((run_dir / RUN_FILE).read_text()), what or f"loading {run_dir}")
+        run = json.loads((run_dir / RUN_FILE).read_text())
+        check_fingerprint(base_dir, run.get("base_fingerprint"), what or f"loading {run_dir}")
     config = config_from_folder(config_from or base_dir)
     model = load_weights(
         base_dir,
