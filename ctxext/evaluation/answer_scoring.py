@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ctxext.errors import InputError
 from ctxext.evaluation.perplexity import _head_and_decoder
-from ctxext.evaluation.progress import progress_bar
+from ctxext.progress import progress
 from ctxext.rope.core import reset_dynamic_rope
 
 # Tokens per batched forward pass on the CPU / a GPU (sequences of one length are stacked up to this). On the
@@ -213,7 +213,7 @@ def score_answers(
     for i, seq in enumerate(sequences):
         groups.setdefault(len(seq), []).append(i)
     out: list[AnswerScore | None] = [None] * len(sequences)
-    with progress_bar("answers", len(sequences), show_progress) as advance:
+    with progress("answers", len(sequences), enabled=show_progress) as advance:
         for length, members in sorted(groups.items()):
             per_batch = max(1, batch_tokens // length)
             for b in range(0, len(members), per_batch):

@@ -35,7 +35,7 @@ import torch
 
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel, base_model
-from ctxext.evaluation.progress import progress_bar
+from ctxext.progress import progress
 from ctxext.rope.core import reset_dynamic_rope
 
 # Elements of one block of attention scores (heads × query rows × keys): 16M floats = 64 MB.
@@ -275,7 +275,7 @@ def evaluate_attention(
     handles = [m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(modules)]
     decoder = base_model(loaded.model).get_decoder()
     try:
-        with progress_bar(f"attention {loaded.name}", len(docs.ids), show_progress) as advance:
+        with progress(f"attention {loaded.name}", len(docs.ids), enabled=show_progress) as advance:
             for ids in docs.ids:
                 acc.start_document()
                 reset_dynamic_rope(loaded.model)

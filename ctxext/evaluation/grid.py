@@ -38,8 +38,8 @@ import torch
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel, base_model
 from ctxext.evaluation.perplexity import check_lengths
-from ctxext.evaluation.progress import progress_bar
 from ctxext.evaluation.stats import wilson_interval
+from ctxext.progress import progress
 from ctxext.rope.core import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
 from ctxext.tasks import Haystack, TaskSample, Template, get_task
 from ctxext.tasks.base import NOISE_TEXT
@@ -277,7 +277,7 @@ def evaluate_task_grid(
     scorer = _score_teacher_forced if settings.scoring == "teacher-forced" else _score_generate
     cells: list[dict[str, Any]] = []
     total = len(lengths) * len(settings.depths) * settings.trials
-    with progress_bar(f"{label or task} {loaded.name}", total, show_progress) as advance:
+    with progress(f"{label or task} {loaded.name}", total, enabled=show_progress) as advance:
         for L in lengths:
             # Every sample of a length is built first, so the scorer batches across depths too.
             built = [

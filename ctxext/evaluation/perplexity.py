@@ -41,8 +41,8 @@ import torch.nn.functional as F
 
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel, base_model
-from ctxext.evaluation.progress import progress_bar
 from ctxext.evaluation.stats import DEFAULT_RESAMPLES, bootstrap_mean_diff, ppl_entry
+from ctxext.progress import progress
 from ctxext.rope.core import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
 
 MAX_BUCKETS = 1024
@@ -545,7 +545,7 @@ def _run_one_pass(model, docs, lengths, longest, settings, scores, show, name) -
         reach = [L for L in lengths if L <= len(d)]
         plan.append((d, reach[-1]))
     total = sum(r for _, r in plan)
-    with progress_bar(f"ppl {name} (one pass per document)", total, show) as advance:
+    with progress(f"ppl {name} (one pass per document)", total, enabled=show) as advance:
         for i, (d, reach) in enumerate(plan):
             nll = token_nll(model, d[None, :reach], 1, settings.chunk_size)[0]
             scores.passes += 1
@@ -562,7 +562,7 @@ def _run_one_pass(model, docs, lengths, longest, settings, scores, show, name) -
 
 def _run_per_length(model, docs, lengths, longest, settings, scores, dynamic, show, name) -> None:
     total = sum(L for L in lengths for d in docs.ids if len(d) >= L)
-    with progress_bar(f"ppl {name} (one pass per length)", total, show) as advance:
+    with progress(f"ppl {name} (one pass per length)", total, enabled=show) as advance:
         for L in lengths:
             for i, d in enumerate(docs.ids):
                 if len(d) < L:
@@ -586,7 +586,7 @@ def _run_sliding(model, docs, lengths, longest, settings, scores, dynamic, show,
     cap = settings.max_doc_tokens
     stride = int(settings.stride)
     total = sum(min(len(d), cap or len(d)) for d in docs.ids) * len(lengths)
-    with progress_bar(f"ppl {name} (sliding window, stride {stride})", total, show) as advance:
+    with progress(f"ppl {name} (sliding window, stride {stride})", total, enabled=show) as advance:
         for L in lengths:
             sums, counts, doc_idx = scores.by_length[L]
             for i, d in enumerate(docs.ids):
@@ -677,7 +677,7 @@ def _context_use(model, full, full_ids, longest, settings, limits, dynamic, show
         "limits": [],
     }
     total = len(full) * len(limits) * (longest - 1)
-    with progress_bar(f"context use {name}", total, show) as advance:
+    with progress(f"context use {name}", total, enabled=show) as advance:
         for k in limits:
             sums = []
             for d in full_ids:

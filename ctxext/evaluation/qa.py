@@ -24,8 +24,8 @@ import torch
 
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel
-from ctxext.evaluation.progress import progress_bar
 from ctxext.evaluation.stats import bootstrap_nll
+from ctxext.progress import progress
 from ctxext.rope.core import reset_dynamic_rope
 
 METRIC_PATH = Path(__file__).parent / "metrics" / "squad_offline" / "squad_offline.py"
@@ -288,7 +288,7 @@ def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool =
     if budget < 8:
         raise InputError(f"a max length of {settings.max_length} leaves no room for a prompt")
     preds, refs, rows = [], [], []
-    with progress_bar(f"qa {loaded.name}", len(examples), show_progress) as advance:
+    with progress(f"qa {loaded.name}", len(examples), enabled=show_progress) as advance:
         for ex in examples:
             ids, info = build_qa_prompt(loaded.tokenizer, ex, settings.template, budget)
             pred = _answer(loaded, ids, settings.max_new_tokens)

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ctxext.errors import InputError
+from ctxext.progress import progress
 from ctxext.recipe.budget import parse_budget
 from ctxext.search.evolution import Candidate, Evolution, EvolutionSettings, StopSearch, best, run_evolution
 from ctxext.search.log import LOG_NAME, SearchLog, check_resume, model_fingerprint, read_log
@@ -227,43 +228,6 @@ def _prepare_out(settings: SearchSettings) -> Path:
     return log_path
 
 
-class _Progress:
-    """A rich progress bar over evaluations, showing the generation and the best score so far."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.enabled = enabled
-        self.progress: Any = None
-        self.total = total
-
-    def __enter__(self) -> _Progress:
-        if self.enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-
-            console = Console(stderr=True)
-            if console.is_terminal:
-                self.progress = Progress(
-                    TextColumn("[progress.description]{task.description}"),
-                    BarColumn(),
-                    TaskProgressColumn(),
-                    TimeElapsedColumn(),
-                    console=console,
-                )
-                self.progress.__enter__()
-                self.task = self.progress.add_task("search", total=self.total)
-        return self
-
-    def update(self, done: int, generation: int, best_score: float) -> None:
-        if self.progress is not None:
-            self.progress.update(
-                self.task, completed=done, description=f"search gen {generation} · best {best_score:.4f}"
-            )
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.progress is not None:
-            self.progress.__exit__(*exc)
-
-
 def run_search(
     settings: SearchSettings,
     log: Callable[[str], None] = print,
@@ -301,7 +265,7 @@ def run_search(
     session = _Session.start(settings, switch, loaded.tokenizer, state, log_path, log)
     if session.logged:
         log(f"resuming {log_path}: replaying {len(session.logged)} logged candidates")
-    with session.progress:
+    with session.progress as session.tracker:
         score = lambda cand: session.evaluate(cand, on_candidate)  # noqa: E731
         evaluated, ended = run_evolution(session.evolution, session.seed_vectors(), score, session.on_generation)
     result = session.finish(evaluated, ended)
@@ -347,12 +311,13 @@ class _Session:
     attention: float
     attention_limit: Any
     log: Callable[[str], None]
-    progress: _Progress
+    progress: Any  # ctxext.progress.progress(...), entered by run_search
     n_generations_logged: int
     prior_wall: float = 0.0
     prior_cpu: float = 0.0
     start_wall: float = field(default_factory=time.perf_counter)
     start_cpu: float = field(default_factory=time.process_time)
+    tracker: Any = None
     cache: dict[tuple[float, ...], float] = field(default_factory=dict)
     best_score: float = math.inf
     done: int = 0
@@ -432,7 +397,7 @@ class _Session:
             attention=float(header_settings["attention_factor"]) if limit is None else limit.high,
             attention_limit=limit,
             log=log,
-            progress=_Progress(evo_settings.expected_evaluations(len(seeds)), settings.show_progress),
+            progress=progress("search", evo_settings.expected_evaluations(len(seeds)), enabled=settings.show_progress),
             n_generations_logged=n_generations,
             prior_wall=float(logged[-1]["seconds"]) if logged else 0.0,
             prior_cpu=float(logged[-1]["cpu_seconds"]) if logged else 0.0,
@@ -502,7 +467,7 @@ class _Session:
         self.cache[key] = score
         self.best_score = min(self.best_score, score)
         self.done += 1
-        self.progress.update(self.done, cand.generation, self.best_score)
+        self.tracker.update(self.done, description=f"search gen {cand.generation} · best {self.best_score:.4f}")
         if on_candidate is not None and not replay:
             on_candidate(cand)
         return score

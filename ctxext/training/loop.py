@@ -163,25 +163,18 @@ class TrainingLoop:
         self.writer.update(status=status, steps=self.counters.step, tokens_seen=self.counters.tokens_seen, error=error)
 
     def _loop(self) -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from ctxext.progress import progress
 
         cfg, counters, main = self.cfg, self.counters, self.launch.main
         ga, mb = cfg.gradient_accumulation_steps, cfg.micro_batch_size
         world, rank = self.launch.world, self.launch.rank
         batches = micro_batches(len(self.data.train), mb, world, rank, cfg.seed, start=counters.step * ga)
-        progress = Progress(
-            TextColumn("[bold]train[/]"),
-            BarColumn(),
-            TextColumn("step {task.completed}/{task.total}"),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=None,
-            disable=not main,
+        # Without a terminal (a log file, a scheduler) a plain line every log_every steps.
+        shown = progress(
+            "train", cfg.max_steps, enabled=main, unit="step", every=cfg.log_every, completed=counters.step
         )
         metrics = open(self.writer.out / METRICS_FILE, "a") if main else nullcontext()  # noqa: SIM115
-        with metrics as metrics_file, progress:
-            task = progress.add_task("train", total=cfg.max_steps, completed=counters.step, info="")
+        with metrics as metrics_file, shown as tracker:
             while counters.step < cfg.max_steps:
                 record = self._step(batches)
                 if metrics_file is not None and (counters.step % cfg.log_every == 0 or "val_loss" in record):
@@ -192,7 +185,7 @@ class TrainingLoop:
                 info = f"loss {self.last_loss:.4f} lr {record['lr']:.2e} {record['tokens_per_sec']:,.0f} tok/s"
                 if self.last_val is not None:
                     info += f" val {self.last_val:.4f}"
-                progress.update(task, completed=counters.step, info=info)
+                tracker.update(counters.step, info=info)
                 if cfg.save_every and counters.step % cfg.save_every == 0 and counters.step < cfg.max_steps:
                     self.checkpoints.save(counters.step)
 
