@@ -39,6 +39,15 @@ def test_two_process_ddp_shards_batches_and_ends_identical(tmp_path, cache_root)
         CTXEXT_RANK_AUDIT=str(tmp_path / "ranks"),
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    # Read from a file (no terminal): the main process's plain progress lines, once per step, and none of the
+    # third-party noise ctxext hides (ctxext/cli/quiet.py).
+    log = done.stdout + done.stderr
+    assert [line.split(" · ")[0] for line in log.splitlines() if line.startswith("train: step")] == [
+        "train: step 1/3 (33 %)",
+        "train: step 2/3 (67 %)",
+        "train: step 3/3 (100 %)",
+    ], log
+    assert "is_gradient_checkpointing" not in log and "gemm_4bit_forward" not in log and "Map" not in log, log
     info = read_run(tmp_path / "run")
     assert info["num_processes"] == 2
     # Global batch: 2 processes x micro-batch 2 x 512 tokens per step.

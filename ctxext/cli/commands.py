@@ -22,6 +22,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+@app.callback()
+def _root(
+    verbose: Annotated[
+        bool, typer.Option("--verbose", help="show third-party warnings and progress bars that ctxext hides")
+    ] = False,
+) -> None:
+    """Extend the context window of Hugging Face causal LMs: patch RoPE, fine-tune with QLoRA, evaluate, publish."""
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party(verbose)
+
+
 # ------------------------------------------------------------------------------------------------
 # Core commands: inspect, extend, validate, methods
 # ------------------------------------------------------------------------------------------------

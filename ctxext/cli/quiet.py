@@ -1,0 +1,55 @@
+"""Third-party output that says nothing to a ctxext user, silenced unless ``ctxext --verbose`` asks for it.
+
+Each entry names what it hides and why; everything else (errors, warnings of real problems) still shows.
+Environment variables are set with ``setdefault``, so a user's own setting wins, and before the libraries are
+imported (commands import them lazily), which is when they read them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+# Read by the libraries at import time.
+_ENV = {
+    # transformers' advisory logging (e.g. generation-config notes) at every load; its errors still show.
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    # datasets draws a tqdm bar per map/filter of the data preparation (six per training run); ctxext shows
+    # one progress display per stage itself.
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    # huggingface_hub's own download bars and its "unauthenticated requests" notes.
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_DISABLE_IMPLICIT_TOKEN": "1",
+}
+
+# Loggers whose warnings are about their own optional speed-ups, not about the user's model or data.
+_LOGGERS = {
+    # "Failed to load CPU gemm_4bit_forward from kernels-community": an optional CPU kernel download; the
+    # built-in kernel is used instead, with the same results.
+    "bitsandbytes": logging.ERROR,
+}
+
+# (message regex, category): deprecations inside other libraries that the user cannot act on.
+_WARNINGS = [
+    # peft reads model.is_gradient_checkpointing, which transformers 5 deprecates in favour of
+    # is_activation_checkpointing; nothing for a ctxext user to change.
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
+]
+
+
+def quiet_third_party(verbose: bool = False) -> None:
+    """Silence the third-party output listed in this module, unless ``verbose``.
+
+    Args:
+        verbose: show everything (``ctxext --verbose``).
+    """
+    if verbose:
+        return
+    for key, value in _ENV.items():
+        os.environ.setdefault(key, value)
+    for name, level in _LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+    for message, category in _WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
