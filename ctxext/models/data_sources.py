@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ctxext.models.refs import is_hub_id
+
 # The standard library's own source files (:mod:`ctxext.models.builtin`): ``builtin:stdlib`` and its named splits.
 STDLIB_SOURCE = "builtin:stdlib"
 
@@ -44,7 +46,7 @@ def is_stdlib(source: str) -> bool:
 def looks_like_path(source: str) -> bool:
     """Whether a source that does not exist locally can only have been meant as a local path, not a Hub data set.
 
-    A Hub data set id is ``name`` or ``org/name`` without a file suffix; anything starting with ``.``, ``/``
-    or ``~``, with a suffix, or with more than one ``/`` is a path.
+    A Hub data set id is ``name`` or ``org/name`` (:func:`ctxext.models.refs.is_hub_id`) without a file suffix;
+    anything else is a path.
     """
-    return source.startswith((".", "/", "~")) or Path(source).suffix != "" or source.count("/") > 1
+    return Path(source).suffix != "" or not is_hub_id(source, bare=True)

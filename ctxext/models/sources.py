@@ -8,6 +8,7 @@ from typing import Any
 
 from ctxext.errors import InputError
 from ctxext.models.builtin import BUILTIN_PREFIX, resolve_builtin
+from ctxext.models.refs import is_hub_id
 
 
 class SourceError(InputError, ValueError):
@@ -168,7 +169,7 @@ def resolve_model_path(ref: str, revision: str | None = None) -> Path:
         if not (path / "config.json").is_file():
             raise SourceError(f"{path} has no config.json; point at a model folder (save_pretrained output)")
         return path
-    if ref.count("/") != 1 or ref.startswith((".", "/")):
+    if not is_hub_id(ref):
         raise SourceError(f"{ref} is not a folder, a built-in model (builtin:NAME) or a Hub id (org/name)")
     from huggingface_hub import snapshot_download
 
@@ -197,7 +198,7 @@ def load_config(ref: str, revision: str | None = None, trust_remote_code: bool =
     """
     from transformers import AutoConfig
 
-    if not ref.startswith(BUILTIN_PREFIX) and not Path(ref).expanduser().exists() and ref.count("/") == 1:
+    if is_hub_id(ref) and not Path(ref).expanduser().exists():
         # A Hub id: fetch config.json alone, not the weights.
         try:
             config = AutoConfig.from_pretrained(ref, revision=revision, trust_remote_code=trust_remote_code)

@@ -24,12 +24,22 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 FINGERPRINT_SCHEME = "ctxext-weights-v1: name, size, safetensors header, 16 × 64 KiB samples per file"
 
 
-def weight_files(folder: str | Path) -> list[Path]:
-    """The weight files of a model folder: ``*.safetensors``, else ``pytorch_model*.bin`` (sorted)."""
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def weight_files(folder: str | Path, with_index: bool = False) -> list[Path]:
+    """The weight files of a model folder: ``*.safetensors``, else ``pytorch_model*.bin`` (sorted).
+
+    Args:
+        folder: the model folder.
+        with_index: add the sharded checkpoint's index file, when there is one (what a copy must carry).
+    """
     folder = Path(folder)
     files = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
     if not files:
         files = sorted(p for p in folder.glob("*.bin") if p.is_file() and p.name.startswith("pytorch_model"))
+    if with_index:
+        files += [folder / name for name in WEIGHT_INDEXES if (folder / name).is_file()]
     return files
 
 
@@ -52,7 +62,7 @@ def check_weights_readable(folder: str | Path) -> list[Path]:
     files = weight_files(folder)
     if not files:
         raise InputError(f"{folder} has no weight files (*.safetensors or pytorch_model*.bin); point at a model folder")
-    for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+    for index_name in WEIGHT_INDEXES:
         index = folder / index_name
         if index.is_file():
             try:

@@ -24,7 +24,8 @@ import yaml
 from ctxext.artifacts.report import ModelEntry
 from ctxext.artifacts.run import Report
 from ctxext.artifacts.tables import bucket_table, fmt, grid_table, ppl_length_table, qa_table, short_context_table
-from ctxext.publish.card_usage import load_section, looks_like_hub_id, rope_parameters, serving_section
+from ctxext.models.refs import is_hub_id
+from ctxext.publish.card_usage import load_section, rope_parameters, serving_section
 
 
 def split_base(models: list[ModelEntry]) -> tuple[ModelEntry | None, ModelEntry | None]:
@@ -143,11 +144,11 @@ def _tokens(n: Any) -> str:
 def _dataset_ids(inputs: CardInputs) -> list[str]:
     ids: list[str] = []
     data = d if isinstance(d := inputs.recipe.get("data"), dict) else {}
-    if looks_like_hub_id(data.get("path")):
+    if is_hub_id(data.get("path")):
         ids.append(str(data["path"]))
     for report in inputs.reports:
         ref = report.data.data_source()
-        if ref and looks_like_hub_id(ref) and ref not in ids:
+        if ref and is_hub_id(ref) and ref not in ids:
             ids.append(ref)
     return ids
 
@@ -156,7 +157,7 @@ def _eval_dataset(report: Report, inputs: CardInputs) -> tuple[str, str]:
     # (dataset_type, dataset_name) of a report's perplexity data for model-index.
     ref = report.data.data_source()
     if isinstance(ref, str) and ref:
-        if looks_like_hub_id(ref):
+        if is_hub_id(ref):
             return ref, ref
         return "text", Path(ref).name or ref
     return "text", "held-out long documents"
@@ -221,7 +222,7 @@ def _front_matter(inputs: CardInputs, merged: bool, model_name: str) -> str:
     base = run.get("base_model")
     results = eval_results(inputs)
     data = ModelCardData(
-        base_model=base if looks_like_hub_id(base) else None,
+        base_model=base if is_hub_id(base) else None,
         library_name="transformers" if merged else "peft",
         pipeline_tag="text-generation",
         tags=list(dict.fromkeys(tags)),

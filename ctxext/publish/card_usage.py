@@ -1,4 +1,4 @@
-"""How to load and serve an extended model: the Hub-id check and the snippets of its model card.
+"""How to load and serve an extended model: the snippets of its model card.
 
 Loading an adapter without the repository's patched config builds the base's unscaled RoPE, and serving
 engines need the RoPE settings passed explicitly: the most common ways an extension is silently lost.
@@ -7,19 +7,9 @@ engines need the RoPE settings passed explicitly: the most common ways an extens
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
 from typing import Any
 
-# Hub ids: "name" or "org/name", letters, digits, "-", "_", "." (no "..", no leading/trailing separator).
-_HUB_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]{0,95}/)?[A-Za-z0-9][\w.-]{0,95}$")
-
-
-def looks_like_hub_id(ref: str | None) -> bool:
-    """Whether ``ref`` could name a Hub repository (``org/name``), as opposed to a local path or ``builtin:``."""
-    if not ref or ref.startswith(("/", ".", "~", "builtin:")) or "\\" in ref or ".." in ref:
-        return False
-    return ref.count("/") == 1 and bool(_HUB_ID.match(ref)) and not Path(ref).exists()
+from ctxext.models.refs import is_hub_id
 
 
 def load_section(run: dict[str, Any], merged: bool, repo_id: str) -> list[str]:
@@ -67,7 +57,7 @@ def load_section(run: dict[str, Any], merged: bool, repo_id: str) -> list[str]:
             f"{run.get('original_length')} tokens. `ctxext inspect` / `ctxext.verify_model_rope(model)` checks a "
             "loaded model.",
         ]
-    if not merged and not looks_like_hub_id(base):
+    if not merged and not is_hub_id(base):
         note += [
             "",
             f"`{base}` is not a Hub id (training used a local or built-in model): replace it with the base "

@@ -32,7 +32,9 @@ from ctxext.artifacts.run import (
 )
 from ctxext.atomic import OUTPUT_MARKER, atomic_folder
 from ctxext.errors import CtxextError, InputError
+from ctxext.models.refs import is_hub_id
 from ctxext.models.sources import exception_chain
+from ctxext.models.weights import weight_files
 
 __all__ = ["PushPlan", "PushResult", "plan_push", "push", "push_run", "read_run", "stage"]
 
@@ -168,18 +170,10 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 def _adapter_config_for_hub(src: Path, base_model: str | None) -> str:
     # A run records the base it loaded, often a local folder; the published adapter must name the Hub id.
-    from ctxext.publish.card import looks_like_hub_id
-
     data = json.loads(src.read_text())
-    if looks_like_hub_id(base_model):
+    if is_hub_id(base_model):
         data["base_model_name_or_path"] = base_model
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
-
-
-def _weight_files(folder: Path) -> list[Path]:
-    names = sorted(p for p in folder.glob("*.safetensors") if p.is_file())
-    index = folder / "model.safetensors.index.json"
-    return names + ([index] if index.is_file() else [])
 
 
 def _resolve_source(
@@ -215,7 +209,7 @@ def _files_to_publish(folder: Path, merged: bool) -> list[Path]:
     names = [*(() if merged else _ADAPTER_FILES), *_COMMON_FILES]
     files = [folder / n for n in names if (folder / n).is_file()]
     if merged:
-        weights = _weight_files(folder)
+        weights = weight_files(folder, with_index=True)
         if not weights:
             raise InputError(f"{folder} has no model weights (*.safetensors); merge the run again with `ctxext merge`")
         files += weights
@@ -422,9 +416,7 @@ def push(
         InputError: a bad repository id, folder or report.
     """
     plan, run = plan_push(run_or_dir, repo_id, private, revision, merged, force, report, log)
-    from ctxext.publish.card import looks_like_hub_id
-
-    if not plan.merged and not looks_like_hub_id(run.get("base_model")):
+    if not plan.merged and not is_hub_id(run.get("base_model")):
         log(
             f"note: the run's base model {run.get('base_model')!r} is not a Hub id, so users of the adapter cannot "
             "fetch it; the card says so. Publish the merged model (--merged) or train from a Hub model."
