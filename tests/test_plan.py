@@ -163,7 +163,16 @@ def test_throughput_and_wall_time():
     assert plan.wall_seconds == pytest.approx(400 * 2 * 32768 / plan.tokens_per_second)
 
 
-def test_bundled_config_is_labelled():
+def test_bundled_config_is_labelled_and_read_without_the_network(monkeypatch):
+    import ctxext.models.sources
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the planner asked the Hub for a config it bundles")
+
+    # An online-looking machine: the bundled copy must still win, without a Hub lookup (offline, the Hub
+    # client would retry for ~23 s first).
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(ctxext.models.sources, "load_config", no_hub)
     config, source = read_model_config("meta-llama/Meta-Llama-3-8B")
     assert config.vocab_size == 128256 and config.num_key_value_heads == 8
     assert "bundled" in source

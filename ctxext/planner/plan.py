@@ -136,29 +136,32 @@ def bundled_config_dir(ref: str) -> Path | None:
 def read_model_config(ref: str, revision: str | None = None, trust_remote_code: bool = False) -> tuple[Any, str]:
     """A model's config (no weights) and where it came from.
 
-    Tries the reference itself (folder, ``builtin:NAME``, HF cache / Hub); when that fails and ctxext bundles
-    the published config of that Hub id, uses the bundled copy and says so.
+    A Hub id whose published config ctxext bundles is read from the bundled copy, without the network (the
+    published config.json of a released model does not change, and an offline machine would otherwise wait
+    through the Hub client's retries first). Anything else is read as it is (folder, ``builtin:NAME``, HF cache /
+    Hub).
 
     Raises:
         InputError: the config cannot be read; the message says how to fix it.
     """
+    from transformers import AutoConfig
+
+    from ctxext.models.refs import is_hub_id
     from ctxext.models.sources import SourceError, load_config
 
+    bundled = bundled_config_dir(ref) if is_hub_id(ref) and revision is None else None
+    if bundled is not None:
+        return AutoConfig.from_pretrained(bundled), f"bundled copy of the published {ref} config.json"
     try:
         config, folder = load_config(ref, revision=revision, trust_remote_code=trust_remote_code)
         return config, str(folder)
     except (SourceError, OSError, ValueError) as exc:
-        bundled = bundled_config_dir(ref)
-        if bundled is None:
-            known = ", ".join(p.name.replace("--", "/") for p in sorted(BUNDLED_CONFIGS.iterdir()))
-            raise InputError(
-                f"model.path: cannot read the config of {ref!r} ({exc}). The planner needs only its config.json: "
-                f"pass model.path=/a/folder/with/config.json, or plan where the Hub is reachable. Bundled offline "
-                f"configs: {known}"
-            ) from None
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(bundled), f"bundled copy of the published {ref} config.json (offline)"
+        known = ", ".join(p.name.replace("--", "/") for p in sorted(BUNDLED_CONFIGS.iterdir()))
+        raise InputError(
+            f"model.path: cannot read the config of {ref!r} ({exc}). The planner needs only its config.json: "
+            f"pass model.path=/a/folder/with/config.json, or plan where the Hub is reachable. Bundled offline "
+            f"configs: {known}"
+        ) from None
 
 
 # ------------------------------------------------------------------------------------------------
