@@ -232,23 +232,23 @@ def test_train_strict_refuses_a_run_the_plan_says_will_not_fit(tiny_model_dir, t
     assert not out.exists()
 
 
-def test_preflight_plans_a_cpu_run_against_ram(tiny_model_dir):
-    from ctxext.planner.plan import preflight
+def test_plan_on_this_machine_plans_a_cpu_run_against_ram(tiny_model_dir):
+    from ctxext.planner.plan import plan_on_this_machine
 
-    plan = preflight(load_recipe("recipes/tiny-cpu.yaml", [f"model.path={tiny_model_dir}"]))
+    plan = plan_on_this_machine(load_recipe("recipes/tiny-cpu.yaml", [f"model.path={tiny_model_dir}"]))
     assert plan.device.kind == "cpu" and "RAM" in plan.device.name
     assert plan.setup.compute_bytes == 4 and plan.setup.optimizer == "adamw"
     assert plan.fits
 
 
-def test_train_preflight_warns_without_strict(tiny_model_dir, capsys):
-    from ctxext.cli.commands import _memory_preflight as _preflight
+def test_train_memory_check_warns_without_strict(tiny_model_dir, capsys):
+    from ctxext.cli.commands import _check_memory
 
     big = [f"model.path={tiny_model_dir}", "rope.target_length=16777216", "train.seq_len=16777216"]
-    _preflight(load_recipe("recipes/tiny-cpu.yaml", big), strict=False)  # returns: the run would go on
+    _check_memory(load_recipe("recipes/tiny-cpu.yaml", big), strict=False)  # returns: the run would go on
     err = " ".join(capsys.readouterr().err.split())
     assert "warning:" in err and "will probably run out of memory" in err
-    _preflight(load_recipe("recipes/tiny-cpu.yaml", [f"model.path={tiny_model_dir}"]), strict=False)
+    _check_memory(load_recipe("recipes/tiny-cpu.yaml", [f"model.path={tiny_model_dir}"]), strict=False)
     assert "warning" not in capsys.readouterr().err
 
 

@@ -170,7 +170,7 @@ def validate(
     ] = False,
 ) -> None:
     """Validate recipe files against the schema, the model, the RoPE plan and the eval suite (exit code 2 if any)."""
-    from ctxext.cli.validate import preflight
+    from ctxext.cli.validate import check_recipe
     from ctxext.recipe.schema import RecipeError, load_recipe
 
     if schema:
@@ -187,7 +187,7 @@ def validate(
     for path in recipes:
         try:
             recipe = load_recipe(path, overrides or [])
-            warnings = preflight(recipe, str(path))
+            warnings = check_recipe(recipe, str(path))
         except RecipeError as exc:
             failed = True
             err_console.print(f"[bold red]✗ {exc.source}[/]: {len(exc.problems)} problem(s)")
@@ -240,16 +240,16 @@ def train(
     ] = False,
 ) -> None:
     """Fine-tune a RoPE-extended model with QLoRA on long documents (also under `accelerate launch -m ctxext train`)."""
-    from ctxext.cli.validate import preflight
+    from ctxext.cli.validate import check_recipe
     from ctxext.recipe.schema import load_recipe
     from ctxext.training.run import train as run_training
 
     parsed = load_recipe(recipe, overrides or [])
     # Before any model is loaded: problems that would surface only after training (an eval suite that
     # does not exist), and settings that run but teach nothing (train.seq_len within the original window).
-    for warning in preflight(parsed, str(recipe)):
+    for warning in check_recipe(parsed, str(recipe)):
         err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
-    _memory_preflight(parsed, strict, str(recipe))
+    _check_memory(parsed, strict, str(recipe))
     if parsed.search is not None:
         # A search: section finds the longrope factors first; training starts from them.
         from ctxext.search.recipe import search_before_training
@@ -401,16 +401,16 @@ def plan(
         _print_plan(result)
 
 
-def _memory_preflight(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
+def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
     """Plan the recipe on this machine before training; warn (or, strict, refuse) when it will not fit."""
     import os
 
     from ctxext.errors import InputError
-    from ctxext.planner.plan import preflight
+    from ctxext.planner.plan import plan_on_this_machine
 
     main_process = os.environ.get("RANK", "0") == "0"
     try:
-        result = preflight(recipe)
+        result = plan_on_this_machine(recipe)
     except InputError as exc:
         if main_process:
             err_console.print(f"[yellow]warning:[/] could not plan the memory of this run: {exc}")

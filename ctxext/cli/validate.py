@@ -14,7 +14,7 @@ from ctxext.errors import CtxextError
 from ctxext.recipe.schema import Recipe, RecipeError
 
 
-def preflight(recipe: Recipe, source: str = "recipe", check_model: bool = True) -> list[str]:
+def check_recipe(recipe: Recipe, source: str = "recipe", check_model: bool = True) -> list[str]:
     """Check a validated recipe against its model, its RoPE plan and its eval suite.
 
     Args:

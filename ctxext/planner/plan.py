@@ -550,7 +550,7 @@ def this_device() -> tuple[Device, int, str | None]:
     return Device(name=props.name, memory=int(props.total_memory), tflops=tflops, kind="cuda"), world, sharding
 
 
-def preflight(recipe: Any) -> Plan:
+def plan_on_this_machine(recipe: Any) -> Plan:
     """The plan of a recipe on the device and launch this process is in (what ``ctxext train`` checks first).
 
     Raises:
