@@ -93,8 +93,10 @@ def test_builder_replaces_its_own_folder_but_not_another(grown, few_files, tmp_p
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
+    lines: list[str] = []
     with pytest.raises(InputError, match="mine"):
-        grow(again, foreign, lambda _: None, split=few_files)
+        grow(again, foreign, lines.append, split=few_files)
+    assert lines == []  # refused before any work
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
 
 

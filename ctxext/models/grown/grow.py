@@ -9,10 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ctxext.atomic import check_output
 from ctxext.errors import InputError
 from ctxext.models.grown.data import Split, encode_files, split_files, train_tokenizer
 from ctxext.models.grown.settings import GrowSettings
-from ctxext.models.grown.train import Log, load_saved, pretrain, save_model
+from ctxext.models.grown.train import GROWN_KIND, Log, load_saved, pretrain, save_model
 
 REPORT_JSON = "grow_report.json"
 HELDOUT_LIST = "heldout_files.txt"
@@ -74,6 +75,8 @@ def grow(
     """
     if init_from is not None and not (init_from / "config.json").is_file():
         raise InputError(f"--init-from {init_from}: no saved model there (config.json missing); grow one first")
+    # Before any work: the save at the end would refuse a folder this builder did not write.
+    check_output(out, GROWN_KIND, overwrite=True)
     root, train_files, heldout_files = split if split is not None else split_files(s.heldout_mod)
     log(f"split: {len(train_files)} training files, {len(heldout_files)} held out")
     t0 = time.time()

@@ -99,12 +99,12 @@ def _optimizer(model: Any, s: GrowSettings) -> torch.optim.Optimizer:
     )
 
 
-def _log_line(entry: dict[str, Any], s: GrowSettings) -> str:
-    done, elapsed = entry["step"], entry["elapsed_s"]
+def _log_line(entry: dict[str, Any], s: GrowSettings, elapsed: float) -> str:
+    done = entry["step"]
     eta = elapsed / done * (s.steps - done)
     line = (
         f"step {done}/{s.steps} loss {entry['train_loss']:.3f} lr {entry['lr']:.2e} "
-        f"{entry['tokens'] / max(elapsed, 1e-9):,.0f} tok/s elapsed {elapsed / 60:.1f} min eta {eta / 60:.1f} min"
+        f"{entry['tokens'] / elapsed:,.0f} tok/s elapsed {elapsed / 60:.1f} min eta {eta / 60:.1f} min"
     )
     if "heldout_loss_plain" in entry:
         line += f" | held-out loss plain {entry['heldout_loss_plain']:.3f}"
@@ -162,11 +162,12 @@ def pretrain(
         window_loss.append(loss.item())
         done = step + 1
         if done % s.log_every == 0 or done == s.steps:
+            elapsed = time.time() - t0
             entry: dict[str, Any] = {
                 "step": done,
                 "train_loss": float(np.mean(window_loss)),
                 "lr": lr_at(step, s),
-                "elapsed_s": round(time.time() - t0, 1),
+                "elapsed_s": round(elapsed, 1),
                 "tokens": done * s.batch * s.window,
             }
             window_loss = []
@@ -174,7 +175,7 @@ def pretrain(
                 entry["heldout_loss_plain"] = heldout_loss(model, watch_plain)
                 entry["heldout_loss_needle_seqs"] = heldout_loss(model, watch_needle)
             history.append(entry)
-            log(_log_line(entry, s))
+            log(_log_line(entry, s, elapsed))
     record = {
         "parameters": n_params,
         "train_stream_tokens": int(len(stream)),
