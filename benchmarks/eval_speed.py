@@ -21,21 +21,20 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _memory import status_kb
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "eval_speed.md"
 
 
 def _mem() -> tuple[int, int]:
-    s = Path("/proc/self/status").read_text()
-    hwm = int(re.search(r"VmHWM:\s+(\d+)", s).group(1)) * 1024
-    rss = int(re.search(r"VmRSS:\s+(\d+)", s).group(1)) * 1024
-    return hwm, rss
+    # (peak resident set, resident set) of this process, in bytes.
+    return status_kb("VmHWM") * 1024, status_kb("VmRSS") * 1024
 
 
 def _reset_peak() -> int:

@@ -42,17 +42,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import mcnemar_vs_reference  # noqa: E402
+
 DEPTHS = [0, 25, 50, 75, 100]
-
-
-def mcnemar_exact(a: list[int], b: list[int]) -> dict[str, Any]:
-    """Exact two-sided McNemar test of paired 0/1 outcomes (``a`` vs ``b`` on the same trials)."""
-    only_a = sum(1 for x, y in zip(a, b, strict=True) if x and not y)
-    only_b = sum(1 for x, y in zip(a, b, strict=True) if y and not x)
-    n = only_a + only_b
-    k = min(only_a, only_b)
-    p = min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
-    return {"only_this": only_a, "only_reference": only_b, "p_value": p}
 
 
 def train_arm(arm: str, seed: int, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -161,12 +153,10 @@ def _ppl_ratio(a_sums: list[float], b_sums: list[float], n: int) -> dict[str, An
     """ppl(a) / ppl(b) on the same documents, with its 95 % paired-bootstrap interval."""
     import numpy as np
 
-    from ctxext.evaluation.stats import bootstrap_mean_diff
+    from ctxext.evaluation.stats import paired_ppl_ratio
 
-    a, b = np.array(a_sums), np.array(b_sums)
-    cnt = np.full(len(a), n, dtype=float)
-    low, high = bootstrap_mean_diff(a, b, cnt, resamples=2000, seed=0)
-    return {"ratio": math.exp((a.sum() - b.sum()) / cnt.sum()), "ratio_ci": [math.exp(low), math.exp(high)]}
+    r = paired_ppl_ratio(np.array(a_sums), np.array(b_sums), np.full(len(a_sums), n, dtype=float), 2000, seed=0)
+    return {"ratio": r["ratio"], "ratio_ci": [r["ci_low"], r["ci_high"]]}
 
 
 def compare(
@@ -177,7 +167,7 @@ def compare(
     stats: dict[str, Any] = {}
     for key in ("needle_t0", "needle_t4", "multikey2_t0"):
         a, b = flat_outcomes(results[key], target), flat_outcomes(ref[key], target)
-        stats[f"{key}@{target}"] = mcnemar_exact(a, b)
+        stats[f"{key}@{target}"] = mcnemar_vs_reference(a, b)
     for length in (args.original, target):
         stats[f"ppl@{length}"] = _ppl_ratio(results["doc_nll"][str(length)], ref["doc_nll"][str(length)], length - 1)
     o = str(args.original)

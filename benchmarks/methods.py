@@ -31,7 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "methods.md"
-SUITE = ROOT / "ctxext" / "data" / "demo-suite.yaml"
+SUITE = ROOT / "ctxext" / "resources" / "demo-suite.yaml"
 MODEL = "builtin:grown-code-64"
 METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
 

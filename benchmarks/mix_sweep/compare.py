@@ -4,20 +4,19 @@ python benchmarks/mix_sweep/compare.py REF.jsonl OTHER.jsonl ...
 """
 
 import json
-import math
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.finetune_mix import mcnemar_exact  # noqa: E402
+from benchmarks._common import mcnemar_vs_reference  # noqa: E402
 
 
 def main() -> None:
     import numpy as np
 
-    from ctxext.evaluation.stats import bootstrap_mean_diff
+    from ctxext.evaluation.stats import paired_ppl_ratio
 
     results = [json.loads(Path(f).read_text().splitlines()[0]) for f in sys.argv[1:]]
     ref = results[0]
@@ -32,12 +31,10 @@ def main() -> None:
             ("multikey-2@T", "out_mk", slice(half, None)),
         )
         for key, src, part in parts:
-            print(f"   vs {ref['model']} {key}", mcnemar_exact(r[src][part], ref[src][part]))
+            print(f"   vs {ref['model']} {key}", mcnemar_vs_reference(r[src][part], ref[src][part]))
         a, b = np.array(r["doc_nll64"]), np.array(ref["doc_nll64"])
-        cnt = np.full(len(a), 63.0)
-        low, high = bootstrap_mean_diff(a, b, cnt, resamples=2000, seed=0)
-        ratio = math.exp((a.sum() - b.sum()) / cnt.sum())
-        print(f"   ppl@64 ratio vs {ref['model']}: {ratio:.3f} ({math.exp(low):.3f}-{math.exp(high):.3f})")
+        p = paired_ppl_ratio(a, b, np.full(len(a), 63.0), resamples=2000, seed=0)
+        print(f"   ppl@64 ratio vs {ref['model']}: {p['ratio']:.3f} ({p['ci_low']:.3f}-{p['ci_high']:.3f})")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ the unpatched base of the ppl ratio (default ``builtin:grown-code-64``).
 """
 
 import json
-import math
 import os
 import sys
 import time
@@ -32,7 +31,7 @@ def main() -> None:
     from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
     from ctxext.evaluation.loading import ModelSpec, load_model
     from ctxext.evaluation.perplexity import token_nll, tokenize_documents
-    from ctxext.evaluation.stats import bootstrap_mean_diff
+    from ctxext.evaluation.stats import paired_ppl_ratio
     from ctxext.tasks import Haystack
 
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
@@ -70,10 +69,8 @@ def main() -> None:
             out_mk=[o for c in g["cells"] for o in c["outcomes"]],
         )
         nll = doc_nll(loaded, 64)
-        a, b, cnt = np.array(nll), np.array(base_nll), np.full(len(nll), 63.0)
-        low, high = bootstrap_mean_diff(a, b, cnt, resamples=1000, seed=0)
-        ratio = math.exp((a.sum() - b.sum()) / cnt.sum())
-        res.update(ppl64_vs_base=[round(ratio, 3), round(math.exp(low), 3), round(math.exp(high), 3)], doc_nll64=nll)
+        p = paired_ppl_ratio(np.array(nll), np.array(base_nll), np.full(len(nll), 63.0), resamples=1000, seed=0)
+        res.update(ppl64_vs_base=[round(p[k], 3) for k in ("ratio", "ci_low", "ci_high")], doc_nll64=nll)
         res["eval_s"] = round(time.time() - started)
         print(json.dumps(res), flush=True)
 

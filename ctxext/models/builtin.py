@@ -95,18 +95,20 @@ STDLIB_SOURCES: dict[str, str | None] = {
 }
 
 
-def stdlib_split(path: Path) -> str:
+def stdlib_split(path: Path, heldout_mod: int = 10) -> str:
     """``heldout`` or ``train``: the deterministic hash split of a standard-library file.
 
     Args:
         path: a file under the stdlib root.
+        heldout_mod: a file is held out when its hash is divisible by this (10: the split every
+            ``builtin:stdlib*`` source and the grown models use).
 
     Returns:
         The split name.
     """
     root = Path(sysconfig.get_paths()["stdlib"])
     rel = path.relative_to(root).as_posix()
-    return "heldout" if int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 10 == 0 else "train"
+    return "heldout" if int(hashlib.sha1(rel.encode()).hexdigest(), 16) % heldout_mod == 0 else "train"
 
 
 def stdlib_source_files(name: str, default_split: str) -> list[Path]:
@@ -251,8 +253,10 @@ def build_grown_code_64(out: Path) -> None:
 
     A real (not random) small Llama: pretrained on the standard library's source at a 64-token
     window, with key/value needles and repeated spans so it uses its whole window; see its
-    ``grow_report.md`` for the recipe and measurements. Regenerate it (about an hour on 2 cores)
-    with ``nice -n 10 python benchmarks/grow_base.py``; the cache key includes the weights' hash.
+    ``grow_report.md`` for the recipe and measurements. Regenerate it (about an hour on 2 cores; the
+    recipe is :mod:`ctxext.models.grown`) with ``nice -n 10 python benchmarks/grow_base.py`` once the
+    packaged folder is moved away (the builder replaces only folders it wrote); the cache key includes
+    the weights' hash.
 
     Args:
         out: the folder to write.
