@@ -534,6 +534,10 @@ from ctxext.cli.evaluate import eval_app  # noqa: E402
 
 app.add_typer(eval_app, name="eval")
 
+from ctxext.cli.tasks import tasks_app  # noqa: E402
+
+app.add_typer(tasks_app, name="tasks")
+
 # ------------------------------------------------------------------------------------------------
 # merge, push
 # ------------------------------------------------------------------------------------------------
