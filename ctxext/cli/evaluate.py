@@ -523,12 +523,14 @@ def harness_cmd(
     depths: Annotated[str, typer.Option(help="with --lengths: depths in percent")] = "10,50,90",
     trials: Annotated[int, typer.Option(help="with --lengths: samples per (task, length, depth)")] = 10,
     seed: Annotated[int, typer.Option(help="with --lengths: sample seed")] = 0,
+    templates: Annotated[str, typer.Option(help="with --lengths: heldout, training, all, or indices")] = "heldout",
     batch_size: Annotated[int, typer.Option(help="documents per generate call (1: no padding)")] = 1,
     max_length: Annotated[
         int | None, typer.Option(help="lm-eval max_length (default: model context + answer budget)")
     ] = None,
     limit: Annotated[int | None, typer.Option(help="at most this many documents per task")] = None,
     num_fewshot: Annotated[int | None, typer.Option(help="few-shot examples (default: each task's own)")] = None,
+    allow_beyond_context: BeyondOpt = False,
 ) -> None:
     """lm-evaluation-harness on the model ctxext loaded and verified (passed as an object: no RoPE rebuild)."""
     import tempfile
@@ -539,7 +541,12 @@ def harness_cmd(
     with tempfile.TemporaryDirectory(prefix="ctxext-harness-") as tmp:
         data: dict[str, Any] = {}
         if lengths is not None:
-            names, include_path, data = _export_for_harness(model[0], names, lengths, depths, trials, seed, tmp)
+            if include_path is not None:
+                from ctxext.errors import InputError
+
+                raise InputError("give --include-path (an export) or --lengths (export now), not both")
+            picked = (lengths, depths, trials, seed, templates, allow_beyond_context)
+            names, include_path, data = _export_for_harness(model[0], names, picked, tmp)
         settings = HarnessSettings(
             tasks=names,
             include_path=str(include_path) if include_path else None,
@@ -547,16 +554,25 @@ def harness_cmd(
             max_length=max_length,
             limit=limit,
             num_fewshot=num_fewshot,
+            allow_beyond_context=allow_beyond_context,
         )
         manager = task_manager(settings)
         check_task_data(settings, manager)  # before any model is loaded
-        _run(model, out, shared, "harness", lambda lm: run_harness(lm, settings, manager), data)
+        report = _run(model, out, shared, "harness", lambda lm: run_harness(lm, settings, manager), data)
+    from ctxext.cli.console import console
+
+    for m in report["models"]:
+        for name, task in m["harness"]["tasks"].items():
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in task["metrics"].items())
+            console.print(f"lm-eval — {m['name']} {name}: {shown} ({task['documents']} documents)", soft_wrap=True)
 
 
 def _export_for_harness(
-    model: str, names: list[str], lengths: str, depths: str, trials: int, seed: int, tmp: str
+    model: str, names: list[str], picked: tuple[str, str, int, int, str, bool], tmp: str
 ) -> tuple[list[str], Path, dict[str, Any]]:
     """Export the registered tasks among ``names`` into ``tmp``; their tags replace them in the task list."""
+    from dataclasses import asdict
+
     from ctxext.cli.tasks import export_settings
     from ctxext.evaluation.export_tasks import TASK_PREFIX, export_lm_eval
     from ctxext.tasks import task_names
@@ -567,10 +583,11 @@ def _export_for_harness(
 
         known = ", ".join(task_names())
         raise InputError(f"--lengths exports ctxext's tasks, and --tasks names none of them ({known})")
-    settings = export_settings(",".join(own), lengths, depths, trials, seed)
+    lengths, depths, trials, seed, templates, allow_beyond = picked
+    settings = export_settings(
+        ",".join(own), lengths, depths, trials, seed, templates=templates, allow_beyond_context=allow_beyond
+    )
     folder = Path(tmp) / "tasks"
-    from dataclasses import asdict
-
     export_lm_eval(model, folder, settings)
     tags = [f"{TASK_PREFIX}{n}" if n in own else n for n in names]
     # The prompts are built with the first model's tokenizer: the report says which, with the sampling settings.

@@ -113,7 +113,8 @@ def export_cmd(
     for t in result.tasks:
         console.print(
             f"[green]✓[/] {t.name}: {t.documents} prompts of {t.length} tokens, answer budget {t.max_gen_toks} tokens, "
-            f"{t.tokens_match}/{t.documents} re-tokenize to the grid's exact tokens"
+            f"{t.tokens_match}/{t.documents} re-tokenize to the grid's exact tokens",
+            soft_wrap=True,
         )
     console.print(
         f"run: lm_eval --model hf --model_args pretrained=MODEL_DIR,max_length={result.max_length} "
@@ -122,4 +123,5 @@ def export_cmd(
         f"--tasks {','.join(result.tags)} --out REPORT_DIR",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )

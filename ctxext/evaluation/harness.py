@@ -48,6 +48,7 @@ class HarnessSettings(BaseModel):
             answer budget: the export's largest, else lm-eval's default 256).
         limit: at most this many documents per task.
         num_fewshot: few-shot examples (default: each task's own).
+        allow_beyond_context: run exported tasks longer than the model's context.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -58,6 +59,7 @@ class HarnessSettings(BaseModel):
     max_length: int | None = Field(None, ge=2)
     limit: int | None = Field(None, ge=1)
     num_fewshot: int | None = Field(None, ge=0)
+    allow_beyond_context: bool = False
 
 
 def _require_lm_eval() -> Any:
@@ -118,14 +120,36 @@ def _version() -> str:
 
 
 def default_max_length(loaded: LoadedModel, settings: HarnessSettings) -> int:
-    """``max_length`` for lm-eval: the settings', else the model's context plus the answer budget."""
+    """``max_length`` for lm-eval: the settings', else the model's context plus the answer budget.
+
+    For an export (``include_path`` written by ``ctxext tasks export``) it also checks that its prompts fit: a
+    task longer than the model's context is refused unless ``allow_beyond_context`` (and then ``max_length``
+    covers it), and a ``max_length`` below a task's length plus its budget is refused, because lm-eval would
+    silently cut the prompt from the left.
+
+    Raises:
+        InputError: an exported task beyond the context, or a ``max_length`` too small for one.
+    """
     from ctxext.evaluation.export_tasks import read_export
 
-    if settings.max_length is not None:
-        return settings.max_length
     export = read_export(settings.include_path) if settings.include_path else None
-    budget = max((t["max_gen_toks"] for t in export["tasks"]), default=0) if export else DEFAULT_GEN_TOKS
-    return loaded.context_length + budget
+    tasks = export["tasks"] if export else []
+    longest = max(tasks, key=lambda t: t["length"], default=None)
+    if longest and longest["length"] > loaded.context_length and not settings.allow_beyond_context:
+        raise InputError(
+            f"exported task {longest['name']} is {longest['length']} tokens, beyond the context of {loaded.name} "
+            f"({loaded.context_length}); pass --allow-beyond-context to run it anyway"
+        )
+    need = max((t["length"] + t["max_gen_toks"] for t in tasks), default=0)
+    if settings.max_length is not None:
+        if settings.max_length < need:
+            raise InputError(
+                f"--max-length {settings.max_length} is below what the exported tasks need ({need}: length + answer "
+                "budget); lm-eval would cut their prompts from the left. Raise it or leave it unset"
+            )
+        return settings.max_length
+    budget = max((t["max_gen_toks"] for t in tasks), default=0) if export else DEFAULT_GEN_TOKS
+    return max(loaded.context_length + budget, need)
 
 
 def run_harness(loaded: LoadedModel, settings: HarnessSettings, manager: Any | None = None) -> dict[str, Any]:
