@@ -66,7 +66,7 @@ def test_lm_eval_scores_exported_prompts_trial_for_trial_as_ctxext(yarn_model, t
 
     result = run(
         "eval", "harness", "--model", str(yarn_model), "--include-path", str(export), "--tasks", "ctxext_multikey",
-        "--out", str(report_dir), "--quiet",
+        "--out", str(report_dir), "--quiet", "--device", "cpu",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     section = json.loads((report_dir / "report.json").read_text())["models"][0]["harness"]
