@@ -538,6 +538,11 @@ from ctxext.cli.tasks import tasks_app  # noqa: E402
 
 app.add_typer(tasks_app, name="tasks")
 
+# ``ctxext export`` (a folder other stacks load, with their commands) lives in ctxext/cli/export.py.
+from ctxext.cli.export import export_cmd  # noqa: E402
+
+app.command("export")(export_cmd)
+
 # ------------------------------------------------------------------------------------------------
 # merge, push
 # ------------------------------------------------------------------------------------------------
@@ -582,23 +587,6 @@ def merge(
         f"[green]✓[/] {out}: logits within {result.tolerance:g} of base + adapter "
         f"(max |Δ| {result.max_abs_diff:.3g}) at {result.length} tokens; loads in plain transformers"
     )
-
-
-@app.command("export")
-@friendly_errors
-def export_cmd(
-    src: Annotated[Path, typer.Argument(help="run folder (merged into --out) or model folder (used as it is)")],
-    targets: Annotated[list[str], typer.Option("--for", help="vllm, lm-eval or helmet (repeatable)")],
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="merged folder to write (a run only)")] = None,
-    overwrite: Annotated[bool, typer.Option(help="replace an earlier merge at --out")] = False,
-) -> None:
-    """Make a run or model folder load with its RoPE in vLLM / lm-eval / HELMET, and write their commands."""
-    from ctxext.publish.export import COMMANDS_FILE, export_for
-
-    folder, text = export_for(src, targets, out, overwrite=overwrite, log=console.print)
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
-    if out is not None:
-        console.print(f"[green]✓[/] {folder}: merged model and {COMMANDS_FILE}")
 
 
 @app.command()
