@@ -5,7 +5,7 @@ One definition of what a report holds, so the writer and every reader agree (pyd
     EvalReport: schema ("ctxext.eval.report/v1"), ctxext_version, created, suite, command, environment, data,
                 models: [ModelEntry], comparisons: Comparisons | None
     ModelEntry: name, model (how it was loaded), rope (its RoPE), and one section per task that ran:
-                perplexity, passkey / needle (retrieval grids), ruler, attention, qa
+                perplexity, passkey / needle (retrieval grids), ruler, attention, qa, harness (lm-eval)
 
 Sections accept fields they do not declare (``extra="allow"``) and keep them on a round trip: a report's
 fields are only ever added, never renamed, so a report written by a newer ctxext of the same schema
@@ -245,6 +245,29 @@ class QA(Section):
     settings: dict[str, Any] = Field(default_factory=dict)
 
 
+class HarnessTask(Section):
+    """One task (or group) of a standard harness: its metrics, their standard errors, per-document outcomes."""
+
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    stderr: dict[str, float | None] = Field(default_factory=dict)
+    documents: int | None = None
+    metric: str | None = None
+    outcomes: list[float] = Field(default_factory=list)
+    examples: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Harness(Section):
+    """The ``harness`` section: a standard harness (lm-evaluation-harness) run on the loaded, verified model."""
+
+    harness: str
+    version: str | None = None
+    model_args: str | None = None
+    settings: dict[str, Any] = Field(default_factory=dict)
+    tasks: dict[str, HarnessTask]
+    notes: list[str] = Field(default_factory=list)
+    seconds: float | None = None
+
+
 class Comparisons(Section):
     """Paired model-vs-reference statistics (:func:`ctxext.evaluation.paired.compare_models`)."""
 
@@ -288,7 +311,7 @@ class RopeInfo(Section):
 
 
 # The task sections of a model entry: a task that did not run has no key (not null).
-TASKS = ("perplexity", "passkey", "needle", "ruler", "attention", "qa")
+TASKS = ("perplexity", "passkey", "needle", "ruler", "attention", "qa", "harness")
 
 
 class ModelEntry(Section):
@@ -303,6 +326,7 @@ class ModelEntry(Section):
     ruler: Ruler | None = None
     attention: Attention | None = None
     qa: QA | None = None
+    harness: Harness | None = None
 
     @property
     def is_base(self) -> bool:

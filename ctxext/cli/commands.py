@@ -547,6 +547,15 @@ from ctxext.cli.evaluate import eval_app  # noqa: E402
 
 app.add_typer(eval_app, name="eval")
 
+from ctxext.cli.tasks import tasks_app  # noqa: E402
+
+app.add_typer(tasks_app, name="tasks")
+
+# ``ctxext export`` (a folder other stacks load, with their commands) lives in ctxext/cli/export.py.
+from ctxext.cli.export import export_cmd  # noqa: E402
+
+app.command("export")(export_cmd)
+
 # ------------------------------------------------------------------------------------------------
 # merge, push
 # ------------------------------------------------------------------------------------------------

@@ -499,3 +499,96 @@ def run_cmd(
 
         console.print(f"[yellow]note:[/] {note}")
     _print_summary(report, out)
+
+
+@eval_app.command("harness")
+@_friendly
+@_shared
+def harness_cmd(
+    shared: Shared,
+    model: ModelOpt,
+    tasks: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated lm-eval tasks / groups / tags; with --lengths, ctxext task names are exported first"
+        ),
+    ],
+    out: OutOpt,
+    include_path: Annotated[
+        Path | None, typer.Option("--include-path", help="extra lm-eval task folder (`ctxext tasks export` output)")
+    ] = None,
+    lengths: Annotated[
+        str | None, typer.Option(help="export ctxext's tasks named in --tasks at these lengths (tokens) and run them")
+    ] = None,
+    depths: Annotated[str, typer.Option(help="with --lengths: depths in percent")] = "10,50,90",
+    trials: Annotated[int, typer.Option(help="with --lengths: samples per (task, length, depth)")] = 10,
+    seed: Annotated[int, typer.Option(help="with --lengths: sample seed")] = 0,
+    templates: Annotated[str, typer.Option(help="with --lengths: heldout, training, all, or indices")] = "heldout",
+    batch_size: Annotated[int, typer.Option(help="documents per generate call (1: no padding)")] = 1,
+    max_length: Annotated[
+        int | None, typer.Option(help="lm-eval max_length (default: model context + answer budget)")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="at most this many documents per task")] = None,
+    num_fewshot: Annotated[int | None, typer.Option(help="few-shot examples (default: each task's own)")] = None,
+    allow_beyond_context: BeyondOpt = False,
+) -> None:
+    """lm-evaluation-harness on the model ctxext loaded and verified (passed as an object: no RoPE rebuild)."""
+    import tempfile
+
+    from ctxext.evaluation.harness import HarnessSettings, check_task_data, run_harness, task_manager
+
+    names = [t for t in tasks.replace(" ", "").split(",") if t]
+    with tempfile.TemporaryDirectory(prefix="ctxext-harness-") as tmp:
+        data: dict[str, Any] = {}
+        if lengths is not None:
+            if include_path is not None:
+                from ctxext.errors import InputError
+
+                raise InputError("give --include-path (an export) or --lengths (export now), not both")
+            picked = (lengths, depths, trials, seed, templates, allow_beyond_context)
+            names, include_path, data = _export_for_harness(model[0], names, picked, tmp)
+        settings = HarnessSettings(
+            tasks=names,
+            include_path=str(include_path) if include_path else None,
+            batch_size=batch_size,
+            max_length=max_length,
+            limit=limit,
+            num_fewshot=num_fewshot,
+            allow_beyond_context=allow_beyond_context,
+        )
+        manager = task_manager(settings)
+        check_task_data(settings, manager)  # before any model is loaded
+        report = _run(model, out, shared, "harness", lambda lm: run_harness(lm, settings, manager), data)
+    from ctxext.cli.console import console
+
+    for m in report["models"]:
+        for name, task in m["harness"]["tasks"].items():
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in task["metrics"].items())
+            console.print(f"lm-eval — {m['name']} {name}: {shown} ({task['documents']} documents)", soft_wrap=True)
+
+
+def _export_for_harness(
+    model: str, names: list[str], picked: tuple[str, str, int, int, str, bool], tmp: str
+) -> tuple[list[str], Path, dict[str, Any]]:
+    """Export the registered tasks among ``names`` into ``tmp``; their tags replace them in the task list."""
+    from dataclasses import asdict
+
+    from ctxext.cli.tasks import export_settings
+    from ctxext.evaluation.export_tasks import TASK_PREFIX, export_lm_eval
+    from ctxext.tasks import task_names
+
+    own = [n for n in names if n in task_names()]
+    if not own:
+        from ctxext.errors import InputError
+
+        known = ", ".join(task_names())
+        raise InputError(f"--lengths exports ctxext's tasks, and --tasks names none of them ({known})")
+    lengths, depths, trials, seed, templates, allow_beyond = picked
+    settings = export_settings(
+        ",".join(own), lengths, depths, trials, seed, templates=templates, allow_beyond_context=allow_beyond
+    )
+    folder = Path(tmp) / "tasks"
+    export_lm_eval(model, folder, settings)
+    tags = [f"{TASK_PREFIX}{n}" if n in own else n for n in names]
+    # The prompts are built with the first model's tokenizer: the report says which, with the sampling settings.
+    return tags, folder, {"harness": {"export": {"tokenizer_of": model, "settings": asdict(settings)}}}

@@ -199,13 +199,27 @@ def make_samples(
 
     A list of template indices is cycled over the trials (trial ``t`` uses ``template[t % n]``).
     """
+    return cell_samples(loaded.tokenizer, task, haystack, length, depth, settings, template, options)
+
+
+def cell_samples(
+    tokenizer: Any,
+    task: str,
+    haystack: Haystack,
+    length: int,
+    depth: float,
+    settings: GridSettings,
+    template: int | Template | list[int] = 0,
+    options: dict[str, int] | None = None,
+) -> list[TaskSample]:
+    """:func:`make_samples` for a tokenizer alone (exports build a grid's prompts without loading weights)."""
     t = get_task(task)
     out = []
     for trial in range(settings.trials):
         tpl = template[trial % len(template)] if isinstance(template, list) else template
         tag = tpl if isinstance(tpl, int) else "custom"
         rng = random.Random(f"{settings.seed}-{task}-{tag}-{length}-{depth:g}-{trial}")
-        out.append(t.generate(loaded.tokenizer, haystack, length, depth / 100, rng, template=tpl, **(options or {})))
+        out.append(t.generate(tokenizer, haystack, length, depth / 100, rng, template=tpl, **(options or {})))
     return out
 
 
@@ -404,11 +418,16 @@ class NeedleTask:
 
 def load_haystack(loaded: LoadedModel, source: str, text_field: str, split: str, tokens: int) -> Haystack:
     """A text haystack of at least ``tokens`` tokens from a data source (``noise`` for the noise filler)."""
+    return text_haystack(loaded.tokenizer, source, text_field, split, tokens)
+
+
+def text_haystack(tokenizer: Any, source: str, text_field: str, split: str, tokens: int) -> Haystack:
+    """:func:`load_haystack` for a tokenizer alone."""
     from ctxext.evaluation.data import iter_texts
 
     if source == "noise":
-        return Haystack.noise(loaded.tokenizer, tokens)
-    return Haystack.from_texts(loaded.tokenizer, iter_texts(source, text_field, split), tokens, source)
+        return Haystack.noise(tokenizer, tokens)
+    return Haystack.from_texts(tokenizer, iter_texts(source, text_field, split), tokens, source)
 
 
 def evaluate_needle(

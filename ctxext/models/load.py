@@ -510,6 +510,34 @@ def load_inference_model(
     )
 
 
+def load_tokenizer_and_config(ref: str, revision: str | None = None) -> tuple[Any, Any]:
+    """The tokenizer and config of a model, without its weights (what prompts for it are built from).
+
+    Args:
+        ref: a model folder, ``builtin:NAME``, Hub id, or ctxext run folder (its patched config, and its own
+            tokenizer or else its base's).
+        revision: Hub revision of ``ref``.
+
+    Returns:
+        ``(tokenizer, config)``.
+
+    Raises:
+        InputError: no tokenizer next to the model; SourceError: the model cannot be found.
+    """
+    from ctxext.artifacts.run import is_run_folder, run_base_model
+    from ctxext.models.sources import config_from_folder, load_config
+
+    if is_run_folder(ref):
+        base = resolve_model_path(run_base_model(ref))
+        return _find_tokenizer([ref, str(base)]), config_from_folder(ref)
+    config, folder = load_config(ref, revision)
+    if folder.is_dir():
+        return _find_tokenizer([str(folder)]), config
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(ref, revision=revision), config  # a Hub id: its tokenizer files only
+
+
 def _find_tokenizer(candidates: list[str]) -> Any:
     from transformers import AutoTokenizer
 

@@ -1,0 +1,127 @@
+"""``ctxext tasks``: list the registered synthetic tasks, export them for standard harnesses (lm-eval)."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ctxext.cli.console import console, friendly_errors
+
+tasks_app = typer.Typer(
+    help="Synthetic long-range tasks: list them, export them as lm-evaluation-harness task files.",
+    no_args_is_help=True,
+)
+
+TasksOpt = Annotated[str, typer.Option("--tasks", help="comma-separated registered task names, e.g. needle,multikey")]
+LengthsOpt = Annotated[str, typer.Option("--lengths", help="sample lengths in the model's tokens, e.g. 256,1024")]
+DepthsOpt = Annotated[str, typer.Option(help="needle depths in percent (the RULER-style suite's default)")]
+TrialsOpt = Annotated[int, typer.Option(help="samples per (task, length, depth)")]
+SeedOpt = Annotated[int, typer.Option(help="sample seed (the same seed gives ctxext's own grid samples)")]
+HaystackOpt = Annotated[str, typer.Option(help="haystack text: file, folder, jsonl, builtin:stdlib, or noise")]
+TemplatesOpt = Annotated[str, typer.Option(help="templates: heldout, training, all, or indices like 0,2")]
+
+
+def export_settings(
+    tasks: str,
+    lengths: str,
+    depths: str = "10,50,90",
+    trials: int = 10,
+    seed: int = 0,
+    haystack: str = "builtin:stdlib",
+    templates: str = "heldout",
+    allow_beyond_context: bool = False,
+) -> Any:
+    """The validated sampling settings of an export (those of the RULER-style suite, from the flags)."""
+    from ctxext.errors import InputError
+    from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec
+
+    def numbers(text: str, flag: str, kind: type) -> list[Any]:
+        try:
+            return [kind(x) for x in text.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise InputError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+
+    names = [t for t in tasks.replace(" ", "").split(",") if t]
+    if not names:
+        raise InputError("--tasks: name at least one task (see `ctxext tasks list`)")
+    choice: str | list[int] = (
+        templates if templates in ("heldout", "training", "all") else numbers(templates, "--templates", int)
+    )
+    settings = RulerSettings(
+        tasks=[RulerTaskSpec(task=n) for n in names],
+        lengths=numbers(lengths, "--lengths", int),
+        depths=numbers(depths, "--depths", float),
+        trials=trials,
+        seed=seed,
+        haystack=haystack,
+        templates=choice,
+        allow_beyond_context=allow_beyond_context,
+    )
+    settings.validate()
+    return settings
+
+
+@tasks_app.command("list")
+@friendly_errors
+def list_cmd() -> None:
+    """The registered synthetic tasks, their templates and options."""
+    from rich.table import Table
+
+    from ctxext.tasks import get_task, task_names
+
+    table = Table(title="registered tasks")
+    for col in ("task", "what it asks", "templates (held out)", "options"):
+        table.add_column(col)
+    for name in task_names():
+        t = get_task(name)
+        opts = ", ".join(f"{k}={v}" for k, v in t.options.items()) or "-"
+        table.add_row(name, t.description, f"{len(t.templates)} ({', '.join(map(str, t.heldout)) or '-'})", opts)
+    console.print(table)
+
+
+@tasks_app.command("export")
+@friendly_errors
+def export_cmd(
+    out: Annotated[Path, typer.Argument(help="folder to write (lm_eval --include_path)")],
+    model: Annotated[str, typer.Option("--model", "-m", help="model whose tokenizer builds the prompts")],
+    tasks: TasksOpt,
+    lengths: LengthsOpt,
+    fmt: Annotated[str, typer.Option("--format", help="lm-eval (task YAML over local JSONL)")] = "lm-eval",
+    depths: DepthsOpt = "10,50,90",
+    trials: TrialsOpt = 10,
+    seed: SeedOpt = 0,
+    haystack: HaystackOpt = "builtin:stdlib",
+    templates: TemplatesOpt = "heldout",
+    allow_beyond_context: Annotated[
+        bool, typer.Option("--allow-beyond-context", help="export lengths above the model's context")
+    ] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an earlier export at OUT")] = False,
+) -> None:
+    """Write registered tasks as lm-eval task files (one per task × length) with prompts built by ctxext."""
+    from ctxext.errors import InputError
+    from ctxext.evaluation.export_tasks import FORMATS, export_lm_eval
+
+    if fmt not in FORMATS:
+        raise InputError(f"--format {fmt!r}: supported formats are {', '.join(FORMATS)}")
+    settings = export_settings(tasks, lengths, depths, trials, seed, haystack, templates, allow_beyond_context)
+    command = " ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]])
+    result = export_lm_eval(model, out, settings, overwrite=overwrite, command=command)
+    for t in result.tasks:
+        console.print(
+            f"[green]✓[/] {t.name}: {t.documents} prompts of {t.length} tokens, answer budget {t.max_gen_toks} tokens, "
+            f"{t.tokens_match}/{t.documents} re-tokenize to the grid's exact tokens",
+            soft_wrap=True,
+        )
+    console.print(
+        f"run: lm_eval --model hf --model_args pretrained=MODEL_DIR,max_length={result.max_length} "
+        f"--include_path {out} --tasks {','.join(result.tags)}\n"
+        f"or, on the model ctxext verified: ctxext eval harness --model {model} --include-path {out} "
+        f"--tasks {','.join(result.tags)} --out REPORT_DIR",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
