@@ -10,9 +10,9 @@ Three jobs live here, because they must agree with each other:
    module per method), which turns (state, target length, options) into standard ``rope_parameters`` +
    ``max_position_embeddings`` that vanilla transformers loads correctly; checking the plan's intent.
 3. **Verifying**: ctxext's own reference of every method's inverse frequencies and attention
-   scaling, written from the papers' formulas, compared with what the model's rotary modules
-   actually compute at run time. Silently unscaled RoPE is the most reported failure in this
-   field; this check is what catches it.
+   scaling, written from the formulas in ``docs/methods.md`` without calling transformers, compared
+   with what the model's rotary modules actually compute at run time. Silently unscaled RoPE is the
+   most reported failure in this field; this check is what catches it.
 """
 
 from __future__ import annotations
@@ -340,7 +340,7 @@ def check_rope_parameters(params: dict[str, Any], rotary_dim: int, max_position_
 
 
 # ---------------------------------------------------------------------------------------------
-# The independent reference: inverse frequencies and attention scaling, from the papers
+# The independent reference: inverse frequencies and attention scaling, from docs/methods.md's formulas
 # ---------------------------------------------------------------------------------------------
 
 
@@ -360,8 +360,11 @@ def reference_rope(
 ) -> tuple[torch.Tensor, float]:
     """Compute, independently of transformers, ``inv_freq`` and the attention scaling of a RoPE setting.
 
-    Written from the papers (formulas in ``docs/methods.md``), not from transformers, so a disagreement between the
-    two is caught instead of copied.
+    Written from the formulas in ``docs/methods.md`` without calling transformers, so a change in transformers'
+    frequencies is caught instead of copied. Where a paper and transformers differ, the formula is transformers'
+    convention, the one a user's model runs: the YaRN ramp is linear in the dimension index (as in transformers and
+    the YaRN reference code), dynamic NTK uses transformers' ``factor`` form, and Llama 3 follows transformers'
+    formula (the one ``docs/methods.md`` cites). ``tests/test_rope.py`` checks the YaRN paper's invariants separately.
 
     Args:
         params: normalised rope parameters.
