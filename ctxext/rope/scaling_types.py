@@ -461,9 +461,11 @@ def reference_rope(
 ) -> Reference:
     """Compute, independently of transformers' code, ``inv_freq`` and the attention scaling of a RoPE setting.
 
-    Each type's formula is written from its paper (``docs/methods.md``) in float64, not by calling or copying
-    transformers, so a disagreement between the two is caught instead of copied; where a paper leaves a detail
-    open (YaRN's ramp rounding), the reference follows transformers' reading and says so.
+    Written from the formulas in ``docs/methods.md`` without calling transformers, so a change in transformers'
+    frequencies is caught instead of copied. Where a paper and transformers differ, the formula is transformers'
+    convention, the one a user's model runs: the YaRN ramp is linear in the dimension index (as in transformers and
+    the YaRN reference code), dynamic NTK uses transformers' ``factor`` form, and Llama 3 follows transformers'
+    formula (the one ``docs/methods.md`` cites). ``tests/test_rope.py`` checks the YaRN paper's invariants separately.
 
     Args:
         params: normalised rope parameters.
