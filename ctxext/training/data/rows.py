@@ -12,10 +12,14 @@ A training row is ``seq_len`` token ids, optionally with
 
 How the mask reaches the model depends on the attention backend (transformers 5.24):
 
-* ``sdpa`` / ``eager``: a 4D boolean mask (causal and same segment) when a row has several segments;
-  otherwise an all-ones 2D mask whenever position ids are passed. The explicit mask matters: with
+* ``sdpa``: a 4D boolean mask (causal and same segment) when a row has several segments; otherwise an
+  all-ones 2D mask whenever position ids are passed. The explicit mask matters: with
   ``attention_mask=None`` transformers treats every position-id jump as the start of a new packed
   sequence (``masking_utils.find_packed_sequence_indices``), which would cut a PoSE row at its skips.
+* ``eager``: the same, but the 4D mask is *additive* float32 (0 where attention is allowed, the
+  dtype's minimum where it is not). transformers hands a 4D mask to the attention function as it is,
+  and eager attention adds it to the scores: a boolean mask would add +1 to the allowed scores and
+  nothing to the masked ones, so every token would see the future and the other documents.
 * ``flash_attention_2``: no mask; the micro-batch is flattened into one row and transformers derives
   variable-length sequences (``cu_seqlens``) from the position ids that restart at 0: every row and
   every segment starts at 0, and PoSE skips never return to 0, so that is exact here too (GPU only,
@@ -44,7 +48,8 @@ class ModelInputs:
         input_ids: ``(B, T)`` token ids.
         labels: ``(B, T)`` next-token targets, already shifted (``-100``: not scored).
         position_ids: ``(B, T)`` positions, or ``None`` for the default ``0..T-1``.
-        attention_mask: a 2D ``(B, T)`` or 4D ``(B, 1, T, T)`` boolean mask, or ``None`` (causal).
+        attention_mask: a 2D ``(B, T)`` boolean mask, a 4D ``(B, 1, T, T)`` boolean mask (``sdpa``) or additive
+            float mask (``eager``), or ``None`` (causal).
     """
 
     input_ids: torch.Tensor
@@ -80,6 +85,15 @@ def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
     causal = torch.ones(t, t, dtype=torch.bool).tril()
     same = segments.unsqueeze(-1) == segments.unsqueeze(-2)
     return (same & causal).unsqueeze(1)
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The additive form of a boolean attention mask: 0 where True, ``dtype``'s minimum where False.
+
+    Eager attention adds the mask to the scores. The minimum (not ``-inf``) keeps softmax finite, and a
+    float32 mask promotes lower-precision scores to float32, where eager attention takes its softmax anyway.
+    """
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
 
 
 def shifted_labels(input_ids: torch.Tensor) -> torch.Tensor:
@@ -148,5 +162,8 @@ def build_inputs(
         # position ids restart at 0 (every row and every segment start there; PoSE skips never return to 0).
         flat = (1, ids.numel())
         return ModelInputs(ids.reshape(flat), labels.reshape(flat), positions.reshape(flat), None)
-    mask = block_causal_mask(segments) if segments is not None else torch.ones_like(ids, dtype=torch.bool)
-    return ModelInputs(ids, labels, positions, mask)
+    if segments is None:
+        # 2D: transformers builds the causal mask in each backend's own form from it.
+        return ModelInputs(ids, labels, positions, torch.ones_like(ids, dtype=torch.bool))
+    mask = block_causal_mask(segments)
+    return ModelInputs(ids, labels, positions, additive_mask(mask) if attn_implementation == "eager" else mask)
