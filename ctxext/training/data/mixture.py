@@ -28,7 +28,7 @@ from collections import Counter
 from typing import Any
 
 from ctxext.errors import InputError
-from ctxext.training.data.corpus import TrainingData, load_documents, prepare_data
+from ctxext.training.data.corpus import TrainingData, document_blocks, prepare_data, select_documents, text_digest
 
 # Tokens of real text a task's haystack holds (samples start at random offsets in it).
 HAYSTACK_MIN_TOKENS = 200_000
@@ -188,12 +188,7 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
     counts = allocate(rows - n_short, [s.weight for s in sources])
     keys = [f"data.mixture[{i}]" if data.mixture else "data" for i in range(len(sources))]
     corpus = [(k, s) for k, s in zip(keys, sources, strict=True) if s.path]
-    corpora: dict[str, TrainingData] = {}
-    for key, source in corpus:
-        try:
-            corpora[key] = prepare_data(_corpus_section(data, source), tokenizer, seq_len, seed, source.path)
-        except InputError as exc:
-            raise InputError(f"{key}.path: {exc}") from None
+    corpora, held_out = _prepare_corpora(data, corpus, tokenizer, seq_len, seed)
     all_rows: list[dict] = []
     record: list[dict[str, Any]] = []
     for key, source, count in zip(keys, sources, counts, strict=True):
@@ -204,12 +199,13 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
         else:
             stats: Counter = Counter()
             hay_path = source.haystack or next((s.path for s in sources if s.path), data.path)
+            haystack = _haystack(data, hay_path, corpus, corpora, held_out, tokenizer, count * seq_len)
             min_length = min(source.min_length or seq_len, seq_len)
             made = _task_rows(
                 key,
                 source,
                 tokenizer,
-                _haystack(hay_path, tokenizer, count * seq_len),
+                haystack,
                 count,
                 seq_len,
                 min_length,
@@ -225,9 +221,12 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
         # Short blocks come from the corpora in proportion to their weights.
         weighted = [(k, s) for k, s in corpus if s.weight > 0] or corpus
         per = allocate(n_short, [s.weight or 1.0 for _, s in weighted])
-        for (_, source), count in zip(weighted, per, strict=True):
-            short = prepare_data(_corpus_section(data, source), tokenizer, original, seed, source.path)
-            all_rows += _short_rows(short.train, count, seq_len, original, rng)
+        for (key, source), count in zip(weighted, per, strict=True):
+            # Cut from the corpus's own training documents: the validation documents stay out.
+            short = document_blocks(corpora[key].train_documents, _corpus_section(data, source), tokenizer, original)
+            if count and len(short) == 0:
+                raise InputError(f"data.short_fraction: {source.path} makes no block of {original} tokens")
+            all_rows += _short_rows(short, count, seq_len, original, rng)
             record.append(
                 {"source": f"short:{source.path}", "block_tokens": original, "rows": count, "tokens": count * seq_len}
             )
@@ -248,6 +247,7 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
         train_tokens=len(all_rows) * seq_len,
         summary=summary,
         mixture={"realised": realised},
+        validation_documents=first.validation_documents if first is not None else None,
     )
 
 
@@ -257,10 +257,50 @@ def _whole_path_source(data: Any) -> Any:
     return MixtureSource(path=data.path, weight=1.0, text_field=data.text_field)
 
 
-def _haystack(path: str, tokenizer: Any, tokens: int) -> Any:
+def _prepare_corpora(
+    data: Any, corpus: list[tuple[str, Any]], tokenizer: Any, seq_len: int, seed: int
+) -> tuple[dict[str, TrainingData], frozenset[str]]:
+    """Each corpus source's blocks, and the digests of the validation documents (the first corpus's).
+
+    The later corpora leave the validation documents out, so a corpus read twice (or two corpora that
+    share files) never trains on what the validation loss measures.
+    """
+    corpora: dict[str, TrainingData] = {}
+    held_out: frozenset[str] = frozenset()
+    for key, source in corpus:
+        try:
+            corpora[key] = prepare_data(
+                _corpus_section(data, source), tokenizer, seq_len, seed, source.path, exclude=held_out
+            )
+        except InputError as exc:
+            raise InputError(f"{key}.path: {exc}") from None
+        if key == corpus[0][0] and corpora[key].validation_documents is not None:
+            held_out = frozenset(text_digest(t) for t in corpora[key].validation_documents["text"])
+    return corpora, held_out
+
+
+def _haystack(
+    data: Any,
+    path: str,
+    corpus: list[tuple[str, Any]],
+    corpora: dict[str, TrainingData],
+    held_out: frozenset[str],
+    tokenizer: Any,
+    tokens: int,
+) -> Any:
+    """A task's haystack: training documents only, within ``max_documents``.
+
+    From a corpus source of the mixture: its training documents. From another path: its first
+    ``data.max_documents`` documents, less the validation documents.
+    """
     from ctxext.tasks import Haystack
 
+    key = next((k for k, s in corpus if s.path == path), None)
+    if key is not None:
+        docs = corpora[key].train_documents
+    else:
+        section = data.model_copy(update={"path": path, "text_field": "text", "mixture": None, "short_fraction": 0.0})
+        docs = select_documents(section, held_out)
     # The rows never use more filler than their own tokens: a bigger haystack only costs tokenizing.
-    docs = load_documents(path)
     need = max(1, min(HAYSTACK_MIN_TOKENS, tokens))
-    return Haystack.from_texts(tokenizer, (t for t in docs["text"] if t and t.strip()), need, path)
+    return Haystack.from_texts(tokenizer, (row["text"] for row in docs), need, path)
