@@ -303,9 +303,21 @@ class DataSection(_Section):
         lt=1,
         description="share of rows made of blocks at the model's original length (unscaled positions; ProLong ~0.4)",
     )
+    task_distance: str = Field(
+        default="uniform",
+        description="task rows: how needle-to-question distances (in positions, PoSE included) are drawn over the "
+        "span (rope.target_length with PoSE, else the longest sample): uniform, or far (density rising with the "
+        "distance; the last quarter holds 44 %)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DataSection:
+        from ctxext.tasks.distance import DISTRIBUTIONS
+
+        if self.task_distance not in DISTRIBUTIONS:
+            raise ValueError(
+                f"task_distance: unknown distribution {self.task_distance!r}; choose one of: {', '.join(DISTRIBUTIONS)}"
+            )
         if self.mixture is None:
             if self.path is None:
                 raise ValueError("path: required (or give data.mixture)")

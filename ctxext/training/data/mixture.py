@@ -110,52 +110,39 @@ def _corpus_rows(
 
 
 def _task_rows(
-    key: str,
-    source: Any,
-    tokenizer: Any,
-    haystack: Any,
-    n_rows: int,
-    seq_len: int,
-    min_length: int,
-    seed: int,
-    stats: Counter,
-    max_length: int | None = None,
-) -> list[dict]:
+    key: str, source: Any, tokenizer: Any, haystack: Any, count: int, recipe: Any, plan: Any, stats: Counter
+) -> tuple[list[dict], dict[str, Any]]:
+    """``count`` rows of a task source and its realised distance record (:mod:`ctxext.training.data.task_rows`)."""
     from ctxext.tasks import get_task
+    from ctxext.training.data.task_rows import (
+        DistanceDraws,
+        Source,
+        pose_distance_rows,
+        token_distance_rows,
+    )
 
+    seq_len, seed = recipe.seq_len, recipe.train.seed
     task = get_task(source.task)
-    templates = source.templates if source.templates is not None else task.training_templates()
-    options = {} if source.distractors is None else {"distractors": source.distractors}
-    rows = []
-    for r in range(n_rows):
-        # One rng per row: a pure function of (seed, source, row).
-        rng = random.Random(f"{seed}:{key}:{r}")
-        toks: list[int] = []
-        segs: list[int] = []
-        tgts: list[int] = []
-        seg = 0
-        while len(toks) < seq_len:
-            remaining = seq_len - len(toks)
-            # Without max_length the draw is the historical one (rows stay identical for old recipes).
-            top = seq_len if max_length is None else max(min_length, min(max_length, remaining))
-            length = rng.randint(min_length, top)
-            if remaining - length < min_length:
-                length = remaining
-            try:
-                sample = task.generate(
-                    tokenizer, haystack, length, rng.random(), rng, template=rng.choice(templates), **options
-                )
-            except InputError as exc:
-                raise InputError(f"{key}: {exc}") from None
-            start, end = sample.answer_span
-            toks += sample.ids
-            segs += [seg] * len(sample.ids)
-            tgts += [int(start <= i < end) for i in range(len(sample.ids))] if source.answer_only else [1] * length
-            seg += 1
-            stats[f"template {sample.template}"] += 1
-            stats["samples"] += 1
-        rows.append({"input_ids": toks, "segments": segs, "targets": tgts, "pose": 1})
-    return rows
+    longest = min(source.max_length or seq_len, seq_len)
+    src = Source(
+        key=key,
+        task=task,
+        templates=source.templates if source.templates is not None else task.training_templates(),
+        options={} if source.distractors is None else {"distractors": source.distractors},
+        answer_only=source.answer_only,
+        min_length=min(source.min_length or seq_len, longest),
+        max_length=longest,
+    )
+    target = plan.target_length if recipe.train.pose is not None and plan is not None else None
+    draws = DistanceDraws(
+        kind=recipe.data.task_distance,
+        span=target or longest,
+        target_length=target,
+        offset=random.Random(f"{seed}:{key}:distance").random(),
+    )
+    build = pose_distance_rows if target else token_distance_rows
+    rows = build(src, tokenizer, haystack, count, seq_len, seed, draws, stats) if count else []
+    return rows, draws.summary()
 
 
 def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> TrainingData:
@@ -200,20 +187,14 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
             stats: Counter = Counter()
             hay_path = source.haystack or next((s.path for s in sources if s.path), data.path)
             haystack = _haystack(data, hay_path, corpus, corpora, held_out, tokenizer, count * seq_len)
-            min_length = min(source.min_length or seq_len, seq_len)
-            made = _task_rows(
-                key,
-                source,
-                tokenizer,
-                haystack,
-                count,
-                seq_len,
-                min_length,
-                seed,
-                stats,
-                None if source.max_length is None else min(source.max_length, seq_len),
+            made, distance = _task_rows(key, source, tokenizer, haystack, count, recipe, plan, stats)
+            entry.update(
+                task=source.task,
+                haystack=hay_path,
+                answer_only=source.answer_only,
+                samples=dict(stats),
+                distance=distance,
             )
-            entry.update(task=source.task, haystack=hay_path, answer_only=source.answer_only, samples=dict(stats))
         entry["tokens"] = count * seq_len
         all_rows += made
         record.append(entry)
@@ -232,13 +213,25 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
             )
     # Validation: the first corpus's held-out documents, at seq_len, plain positions.
     first = corpora[corpus[0][0]] if corpus else None
-    columns = {k: [r[k] for r in all_rows] for k in ("input_ids", "segments", "targets", "pose")}
+    names = ["input_ids", "segments", "targets", "pose"]
+    if any(r.get("pose") == 0 and "positions" in r for r in all_rows):
+        # Rows that carry their positions (task rows under PoSE); -1: positions are derived at training time.
+        names.append("positions")
+        for r in all_rows:
+            r.setdefault("positions", [-1] * seq_len)
+    columns = {k: [r[k] for r in all_rows] for k in names}
     train = datasets.Dataset.from_dict(columns)
     train.set_format("torch", columns=list(columns))
     summary = f"mixture of {len(all_rows)} rows of {seq_len} tokens: " + ", ".join(
         f"{e['source']} {e['rows']}" for e in record
     )
-    realised = {"rows": len(all_rows), "seq_len": seq_len, "short_fraction": data.short_fraction, "sources": record}
+    realised = {
+        "rows": len(all_rows),
+        "seq_len": seq_len,
+        "short_fraction": data.short_fraction,
+        "task_distance": data.task_distance,
+        "sources": record,
+    }
     return TrainingData(
         train=train,
         validation=first.validation if first is not None else None,

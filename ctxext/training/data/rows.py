@@ -9,6 +9,8 @@ A training row is ``seq_len`` token ids, optionally with
   first token.
 * ``targets``: 1 where the token is a training target (``answer_only`` tasks mark only the answer).
 * ``pose``: 1 when the row's position ids are drawn by PoSE (:mod:`ctxext.training.data.pose`), per segment.
+* ``positions``: the row's own position ids (task rows under PoSE, whose skips set their needle distances:
+  :mod:`ctxext.training.data.task_rows`); ``-1`` in a row that has none.
 
 How the mask reaches the model depends on the attention backend (transformers 5.24):
 
@@ -118,7 +120,8 @@ def build_inputs(
     """The model inputs of a micro-batch of training rows.
 
     Args:
-        rows: ``input_ids`` ``(B, T)`` and optionally ``segments``, ``targets``, ``pose`` (see the module doc).
+        rows: ``input_ids`` ``(B, T)`` and optionally ``segments``, ``targets``, ``pose``, ``positions`` (see the
+            module doc).
         attn_implementation: the model's attention backend.
         target_length: positions PoSE may reach (``rope.target_length``).
         pose_chunks: PoSE chunks, or ``None`` for no PoSE.
@@ -141,7 +144,8 @@ def build_inputs(
         labels[:, :-1] = labels[:, :-1].masked_fill(segments[:, 1:] != segments[:, :-1], IGNORE_INDEX)
     use_pose = pose_chunks is not None and target_length is not None
     pose_rows = rows.get("pose")
-    if segments is None and not use_pose:
+    stored = rows.get("positions")
+    if segments is None and not use_pose and stored is None:
         return ModelInputs(ids, labels)
     if segments is not None:
         positions = segment_positions(segments)
@@ -157,6 +161,9 @@ def build_inputs(
                 where = (seg == s).nonzero().squeeze(1)
                 if len(where) >= pose_chunks:
                     positions[b, where] = pose_position_ids(len(where), target_length, pose_chunks, gen)
+    if stored is not None:
+        own = stored[:, 0] >= 0
+        positions[own] = stored[own].to(positions.dtype)
     if attn_implementation.startswith("flash"):
         # One flattened row: transformers' flash path cuts it into variable-length sequences wherever the
         # position ids restart at 0 (every row and every segment start there; PoSE skips never return to 0).
