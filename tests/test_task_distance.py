@@ -99,3 +99,27 @@ def test_unknown_distribution_names_the_key():
 def test_histogram_bins():
     assert histogram([0, 31, 32, 255], 256) == [50.0, 25.0, 0, 0, 0, 0, 0, 25.0]
     assert [round(100 * s, 1) for s in expected_shares("far")] == [1.6, 4.7, 7.8, 10.9, 14.1, 17.2, 20.3, 23.4]
+
+
+def test_validate_shows_the_histogram_and_refuses_an_unmeetable_span(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from ctxext.cli.commands import app
+
+    shipped = "recipes/grown-mixture-pose.yaml"
+    result = CliRunner().invoke(app, ["validate", shipped], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "needle distances" in line]
+    assert len(lines) == 2 and "0–512 positions (PoSE)" in lines[0]
+    shares = [float(x) for x in lines[0].split("eighth: ")[1].split(" (")[0].split()]
+    assert len(shares) == 8 and all(abs(x - 12.5) <= 2 for x in shares)
+    raw = yaml.safe_load(open(shipped).read())
+    raw["train"].pop("pose")  # without PoSE the span is the longest sample: 40 tokens cannot reach its far end
+    raw["data"]["mixture"][1].update(min_length=32, max_length=40)
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(app, ["validate", str(path)], env={"COLUMNS": "400"})
+    assert result.exit_code == 2
+    assert "data.task_distance: uniform distances over 0–40 cannot be met by data.mixture[1]" in result.output
+    assert "Traceback" not in result.output and list(tmp_path.iterdir()) == [path]

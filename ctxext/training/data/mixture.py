@@ -110,7 +110,7 @@ def _corpus_rows(
 
 
 def _task_rows(
-    key: str, source: Any, tokenizer: Any, haystack: Any, count: int, recipe: Any, plan: Any, stats: Counter
+    key: str, source: Any, tokenizer: Any, haystack: Any, count: int, recipe: Any, target: int | None, stats: Counter
 ) -> tuple[list[dict], dict[str, Any]]:
     """``count`` rows of a task source and its realised distance record (:mod:`ctxext.training.data.task_rows`)."""
     from ctxext.tasks import get_task
@@ -133,7 +133,7 @@ def _task_rows(
         min_length=min(source.min_length or seq_len, longest),
         max_length=longest,
     )
-    target = plan.target_length if recipe.train.pose is not None and plan is not None else None
+    target = target if recipe.train.pose is not None else None
     draws = DistanceDraws(
         kind=recipe.data.task_distance,
         span=target or longest,
@@ -187,7 +187,8 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
             stats: Counter = Counter()
             hay_path = source.haystack or next((s.path for s in sources if s.path), data.path)
             haystack = _haystack(data, hay_path, corpus, corpora, held_out, tokenizer, count * seq_len)
-            made, distance = _task_rows(key, source, tokenizer, haystack, count, recipe, plan, stats)
+            target = plan.target_length if plan is not None else None
+            made, distance = _task_rows(key, source, tokenizer, haystack, count, recipe, target, stats)
             entry.update(
                 task=source.task,
                 haystack=hay_path,
@@ -242,6 +243,29 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
         mixture={"realised": realised},
         validation_documents=first.validation_documents if first is not None else None,
     )
+
+
+def preview_task_distances(recipe: Any, tokenizer: Any, rows: int = 64) -> dict[str, dict[str, Any]]:
+    """The needle-distance record of each task source, from its first ``rows`` rows on a noise haystack.
+
+    Distances depend on lengths, not on the filler's text, so ``ctxext validate`` shows them without reading
+    any corpus.
+
+    Raises:
+        InputError: a distance span the rows cannot meet (naming ``data.task_distance``), a task that cannot fit.
+    """
+    from ctxext.tasks import Haystack
+
+    data = recipe.data
+    out = {}
+    for i, source in enumerate(data.mixture or []):
+        if source.task and source.weight > 0:
+            key = f"data.mixture[{i}]"
+            haystack = Haystack.noise(tokenizer, 4 * recipe.seq_len)
+            _, out[key] = _task_rows(
+                key, source, tokenizer, haystack, rows, recipe, recipe.rope.target_length, Counter()
+            )
+    return out
 
 
 def _whole_path_source(data: Any) -> Any:
