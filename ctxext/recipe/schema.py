@@ -218,8 +218,9 @@ class MixtureSource(_Section):
     """One source of a training mixture: a real corpus (``path``) or a synthetic task (``task``).
 
     A corpus is anything the data reader reads (a local json/jsonl/parquet/txt file or folder, a Hub
-    data set, ``builtin:stdlib``); a task is a name in the ``ctxext.tasks`` registry, generated at
-    ``train.seq_len`` tokens with its needle depth uniform in [0, 1] on a haystack from ``haystack``.
+    data set, ``builtin:stdlib``); a task is a name in the ``ctxext.tasks`` registry, generated in
+    samples of ``min_length``–``max_length`` tokens whose needle distances follow ``data.task_distance``, on
+    the training documents of ``haystack``.
     """
 
     weight: float = Field(description="share of the training rows (normalised over all sources)")
@@ -235,7 +236,9 @@ class MixtureSource(_Section):
     )
     task: str | None = Field(default=None, description="a synthetic task name (ctxext.tasks registry)")
     templates: list[int] | None = Field(
-        default=None, description="task: template indices used for training (null: all the task's templates)"
+        default=None,
+        description="task: template indices used for training (null: the task's training templates, i.e. all but "
+        "those it holds out for evaluation)",
     )
     distractors: int | None = Field(default=None, ge=0, description="task: distractor keys (tasks that take them)")
     min_length: int | None = Field(

@@ -147,3 +147,21 @@ def causal_lm_loss(
     y = input_labels[:, 1:]
     total = chunked_cross_entropy(h, weight, y, bias=bias, chunk_size=chunk_size, reduction="sum")
     return total, (y != IGNORE_INDEX).sum()
+
+
+def micro_batch_loss(total: torch.Tensor, labels: torch.Tensor, accumulation: int) -> torch.Tensor:
+    """What one micro-batch adds to its optimizer step's loss: its summed token loss over its *positions*.
+
+    The divisor is the number of label positions (``labels.numel()``, the same for every micro-batch of a
+    run), not the number of scored tokens: every scored token then weighs ``1 / (positions × accumulation)``
+    whatever else its micro-batch holds. Dividing by the scored tokens would give the few answer tokens of
+    ``answer_only`` rows a weight that swings with their neighbours (large among other answer-only rows,
+    small beside a fully scored corpus row). On rows where every token is scored the two agree up to the
+    unscored last token of each row and document.
+
+    Args:
+        total: the micro-batch's summed token loss.
+        labels: its labels (``-100``: not scored).
+        accumulation: micro-batches per optimizer step.
+    """
+    return total / labels.numel() / accumulation

@@ -13,12 +13,16 @@ skips the ones already trained on):
 * the rest is split over the sources by weight (largest remainder). A corpus row is one of the
   corpus's ``seq_len`` blocks (``long_fraction``: that share drawn from blocks of documents at least
   ``seq_len`` long — up-sampling long documents within the source, Fu et al. 2024). A task row is
-  filled with task samples whose lengths are uniform in ``[min_length, max_length or seq_len]`` (the
-  last sample of a row takes what is left) and whose needle depth is uniform in [0, 1], each sample
-  its own segment — needle distances cover the whole row, and with PoSE the whole target length.
+  filled with task samples, each its own segment, whose needle-to-question distances follow
+  ``data.task_distance`` over the whole row (with PoSE, the whole target length):
+  :mod:`ctxext.training.data.task_rows`.
 
-The realised mixture (rows and tokens per source, samples per task and template) is returned for
-``mixture.json`` and ``run.json``.
+Nothing a row holds comes from validation text: short blocks and task haystacks are cut from the
+training split's documents (within ``max_documents``), and corpora after the first leave the first
+corpus's validation documents out.
+
+The realised mixture (rows and tokens per source, samples per task and template, the needle-distance
+histogram) is returned for ``mixture.json`` and ``run.json``.
 """
 
 from __future__ import annotations
