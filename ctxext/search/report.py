@@ -31,6 +31,23 @@ REPORT_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 N_BUCKETS = 8
 
 
+def heldout_overlap(data: str) -> int:
+    """How many of the report's held-out files (:data:`HELDOUT`) the fitness data ``data`` also reads.
+
+    Only the built-in standard-library sources can share files with it; ``builtin:stdlib`` read as
+    evaluation data *is* the held-out split.
+    """
+    from ctxext.evaluation.data import STDLIB_SPLITS
+    from ctxext.models.builtin import stdlib_source_files
+
+    name = data.removeprefix("builtin:")
+    if not data.startswith("builtin:") or name not in STDLIB_SPLITS:
+        return 0
+    # stdlib-long joins the held-out files into long documents.
+    fitness = set(stdlib_source_files("stdlib-heldout" if name == "stdlib-long" else name, default_split="heldout"))
+    return len(fitness & set(stdlib_source_files(HELDOUT.removeprefix("builtin:"), default_split="heldout")))
+
+
 def _ppl(sums: np.ndarray, counts: np.ndarray) -> dict[str, Any]:
     from ctxext.evaluation.stats import ppl_entry
 
