@@ -242,12 +242,16 @@ class MixtureSource(_Section):
     )
     distractors: int | None = Field(default=None, ge=0, description="task: distractor keys (tasks that take them)")
     min_length: int | None = Field(
-        default=None, gt=0, description="task: shortest sample (lengths uniform up to train.seq_len; null: seq_len)"
+        default=None,
+        gt=0,
+        description="task: shortest sample (null: seq_len); without PoSE a sample is as long as its needle distance "
+        "needs, at least this",
     )
     max_length: int | None = Field(
         default=None,
         gt=0,
-        description="task: longest sample (null: train.seq_len); the last sample of a row takes what is left",
+        description="task: longest sample (null: train.seq_len; without PoSE also the distance span); the last "
+        "sample of a row takes what the others cannot",
     )
     answer_only: bool = Field(default=False, description="task: loss only on the answer tokens (default: all tokens)")
     haystack: str | None = Field(
