@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ctxext.errors import InputError
+
 # name -> inverse CDF on [0, 1). Adding a distribution is one entry here (the recipe key accepts it).
 DISTRIBUTIONS: dict[str, Callable[[float], float]] = {
     # Every distance equally often.
@@ -56,7 +58,7 @@ def sample_distance(sample: Any, positions: Sequence[int] | None = None) -> int:
         positions: the sample's position ids, or ``None`` for ``0..len-1``.
     """
     if sample.needle_span is None:
-        raise ValueError(f"task {sample.task}: the sample has no needle")
+        raise InputError(f"task {sample.task}: its samples have no insert, so they have no needle distance to train")
     query, needle = sample.answer_span[0] - 1, sample.needle_span[0]
     if positions is None:
         return query - needle

@@ -236,7 +236,8 @@ def pose_distance_rows(
             got = sample_distance(sample)
             skip = min(max(d - got, 0), room)
             assert sample.needle_span is not None  # place() measured it
-            cut = rng.randint(sample.needle_span[1], sample.answer_span[0] - 1)
+            query = sample.answer_span[0] - 1
+            cut = rng.randint(min(sample.needle_span[1], query), query)
             positions = [i + (skip if i >= cut else 0) for i in range(length)]
             draws.record(d, sample_distance(sample, positions))
             samples.append((sample, positions))
