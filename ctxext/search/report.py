@@ -48,6 +48,23 @@ def heldout_overlap(data: str) -> int:
     return len(fitness & set(stdlib_source_files(HELDOUT.removeprefix("builtin:"), default_split="heldout")))
 
 
+def check_fitness_data(data: str) -> None:
+    """Refuse fitness data that shares files with the report's held-out set.
+
+    Raises:
+        InputError: ``data`` reads some of :data:`HELDOUT`'s files.
+    """
+    from ctxext.errors import InputError
+
+    shared = heldout_overlap(data)
+    if shared:
+        raise InputError(
+            f"--data / search.data: {data} reads {shared} of the held-out files the report compares on ({HELDOUT}), "
+            "so the report would score the factors on their own fitness data; use builtin:stdlib-train (the "
+            "default) or your own files, or turn the report off (--no-report)"
+        )
+
+
 def _ppl(sums: np.ndarray, counts: np.ndarray) -> dict[str, Any]:
     from ctxext.evaluation.stats import ppl_entry
 

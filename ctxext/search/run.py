@@ -134,15 +134,9 @@ class SearchSettings:
         if self.resume and self.overwrite:
             raise InputError("--resume and --overwrite contradict each other: choose one")
         if self.report:
-            from ctxext.search.report import HELDOUT, heldout_overlap
+            from ctxext.search.report import check_fitness_data
 
-            shared = heldout_overlap(self.data)
-            if shared:
-                raise InputError(
-                    f"--data / search.data: {self.data} reads {shared} of the held-out files the report compares on "
-                    f"({HELDOUT}), so the report would score the factors on their own fitness data; use "
-                    "builtin:stdlib-train (the default) or your own files, or turn the report off (--no-report)"
-                )
+            check_fitness_data(self.data)
 
     def searches_attention(self) -> bool:
         """Whether the attention factor is searched (``attention_factor="search"``)."""
