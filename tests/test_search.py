@@ -221,6 +221,12 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(tiny_model_dir, tmp_path)
     assert r.exit_code == 2 and "no rotary position embedding" in r.output
     r = _cli(str(tiny_model_dir), "--target-length", "512", "--resume", *common)
     assert r.exit_code == 2 and "nothing to resume" in r.output
+    # Fitness data that holds the report's held-out files (builtin:stdlib as evaluation data is that split).
+    with_report = [a for a in common if a != "--no-report"]
+    for data in ("builtin:stdlib", "builtin:stdlib-all", "builtin:stdlib-long"):
+        r = _cli(str(tiny_model_dir), "--target-length", "512", "--data", data, *with_report)
+        assert r.exit_code == 2 and f"--data / search.data: {data} reads" in r.output, r.output
+        assert "builtin:stdlib-heldout" in r.output and "Traceback" not in r.output
     assert not out.exists()
     # --overwrite replaces only a search folder ctxext wrote: a user's folder is left alone.
     out.mkdir()

@@ -170,7 +170,7 @@ def validate(
     ] = False,
 ) -> None:
     """Validate recipe files against the schema, the model, the RoPE plan and the eval suite (exit code 2 if any)."""
-    from ctxext.cli.validate import check_recipe
+    from ctxext.cli.validate import check_recipe, distance_lines
     from ctxext.recipe.schema import RecipeError, load_recipe
 
     if schema:
@@ -188,6 +188,7 @@ def validate(
         try:
             recipe = load_recipe(path, overrides or [])
             warnings = check_recipe(recipe, str(path))
+            notes = distance_lines(recipe, str(path))
         except RecipeError as exc:
             failed = True
             err_console.print(f"[bold red]✗ {exc.source}[/]: {len(exc.problems)} problem(s)")
@@ -198,6 +199,8 @@ def validate(
             f"[green]✓[/] {path}: {recipe.model.path}, {recipe.rope.method} → {recipe.rope.target_length}, "
             f"seq_len {recipe.seq_len}, {recipe.train.max_steps} steps"
         )
+        for note in notes:
+            console.print(f"  {note}", soft_wrap=True, markup=False, highlight=False)
         for warning in warnings:
             err_console.print(f"  [yellow]warning:[/] {warning}", soft_wrap=True)
     if failed:

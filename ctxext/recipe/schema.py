@@ -219,8 +219,9 @@ class MixtureSource(_Section):
     """One source of a training mixture: a real corpus (``path``) or a synthetic task (``task``).
 
     A corpus is anything the data reader reads (a local json/jsonl/parquet/txt file or folder, a Hub
-    data set, ``builtin:stdlib``); a task is a name in the ``ctxext.tasks`` registry, generated at
-    ``train.seq_len`` tokens with its needle depth uniform in [0, 1] on a haystack from ``haystack``.
+    data set, ``builtin:stdlib``); a task is a name in the ``ctxext.tasks`` registry, generated in
+    samples of ``min_length``–``max_length`` tokens whose needle distances follow ``data.task_distance``, on
+    the training documents of ``haystack``.
     """
 
     weight: float = Field(description="share of the training rows (normalised over all sources)")
@@ -236,16 +237,22 @@ class MixtureSource(_Section):
     )
     task: str | None = Field(default=None, description="a synthetic task name (ctxext.tasks registry)")
     templates: list[int] | None = Field(
-        default=None, description="task: template indices used for training (null: all the task's templates)"
+        default=None,
+        description="task: template indices used for training (null: the task's training templates, i.e. all but "
+        "those it holds out for evaluation)",
     )
     distractors: int | None = Field(default=None, ge=0, description="task: distractor keys (tasks that take them)")
     min_length: int | None = Field(
-        default=None, gt=0, description="task: shortest sample (lengths uniform up to train.seq_len; null: seq_len)"
+        default=None,
+        gt=0,
+        description="task: shortest sample (null: seq_len); without PoSE a sample is as long as its needle distance "
+        "needs, at least this",
     )
     max_length: int | None = Field(
         default=None,
         gt=0,
-        description="task: longest sample (null: train.seq_len); the last sample of a row takes what is left",
+        description="task: longest sample (null: train.seq_len; without PoSE also the distance span); the last "
+        "sample of a row takes what the others cannot",
     )
     answer_only: bool = Field(default=False, description="task: loss only on the answer tokens (default: all tokens)")
     haystack: str | None = Field(
@@ -304,9 +311,21 @@ class DataSection(_Section):
         lt=1,
         description="share of rows made of blocks at the model's original length (unscaled positions; ProLong ~0.4)",
     )
+    task_distance: str = Field(
+        default="uniform",
+        description="task rows: how needle-to-question distances (in positions, PoSE included) are drawn over the "
+        "span (rope.target_length with PoSE, else the longest sample): uniform, or far (density rising with the "
+        "distance; the last quarter holds 44 %)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DataSection:
+        from ctxext.tasks.distance import DISTRIBUTIONS
+
+        if self.task_distance not in DISTRIBUTIONS:
+            raise ValueError(
+                f"task_distance: unknown distribution {self.task_distance!r}; choose one of: {', '.join(DISTRIBUTIONS)}"
+            )
         if self.mixture is None:
             if self.path is None:
                 raise ValueError("path: required (or give data.mixture)")

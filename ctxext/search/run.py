@@ -134,6 +134,10 @@ class SearchSettings:
             )
         if self.resume and self.overwrite:
             raise InputError("--resume and --overwrite contradict each other: choose one")
+        if self.report:
+            from ctxext.search.report import check_fitness_data
+
+            check_fitness_data(self.data)
 
     def searches_attention(self) -> bool:
         """Whether the attention factor is searched (``attention_factor="search"``)."""

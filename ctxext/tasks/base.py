@@ -70,6 +70,8 @@ class TaskSample:
         template: the template index, or None for a custom template.
         fields: what was drawn (keys, names, …), JSON-ready.
         needle_spans: ``(start, end)`` of every insert in ``ids``, in order of position.
+        needle_span: ``(start, end)`` of the insert placed at ``depth`` (the task's first insert: the needle
+            the question asks for), or ``None`` without inserts.
         filler_tokens: haystack tokens in the sample (``F``).
         haystack_offset: where in the haystack the filler starts.
     """
@@ -82,6 +84,7 @@ class TaskSample:
     template: int | None
     fields: dict[str, Any] = field(default_factory=dict)
     needle_spans: list[tuple[int, int]] = field(default_factory=list)
+    needle_span: tuple[int, int] | None = None
     filler_tokens: int = 0
     haystack_offset: int = 0
 
@@ -276,11 +279,13 @@ def assemble(
     )
     ids = list(head)
     spans: list[tuple[int, int]] = []
+    first: tuple[int, int] | None = None
     cursor = 0
-    for pos, _, piece in placed:
+    for pos, i, piece in placed:
         ids += stream[cursor:pos]
         cursor = pos
         spans.append((len(ids), len(ids) + len(piece)))
+        first = spans[-1] if i == 0 else first
         ids += piece
     ids += stream[cursor:]
     ids += question
@@ -295,6 +300,7 @@ def assemble(
         template=template,
         fields=fields,
         needle_spans=spans,
+        needle_span=first,
         filler_tokens=n_fill,
         haystack_offset=offset,
     )

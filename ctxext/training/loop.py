@@ -24,6 +24,7 @@ from ctxext.training.checkpoints import Checkpoints, Counters, step_of
 from ctxext.training.data.rows import build_inputs
 from ctxext.training.folder import METRICS_FILE, RunWriter
 from ctxext.training.launch import Launch
+from ctxext.training.losses import micro_batch_loss
 from ctxext.training.steps import micro_batches, peak_mem_mb
 
 OOM_ADVICE = (
@@ -195,6 +196,9 @@ class TrainingLoop:
         ga, mb, plan = cfg.gradient_accumulation_steps, cfg.micro_batch_size, self.loaded.plan
         t0 = time.perf_counter()
         step_loss = torch.zeros((), device=acc.device)
+        # The logged loss: the mean over the step's scored tokens (the backward weighs them by micro_batch_loss).
+        scored = torch.zeros((), device=acc.device)
+        scored_total = torch.zeros((), device=acc.device)
         for micro in range(ga):
             idx = next(batches)
             self.consumed.extend(idx)
@@ -217,9 +221,11 @@ class TrainingLoop:
             )
             with sync, cp_ctx:
                 total, count = self.model(ids, labels, inputs.position_ids, inputs.attention_mask)
-                loss = total / count.clamp(min=1) / ga
+                loss = micro_batch_loss(total, labels, ga)
                 acc.backward(loss)
             step_loss += loss.detach()
+            scored_total += total.detach().float()
+            scored += count
         grad_norm = acc.clip_grad_norm_(self.trainable, cfg.max_grad_norm) if cfg.max_grad_norm else None
         self._check_finite(step_loss, grad_norm)
         self.optimizer.step()
@@ -227,7 +233,7 @@ class TrainingLoop:
         self.optimizer.zero_grad(set_to_none=True)
         counters.step += 1
         counters.tokens_seen += self.tokens_per_step
-        self.last_loss = acc.reduce(step_loss, "mean").item()
+        self.last_loss = (acc.reduce(scored_total, "sum") / acc.reduce(scored, "sum").clamp(min=1)).item()
         dt = time.perf_counter() - t0
         record = {
             "step": counters.step,
