@@ -424,7 +424,9 @@ class Task:
         tpl, index = self.template(template)
         opts = self.resolve_options(options)
         length, depth = int(length), float(depth)
-        built = self.build(tokenizer, haystack, length, depth, rng, tpl, index, opts)
+        # A chat template's tokens are part of the length: tasks that fill it (lists, objects) leave them room.
+        room = length - (len(chat.head) + len(chat.tail) if chat is not None else 0)
+        built = self.build(tokenizer, haystack, room, depth, rng, tpl, index, opts)
         if isinstance(built, TaskSample):
             return built
         text = built.answer
