@@ -338,7 +338,8 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
         f"Haystack: `{first['haystack']}`; depths {', '.join(f'{d:g}' for d in st['depths'])} %; {st['trials']} trials "
         f"per cell; templates: {st['templates']}. {scoring_note({first.get('scoring')})}"
         f"{chat_note({m['ruler'].get('chat_template') for m in models})} Effective length: the longest "
-        f"length up to which every evaluated length scores ≥ {ref} (RULER); n/a: the task scores below "
+        f"length up to which every evaluated length scores ≥ {ref} (the section's threshold setting; RULER's and "
+        "NoLiMa's named definitions follow); n/a: the task scores below "
         f"{st.get('min_reference', 0) * 100:g} % at the original length, so it has no relative threshold. Cells: "
         "accuracy % over all depths (trials); ✱ the model was fine-tuned on this task; † beyond the model's context.",
         "",
@@ -366,17 +367,20 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
     for m in models:
         r = m["ruler"]
         lengths = [str(L) for L in r["settings"]["lengths"]]
+        both = r.get("scoring") == "both"
         lines += [f"### {m['name']}", ""]
+        lines += ["Cells: teacher-forced accuracy / generated string-match score (trials).", ""] if both else []
         body = []
         for t, res in r["tasks"].items():
             row = [t + (" ✱" if res.get("registry_task") in (r.get("trained_tasks") or []) else "")]
             for L in lengths:
                 bl = res["by_length"].get(L)
                 cell: dict[str, Any] = next((c for c in res["cells"] if str(c["length"]) == L), {})
+                gen = f" / {bl['generated']['score'] * 100:.0f}" if bl and both and bl.get("generated") else ""
                 row.append(
                     "–"
                     if bl is None
-                    else f"{bl['accuracy'] * 100:.0f} ({bl['trials']}){' †' if cell.get('beyond_context') else ''}"
+                    else f"{bl['accuracy'] * 100:.0f}{gen} ({bl['trials']}){' †' if cell.get('beyond_context') else ''}"
                 )
             body.append(row)
         counted = ", ".join(r["effective_length"].get("tasks") or []) or "none"

@@ -428,6 +428,11 @@ class Task:
         room = length - (len(chat.head) + len(chat.tail) if chat is not None else 0)
         built = self.build(tokenizer, haystack, room, depth, rng, tpl, index, opts)
         if isinstance(built, TaskSample):
+            if chat is not None:
+                raise InputError(
+                    f"task {self.name} builds its samples itself and cannot be wrapped in a chat template: "
+                    "evaluate it with chat_template none (--chat-template none), or make its build return a Prompt"
+                )
             return built
         text = built.answer
         if isinstance(text, str) and chat is not None:
