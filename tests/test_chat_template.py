@@ -94,3 +94,34 @@ def test_cli_names_a_missing_template_file(tiny_model_dir, tmp_path, monkeypatch
     result = CliRunner().invoke(app, [*args, "--chat-template", "missing.jinja"])
     assert result.exit_code == 2 and "--chat-template 'missing.jinja'" in " ".join(result.output.split())
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def test_a_task_that_assembles_itself_refuses_a_chat_template(chat_tokenizer):
+    from ctxext.tasks import Task, Template
+    from ctxext.tasks.base import assemble, encode
+
+    class Assembled(Task):  # not registered: generate() works on the instance
+        name = "assembled-test"
+        templates = (Template(needle=" k 1.", question=" k:", answer=" 1"),)
+
+        def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts):
+            return assemble(
+                tokenizer,
+                task=self.name,
+                length=length,
+                depth=depth,
+                rng=rng,
+                haystack=haystack,
+                prefix="",
+                inserts=[(depth, encode(tokenizer, tpl.needle))],
+                question=encode(tokenizer, tpl.question),
+                answer=encode(tokenizer, tpl.answer),
+                answer_text="1",
+                template=index,
+                fields={},
+            )
+
+    hay = Haystack.noise(chat_tokenizer)
+    assert len(Assembled().generate(chat_tokenizer, hay, 100, 0.5, random.Random(0)).ids) == 100
+    with pytest.raises(InputError, match="cannot be wrapped in a chat template"):
+        Assembled().generate(chat_tokenizer, hay, 100, 0.5, random.Random(0), chat=chat_wrap(chat_tokenizer))
