@@ -44,8 +44,20 @@ ScoringOpt = Annotated[
     str,
     typer.Option(
         help="teacher-forced: one forward pass over prompt + answer (exact for greedy decoding, no KV cache); "
-        "generate: greedy decoding with an explicit greedy config (cross-check)"
+        "generate: greedy decoding with an explicit greedy config, scored also by RULER's string match; "
+        "both: the two on the same trials"
     ),
+]
+ChatOpt = Annotated[
+    str,
+    typer.Option(
+        "--chat-template",
+        help="auto: wrap prompts in the tokenizer's chat template when it has one (base models stay plain); "
+        "none: plain prompts; or a Jinja chat template file",
+    ),
+]
+MarginOpt = Annotated[
+    int, typer.Option(help="generation: tokens generated beyond the answer's length (budget = answer + margin)")
 ]
 ReferenceOpt = Annotated[
     str | None,
@@ -120,8 +132,11 @@ def _floats(text: str, what: str) -> list[float]:
         raise InputError(f"{what}: expected comma-separated numbers, got {text!r}") from None
 
 
-def _grid(lengths: str, depths: str, trials: int, seed: int, allow_beyond: bool, scoring: str) -> Any:
+def _grid(
+    lengths: str, depths: str, trials: int, seed: int, allow_beyond: bool, scoring: str, chat: str, margin: int
+) -> Any:
     """The validated grid settings shared by the passkey and needle commands."""
+    from ctxext.errors import InputError
     from ctxext.evaluation.grid import GridSettings
 
     grid = GridSettings(
@@ -131,8 +146,14 @@ def _grid(lengths: str, depths: str, trials: int, seed: int, allow_beyond: bool,
         seed=seed,
         allow_beyond_context=allow_beyond,
         scoring=scoring,
+        chat_template=chat,
+        answer_margin=margin,
     )
-    grid.validate()
+    try:
+        grid.validate()
+    except InputError as exc:  # name the flags, not the settings fields
+        message = str(exc).replace("chat_template", "--chat-template").replace("answer_margin", "--answer-margin")
+        raise InputError(message) from None
     return grid
 
 
@@ -209,6 +230,11 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                     f"{task} — {m['name']}: {ov['accuracy'] * 100:.1f} % [{ov['ci_low'] * 100:.1f}, "
                     f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials "
                     f"({m[task].get('scoring', 'generate')})"
+                    + (
+                        f"; generated {ov['generated']['score'] * 100:.1f} (string match)"
+                        if ov.get("generated")
+                        else ""
+                    )
                 )
         if m.get("ruler"):
             eff = m["ruler"]["effective_length"]
@@ -216,6 +242,9 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                 f"{t} {e['effective_length']['length'] or 'n/a'}" for t, e in m["ruler"]["tasks"].items()
             )
             console.print(f"ruler — {m['name']}: effective length {eff['length'] or 'n/a'} ({per_task})")
+            for scoring, named in (m["ruler"].get("effective_lengths") or {}).items():
+                both = "; ".join(f"{e['name']} {e['length'] or 'n/a'}" for e in named.values())
+                console.print(f"ruler — {m['name']} ({scoring.replace('_', '-')}): {both}")
         if m.get("attention"):
             a = m["attention"]
             console.print(
@@ -333,12 +362,14 @@ def passkey_cmd(
     trials: Annotated[int, typer.Option(help="prompts (keys) per cell")] = 5,
     seed: Annotated[int, typer.Option(help="seed of the keys")] = 0,
     scoring: ScoringOpt = "teacher-forced",
+    chat_template: ChatOpt = "auto",
+    answer_margin: MarginOpt = 8,
     allow_beyond_context: BeyondOpt = False,
 ) -> None:
     """Passkey retrieval (Landmark Attention prompt) over lengths × depths, k seeded keys per cell, teacher-forced."""
     from ctxext.evaluation.grid import evaluate_passkey
 
-    grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring)
+    grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring, chat_template, answer_margin)
     _run(model, out, shared, "passkey", lambda lm: evaluate_passkey(lm, grid, not shared.quiet), {})
 
 
@@ -364,6 +395,8 @@ def needle_cmd(
     trials: Annotated[int, typer.Option(help="haystack offsets per cell")] = 3,
     seed: Annotated[int, typer.Option(help="seed of the haystack offsets")] = 0,
     scoring: ScoringOpt = "teacher-forced",
+    chat_template: ChatOpt = "auto",
+    answer_margin: MarginOpt = 8,
     allow_beyond_context: BeyondOpt = False,
 ) -> None:
     """Needle in a haystack over lengths × depths with a configurable haystack, needle, question and answer."""
@@ -374,7 +407,7 @@ def needle_cmd(
     for key, value in (("needle", needle), ("question", question), ("answer", answer)):
         if value:
             setattr(task, key, value)
-    grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring)
+    grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring, chat_template, answer_margin)
     data_info = {"needle": describe_source(haystack, text_field, split)}
     _run(
         model,
@@ -402,10 +435,14 @@ def qa_cmd(
     max_length: Annotated[int | None, typer.Option(help="prompt budget in tokens (default: model context)")] = None,
     max_new_tokens: Annotated[int, typer.Option(help="answer budget in tokens")] = 32,
     length_edges: Annotated[str, typer.Option(help="context-length bucket edges in tokens")] = "4000,8000",
+    chat_template: ChatOpt = "auto",
 ) -> None:
     """Long-document QA: greedy answers, SQuAD EM / F1 by answer position and context length."""
     from ctxext.evaluation.data import describe_source
     from ctxext.evaluation.qa import QASettings, evaluate_qa
+    from ctxext.tasks.chat import check_chat_template
+
+    check_chat_template(chat_template)
 
     settings = QASettings(
         data=data,
@@ -417,6 +454,7 @@ def qa_cmd(
         max_length=max_length,
         max_new_tokens=max_new_tokens,
         length_edges=_ints(length_edges, "--length-edges"),
+        chat_template=chat_template,
     )
     _run(
         model,

@@ -27,6 +27,8 @@ from ctxext.evaluation.loading import LoadedModel
 from ctxext.evaluation.stats import bootstrap_nll
 from ctxext.progress import progress
 from ctxext.rope.core import reset_dynamic_rope
+from ctxext.tasks.base import ChatWrap, encode
+from ctxext.tasks.chat import chat_wrap, describe_chat
 
 METRIC_PATH = Path(__file__).parent / "metrics" / "squad_offline" / "squad_offline.py"
 QA_TEMPLATE = "{context}\n\nQuestion: {question}\nAnswer:"
@@ -64,6 +66,8 @@ class QASettings:
         max_new_tokens: answer budget.
         template: prompt template with ``{context}`` and ``{question}``.
         length_edges: context-length bucket edges in tokens (LongBench-E: 4k, 8k).
+        chat_template: ``auto`` (the tokenizer's chat template, if it has one), ``none``, or a Jinja file: the
+            prompt becomes the user's message and the answer the assistant's (:mod:`ctxext.tasks.chat`).
     """
 
     data: str
@@ -76,6 +80,7 @@ class QASettings:
     max_new_tokens: int = 32
     template: str = QA_TEMPLATE
     length_edges: list[int] = field(default_factory=lambda: [4000, 8000])
+    chat_template: str = "auto"
 
 
 def _answers(value: Any) -> list[str]:
@@ -210,14 +215,17 @@ def _kept_bucket(first: int, last: int, n_tokens: int, budget: int) -> tuple[str
     return f"{k * width}-{(k + 1) * width}%", a
 
 
-def build_qa_prompt(tokenizer: Any, example: dict[str, Any], template: str, budget: int) -> tuple[list[int], dict]:
+def build_qa_prompt(
+    tokenizer: Any, example: dict[str, Any], template: str, budget: int, chat: ChatWrap | None = None
+) -> tuple[list[int], dict]:
     """The prompt's tokens for one example, the context truncated in the middle to fit ``budget``.
 
     Args:
         tokenizer: the model's tokenizer.
         example: ``context``, ``question``.
         template: with ``{context}`` and ``{question}``.
-        budget: total prompt tokens allowed.
+        budget: total prompt tokens allowed (a chat template's tokens included).
+        chat: a chat template's tokens around the prompt (None: a plain prompt).
 
     Returns:
         ``(ids, info)`` with ``context_tokens``, ``kept_tokens``, ``truncated``, ``position_bucket`` (from
@@ -230,8 +238,12 @@ def build_qa_prompt(tokenizer: Any, example: dict[str, Any], template: str, budg
     if "{context}" not in template:
         raise InputError("the QA template needs a {context} placeholder")
     pre, post = template.split("{context}", 1)
-    pre_ids = list(tokenizer(pre.format(question=example["question"]), verbose=False)["input_ids"])
-    post_ids = list(tokenizer(post.format(question=example["question"]), add_special_tokens=False)["input_ids"])
+    pre_text, post_text = pre.format(question=example["question"]), post.format(question=example["question"])
+    if chat is None:
+        pre_ids = list(tokenizer(pre_text, verbose=False)["input_ids"])
+        post_ids = encode(tokenizer, post_text)
+    else:  # the template writes its own BOS
+        pre_ids, post_ids = chat.head + encode(tokenizer, pre_text), encode(tokenizer, post_text) + chat.tail
     ctx = list(tokenizer(example["context"], add_special_tokens=False, verbose=False)["input_ids"])
     room = budget - len(pre_ids) - len(post_ids)
     if room < 1:
@@ -287,10 +299,11 @@ def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool =
     budget = (settings.max_length or loaded.context_length) - settings.max_new_tokens
     if budget < 8:
         raise InputError(f"a max length of {settings.max_length} leaves no room for a prompt")
+    chat = chat_wrap(loaded.tokenizer, settings.chat_template, "chat_template")
     preds, refs, rows = [], [], []
     with progress(f"qa {loaded.name}", len(examples), enabled=show_progress) as advance:
         for ex in examples:
-            ids, info = build_qa_prompt(loaded.tokenizer, ex, settings.template, budget)
+            ids, info = build_qa_prompt(loaded.tokenizer, ex, settings.template, budget, chat)
             pred = _answer(loaded, ids, settings.max_new_tokens)
             preds.append(pred)
             refs.append(ex["answers"])
@@ -316,6 +329,7 @@ def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool =
     return {
         "task": "qa",
         "settings": asdict(settings),
+        "chat_template": describe_chat(chat),
         "examples": len(examples),
         "truncated": sum(r["truncated"] for r in rows),
         "prompt_budget": budget,

@@ -40,6 +40,12 @@ _GRID_DEPTHS: list[float] = [0, 25, 50, 75, 100]
 _RULER_DEPTHS: list[float] = [10, 50, 90]
 
 
+Scoring = Literal["teacher-forced", "generate", "both"]
+# The sections whose prompts a chat template can wrap (their ``chat_template`` key).
+CHAT_SECTIONS = ("passkey", "needle", "ruler", "qa")
+CHAT_HELP = "auto (the tokenizer's chat template, if it has one), none, or a Jinja chat template file"
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -67,10 +73,13 @@ class GridTask(_Section):
     depths: list[float] = Field(default_factory=_GRID_DEPTHS.copy)
     trials: int = Field(default=5, gt=0)
     seed: int = 0
-    max_new_tokens: int = Field(default=12, gt=0)
-    scoring: Literal["teacher-forced", "generate"] = Field(
-        default="teacher-forced", description="teacher-forced (exact for greedy decoding) or generate"
+    max_new_tokens: int = Field(default=12, gt=0, description="generation: tokens generated at least")
+    answer_margin: int = Field(default=8, ge=0, description="generation: tokens generated beyond the answer's length")
+    scoring: Scoring = Field(
+        default="teacher-forced",
+        description="teacher-forced (exact for greedy decoding), generate (greedy, + RULER string match) or both",
     )
+    chat_template: str = Field(default="auto", description=CHAT_HELP)
 
 
 class NeedleSuiteTask(GridTask):
@@ -111,7 +120,10 @@ class RulerSection(_Section):
     threshold: float = Field(default=0.85, gt=0, le=1)
     threshold_reference: Literal["original", "absolute"] = "original"
     min_reference: float = Field(default=0.25, ge=0, le=1)
-    scoring: Literal["teacher-forced", "generate"] = "teacher-forced"
+    scoring: Scoring = "teacher-forced"
+    max_new_tokens: int = Field(default=12, gt=0, description="generation: tokens generated at least")
+    answer_margin: int = Field(default=8, ge=0, description="generation: tokens generated beyond the answer's length")
+    chat_template: str = Field(default="auto", description=CHAT_HELP)
 
 
 class QATask(_Section):
@@ -127,6 +139,7 @@ class QATask(_Section):
     max_new_tokens: int = Field(default=32, gt=0)
     template: str | None = None
     length_edges: list[int] = Field(default_factory=lambda: [4000, 8000])
+    chat_template: str = Field(default="auto", description=CHAT_HELP)
 
 
 class AttentionTask(_Section):
@@ -239,6 +252,12 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     ):
         names = ", ".join(["perplexity", "passkey", "needle", "qa", "ruler", "attention", *SECTIONS])
         raise InputError(f"suite {path} names no task ({names})")
+    from ctxext.tasks.chat import check_chat_template
+
+    for task in CHAT_SECTIONS:
+        section = getattr(suite, task)
+        if section is not None:  # a missing template file fails now, before any model is loaded
+            check_chat_template(section.chat_template, f"{task}.chat_template")
     if suite.ruler:
         # Unknown tasks, options or templates fail now, before any model is loaded.
         ruler_settings(suite.ruler, [1], False).validate()
@@ -263,6 +282,9 @@ def ruler_settings(section: RulerSection, lengths: list[int], allow_beyond: bool
         threshold_reference=section.threshold_reference,
         min_reference=section.min_reference,
         scoring=section.scoring,
+        max_new_tokens=section.max_new_tokens,
+        answer_margin=section.answer_margin,
+        chat_template=section.chat_template,
         allow_beyond_context=allow_beyond,
     )
 
@@ -277,6 +299,7 @@ def _resolve_paths(suite: Suite, folder: Path) -> None:
         ("qa", "data"),
         ("ruler", "haystack"),
         ("attention", "data"),
+        *((task, "chat_template") for task in CHAT_SECTIONS),
         *((registered.name, key) for registered, _ in sections_in(suite) for key in registered.data_keys),
     ):
         section = getattr(suite, task)
@@ -534,8 +557,10 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
             trials=t.trials,
             seed=t.seed,
             max_new_tokens=t.max_new_tokens,
+            answer_margin=t.answer_margin,
             allow_beyond_context=beyond_ok,
             scoring=t.scoring,
+            chat_template=t.chat_template,
         )
         if task == "passkey":
             entry[task] = evaluate_passkey(loaded, grid, show)
@@ -569,6 +594,7 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
                 max_new_tokens=q.max_new_tokens,
                 template=q.template or QA_TEMPLATE,
                 length_edges=list(q.length_edges),
+                chat_template=q.chat_template,
             ),
             show,
         )

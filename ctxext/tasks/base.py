@@ -99,6 +99,25 @@ class TaskSample:
         return self.ids[self.answer_span[0] : self.answer_span[1]]
 
 
+@dataclass(frozen=True)
+class ChatWrap:
+    """A chat template's tokens around the user turn: ``head + [prompt] + tail + [answer]``.
+
+    The whole prompt (task description, haystack, question) is the user's message; ``tail`` ends the turn
+    and opens the assistant's (the generation prompt), so the answer is the assistant's first words.
+    Built by :func:`ctxext.tasks.chat.chat_wrap`.
+
+    Attributes:
+        head: tokens before the user's message (BOS, system turn, user header), as the template renders them.
+        tail: tokens after it (end of turn, assistant header).
+        source: where the template came from: ``tokenizer`` or the template file's path.
+    """
+
+    head: list[int]
+    tail: list[int]
+    source: str
+
+
 @dataclass
 class Prompt:
     """What a task's :meth:`Task.build` draws; :meth:`Task.generate` assembles it (:func:`assemble`).
@@ -237,8 +256,12 @@ def assemble(
     answer_text: str,
     template: int | None,
     fields: dict[str, Any],
+    chat: ChatWrap | None = None,
 ) -> TaskSample:
     """The one prompt builder: prefix, haystack with inserts at their depths, question, answer.
+
+    With a chat template (``chat``) the prompt is the user's message: ``chat.head`` replaces the
+    tokenizer's default start (the template renders its own BOS) and ``chat.tail`` follows the question.
 
     Args:
         tokenizer: the tokenizer (for the prefix).
@@ -254,6 +277,7 @@ def assemble(
         answer_text: the answer's text.
         template: the template index.
         fields: what was drawn.
+        chat: a chat template's tokens around the prompt (None: a plain prompt).
 
     Returns:
         The :class:`TaskSample`.
@@ -261,7 +285,11 @@ def assemble(
     Raises:
         InputError: the length cannot hold the prefix, inserts, question and answer.
     """
-    head = encode_prefix(tokenizer, prefix)
+    if chat is None:
+        head = encode_prefix(tokenizer, prefix)
+    else:
+        head = chat.head + encode(tokenizer, prefix)
+        question = list(question) + chat.tail
     fixed = len(head) + sum(len(ids) for _, ids in inserts) + len(question) + len(answer)
     n_fill = length - fixed
     if n_fill < 0:
@@ -319,6 +347,8 @@ class Task:
         heldout: template indices reserved for evaluation by default (training uses the others).
         options: option name → default (e.g. ``distractors``), each a non-negative int.
         haystack: ``text`` (real text) or ``noise`` — the haystack the task is meant for by default.
+        metric: how a generated answer is string-matched against :meth:`references` — ``all`` (RULER's
+            ``string_match_all``: the fraction found) or ``part`` (``string_match_part``: any found).
     """
 
     name: ClassVar[str] = ""
@@ -327,6 +357,15 @@ class Task:
     heldout: ClassVar[tuple[int, ...]] = ()
     options: ClassVar[dict[str, int]] = {}
     haystack: ClassVar[str] = "text"
+    metric: ClassVar[str] = "all"
+
+    def references(self, sample: TaskSample) -> list[str]:
+        """The strings a generated answer must contain (RULER's ``outputs``); default: the answer text.
+
+        Tasks whose answer lists several items (values, words) return the items, so ``all`` scores the
+        fraction of them found, in any order and format.
+        """
+        return [sample.answer]
 
     def training_templates(self) -> list[int]:
         """The template indices training uses by default (all but the held-out ones)."""
@@ -364,6 +403,7 @@ class Task:
         rng: random.Random,
         *,
         template: int | Template = 0,
+        chat: ChatWrap | None = None,
         **options: Any,
     ) -> TaskSample:
         """One sample of exactly ``length`` tokens, its answer last.
@@ -375,6 +415,8 @@ class Task:
             depth: where the (first) needle goes, 0 (start) to 1 (end).
             rng: the only source of randomness (seed it per sample for reproducible sets).
             template: a template index or a custom :class:`Template`.
+            chat: a chat template's tokens around the prompt (:func:`ctxext.tasks.chat.chat_wrap`); the
+                answer then opens the assistant's turn, without the leading space a plain prompt needs.
             **options: task options (see :attr:`options`).
 
         Returns:
@@ -388,10 +430,20 @@ class Task:
         tpl, index = self.template(template)
         opts = self.resolve_options(options)
         length, depth = int(length), float(depth)
-        built = self.build(tokenizer, haystack, length, depth, rng, tpl, index, opts)
+        # A chat template's tokens are part of the length: tasks that fill it (lists, objects) leave them room.
+        room = length - (len(chat.head) + len(chat.tail) if chat is not None else 0)
+        built = self.build(tokenizer, haystack, room, depth, rng, tpl, index, opts)
         if isinstance(built, TaskSample):
+            if chat is not None:
+                raise InputError(
+                    f"task {self.name} builds its samples itself and cannot be wrapped in a chat template: "
+                    "evaluate it with chat_template none (--chat-template none), or make its build return a Prompt"
+                )
             return built
-        answer = encode(tokenizer, built.answer) if isinstance(built.answer, str) else list(built.answer)
+        text = built.answer
+        if isinstance(text, str) and chat is not None:
+            text = text.lstrip()  # the assistant's turn starts the answer; no word before it to space from
+        answer = encode(tokenizer, text) if isinstance(text, str) else list(text)
         return assemble(
             tokenizer,
             task=self.name,
@@ -406,6 +458,7 @@ class Task:
             answer_text=built.answer.strip() if isinstance(built.answer, str) else tokenizer.decode(answer),
             template=index,
             fields=built.fields,
+            chat=chat,
         )
 
     def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt | TaskSample:
