@@ -280,10 +280,21 @@ def run_search(
         The :class:`SearchResult`.
 
     Raises:
-        InputError: bad settings, or a log that belongs to another search.
+        InputError: bad settings, a log that belongs to another search, or another process writing ``out``.
         FileExistsError: ``out`` exists without ``--resume`` / ``--overwrite``.
         ctxext.rope.core.RopeError: a model without RoPE, or a target not above its context.
     """
+    from ctxext.artifacts.lock import folder_lock
+
+    # One search per folder: its log is appended to during the search, so the lock covers all of it.
+    with folder_lock(settings.out):
+        return _search(settings, log, on_candidate)
+
+
+def _search(
+    settings: SearchSettings, log: Callable[[str], None], on_candidate: Callable[[Candidate], None] | None
+) -> SearchResult:
+    """:func:`run_search` with the output folder's lock held."""
     from ctxext.evaluation.loading import ModelSpec, load_model
     from ctxext.models.sources import load_config
     from ctxext.rope.core import plan_extension, read_rope
