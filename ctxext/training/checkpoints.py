@@ -97,7 +97,13 @@ class Checkpoints:
         if main and tmp.exists():
             shutil.rmtree(tmp)
         accelerator.wait_for_everyone()
-        accelerator.save_state(str(tmp))
+        try:
+            accelerator.save_state(str(tmp))
+        except BaseException:
+            # A full disk (or a stop) mid-save: no half checkpoint is left to look like the newest one.
+            if main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         accelerator.wait_for_everyone()
         if main:
             if final.exists():

@@ -12,10 +12,13 @@ import json
 import os
 import platform
 import shutil
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from ctxext.artifacts.run import RUN_FILE, read_run
+from ctxext.artifacts.lock import folder_lock
+from ctxext.artifacts.run import RUN_FILE, read_run, resume_command
 from ctxext.atomic import check_output
 from ctxext.errors import InputError
 from ctxext.recipe.schema import Recipe
@@ -52,8 +55,7 @@ def check_output_dir(out: Path, recipe_text: str, resume: bool) -> dict[str, Any
             if diffs:
                 raise InputError(
                     "--resume: the recipe differs from the run's recipe.yaml (" + "; ".join(diffs) + "); "
-                    f"resume with the same recipe and overrides: `ctxext train {out}/recipe.yaml output.dir={out} "
-                    "--resume`"
+                    f"resume with the same recipe and overrides: `{resume_command(out)}`"
                 )
         return previous
     if out.exists() and out.is_dir() and any(out.iterdir()):
@@ -61,6 +63,34 @@ def check_output_dir(out: Path, recipe_text: str, resume: bool) -> dict[str, Any
         raise InputError(f"output.dir: {out} already exists and is not empty; {hint}choose another output.dir")
     check_output(out, "run", overwrite=False, flag="output.dir")
     return None
+
+
+@contextmanager
+def run_folder_lock(out: Path, launch: Any) -> Iterator[None]:
+    """Hold the lock of the run folder for the whole run (the main process takes it; all processes agree).
+
+    Args:
+        out: the run folder (``output.dir``).
+        launch: the job (:class:`ctxext.training.launch.Launch`).
+
+    Raises:
+        InputError: another process is writing ``out`` (a second ``train``, or a ``--resume`` of a run in
+            progress), raised on every process of the job.
+    """
+    with ExitStack() as stack:
+        refused: list[str | None] = [None]
+        if launch.main:
+            try:
+                stack.enter_context(folder_lock(out, flag="output.dir"))
+            except InputError as exc:
+                refused = [str(exc)]
+        if launch.accelerator.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            broadcast_object_list(refused)  # the other processes must not start loading alone
+        if refused[0]:
+            raise InputError(refused[0])
+        yield
 
 
 def _recipe_diffs(saved: str, new: str) -> list[str]:
@@ -94,10 +124,13 @@ def flat_config(recipe: Recipe) -> dict[str, Any]:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write a JSON file through a temporary file, so a reader never sees half of it."""
+    """Write a JSON file through a temporary file, so a reader never sees half of it (nor a full disk's half)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def versions(recipe: Recipe, command: list[str]) -> dict[str, Any]:
