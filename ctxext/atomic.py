@@ -177,7 +177,7 @@ def _atomic_folder(out: Path, kind: str, overwrite: bool, flag: str) -> Iterator
         else:
             tmp.rename(out)
     except Exception as exc:  # a full disk surfaces as OSError, or wrapped by safetensors / torch writers
-        if not is_disk_full(exc):
+        if not is_disk_full(exc, out.parent):
             raise
         raise InputError(disk_full_message(flag, out, exc)) from None
     finally:
@@ -212,11 +212,22 @@ def check_inputs_outside(out: str | Path, inputs: list[str | Path], flag: str = 
 # errno values meaning "no room left": the disk is full, or the user's quota is used up.
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 # How libraries that wrap the OS error (safetensors' Rust writer, torch's zip writer) spell the same thing.
-_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "StorageFull", "os error 28", "code: 28")
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "StorageFull", "os error 28")
 
 
-def is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) says the disk or the quota is full."""
+# Less free space than this where a write just failed: the disk is full, whatever the error says.
+_NEARLY_FULL = 1 << 20
+
+
+def is_disk_full(exc: BaseException, where: str | Path | None = None) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says the disk or the quota is full.
+
+    Args:
+        exc: the exception a write raised.
+        where: the folder written to. Some writers lose the errno (torch's checkpoint writer raises
+            ``RuntimeError: basic_ios::clear: iostream error`` on a full disk): a failed write to a file
+            system with under 1 MiB free counts as a full disk.
+    """
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno in _DISK_FULL:
@@ -224,7 +235,13 @@ def is_disk_full(exc: BaseException) -> bool:
         if any(text in str(seen) for text in _DISK_FULL_TEXT):
             return True
         seen = seen.__cause__ or seen.__context__
-    return False
+    if where is None:
+        return False
+    try:
+        usage = shutil.disk_usage(where)
+    except OSError:
+        return False
+    return usage.free < _NEARLY_FULL
 
 
 def disk_full_message(flag: str, out: str | Path, exc: BaseException) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ctxext.artifacts.lock import folder_lock
 from ctxext.artifacts.run import RUN_FILE, read_run, resume_command
-from ctxext.atomic import check_output
+from ctxext.atomic import check_output, is_disk_full
 from ctxext.errors import InputError
 from ctxext.recipe.schema import Recipe
 
@@ -125,10 +125,17 @@ def flat_config(recipe: Recipe) -> dict[str, Any]:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Write a JSON file through a temporary file, so a reader never sees half of it (nor a full disk's half)."""
+    text = json.dumps(data, indent=2, default=str) + "\n"
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, path)
+    except OSError as exc:
+        if not is_disk_full(exc) or not path.is_file():
+            raise
+        # A full disk has no room for a second copy: rewrite in place (the blocks it frees are the ones it needs),
+        # so run.json can still say "interrupted" and how to resume.
+        path.write_text(text)
     finally:
         tmp.unlink(missing_ok=True)
 
