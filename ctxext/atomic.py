@@ -185,13 +185,14 @@ def _atomic_folder(out: Path, kind: str, overwrite: bool, flag: str) -> Iterator
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_inputs_outside(out: str | Path, inputs: list[str | Path], flag: str = "--out") -> None:
+def check_inputs_outside(out: str | Path, inputs: list[str | Path], flag: str = "--out", report: bool = False) -> None:
     """Refuse an output folder that is, or contains, one of the command's inputs (a model, a run).
 
     Args:
         out: the output folder.
         inputs: input paths (non-paths such as Hub ids are ignored).
         flag: the option that named ``out``, for messages.
+        report: ``out`` is an evaluation report (the message then shows where a run's report goes).
 
     Raises:
         InputError: naming the input that would be replaced.
@@ -203,9 +204,10 @@ def check_inputs_outside(out: str | Path, inputs: list[str | Path], flag: str = 
             continue
         resolved = path.resolve()
         if resolved == target or target in resolved.parents:
+            example = f" (e.g. {flag} {Path(str(ref)) / 'eval'} for a report on a run)" if report else ""
             raise InputError(
                 f"{flag} {out}: is (or contains) the input {ref}; writing there would replace it. Write the "
-                f"output to a new folder instead (e.g. {flag} {Path(str(ref)) / 'eval'} for a report on a run)."
+                f"output to a new folder instead{example}."
             )
 
 

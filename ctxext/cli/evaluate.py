@@ -149,7 +149,7 @@ def _run(
     device, overwrite, reference = shared.device, shared.overwrite, shared.reference
     specs = parse_model_specs(models, shared.adapter, shared.name)
     # Before any work: an output that cannot be written must not cost an evaluation.
-    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
+    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p], report=True)
     check_output(out, REPORT_KIND, overwrite)
     with folder_lock(out):  # one writer per folder, from the first check to the last write
         _check_reference(specs, reference)

@@ -373,7 +373,7 @@ def run_suite(
     from ctxext.evaluation.report import REPORT_KIND, build_report, write_report
 
     # Before any work: an output that cannot be written must not cost an evaluation.
-    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
+    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p], report=True)
     check_output(out, REPORT_KIND, overwrite)
     with folder_lock(out):  # one writer per folder, from the first check to the last write
         original, context = _reference_context(specs)

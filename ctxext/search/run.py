@@ -297,13 +297,19 @@ def _search(
     """:func:`run_search` with the output folder's lock held."""
     from ctxext.evaluation.loading import ModelSpec, load_model
     from ctxext.models.sources import load_config
-    from ctxext.rope.core import plan_extension, read_rope
+    from ctxext.rope.core import describe_extension, plan_extension, read_rope
     from ctxext.search.apply import RopeSwitch, longrope_options
 
     settings.validate()
     # Everything that can be checked from the config is checked before a weight is loaded or a file written.
     config, _ = load_config(settings.model)
     state = read_rope(config, original_length=settings.original_length)
+    existing = describe_extension(state)
+    if existing:  # plan_extension's advice (--relative-to) is extend's; search has no such choice
+        raise InputError(
+            f"{settings.model}: this model is {existing}. ctxext search finds long factors for an unscaled base "
+            "model; search the model it was extended from instead."
+        )
     plan_extension(config, "linear", settings.target_length, None, settings.original_length)
     log_path = _prepare_out(settings)
 

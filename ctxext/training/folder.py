@@ -243,13 +243,35 @@ class RunWriter:
             path.write_text("".join(ln + "\n" for ln in kept))
 
     def write_outputs(self, peft_model: Any, state_dict: dict, loaded: Any) -> None:
-        """Adapter, patched config, tokenizer: staged in a hidden folder, then moved in."""
+        """Adapter, patched config, tokenizer: staged in a hidden folder, then moved in.
+
+        Raises:
+            InputError: the disk filled up; the stage is removed and ``run.json`` says ``interrupted``.
+        """
+        stage = self.out / ".final-tmp"
+        try:
+            self._write_outputs(stage, peft_model, state_dict, loaded)
+        except Exception as exc:
+            full = is_disk_full(exc, self.out)
+            shutil.rmtree(stage, ignore_errors=True)
+            if not full:
+                raise
+            try:
+                self.update(status="interrupted", error="disk full")
+            except OSError:
+                pass  # the message below still says how to resume
+            raise InputError(
+                f"output.dir {self.out}: the disk filled up while writing the final adapter; the run is kept as "
+                f"interrupted. Free some space, then continue with `{resume_command(self.out)}` (it resumes from "
+                "the last checkpoint)."
+            ) from None
+
+    def _write_outputs(self, stage: Path, peft_model: Any, state_dict: dict, loaded: Any) -> None:
         from transformers import AutoConfig
 
         from ctxext.rope.core import apply_plan, runtime_model_from_config, verify_against_plan
 
         out, plan = self.out, loaded.plan
-        stage = out / ".final-tmp"
         if stage.exists():
             shutil.rmtree(stage)
         prefix = "peft_model."
