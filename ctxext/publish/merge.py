@@ -101,10 +101,22 @@ class SmokeResult:
         return asdict(self)
 
 
+def _check_settings(tolerance: float | None, smoke_length: int | None, sequences: int, positions: int) -> None:
+    """Refuse settings that would make the smoke test check nothing (before the run is read)."""
+    if sequences < 1:
+        raise InputError(f"--sequences {sequences}: must be at least 1 (random sequences whose logits are compared)")
+    if positions < 1:
+        raise InputError(f"positions {positions}: must be at least 1 (logit positions compared per sequence)")
+    if smoke_length is not None and smoke_length < 2:
+        raise InputError(f"--smoke-length {smoke_length}: must be at least 2 tokens")
+    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
+        raise InputError(f"--tolerance {tolerance}: must be a finite number >= 0")
+
+
 def _device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    from ctxext.models.devices import resolve_device
+
+    return resolve_device(device)
 
 
 def _dtype(dtype: str, device: torch.device, config: Any) -> torch.dtype:
@@ -346,6 +358,8 @@ def merge_run(
         MergeCheckError: the smoke test failed; nothing is left at ``out``.
     """
     started = time.time()
+    _check_settings(tolerance, smoke_length, sequences, positions)
+    dev = _device(device)  # a device that does not exist is refused before the run is read
     run_dir, out = Path(run_dir), Path(out)
     run = read_run(run_dir, allow_incomplete=allow_incomplete)
     if not (run_dir / "adapter_config.json").is_file():
@@ -361,7 +375,6 @@ def merge_run(
         check_fingerprint(base_dir, run.get("base_fingerprint"), "merge")
         config, resized = _patched_config(base_dir, run_dir, run)
         plan = plan_from_run(run, config)
-        dev = _device(device)
         torch_dtype = _dtype(dtype, dev, config)
         tol = float(tolerance if tolerance is not None else DEFAULT_TOLERANCE[torch_dtype])
         # A run without a RoPE change (method none) has no target length: check at the configured context.
