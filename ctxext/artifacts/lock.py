@@ -41,9 +41,12 @@ _HELD: dict[str, int] = {}
 
 
 def lock_path(folder: str | Path) -> Path:
-    """The lock file of ``folder``: ``.NAME.ctxext-lock`` beside it."""
+    """The lock file of ``folder``: ``.NAME.ctxext-lock`` beside it.
+
+    The parent's links are resolved, so two spellings of one place share one lock.
+    """
     folder = Path(os.path.abspath(folder))
-    return folder.parent / f".{folder.name}{LOCK_SUFFIX}"
+    return Path(os.path.realpath(folder.parent)) / f".{folder.name}{LOCK_SUFFIX}"
 
 
 def _proc_start(pid: int) -> str | None:

@@ -39,9 +39,9 @@ class StopRequest:
         if not self.graceful or self.signum is not None:
             raise Terminated(signum)
         self.signum = signum
+        again = "press Ctrl-C again" if signum == signal.SIGINT else "send it again"
         print(
-            f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint "
-            "(send it again to stop at once)",
+            f"\n{signal.Signals(signum).name}: stopping after this step with a checkpoint ({again} to stop at once)",
             file=sys.stderr,
             flush=True,
         )
