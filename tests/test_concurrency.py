@@ -168,6 +168,7 @@ def test_push_staging_is_locked(tmp_path, holder):
     assert not staging.exists()
 
 
+@pytest.mark.slow
 def test_two_concurrent_trainings_into_one_folder(tmp_path, tiny_model_dir):
     """Two real `ctxext train` processes started together: exactly one trains, the other is refused."""
     out = tmp_path / "run"

@@ -92,6 +92,7 @@ def _fill(disk: Path) -> Path:
     return filler
 
 
+@pytest.mark.slow
 def test_training_on_a_disk_that_fills_up_stays_resumable(small_disk, tmp_path, tiny_model_dir):
     disk = small_disk("16m")
     out = disk / "run"

@@ -92,6 +92,7 @@ def test_interrupt_move_damage_and_changed_base(tmp_path, base_copy, monkeypatch
     assert torch.isfinite(torch.tensor(info["final_train_loss"]))
 
 
+@pytest.mark.slow
 def test_sigterm_stops_at_a_step_with_a_checkpoint_and_the_printed_command_resumes(tmp_path, base_copy):
     """What a scheduler sends before it kills a job: the run stops cleanly, even in a folder with spaces."""
     import re
