@@ -204,3 +204,22 @@ def test_two_concurrent_trainings_into_one_folder(tmp_path, tiny_model_dir):
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
     assert not lock_path(out).exists()
+
+
+@pytest.mark.slow
+def test_a_two_process_job_is_refused_on_every_process(tmp_path, holder, cache_root):
+    """Under `accelerate launch` the main process takes the lock; the other must stop too, not wait forever."""
+    from _train_helpers import accelerate_cmd, run
+
+    out = tmp_path / "run"
+    h = holder(out)
+    done = run(
+        accelerate_cmd(2, "train", "recipes/tiny-cpu.yaml", f"output.dir={out}", "train.max_steps=1"),
+        timeout=300,
+        ACCELERATE_USE_CPU="true",
+        CTXEXT_CACHE=str(cache_root),
+    )
+    assert done.returncode != 0
+    err = flat(done.stderr)
+    assert err.count(f"output.dir {out}: another ctxext command is writing there (pid {h.proc.pid}") == 2, err
+    assert not out.exists() and json.loads(lock_path(out).read_text())["pid"] == h.proc.pid
