@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxext.errors import InputError
+from ctxext.errors import CtxextError, InputError
 from ctxext.recipe.budget import parse_budget
 from ctxext.search.evolution import Candidate, Evolution, EvolutionSettings, StopSearch, best, run_evolution
 from ctxext.search.log import LOG_NAME, SearchLog, check_resume, model_fingerprint, read_log
@@ -288,7 +288,18 @@ def run_search(
 
     # One search per folder: its log is appended to during the search, so the lock covers all of it.
     with folder_lock(settings.out):
-        return _search(settings, log, on_candidate)
+        try:
+            return _search(settings, log, on_candidate)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (ctxext.errors.Terminated)
+            log_path = settings.out / LOG_NAME
+            if not log_path.is_file():
+                raise
+            how = "interrupted" if getattr(exc, "exit_code", 130) == 130 else f"stopped by {exc}"
+            raise CtxextError(
+                f"search {how}; every candidate scored so far is in {log_path}. Run the same command again to "
+                "continue from it (with --resume for ctxext search; ctxext train resumes its recipe's search itself).",
+                exit_code=getattr(exc, "exit_code", 130),
+            ) from None
 
 
 def _search(
