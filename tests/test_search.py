@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, GPT2Config
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
-from ctxext.errors import InputError
+from ctxext.errors import CtxextError, InputError
 from ctxext.recipe.budget import parse_budget
 from ctxext.rope.core import patch_model, reference_rope, rotary_modules, verify_model_rope
 from ctxext.search.evolution import Evolution, EvolutionSettings
@@ -141,8 +141,9 @@ def test_resume_after_interruption_gives_the_uninterrupted_result(first_search, 
         if len(seen) == 7:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(CtxextError, match="search interrupted; every candidate scored so far is in") as err:
         run_search(_settings(tiny_model_dir, out), log=lambda _: None, on_candidate=interrupt)
+    assert err.value.exit_code == 130
     assert (out / "search.jsonl").is_file() and not (out / "config.json").exists()
     # A kill can cut the last line: the resumed search ignores it.
     with (out / "search.jsonl").open("a") as fh:

@@ -668,6 +668,7 @@ def demo(
     ] = False,
 ) -> None:
     """Grown model → evaluate unpatched at 4× → extend (YaRN, llama3) → nf4 QLoRA → evaluate all, compared."""
+    from ctxext.artifacts.lock import folder_lock
     from ctxext.cli.demo import DemoSettings, run_demo
 
     settings = DemoSettings.quick(out) if quick else DemoSettings(out=out)
@@ -676,7 +677,8 @@ def demo(
         settings.method = method
     if steps is not None:
         settings.train_steps = steps
-    run_demo(settings, console)
+    with folder_lock(out):  # one demo per folder: --fresh deletes what a running demo is writing
+        run_demo(settings, console)
 
 
 def main() -> None:

@@ -161,6 +161,7 @@ def _run(
     models: list[str], out: Path, shared: Shared, task: str, fn: Callable[[Any], dict[str, Any]], data: dict[str, Any]
 ) -> dict[str, Any]:
     """Evaluate every model with ``fn``, write one report with the results under ``task``, print its summary."""
+    from ctxext.artifacts.lock import folder_lock
     from ctxext.atomic import check_inputs_outside, check_output
     from ctxext.cli.console import console
     from ctxext.evaluation.loading import load_model, parse_model_specs
@@ -169,27 +170,28 @@ def _run(
     device, overwrite, reference = shared.device, shared.overwrite, shared.reference
     specs = parse_model_specs(models, shared.adapter, shared.name)
     # Before any work: an output that cannot be written must not cost an evaluation.
-    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
+    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p], report=True)
     check_output(out, REPORT_KIND, overwrite)
-    _check_reference(specs, reference)
-    entries = []
-    for spec in specs:
-        with console.status(f"loading {spec.label()}"):
-            loaded = load_model(spec, device=device)
-        console.print(
-            f"[green]✓[/] {loaded.name}: rope {loaded.rope.rope_type} ×{loaded.rope.factor:g}, context "
-            f"{loaded.context_length} (original {loaded.original_length}), runtime RoPE verified"
-        )
-        entry = model_entry(loaded)
-        entry[task] = fn(loaded)
-        entries.append(entry)
-        del loaded
-        gc.collect()
-    command = " ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]])
-    report = build_report(entries, data=data, command=command, reference=reference)
-    write_report(report, out, overwrite=overwrite)
-    _print_summary(report, out)
-    return report
+    with folder_lock(out):  # one writer per folder, from the first check to the last write
+        _check_reference(specs, reference)
+        entries = []
+        for spec in specs:
+            with console.status(f"loading {spec.label()}"):
+                loaded = load_model(spec, device=device)
+            console.print(
+                f"[green]✓[/] {loaded.name}: rope {loaded.rope.rope_type} ×{loaded.rope.factor:g}, context "
+                f"{loaded.context_length} (original {loaded.original_length}), runtime RoPE verified"
+            )
+            entry = model_entry(loaded)
+            entry[task] = fn(loaded)
+            entries.append(entry)
+            del loaded
+            gc.collect()
+        command = " ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]])
+        report = build_report(entries, data=data, command=command, reference=reference)
+        write_report(report, out, overwrite=overwrite)
+        _print_summary(report, out)
+        return report
 
 
 def _print_summary(report: dict[str, Any], out: Path) -> None:

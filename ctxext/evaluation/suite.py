@@ -390,49 +390,53 @@ def run_suite(
     Returns:
         The report dict (also written to ``out``).
     """
+    from ctxext.artifacts.lock import folder_lock
     from ctxext.atomic import check_inputs_outside, check_output
     from ctxext.evaluation.loading import load_model
     from ctxext.evaluation.report import REPORT_KIND, build_report, write_report
 
     # Before any work: an output that cannot be written must not cost an evaluation.
-    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
+    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p], report=True)
     check_output(out, REPORT_KIND, overwrite)
-    original, context = _reference_context(specs)
-    allow = suite.allow_beyond_context
-    plan, notes = _length_plan(suite, original, context)
+    with folder_lock(out):  # one writer per folder, from the first check to the last write
+        original, context = _reference_context(specs)
+        allow = suite.allow_beyond_context
+        plan, notes = _length_plan(suite, original, context)
 
-    # Lengths past the reference's context were asked for explicitly ("2x target"): every model goes there.
-    beyond_target = sorted({L for v in plan.values() for L in (v[0] if isinstance(v, tuple) else v) if L > context})
-    entries = []
-    for i, spec in enumerate(specs):
-        loaded = load_model(spec, device=device)
-        beyond_ok = (
-            allow
-            or bool(beyond_target)
-            or (allow_beyond_for is not None and i in allow_beyond_for)
-            or loaded.context_length < context
+        # Lengths past the reference's context were asked for explicitly ("2x target"): every model goes there.
+        beyond_target = sorted({L for v in plan.values() for L in (v[0] if isinstance(v, tuple) else v) if L > context})
+        entries = []
+        for i, spec in enumerate(specs):
+            loaded = load_model(spec, device=device)
+            beyond_ok = (
+                allow
+                or bool(beyond_target)
+                or (allow_beyond_for is not None and i in allow_beyond_for)
+                or loaded.context_length < context
+            )
+            entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
+            if "ruler" in entry:
+                from ctxext.evaluation.ruler import trained_tasks
+
+                # Marks the tasks this model was fine-tuned on (from a run folder's recipe data.mixture).
+                entry["ruler"]["trained_tasks"] = trained_tasks(spec.adapter or spec.ref)
+            entries.append(entry)
+            del loaded
+            gc.collect()
+        suite_info = {
+            "name": suite.name,
+            "path": suite_path,
+            "reference_context": context,
+            "reference_original_context": original,
+            "beyond_target": beyond_target,
+            "notes": notes,
+            "definition": suite.model_dump(),
+        }
+        report = build_report(
+            entries, data=_data_sources(suite), suite=suite_info, command=command, reference=reference
         )
-        entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
-        if "ruler" in entry:
-            from ctxext.evaluation.ruler import trained_tasks
-
-            # Marks the tasks this model was fine-tuned on (from a run folder's recipe data.mixture).
-            entry["ruler"]["trained_tasks"] = trained_tasks(spec.adapter or spec.ref)
-        entries.append(entry)
-        del loaded
-        gc.collect()
-    suite_info = {
-        "name": suite.name,
-        "path": suite_path,
-        "reference_context": context,
-        "reference_original_context": original,
-        "beyond_target": beyond_target,
-        "notes": notes,
-        "definition": suite.model_dump(),
-    }
-    report = build_report(entries, data=_data_sources(suite), suite=suite_info, command=command, reference=reference)
-    write_report(report, out, overwrite=overwrite)
-    return report
+        write_report(report, out, overwrite=overwrite)
+        return report
 
 
 def _reference_context(specs: list[Any]) -> tuple[int, int]:

@@ -224,7 +224,7 @@ class MixtureSource(_Section):
     the training documents of ``haystack``.
     """
 
-    weight: float = Field(description="share of the training rows (normalised over all sources)")
+    weight: float = Field(allow_inf_nan=False, description="share of the training rows (normalised over all sources)")
     path: str | None = Field(default=None, description="a corpus, read like data.path")
     text_field: str = "text"
     max_documents: int | None = Field(default=None, gt=0)
@@ -265,6 +265,8 @@ class MixtureSource(_Section):
             raise ValueError("path: give exactly one of path (a corpus) or task (a synthetic task)")
         if self.weight < 0:
             raise ValueError(f"weight: {self.weight} is negative; weights are shares, use a value >= 0")
+        if self.templates is not None and not self.templates:
+            raise ValueError("templates: empty; list template indices, or drop the key to train on all the task's")
         if self.task is not None:
             from ctxext.tasks import task_names
 

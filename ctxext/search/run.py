@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxext.errors import InputError
+from ctxext.errors import CtxextError, InputError
 from ctxext.progress import progress
 from ctxext.recipe.budget import parse_budget
 from ctxext.search.evolution import Candidate, Evolution, EvolutionSettings, StopSearch, best, run_evolution
@@ -248,19 +248,47 @@ def run_search(
         The :class:`SearchResult`.
 
     Raises:
-        InputError: bad settings, or a log that belongs to another search.
+        InputError: bad settings, a log that belongs to another search, or another process writing ``out``.
         FileExistsError: ``out`` exists without ``--resume`` / ``--overwrite``.
         ctxext.rope.core.RopeError: a model without RoPE, or a target not above its context.
     """
+    from ctxext.artifacts.lock import folder_lock
+
+    # One search per folder: its log is appended to during the search, so the lock covers all of it.
+    with folder_lock(settings.out):
+        try:
+            return _search(settings, log, on_candidate)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (ctxext.errors.Terminated)
+            log_path = settings.out / LOG_NAME
+            if not log_path.is_file():
+                raise
+            how = "interrupted" if getattr(exc, "exit_code", 130) == 130 else f"stopped by {exc}"
+            raise CtxextError(
+                f"search {how}; every candidate scored so far is in {log_path}. Run the same command again to "
+                "continue from it (with --resume for ctxext search; ctxext train resumes its recipe's search itself).",
+                exit_code=getattr(exc, "exit_code", 130),
+            ) from None
+
+
+def _search(
+    settings: SearchSettings, log: Callable[[str], None], on_candidate: Callable[[Candidate], None] | None
+) -> SearchResult:
+    """:func:`run_search` with the output folder's lock held."""
     from ctxext.evaluation.loading import ModelSpec, load_model
     from ctxext.models.sources import load_config
-    from ctxext.rope.core import plan_extension, read_rope
+    from ctxext.rope.core import describe_extension, plan_extension, read_rope
     from ctxext.search.apply import RopeSwitch, longrope_options
 
     settings.validate()
     # Everything that can be checked from the config is checked before a weight is loaded or a file written.
     config, _ = load_config(settings.model)
     state = read_rope(config, original_length=settings.original_length)
+    existing = describe_extension(state)
+    if existing:  # plan_extension's advice (--relative-to) is extend's; search has no such choice
+        raise InputError(
+            f"{settings.model}: this model is {existing}. ctxext search finds long factors for an unscaled base "
+            "model; search the model it was extended from instead."
+        )
     plan_extension(config, "linear", settings.target_length, None, settings.original_length)
     log_path = _prepare_out(settings)
 

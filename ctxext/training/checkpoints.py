@@ -7,9 +7,12 @@ checkpoint folder that exists is whole; only the last ``train.keep_checkpoints``
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
+from ctxext.atomic import is_disk_full
 from ctxext.errors import InputError
 
 
@@ -97,7 +100,16 @@ class Checkpoints:
         if main and tmp.exists():
             shutil.rmtree(tmp)
         accelerator.wait_for_everyone()
-        accelerator.save_state(str(tmp))
+        try:
+            accelerator.save_state(str(tmp))
+        except BaseException as exc:
+            # A full disk (or a stop) mid-save: no half checkpoint is left to look like the newest one.
+            full = isinstance(exc, Exception) and is_disk_full(exc, self.root)
+            if main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if full:  # torch's writer says "iostream error": name the cause, so the run ends resumable
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from exc
+            raise
         accelerator.wait_for_everyone()
         if main:
             if final.exists():
