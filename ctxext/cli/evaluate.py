@@ -14,6 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
+from ctxext.evaluation.settings import PerplexitySettings
+from ctxext.recipe.flags import SETTINGS, build_settings, settings_command
+
 eval_app = typer.Typer(
     help="Evaluate long-context quality: perplexity by length / position, passkey and needle grids, QA, suites.",
     no_args_is_help=True,
@@ -266,59 +269,23 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     return friendly_errors(fn)
 
 
-@eval_app.command("ppl")
+_PPL_PANEL = "Perplexity settings (a suite's perplexity: keys)"
+
+
+@eval_app.command("ppl", cls=settings_command(PerplexitySettings, panel=_PPL_PANEL))
 @_friendly
 @_shared
-def ppl_cmd(
-    shared: Shared,
-    model: ModelOpt,
-    data: Annotated[str, typer.Option(help="text file, folder, jsonl/parquet/csv, Hub data set, or builtin:stdlib")],
-    lengths: Annotated[str, typer.Option(help="evaluation lengths, e.g. 2048,4096,8192")],
-    out: OutOpt,
-    bucket_size: Annotated[int | None, typer.Option(help="position bucket width (divides the longest length)")] = None,
-    text_field: Annotated[str, typer.Option(help="text column of table-like data")] = "text",
-    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
-    max_docs: Annotated[
-        int | None, typer.Option(help="at most this many documents reaching the longest length (the common set)")
-    ] = None,
-    min_docs: Annotated[int, typer.Option(help="fewest documents a perplexity may average (error below)")] = 3,
-    stride: Annotated[
-        int | None, typer.Option(help="sliding-window mode: score whole documents, windows moved by this")
-    ] = None,
-    max_doc_tokens: Annotated[int | None, typer.Option(help="sliding-window mode: cut documents to this")] = None,
-    context_limits: Annotated[str | None, typer.Option(help="context-use curve: limits k, e.g. 32,128,512")] = None,
-    mode: Annotated[str, typer.Option(help="auto, one-pass or per-length")] = "auto",
-    short_context: Annotated[bool, typer.Option(help="also report ppl at the original context")] = True,
-    chunk_size: Annotated[
-        int | None, typer.Option(help="positions projected onto the vocabulary at once (default 256 CPU, 2048 GPU)")
-    ] = None,
-    resamples: Annotated[int, typer.Option(help="bootstrap resamples for the 95% CIs")] = 1000,
-    allow_beyond_context: BeyondOpt = False,
-) -> None:
-    """Perplexity by evaluation length and token-position bucket (truncated documents), with 95% CIs."""
-    from ctxext.evaluation.data import describe_source, iter_texts
-    from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+def ppl_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
+    """Perplexity by evaluation length and token-position bucket (truncated documents), with 95% CIs.
 
-    settings = PerplexitySettings(
-        lengths=_ints(lengths, "--lengths"),
-        bucket_size=bucket_size,
-        stride=stride,
-        context_limits=_ints(context_limits, "--context-limits") if context_limits else [],
-        max_docs=max_docs,
-        min_docs=min_docs,
-        max_doc_tokens=max_doc_tokens,
-        chunk_size=chunk_size,
-        resamples=resamples,
-        short_context=short_context,
-        allow_beyond_context=allow_beyond_context,
-        mode=mode,
-    )
-    settings.validate()
+    The same evaluation as a suite holding only a perplexity: section (ctxext eval run): the flags are that
+    section's keys, generated from their declaration, with the same defaults (the same documents).
+    """
+    from ctxext.evaluation.suite import Suite
 
-    def task(loaded: Any) -> dict[str, Any]:
-        return evaluate_perplexity(loaded, iter_texts(data, text_field, split), settings, not shared.quiet)
-
-    _run(model, out, shared, "perplexity", task, {"perplexity": describe_source(data, text_field, split)})
+    settings = build_settings(PerplexitySettings, ctx.meta.get(SETTINGS, {}))
+    suite = Suite(name="eval ppl", allow_beyond_context=settings.allow_beyond_context, perplexity=settings)
+    _run_suite(suite, None, model, out, shared)
 
 
 @eval_app.command("passkey")
@@ -477,17 +444,25 @@ def run_cmd(
     overrides: Annotated[list[str] | None, typer.Option("--set", help="suite override key=value (repeatable)")] = None,
 ) -> None:
     """Run an evaluation suite on one or several models and write one side-by-side report."""
-    from ctxext.evaluation.loading import parse_model_specs
-    from ctxext.evaluation.suite import load_suite, run_suite
+    from ctxext.evaluation.suite import load_suite
 
     parsed, _ = load_suite(suite, overrides or [])
+    _run_suite(parsed, str(suite), model, out, shared)
+
+
+def _run_suite(suite: Any, suite_path: str | None, model: list[str], out: Path, shared: Shared) -> None:
+    """Run a suite on the models, print its notes and the summary (``eval run``, and ``eval ppl`` as a suite)."""
+    from ctxext.cli.console import console
+    from ctxext.evaluation.loading import parse_model_specs
+    from ctxext.evaluation.suite import run_suite
+
     specs = parse_model_specs(model, shared.adapter, shared.name)
     _check_reference(specs, shared.reference)
     report = run_suite(
-        parsed,
+        suite,
         specs,
         out,
-        str(suite),
+        suite_path,
         not shared.quiet,
         command=" ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]]),
         device=shared.device,
@@ -495,7 +470,5 @@ def run_cmd(
         reference=shared.reference,
     )
     for note in report["suite"]["notes"]:
-        from ctxext.cli.console import console
-
         console.print(f"[yellow]note:[/] {note}")
     _print_summary(report, out)

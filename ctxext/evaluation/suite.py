@@ -24,7 +24,6 @@ Example (``eval/tiny-cpu.yaml``)::
 from __future__ import annotations
 
 import gc
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,7 +32,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ctxext.errors import InputError
 
-Length = int | str
+# The perplexity section is the workflow's own settings model; lengths resolve the same way everywhere.
+from ctxext.evaluation.settings import Length, PerplexitySettings, auto_bucket, is_beyond_target, resolve_length
+
 # Typed defaults (a bare lambda's list literal would be inferred as list[str] / list[int]).
 _SCALES: list[Length] = ["1x", "2x", "4x"]
 _GRID_DEPTHS: list[float] = [0, 25, 50, 75, 100]
@@ -42,22 +43,6 @@ _RULER_DEPTHS: list[float] = [10, 50, 90]
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class PerplexityTask(_Section):
-    """The perplexity task of a suite."""
-
-    data: str = Field(default="builtin:stdlib", description="text file, folder, jsonl/parquet, Hub id, builtin:stdlib")
-    text_field: str = "text"
-    split: str = "test"
-    lengths: list[Length] = Field(default_factory=_SCALES.copy)
-    bucket_size: int | str | None = Field(default="auto", description="tokens per bucket, 'auto' (longest/8) or null")
-    context_limits: list[Length] = Field(default_factory=list)
-    stride: int | None = None
-    max_docs: int | None = Field(default=20, gt=0, description="documents reaching the longest length")
-    min_docs: int = Field(default=3, gt=0, description="fewest documents a perplexity may average")
-    short_context: bool = True
-    resamples: int = Field(default=1000, gt=0)
 
 
 class GridTask(_Section):
@@ -149,7 +134,7 @@ class Suite(_Section):
     name: str
     description: str = ""
     allow_beyond_context: bool = False
-    perplexity: PerplexityTask | None = None
+    perplexity: PerplexitySettings | None = None
     passkey: GridTask | None = None
     needle: NeedleSuiteTask | None = None
     qa: QATask | None = None
@@ -291,27 +276,6 @@ def _resolve_paths(suite: Suite, folder: Path) -> None:
                 break
 
 
-def resolve_length(value: Length, original: int, context: int) -> int:
-    """A suite length: an int, ``"Nx"`` (N × original context) or ``"target"`` (configured context)."""
-    if isinstance(value, int):
-        return value
-    text = str(value).strip().lower()
-    if text == "target":
-        return context
-    beyond = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x\s*target", text)
-    if beyond:
-        return int(round(float(beyond.group(1)) * context))
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x", text)
-    if m:
-        return int(round(float(m.group(1)) * original))
-    if text.isdigit():
-        return int(text)
-    raise InputError(
-        f"length {value!r}: use a token count, 'Nx' (N × the original context), 'target' or 'Nx target' "
-        "(N × the target, to evaluate beyond it)"
-    )
-
-
 def resolve_lengths(
     values: list[Length], original: int, context: int, allow_beyond: bool
 ) -> tuple[list[int], list[int]]:
@@ -324,18 +288,6 @@ def resolve_lengths(
         else:
             out.append(L)
     return sorted(set(out)), sorted(set(dropped))
-
-
-def is_beyond_target(value: Length) -> bool:
-    """Whether a suite length asks for a multiple of the target (``"2x target"``): kept past the context."""
-    return isinstance(value, str) and re.fullmatch(r"\s*\d+(?:\.\d+)?\s*x\s*target\s*", value.lower()) is not None
-
-
-def _auto_bucket(longest: int) -> int:
-    for parts in (8, 4, 2, 1):
-        if longest % parts == 0:
-            return longest // parts
-    return longest
 
 
 def run_suite(
@@ -457,7 +409,7 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
         lengths = lengths_of(t.lengths, "perplexity")
         limits = [resolve_length(k, original, context) for k in t.context_limits]
         limits = [k for k in limits if k < lengths[-1]]
-        bucket = _auto_bucket(lengths[-1]) if t.bucket_size == "auto" else t.bucket_size
+        bucket = auto_bucket(lengths[-1]) if t.bucket_size == "auto" else t.bucket_size
         plan["perplexity"] = (lengths, limits, bucket)
     if suite.passkey:
         plan["passkey"] = lengths_of(suite.passkey.lengths, "passkey")
@@ -505,23 +457,14 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
 
     entry = model_entry(loaded)
     if suite.perplexity:
-        from ctxext.evaluation.data import iter_texts
-        from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+        from ctxext.evaluation.perplexity import evaluate_perplexity
 
         t = suite.perplexity
         lengths, limits, bucket = plan["perplexity"]
-        settings = PerplexitySettings(
-            lengths=lengths,
-            bucket_size=bucket,
-            stride=t.stride,
-            context_limits=limits,
-            max_docs=t.max_docs,
-            min_docs=t.min_docs,
-            resamples=t.resamples,
-            short_context=t.short_context,
-            allow_beyond_context=beyond_ok,
-        )
-        entry["perplexity"] = evaluate_perplexity(loaded, iter_texts(t.data, t.text_field, t.split), settings, show)
+        # The section's own settings, with the lengths resolved against the reference model.
+        resolved = {"lengths": lengths, "context_limits": limits, "bucket_size": bucket}
+        settings = t.model_copy(update={**resolved, "allow_beyond_context": beyond_ok or t.allow_beyond_context})
+        entry["perplexity"] = evaluate_perplexity(loaded, None, settings, show)
     for task in ("passkey", "needle"):
         t = getattr(suite, task)
         if t is None:
