@@ -16,7 +16,7 @@ import typer.main
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
-from ctxext.evaluation.settings import PerplexitySettings
+from ctxext.evaluation.settings import NeedleSettings, PasskeySettings, PerplexitySettings, QASettings
 from ctxext.recipe.budget import parse_budget
 from ctxext.recipe.flags import build_settings, field_help, flag_name
 from ctxext.recipe.schema import SearchSection
@@ -43,6 +43,9 @@ def _command(*path: str):
 COMMANDS = [
     pytest.param(("search",), SearchOptions, SearchSettings, SEARCH_RUN, SEARCH_OWN, id="search"),
     pytest.param(("eval", "ppl"), PerplexitySettings, PerplexitySettings, set(), EVAL_OWN, id="eval ppl"),
+    pytest.param(("eval", "passkey"), PasskeySettings, PasskeySettings, set(), EVAL_OWN, id="eval passkey"),
+    pytest.param(("eval", "needle"), NeedleSettings, NeedleSettings, set(), EVAL_OWN, id="eval needle"),
+    pytest.param(("eval", "qa"), QASettings, QASettings, set(), EVAL_OWN, id="eval qa"),
 ]
 
 
@@ -62,7 +65,8 @@ def test_every_option_is_generated_from_the_declared_settings(path, declared, ru
             # No default of its own: an option not given is left out and the model's default applies.
             assert param.default is None, (name, param.default)
             assert param.help == field_help(info) and info.description and info.description in param.help
-            assert "(default: " in param.help  # the model's default, shown from the declaration
+            # The model's default, shown from the declaration (or that the model requires the field).
+            assert ("(required)" if info.is_required() else "(default: ") in param.help
             if info.annotation is bool:
                 assert param.secondary_opts == [f"--no-{flag_name(name)[2:]}"]
         elif name in run_fields:
@@ -71,7 +75,8 @@ def test_every_option_is_generated_from_the_declared_settings(path, declared, ru
             expected = None if info.is_required() else info.get_default(call_default_factory=True)
             assert param.default == expected, (name, param.default, expected)
     # With no flag given, the command's settings are exactly the declared defaults.
-    assert build_settings(declared, {}) == declared()
+    required = {name: "x" for name, info in declared.model_fields.items() if info.is_required()}
+    assert build_settings(declared, {}, required) == declared(**required)
 
 
 def test_the_recipe_section_is_the_declared_search_options_plus_out():
@@ -85,10 +90,24 @@ def test_the_recipe_section_is_the_declared_search_options_plus_out():
             )
 
 
-def test_suite_section_is_the_perplexity_settings():
+def test_suite_sections_are_the_commands_settings():
+    from ctxext.evaluation.grid import GridSettings, NeedleTask
     from ctxext.evaluation.suite import Suite
 
     assert Suite.model_fields["perplexity"].annotation == PerplexitySettings | None
+    assert Suite.model_fields["passkey"].annotation == PasskeySettings | None
+    assert Suite.model_fields["needle"].annotation == NeedleSettings | None
+    assert Suite.model_fields["qa"].annotation == QASettings | None
+    # The grid engine's arguments take their defaults from the declaration (no second default).
+    grid, declared = GridSettings(lengths=[64]), PasskeySettings()
+    assert (grid.depths, grid.trials, grid.seed, grid.scoring) == (
+        declared.depths,
+        declared.trials,
+        declared.seed,
+        declared.scoring,
+    )
+    needle, declared_needle = NeedleTask(), NeedleSettings()
+    assert (needle.haystack, needle.split) == (declared_needle.haystack, declared_needle.split)
 
 
 def test_search_defaults_are_the_published_recommended_settings():

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ctxext.evaluation.settings import PerplexitySettings
+from ctxext.evaluation.settings import NeedleSettings, PasskeySettings, PerplexitySettings, QASettings
 from ctxext.recipe.flags import SETTINGS, build_settings, settings_command
 
 eval_app = typer.Typer(
@@ -42,13 +42,6 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars"
 OverwriteOpt = Annotated[
     bool,
     typer.Option("--overwrite", help="replace a previous report folder at --out (never a folder holding other files)"),
-]
-ScoringOpt = Annotated[
-    str,
-    typer.Option(
-        help="teacher-forced: one forward pass over prompt + answer (exact for greedy decoding, no KV cache); "
-        "generate: greedy decoding with an explicit greedy config (cross-check)"
-    ),
 ]
 ReferenceOpt = Annotated[
     str | None,
@@ -105,15 +98,6 @@ def _check_reference(specs: list[Any], reference: str | None) -> None:
     choose_reference([{"name": s.label()} for s in specs], reference)
 
 
-def _ints(text: str, what: str) -> list[int]:
-    from ctxext.errors import InputError
-
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise InputError(f"{what}: expected comma-separated integers, got {text!r}") from None
-
-
 def _floats(text: str, what: str) -> list[float]:
     from ctxext.errors import InputError
 
@@ -121,22 +105,6 @@ def _floats(text: str, what: str) -> list[float]:
         return [float(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
         raise InputError(f"{what}: expected comma-separated numbers, got {text!r}") from None
-
-
-def _grid(lengths: str, depths: str, trials: int, seed: int, allow_beyond: bool, scoring: str) -> Any:
-    """The validated grid settings shared by the passkey and needle commands."""
-    from ctxext.evaluation.grid import GridSettings
-
-    grid = GridSettings(
-        lengths=_ints(lengths, "--lengths"),
-        depths=_floats(depths, "--depths"),
-        trials=trials,
-        seed=seed,
-        allow_beyond_context=allow_beyond,
-        scoring=scoring,
-    )
-    grid.validate()
-    return grid
 
 
 def _run(
@@ -288,111 +256,48 @@ def ppl_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) ->
     _run_suite(suite, None, model, out, shared)
 
 
-@eval_app.command("passkey")
+@eval_app.command("passkey", cls=settings_command(PasskeySettings, panel="Passkey settings (a suite's passkey: keys)"))
 @_friendly
 @_shared
-def passkey_cmd(
-    shared: Shared,
-    model: ModelOpt,
-    lengths: Annotated[str, typer.Option(help="prompt lengths in tokens, e.g. 4096,8192")],
-    out: OutOpt,
-    depths: Annotated[str, typer.Option(help="needle depths in percent")] = "0,25,50,75,100",
-    trials: Annotated[int, typer.Option(help="prompts (keys) per cell")] = 5,
-    seed: Annotated[int, typer.Option(help="seed of the keys")] = 0,
-    scoring: ScoringOpt = "teacher-forced",
-    allow_beyond_context: BeyondOpt = False,
-) -> None:
-    """Passkey retrieval (Landmark Attention prompt) over lengths × depths, k seeded keys per cell, teacher-forced."""
-    from ctxext.evaluation.grid import evaluate_passkey
+def passkey_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
+    """Passkey retrieval (Landmark Attention prompt) over lengths × depths, k seeded keys per cell, teacher-forced.
 
-    grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring)
-    _run(model, out, shared, "passkey", lambda lm: evaluate_passkey(lm, grid, not shared.quiet), {})
+    A suite holding only a passkey: section (ctxext eval run), its keys as flags with the same defaults.
+    """
+    from ctxext.evaluation.suite import Suite
+
+    settings = build_settings(PasskeySettings, ctx.meta.get(SETTINGS, {}))
+    suite = Suite(name="eval passkey", allow_beyond_context=settings.allow_beyond_context, passkey=settings)
+    _run_suite(suite, None, model, out, shared)
 
 
-@eval_app.command("needle")
+@eval_app.command("needle", cls=settings_command(NeedleSettings, panel="Needle settings (a suite's needle: keys)"))
 @_friendly
 @_shared
-def needle_cmd(
-    shared: Shared,
-    model: ModelOpt,
-    lengths: Annotated[str, typer.Option(help="prompt lengths in tokens")],
-    out: OutOpt,
-    haystack: Annotated[
-        str, typer.Option(help="haystack text: file, folder, jsonl, Hub data set, builtin:stdlib")
-    ] = "builtin:stdlib",
-    needle: Annotated[str | None, typer.Option(help="the sentence to hide")] = None,
-    question: Annotated[str | None, typer.Option(help="the text that ends the prompt and asks for it")] = None,
-    answer: Annotated[
-        str | None, typer.Option(help="expected continuation of the question (scored token by token)")
-    ] = None,
-    text_field: Annotated[str, typer.Option(help="text column of a table-like haystack")] = "text",
-    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
-    depths: Annotated[str, typer.Option(help="needle depths in percent")] = "0,25,50,75,100",
-    trials: Annotated[int, typer.Option(help="haystack offsets per cell")] = 3,
-    seed: Annotated[int, typer.Option(help="seed of the haystack offsets")] = 0,
-    scoring: ScoringOpt = "teacher-forced",
-    allow_beyond_context: BeyondOpt = False,
-) -> None:
-    """Needle in a haystack over lengths × depths with a configurable haystack, needle, question and answer."""
-    from ctxext.evaluation.data import describe_source
-    from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
+def needle_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
+    """Needle in a haystack over lengths × depths with a configurable haystack, needle, question and answer.
 
-    task = NeedleTask(haystack=haystack, text_field=text_field, split=split)
-    for key, value in (("needle", needle), ("question", question), ("answer", answer)):
-        if value:
-            setattr(task, key, value)
-    grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring)
-    data_info = {"needle": describe_source(haystack, text_field, split)}
-    _run(
-        model,
-        out,
-        shared,
-        "needle",
-        lambda lm: evaluate_needle(lm, GridSettings(**vars(grid)), task, not shared.quiet),
-        data_info,
-    )
+    A suite holding only a needle: section (ctxext eval run), its keys as flags with the same defaults.
+    """
+    from ctxext.evaluation.suite import Suite
+
+    settings = build_settings(NeedleSettings, ctx.meta.get(SETTINGS, {}))
+    suite = Suite(name="eval needle", allow_beyond_context=settings.allow_beyond_context, needle=settings)
+    _run_suite(suite, None, model, out, shared)
 
 
-@eval_app.command("qa")
+@eval_app.command("qa", cls=settings_command(QASettings, panel="QA settings (a suite's qa: keys)"))
 @_friendly
 @_shared
-def qa_cmd(
-    shared: Shared,
-    model: ModelOpt,
-    data: Annotated[str, typer.Option(help="jsonl / json / parquet / csv file or Hub data set")],
-    out: OutOpt,
-    context_field: Annotated[str, typer.Option(help="column with the document")] = "context",
-    question_field: Annotated[str, typer.Option(help="column with the question")] = "question",
-    answers_field: Annotated[str, typer.Option(help="column with the answer(s)")] = "answers",
-    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
-    max_examples: Annotated[int | None, typer.Option(help="at most this many examples")] = None,
-    max_length: Annotated[int | None, typer.Option(help="prompt budget in tokens (default: model context)")] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="answer budget in tokens")] = 32,
-    length_edges: Annotated[str, typer.Option(help="context-length bucket edges in tokens")] = "4000,8000",
-) -> None:
-    """Long-document QA: greedy answers, SQuAD EM / F1 by answer position and context length."""
-    from ctxext.evaluation.data import describe_source
-    from ctxext.evaluation.qa import QASettings, evaluate_qa
+def qa_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
+    """Long-document QA: greedy answers, SQuAD EM / F1 by answer position and context length.
 
-    settings = QASettings(
-        data=data,
-        context_field=context_field,
-        question_field=question_field,
-        answers_field=answers_field,
-        split=split,
-        max_examples=max_examples,
-        max_length=max_length,
-        max_new_tokens=max_new_tokens,
-        length_edges=_ints(length_edges, "--length-edges"),
-    )
-    _run(
-        model,
-        out,
-        shared,
-        "qa",
-        lambda lm: evaluate_qa(lm, settings, not shared.quiet),
-        {"qa": describe_source(data, split=split)},
-    )
+    A suite holding only a qa: section (ctxext eval run), its keys as flags with the same defaults.
+    """
+    from ctxext.evaluation.suite import Suite
+
+    settings = build_settings(QASettings, ctx.meta.get(SETTINGS, {}))
+    _run_suite(Suite(name="eval qa", qa=settings), None, model, out, shared)
 
 
 @eval_app.command("attention")

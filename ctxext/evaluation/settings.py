@@ -21,8 +21,8 @@ from ctxext.errors import InputError
 from ctxext.evaluation.stats import DEFAULT_RESAMPLES
 
 Length = int | str
-# Typed default (a bare lambda's list literal would be inferred as list[str]).
-_SCALES: list[Length] = ["1x", "2x", "4x"]
+# The default lengths of every evaluation (typed: a bare lambda's list literal would be inferred as list[str]).
+DEFAULT_LENGTHS: list[Length] = ["1x", "2x", "4x"]
 # A bootstrap interval over one or two documents has (almost) zero width and means nothing.
 MIN_DOCS = 3
 MAX_BUCKETS = 1024
@@ -62,6 +62,16 @@ def auto_bucket(longest: int) -> int:
     return longest
 
 
+def _check_lengths(values: list[Length]) -> list[Length]:
+    """A field validator's check: every length is a token count or a relative length."""
+    for value in values:
+        try:
+            resolve_length(value, 1, 1)
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
+    return values
+
+
 class PerplexitySettings(BaseModel):
     """Perplexity by length, by position bucket and by context limit, on documents truncated to each length."""
 
@@ -73,7 +83,7 @@ class PerplexitySettings(BaseModel):
     text_field: str = Field(default="text", description="text column of table-like data")
     split: str = Field(default="test", description="split of a Hub data set")
     lengths: list[Length] = Field(
-        default_factory=_SCALES.copy,
+        default_factory=DEFAULT_LENGTHS.copy,
         min_length=1,
         description="evaluation lengths: tokens, Nx (× the original context), target, Nx target",
     )
@@ -115,12 +125,7 @@ class PerplexitySettings(BaseModel):
     @field_validator("lengths", "context_limits")
     @classmethod
     def _lengths(cls, values: list[Length]) -> list[Length]:
-        for value in values:
-            try:
-                resolve_length(value, 1, 1)
-            except InputError as exc:
-                raise ValueError(str(exc)) from None
-        return values
+        return _check_lengths(values)
 
     def resolved(self, original: int, context: int) -> PerplexitySettings:
         """A copy with lengths and context limits in tokens (sorted, unique) and ``auto`` buckets sized.
@@ -173,3 +178,98 @@ def _check_bucket(b: int, longest: int) -> None:
             f"bucket size {b} gives {longest // b} buckets over {longest} tokens (at most {MAX_BUCKETS}); "
             f"use a bucket size of at least {math.ceil(longest / MAX_BUCKETS)}"
         )
+
+
+# Typed default (a bare lambda's list literal would be inferred as list[int]).
+_GRID_DEPTHS: list[float] = [0, 25, 50, 75, 100]
+
+
+class PasskeySettings(BaseModel):
+    """A passkey retrieval grid: lengths × depths, ``trials`` seeded keys per cell."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    lengths: list[Length] = Field(
+        default_factory=DEFAULT_LENGTHS.copy,
+        min_length=1,
+        description="prompt lengths: tokens, Nx (× the original context), target, Nx target",
+    )
+    depths: list[float] = Field(
+        default_factory=_GRID_DEPTHS.copy, min_length=1, description="needle depths in percent (0 = the start)"
+    )
+    trials: int = Field(default=5, gt=0, description="samples per cell (keys, haystack offsets)")
+    seed: int = Field(default=0, description="seed of the samples")
+    max_new_tokens: int = Field(default=12, gt=0, description="generate scoring: tokens generated at least")
+    scoring: Literal["teacher-forced", "generate"] = Field(
+        default="teacher-forced",
+        description="teacher-forced (one forward pass over prompt + answer, exact for greedy decoding) or "
+        "generate (greedy decoding, a cross-check)",
+    )
+    allow_beyond_context: bool = Field(
+        default=False,
+        description="keep relative lengths (2x) above the reference model's context instead of dropping them; lengths "
+        "above a model's context are marked †",
+    )
+
+    @field_validator("lengths")
+    @classmethod
+    def _lengths(cls, values: list[Length]) -> list[Length]:
+        return _check_lengths(values)
+
+    @field_validator("depths")
+    @classmethod
+    def _depths(cls, values: list[float]) -> list[float]:
+        bad = [d for d in values if not 0 <= d <= 100]
+        if bad:
+            raise ValueError(f"depths {bad} are outside 0–100 (percent)")
+        return values
+
+
+class NeedleSettings(PasskeySettings):
+    """A needle-in-a-haystack grid: the passkey grid's settings, a haystack and the needle to hide."""
+
+    haystack: str = Field(
+        default="builtin:stdlib", description="haystack text: file, folder, jsonl, Hub data set, builtin:NAME, noise"
+    )
+    text_field: str = Field(default="text", description="text column of a table-like haystack")
+    split: str = Field(default="test", description="split of a Hub data set")
+    needle: str | None = Field(default=None, description="the sentence to hide (none: the San Francisco needle)")
+    question: str | None = Field(
+        default=None, description="the text that ends the prompt, asking for the needle (none: the built-in)"
+    )
+    answer: str | None = Field(
+        default=None, description="expected continuation of the question, scored token by token (none: the built-in)"
+    )
+
+
+QA_TEMPLATE = "{context}\n\nQuestion: {question}\nAnswer:"
+
+
+class QASettings(BaseModel):
+    """A long-document QA evaluation: greedy answers, SQuAD EM / F1 by answer position and context length."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    data: str = Field(description="jsonl / json / parquet / csv file or Hub data set")
+    context_field: str = Field(default="context", description="column with the document")
+    question_field: str = Field(default="question", description="column with the question")
+    answers_field: str = Field(default="answers", description="column with the answer(s)")
+    split: str = Field(default="test", description="split of a Hub data set")
+    max_examples: int | None = Field(default=None, gt=0, description="at most this many examples (none: all)")
+    max_length: Length | None = Field(
+        default=None, description="prompt budget: tokens, Nx (× the original context) or target (none: the context)"
+    )
+    max_new_tokens: int = Field(default=32, gt=0, description="answer budget in tokens")
+    template: str = Field(default=QA_TEMPLATE, description="prompt template with {context} and {question}")
+    length_edges: list[int] = Field(
+        default_factory=lambda: [4000, 8000], description="context-length bucket edges in tokens (LongBench-E)"
+    )
+
+    @field_validator("max_length")
+    @classmethod
+    def _max_length(cls, value: Length | None) -> Length | None:
+        return value if value is None else _check_lengths([value])[0]
+
+    def prompt_length(self, original: int, context: int) -> int:
+        """The prompt budget in tokens for a model with these contexts (its configured context by default)."""
+        return context if self.max_length is None else resolve_length(self.max_length, original, context)

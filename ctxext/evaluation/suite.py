@@ -32,41 +32,26 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ctxext.errors import InputError
 
-# The perplexity section is the workflow's own settings model; lengths resolve the same way everywhere.
-from ctxext.evaluation.settings import Length, PerplexitySettings, auto_bucket, is_beyond_target, resolve_length
+# The perplexity, passkey, needle and qa sections are the workflows' own settings models (the flags of
+# ctxext eval ppl / passkey / needle / qa are generated from them); lengths resolve the same way everywhere.
+from ctxext.evaluation.settings import (
+    DEFAULT_LENGTHS,
+    Length,
+    NeedleSettings,
+    PasskeySettings,
+    PerplexitySettings,
+    QASettings,
+    auto_bucket,
+    is_beyond_target,
+    resolve_length,
+)
 
 # Typed defaults (a bare lambda's list literal would be inferred as list[str] / list[int]).
-_SCALES: list[Length] = ["1x", "2x", "4x"]
-_GRID_DEPTHS: list[float] = [0, 25, 50, 75, 100]
 _RULER_DEPTHS: list[float] = [10, 50, 90]
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class GridTask(_Section):
-    """A passkey or needle grid."""
-
-    lengths: list[Length] = Field(default_factory=_SCALES.copy)
-    depths: list[float] = Field(default_factory=_GRID_DEPTHS.copy)
-    trials: int = Field(default=5, gt=0)
-    seed: int = 0
-    max_new_tokens: int = Field(default=12, gt=0)
-    scoring: Literal["teacher-forced", "generate"] = Field(
-        default="teacher-forced", description="teacher-forced (exact for greedy decoding) or generate"
-    )
-
-
-class NeedleSuiteTask(GridTask):
-    """A needle-in-a-haystack grid with its haystack and needle."""
-
-    haystack: str = "builtin:stdlib"
-    text_field: str = "text"
-    split: str = "test"
-    needle: str | None = None
-    question: str | None = None
-    answer: str | None = None
 
 
 TemplateChoice = Literal["heldout", "training", "all"] | list[int]
@@ -85,7 +70,7 @@ class RulerSection(_Section):
     """RULER-style synthetic tasks × lengths × depths, with effective length."""
 
     tasks: list[RulerTaskEntry]
-    lengths: list[Length] = Field(default_factory=_SCALES.copy)
+    lengths: list[Length] = Field(default_factory=DEFAULT_LENGTHS.copy)
     depths: list[float] = Field(default_factory=_RULER_DEPTHS.copy)
     trials: int = Field(default=10, gt=0)
     seed: int = 0
@@ -97,21 +82,6 @@ class RulerSection(_Section):
     threshold_reference: Literal["original", "absolute"] = "original"
     min_reference: float = Field(default=0.25, ge=0, le=1)
     scoring: Literal["teacher-forced", "generate"] = "teacher-forced"
-
-
-class QATask(_Section):
-    """A long-document QA task."""
-
-    data: str
-    context_field: str = "context"
-    question_field: str = "question"
-    answers_field: str = "answers"
-    split: str = "test"
-    max_examples: int | None = Field(default=None, gt=0)
-    max_length: Length | None = None
-    max_new_tokens: int = Field(default=32, gt=0)
-    template: str | None = None
-    length_edges: list[int] = Field(default_factory=lambda: [4000, 8000])
 
 
 class AttentionTask(_Section):
@@ -135,9 +105,9 @@ class Suite(_Section):
     description: str = ""
     allow_beyond_context: bool = False
     perplexity: PerplexitySettings | None = None
-    passkey: GridTask | None = None
-    needle: NeedleSuiteTask | None = None
-    qa: QATask | None = None
+    passkey: PasskeySettings | None = None
+    needle: NeedleSettings | None = None
+    qa: QASettings | None = None
     ruler: RulerSection | None = None
     attention: AttentionTask | None = None
 
@@ -471,50 +441,20 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
             continue
         from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle, evaluate_passkey
 
-        grid = GridSettings(
-            lengths=plan[task],
-            depths=list(t.depths),
-            trials=t.trials,
-            seed=t.seed,
-            max_new_tokens=t.max_new_tokens,
-            allow_beyond_context=beyond_ok,
-            scoring=t.scoring,
-        )
+        grid = GridSettings.from_settings(t, plan[task], beyond_ok)
         if task == "passkey":
             entry[task] = evaluate_passkey(loaded, grid, show)
         else:
-            needle = NeedleTask(haystack=t.haystack, text_field=t.text_field, split=t.split)
-            for name in ("needle", "question", "answer"):
-                if getattr(t, name):
-                    setattr(needle, name, getattr(t, name))
-            entry[task] = evaluate_needle(loaded, grid, needle, show)
+            entry[task] = evaluate_needle(loaded, grid, NeedleTask.from_settings(t), show)
     if suite.ruler:
         from ctxext.evaluation.ruler import evaluate_ruler
 
         entry["ruler"] = evaluate_ruler(loaded, ruler_settings(suite.ruler, plan["ruler"], beyond_ok), show)
     if suite.qa:
-        from ctxext.evaluation.qa import QA_TEMPLATE, QASettings, evaluate_qa
+        from ctxext.evaluation.qa import evaluate_qa
 
-        q = suite.qa
-        max_len = None
-        if q.max_length is not None:
-            max_len = resolve_length(q.max_length, loaded.original_length, loaded.context_length)
-        entry["qa"] = evaluate_qa(
-            loaded,
-            QASettings(
-                data=q.data,
-                context_field=q.context_field,
-                question_field=q.question_field,
-                answers_field=q.answers_field,
-                split=q.split,
-                max_examples=q.max_examples,
-                max_length=max_len,
-                max_new_tokens=q.max_new_tokens,
-                template=q.template or QA_TEMPLATE,
-                length_edges=list(q.length_edges),
-            ),
-            show,
-        )
+        # The section is the QA settings; its max_length resolves against each model's contexts.
+        entry["qa"] = evaluate_qa(loaded, suite.qa, show)
     if suite.attention:
         entry["attention"] = _run_attention(suite.attention, loaded, plan["attention"][0], beyond_ok, show)
     from ctxext.evaluation.sections import sections_in

@@ -176,8 +176,12 @@ class MethodOptionsCommand(GeneratedFlagsCommand):
 
 def field_help(info: Any) -> str:
     """A settings field's help: its description and its default (the model's, the only one)."""
+    if info.is_required():
+        return f"{info.description or ''} (required)".strip()
     default = info.get_default(call_default_factory=True)
-    if isinstance(default, list):
+    if isinstance(default, str) and "\n" in default:
+        shown = repr(default)  # one line in the help: the template's newlines as \n
+    elif isinstance(default, list):
         shown = ",".join(map(str, default)) or "none"
     else:
         shown = "none" if default is None else str(default).lower() if isinstance(default, bool) else default
