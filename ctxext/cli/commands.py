@@ -12,7 +12,6 @@ from rich.table import Table
 
 from ctxext.cli.console import EXIT_BAD_INPUT, EXIT_FAILED, console, err_console, friendly_errors
 from ctxext.recipe.flags import ROPE_OPTIONS, SETTINGS, MethodOptionsCommand, settings_command
-from ctxext.recipe.search import SearchOptions
 from ctxext.rope.methods import METHODS
 
 app = typer.Typer(
@@ -423,7 +422,7 @@ def _memory_preflight(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> N
 # ------------------------------------------------------------------------------------------------
 
 
-@app.command(cls=settings_command(SearchOptions, panel="Search settings (also a recipe's search: keys)"))
+@app.command(cls=settings_command("ctxext.recipe.search:SearchOptions", panel="Search settings (a recipe's search:)"))
 @friendly_errors
 def search(
     ctx: typer.Context,
@@ -451,7 +450,9 @@ def search(
     from ctxext.search.run import SearchSettings, run_search
 
     given = dict(ctx.meta.get(SETTINGS, {}))
-    runtime = {"device": device, "resume": resume, "overwrite": overwrite}
+    runtime: dict[str, Any] = {"device": device, "resume": resume, "overwrite": overwrite}
+    if original_length is not None:
+        runtime["original_length"] = original_length
     if recipe is not None:
         from ctxext.recipe.schema import load_recipe
         from ctxext.search.recipe import settings_from_recipe
@@ -462,7 +463,7 @@ def search(
         missing = [name for name, v in named if v is None]
         if missing:
             raise InputError(f"missing {', '.join(missing)} (or give --recipe)")
-        run = {"model": model, "target_length": target_length, "out": out, "original_length": original_length}
+        run = {"model": model, "target_length": target_length, "out": out}
         settings = build_settings(SearchSettings, given, {**run, **runtime})
     result = run_search(settings, log=lambda line: console.print(line, markup=False, highlight=False))
     console.print(

@@ -14,7 +14,6 @@ from typing import Annotated, Any
 
 import typer
 
-from ctxext.evaluation.settings import NeedleSettings, PasskeySettings, PerplexitySettings, QASettings
 from ctxext.recipe.flags import SETTINGS, build_settings, settings_command
 
 eval_app = typer.Typer(
@@ -231,16 +230,18 @@ def _print_comparisons(comp: dict[str, Any] | None) -> None:
     console.print(f"({comp['comparisons']} paired comparisons; p Holm is adjusted over all of them)")
 
 
+def _settings(model: str, section: str) -> type[Any]:
+    """The command class whose flags are generated from a model of ctxext/evaluation/settings.py (a suite section)."""
+    return settings_command(f"ctxext.evaluation.settings:{model}", panel=f"Settings (a suite's {section}: keys)")
+
+
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     from ctxext.cli.console import friendly_errors
 
     return friendly_errors(fn)
 
 
-_PPL_PANEL = "Perplexity settings (a suite's perplexity: keys)"
-
-
-@eval_app.command("ppl", cls=settings_command(PerplexitySettings, panel=_PPL_PANEL))
+@eval_app.command("ppl", cls=_settings("PerplexitySettings", "perplexity"))
 @_friendly
 @_shared
 def ppl_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
@@ -249,6 +250,7 @@ def ppl_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) ->
     The same evaluation as a suite holding only a perplexity: section (ctxext eval run): the flags are that
     section's keys, generated from their declaration, with the same defaults (the same documents).
     """
+    from ctxext.evaluation.settings import PerplexitySettings
     from ctxext.evaluation.suite import Suite
 
     settings = build_settings(PerplexitySettings, ctx.meta.get(SETTINGS, {}))
@@ -256,7 +258,7 @@ def ppl_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) ->
     _run_suite(suite, None, model, out, shared)
 
 
-@eval_app.command("passkey", cls=settings_command(PasskeySettings, panel="Passkey settings (a suite's passkey: keys)"))
+@eval_app.command("passkey", cls=_settings("PasskeySettings", "passkey"))
 @_friendly
 @_shared
 def passkey_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
@@ -264,6 +266,7 @@ def passkey_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt
 
     A suite holding only a passkey: section (ctxext eval run), its keys as flags with the same defaults.
     """
+    from ctxext.evaluation.settings import PasskeySettings
     from ctxext.evaluation.suite import Suite
 
     settings = build_settings(PasskeySettings, ctx.meta.get(SETTINGS, {}))
@@ -271,7 +274,7 @@ def passkey_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt
     _run_suite(suite, None, model, out, shared)
 
 
-@eval_app.command("needle", cls=settings_command(NeedleSettings, panel="Needle settings (a suite's needle: keys)"))
+@eval_app.command("needle", cls=_settings("NeedleSettings", "needle"))
 @_friendly
 @_shared
 def needle_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
@@ -279,6 +282,7 @@ def needle_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt)
 
     A suite holding only a needle: section (ctxext eval run), its keys as flags with the same defaults.
     """
+    from ctxext.evaluation.settings import NeedleSettings
     from ctxext.evaluation.suite import Suite
 
     settings = build_settings(NeedleSettings, ctx.meta.get(SETTINGS, {}))
@@ -286,7 +290,7 @@ def needle_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt)
     _run_suite(suite, None, model, out, shared)
 
 
-@eval_app.command("qa", cls=settings_command(QASettings, panel="QA settings (a suite's qa: keys)"))
+@eval_app.command("qa", cls=_settings("QASettings", "qa"))
 @_friendly
 @_shared
 def qa_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
@@ -294,6 +298,7 @@ def qa_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> 
 
     A suite holding only a qa: section (ctxext eval run), its keys as flags with the same defaults.
     """
+    from ctxext.evaluation.settings import QASettings
     from ctxext.evaluation.suite import Suite
 
     settings = build_settings(QASettings, ctx.meta.get(SETTINGS, {}))

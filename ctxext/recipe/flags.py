@@ -17,6 +17,7 @@ module) gets its flags too.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import types
@@ -132,25 +133,36 @@ class GeneratedFlagsCommand(TyperCommand):
     """A typer command with generated flags; the values given go to ``ctx.meta[self.meta_key]`` as a dict.
 
     Subclasses set :attr:`meta_key` and :meth:`specs`. A flag that is not given is left out of the dict.
+    The flags are generated when the command is parsed or its help shown, not when the command line is
+    built: ``ctxext --help`` does not import (or build) any settings model.
     """
 
     meta_key = ""
+    _specs: dict[str, FlagSpec] | None = None
 
     def specs(self) -> list[FlagSpec]:
         """The flags to generate."""
         raise NotImplementedError
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._specs = {spec.name: spec for spec in self.specs()}
-        self.params.extend(typer_params(self._specs.values()))
+    def generated(self) -> dict[str, FlagSpec]:
+        """The generated flags by name (built, and added to the command's parameters, on first use)."""
+        if self._specs is None:
+            self._specs = {spec.name: spec for spec in self.specs()}
+            self.params.extend(typer_params(self._specs.values()))
+        return self._specs
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        """The command's parameters, the generated flags included (click parses and shows help from these)."""
+        self.generated()
+        return list(super().get_params(ctx))
 
     def invoke(self, ctx: Any) -> Any:  # typer's click Context
         """Move the generated flags' values out of the typed parameters, then run the command."""
-        given = {name: ctx.params.pop(name) for name in list(ctx.params) if name in self._specs}
+        specs = self.generated()
+        given = {name: ctx.params.pop(name) for name in list(ctx.params) if name in specs}
         given = {name: value for name, value in given.items() if value is not None}
         for name, value in given.items():
-            spec = self._specs[name]
+            spec = specs[name]
             if spec.is_list:
                 try:
                     given[name] = parse_list(value)
@@ -199,11 +211,18 @@ def settings_specs(model: Any, exclude: Iterable[str] = (), panel: str | None = 
     ]
 
 
-def settings_command(model: Any, exclude: Iterable[str] = (), panel: str | None = None) -> type[TyperCommand]:
-    """A command class whose flags are generated from ``model``'s fields (``@app.command(cls=…)``).
+def load_model_class(path: str) -> Any:
+    """The class named by ``"package.module:Name"`` (imported on use)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def settings_command(model: str, exclude: Iterable[str] = (), panel: str | None = None) -> type[TyperCommand]:
+    """A command class whose flags are generated from a settings model's fields (``@app.command(cls=…)``).
 
     Args:
-        model: a pydantic settings model; its field names, descriptions and defaults make the flags.
+        model: the pydantic settings model, as ``"package.module:Name"``: it is imported only when the
+            command is parsed or its help shown (pydantic and the model cost time at every start).
         exclude: fields the command does not take as flags.
         panel: the ``--help`` panel of the generated flags.
 
@@ -214,13 +233,12 @@ def settings_command(model: Any, exclude: Iterable[str] = (), panel: str | None 
 
     class SettingsCommand(GeneratedFlagsCommand):
         meta_key = SETTINGS
-        settings_model = model
-        excluded = skip
+        model_path = model
 
         def specs(self) -> list[FlagSpec]:
-            return settings_specs(model, skip, panel)
+            return settings_specs(load_model_class(model), skip, panel)
 
-    SettingsCommand.__name__ = f"{model.__name__}Command"
+    SettingsCommand.__name__ = f"{model.rpartition(':')[2]}Command"
     return SettingsCommand
 
 
