@@ -92,7 +92,7 @@ def test_cli_names_a_missing_template_file(tiny_model_dir, tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     args = ["eval", "passkey", "--model", str(tiny_model_dir), "--lengths", "128", "--out", "out", "-q"]
     result = CliRunner().invoke(app, [*args, "--chat-template", "missing.jinja"])
-    assert result.exit_code == 2 and "--chat-template 'missing.jinja'" in " ".join(result.output.split())
+    assert result.exit_code == 2 and "--chat-template: 'missing.jinja'" in " ".join(result.output.split())
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 

@@ -24,8 +24,15 @@ from ctxext.cli.commands import app
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 CLI: Any = typer.main.get_command(app)  # typer's own click group (typer may vendor click)
-EVAL = CLI.commands["eval"]
-COMMANDS = sorted([f"eval {name}" for name in EVAL.commands] + [n for n in CLI.commands if n != "eval"], key=len)
+# Every command a user can run: top-level ones and the subcommands of groups (`eval ppl`, `tasks export`).
+COMMANDS = sorted(
+    [
+        f"{name} {sub}" if sub else name
+        for name, cmd in CLI.commands.items()
+        for sub in (sorted(getattr(cmd, "commands", {})) or [""])
+    ],
+    key=len,
+)
 # `ctxext CMD …` up to the end of the command as a message writes it (closing backtick, clause, line).
 COMMAND_SPAN = re.compile(r"ctxext\s+(" + "|".join(re.escape(c) for c in reversed(COMMANDS)) + r")\b([^`\n;)]*)")
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")

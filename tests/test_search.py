@@ -32,12 +32,16 @@ def _settings(model_dir, out, **kw) -> SearchSettings:
         population=4,
         generations=2,
         samples=4,
-        budget_seconds=600,
+        budget="10m",
         report=False,
         show_progress=False,
         # The random tiny model retrieves no needle form inside its window; these tests exercise the search
         # machinery, so every form is admitted (test_search_forms.py tests the check itself).
         min_form_accuracy=0.0,
+        # The mean-over-depths objective with a fixed attention factor: test_search_attention.py tests the
+        # recommended defaults (worst depth, attention factor searched).
+        objective="needle",
+        attention_factor=1.0,
     )
     base.update(kw)
     return SearchSettings(**base)
@@ -268,7 +272,10 @@ def test_recipe_search_section(tmp_path, first_search, tiny_model_dir):
     }
     recipe = parse_recipe(data)
     settings = settings_from_recipe(recipe)
-    assert (settings.budget_seconds, settings.population, settings.target_length) == ("2m", 8, TARGET)
+    assert (settings.budget, settings.population, settings.target_length) == ("2m", 8, TARGET)
+    # Keys the section leaves out take the declared defaults; flags given to `ctxext search --recipe` win.
+    assert (settings.objective, settings.samples) == ("needle-worst", 128)
+    assert settings_from_recipe(recipe, given={"samples": 16}).samples == 16
     # A completed search folder is reused: its factors go into rope, nothing is searched again.
     recipe = search_before_training(recipe, log=lambda _: None)
     assert recipe.rope.long_factor == first_search.long_factor and recipe.rope.attention_factor == 1.0

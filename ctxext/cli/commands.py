@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from ctxext.cli.console import EXIT_BAD_INPUT, EXIT_FAILED, console, err_console, friendly_errors
-from ctxext.recipe.flags import ROPE_OPTIONS, MethodOptionsCommand
+from ctxext.recipe.flags import ROPE_OPTIONS, SETTINGS, MethodOptionsCommand, settings_command
 from ctxext.rope.methods import METHODS
 
 app = typer.Typer(
@@ -438,94 +438,49 @@ def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=settings_command("ctxext.recipe.search:SearchOptions", panel="Search settings (a recipe's search:)"))
 @friendly_errors
 def search(
+    ctx: typer.Context,
     model: Annotated[str | None, typer.Argument(help="model folder, Hub id, or builtin:NAME")] = None,
     target_length: Annotated[int | None, typer.Option("--target-length", "-t", help="new context length")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="output model folder (log and report inside)")] = None,
-    budget: Annotated[str, typer.Option(help="time budget of the search: 90s, 10m, 1h")] = "10m",
-    population: Annotated[int, typer.Option(help="candidates per generation (LongRoPE: 64)")] = 64,
-    generations: Annotated[int, typer.Option(help="generations after the initial population (LongRoPE: 40)")] = 40,
-    objective: Annotated[
-        str,
-        typer.Option(
-            help="needle (answer NLL of far-back needles, LongRoPE2), needle-worst (that of the worst depth) "
-            "or far-ppl (NLL beyond the window)"
-        ),
-    ] = "needle",
-    seed: Annotated[int, typer.Option(help="seed of the search and of its needle set")] = 0,
-    samples: Annotated[int, typer.Option(help="needle samples (or documents) scored per candidate")] = 32,
-    data: Annotated[str, typer.Option(help="data for the fitness set (training split by default)")] = (
-        "builtin:stdlib-train"
-    ),
     original_length: Annotated[
         int | None, typer.Option(help="pretraining context, when the config cannot tell it")
     ] = None,
-    attention_factor: Annotated[
-        str,
-        typer.Option(
-            help="1 (model unchanged inside its window), auto (√(1+ln s/ln L), LongRoPE), a number, or search "
-            "(searched with the factors, within --window-tolerance)"
-        ),
-    ] = "1",
-    window_tolerance: Annotated[
-        float,
-        typer.Option(
-            help="with --attention-factor search: in-window perplexity increase allowed, in percent (upper "
-            "end of the paired 95% CI vs the base); 0: only changes the CI cannot detect"
-        ),
-    ] = 0.0,
-    min_form_accuracy: Annotated[
-        float,
-        typer.Option(
-            help="needle objectives: use a needle form only if the base retrieves at least this share of it "
-            "inside its own window, in percent"
-        ),
-    ] = 50.0,
-    report: Annotated[bool, typer.Option(help="compare with PI/NTK/YaRN/llama3 on held-out files")] = True,
     recipe: Annotated[
-        Path | None, typer.Option(help="take model, target and search settings from a recipe's model/rope/search")
+        Path | None,
+        typer.Option(help="take model, target and search settings from a recipe's model/rope/search (flags win)"),
     ] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue the search logged in --out")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
 ) -> None:
-    """Search per-dimension RoPE long factors (LongRoPE-style, training-free) and write the extended model."""
+    """Search per-dimension RoPE long factors (LongRoPE-style, training-free) and write the extended model.
+
+    The search settings (--objective, --samples …) are generated from their declaration
+    (ctxext/recipe/search.py); their defaults are the recommended settings (docs/search.md).
+    """
     from ctxext.errors import InputError
-    from ctxext.recipe.budget import parse_budget
+    from ctxext.recipe.flags import build_settings
     from ctxext.search.run import SearchSettings, run_search
 
+    given = dict(ctx.meta.get(SETTINGS, {}))
+    runtime: dict[str, Any] = {"device": device, "resume": resume, "overwrite": overwrite}
+    if original_length is not None:
+        runtime["original_length"] = original_length
     if recipe is not None:
         from ctxext.recipe.schema import load_recipe
         from ctxext.search.recipe import settings_from_recipe
 
-        settings = settings_from_recipe(load_recipe(recipe), out=out)
+        settings = settings_from_recipe(load_recipe(recipe), out=out, given={**given, **runtime})
     else:
-        given = (("MODEL", model), ("--target-length", target_length), ("--out", out))
-        missing = [name for name, v in given if v is None]
+        named = (("MODEL", model), ("--target-length", target_length), ("--out", out))
+        missing = [name for name, v in named if v is None]
         if missing:
             raise InputError(f"missing {', '.join(missing)} (or give --recipe)")
-        settings = SearchSettings(
-            model=str(model),
-            target_length=int(target_length),  # type: ignore[arg-type]
-            out=Path(out),  # type: ignore[arg-type]
-            objective=objective,
-            budget_seconds=budget,  # type: ignore[arg-type]
-            population=population,
-            generations=generations,
-            seed=seed,
-            samples=samples,
-            data=data,
-            original_length=original_length,
-            attention_factor=attention_factor,
-            window_tolerance=window_tolerance / 100,
-            min_form_accuracy=min_form_accuracy / 100,
-            report=report,
-        )
-    settings.device = device
-    settings.resume, settings.overwrite = resume, overwrite
-    settings.budget_seconds = parse_budget(settings.budget_seconds)
+        run = {"model": model, "target_length": target_length, "out": out}
+        settings = build_settings(SearchSettings, given, {**run, **runtime})
     result = run_search(settings, log=lambda line: console.print(line, markup=False, highlight=False))
     console.print(
         f"[green]✓[/] wrote {result.out}: longrope, {result.evaluations} candidates in {result.seconds:.0f} s "

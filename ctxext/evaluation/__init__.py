@@ -18,7 +18,7 @@ _EXPORTS = {
     "LoadedModel": "loading",
     "load_model": "loading",
     "parse_model_specs": "loading",
-    "PerplexitySettings": "perplexity",
+    "PerplexitySettings": "settings",
     "evaluate_perplexity": "perplexity",
     "token_nll": "perplexity",
     "sliding_nll": "perplexity",

@@ -46,6 +46,7 @@ import torch
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel, base_model
 from ctxext.evaluation.perplexity import check_lengths
+from ctxext.evaluation.settings import NeedleSettings, PasskeySettings
 from ctxext.evaluation.stats import wilson_interval
 from ctxext.progress import progress
 from ctxext.rope.core import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
@@ -173,16 +174,32 @@ class GridSettings:
         chat_template: ``auto`` (the tokenizer's chat template where it has one), ``none`` or a Jinja file.
     """
 
+    # The defaults are the declared ones (ctxext.evaluation.settings.PasskeySettings): one default each.
     lengths: list[int]
-    depths: list[float] = field(default_factory=lambda: [0, 25, 50, 75, 100])
-    trials: int = 5
-    seed: int = 0
-    max_new_tokens: int = 12
-    answer_margin: int = 8
+    depths: list[float] = field(default_factory=lambda: _declared("depths"))
+    trials: int = field(default_factory=lambda: _declared("trials"))
+    seed: int = field(default_factory=lambda: _declared("seed"))
+    max_new_tokens: int = field(default_factory=lambda: _declared("max_new_tokens"))
+    answer_margin: int = field(default_factory=lambda: _declared("answer_margin"))
     batch_tokens: int | None = None
-    allow_beyond_context: bool = False
-    scoring: str = "teacher-forced"
-    chat_template: str = "auto"
+    allow_beyond_context: bool = field(default_factory=lambda: _declared("allow_beyond_context"))
+    scoring: str = field(default_factory=lambda: _declared("scoring"))
+    chat_template: str = field(default_factory=lambda: _declared("chat_template"))
+
+    @classmethod
+    def from_settings(cls, settings: PasskeySettings, lengths: list[int], allow_beyond_context: bool) -> GridSettings:
+        """The grid of a suite's (or a command's) passkey / needle settings, at lengths resolved in tokens."""
+        return cls(
+            lengths=lengths,
+            depths=list(settings.depths),
+            trials=settings.trials,
+            seed=settings.seed,
+            max_new_tokens=settings.max_new_tokens,
+            answer_margin=settings.answer_margin,
+            allow_beyond_context=allow_beyond_context or settings.allow_beyond_context,
+            scoring=settings.scoring,
+            chat_template=settings.chat_template,
+        )
 
     def validate(self) -> None:
         """Raise :class:`InputError` for an empty or malformed grid."""
@@ -210,6 +227,14 @@ class GridSettings:
     def generates(self) -> bool:
         """Whether trials are generated (``generate`` or ``both``)."""
         return self.scoring in ("generate", "both")
+
+
+def _declared(name: str) -> Any:
+    return PasskeySettings.model_fields[name].get_default(call_default_factory=True)
+
+
+def _needle_default(name: str) -> Any:
+    return NeedleSettings.model_fields[name].get_default(call_default_factory=True)
 
 
 def make_samples(
@@ -485,14 +510,23 @@ class NeedleTask:
             question / answer.
     """
 
-    haystack: str = "builtin:stdlib"
+    haystack: str = field(default_factory=lambda: _needle_default("haystack"))
     needle: str = NEEDLE_TEXT
     question: str = NEEDLE_QUESTION
     answer: str = NEEDLE_ANSWER
-    text_field: str = "text"
-    split: str = "train"
+    text_field: str = field(default_factory=lambda: _needle_default("text_field"))
+    split: str = field(default_factory=lambda: _needle_default("split"))
     haystack_tokens: int | None = None
     template: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: NeedleSettings) -> NeedleTask:
+        """The needle of a suite's (or a command's) needle settings (``None``: the built-in needle's)."""
+        task = cls(haystack=settings.haystack, text_field=settings.text_field, split=settings.split)
+        for name in ("needle", "question", "answer"):
+            if getattr(settings, name):
+                setattr(task, name, getattr(settings, name))
+        return task
 
     def to_template(self) -> int | Template:
         """The registry template (an index) or a custom one built from needle / question / answer."""

@@ -16,7 +16,6 @@ shipped in ctxext (``metrics/squad_offline``), which loads without a network.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import torch
 
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel
+from ctxext.evaluation.settings import QASettings
 from ctxext.evaluation.stats import bootstrap_nll
 from ctxext.progress import progress
 from ctxext.rope.core import reset_dynamic_rope
@@ -31,7 +31,6 @@ from ctxext.tasks.base import ChatWrap, encode
 from ctxext.tasks.chat import chat_wrap, describe_chat
 
 METRIC_PATH = Path(__file__).parent / "metrics" / "squad_offline" / "squad_offline.py"
-QA_TEMPLATE = "{context}\n\nQuestion: {question}\nAnswer:"
 POSITION_BUCKETS = 5
 TRUNCATED_AWAY = "answer truncated away"
 NOT_FOUND = "not found"
@@ -49,38 +48,6 @@ def load_metric() -> Any:
     import evaluate
 
     return evaluate.load(str(METRIC_PATH))
-
-
-@dataclass
-class QASettings:
-    """A QA evaluation.
-
-    Attributes:
-        data: the data source (file or ``datasets`` id).
-        context_field: column with the document.
-        question_field: column with the question.
-        answers_field: column with the answer(s).
-        split: split of a Hub data set.
-        max_examples: evaluate at most this many examples.
-        max_length: prompt budget in tokens (default: the model's context).
-        max_new_tokens: answer budget.
-        template: prompt template with ``{context}`` and ``{question}``.
-        length_edges: context-length bucket edges in tokens (LongBench-E: 4k, 8k).
-        chat_template: ``auto`` (the tokenizer's chat template, if it has one), ``none``, or a Jinja file: the
-            prompt becomes the user's message and the answer the assistant's (:mod:`ctxext.tasks.chat`).
-    """
-
-    data: str
-    context_field: str = "context"
-    question_field: str = "question"
-    answers_field: str = "answers"
-    split: str = "train"
-    max_examples: int | None = None
-    max_length: int | None = None
-    max_new_tokens: int = 32
-    template: str = QA_TEMPLATE
-    length_edges: list[int] = field(default_factory=lambda: [4000, 8000])
-    chat_template: str = "auto"
 
 
 def _answers(value: Any) -> list[str]:
@@ -296,9 +263,10 @@ def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool =
     """
     started = time.perf_counter()
     examples = load_examples(settings)
-    budget = (settings.max_length or loaded.context_length) - settings.max_new_tokens
+    max_length = settings.prompt_length(loaded.original_length, loaded.context_length)
+    budget = max_length - settings.max_new_tokens
     if budget < 8:
-        raise InputError(f"a max length of {settings.max_length} leaves no room for a prompt")
+        raise InputError(f"a max length of {max_length} leaves no room for a prompt")
     chat = chat_wrap(loaded.tokenizer, settings.chat_template, "chat_template")
     preds, refs, rows = [], [], []
     with progress(f"qa {loaded.name}", len(examples), enabled=show_progress) as advance:
@@ -328,7 +296,7 @@ def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool =
 
     return {
         "task": "qa",
-        "settings": asdict(settings),
+        "settings": settings.model_dump(),
         "chat_template": describe_chat(chat),
         "examples": len(examples),
         "truncated": sum(r["truncated"] for r in rows),

@@ -24,73 +24,41 @@ Example (``eval/tiny-cpu.yaml``)::
 from __future__ import annotations
 
 import gc
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ctxext.errors import InputError
 
-Length = int | str
+# The perplexity, passkey, needle and qa sections are the workflows' own settings models (the flags of
+# ctxext eval ppl / passkey / needle / qa are generated from them); lengths resolve the same way everywhere.
+from ctxext.evaluation.settings import (
+    CHAT_HELP,
+    DEFAULT_LENGTHS,
+    Length,
+    NeedleSettings,
+    PasskeySettings,
+    PerplexitySettings,
+    QASettings,
+    Scoring,
+    auto_bucket,
+    check_chat_choice,
+    is_beyond_target,
+    resolve_length,
+)
+
 # Typed defaults (a bare lambda's list literal would be inferred as list[str] / list[int]).
-_SCALES: list[Length] = ["1x", "2x", "4x"]
-_GRID_DEPTHS: list[float] = [0, 25, 50, 75, 100]
 _RULER_DEPTHS: list[float] = [10, 50, 90]
 
 
-Scoring = Literal["teacher-forced", "generate", "both"]
 # The sections whose prompts a chat template can wrap (their ``chat_template`` key).
 CHAT_SECTIONS = ("passkey", "needle", "ruler", "qa")
-CHAT_HELP = "auto (the tokenizer's chat template, if it has one), none, or a Jinja chat template file"
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class PerplexityTask(_Section):
-    """The perplexity task of a suite."""
-
-    data: str = Field(default="builtin:stdlib", description="text file, folder, jsonl/parquet, Hub id, builtin:stdlib")
-    text_field: str = "text"
-    split: str = "test"
-    lengths: list[Length] = Field(default_factory=_SCALES.copy)
-    bucket_size: int | str | None = Field(default="auto", description="tokens per bucket, 'auto' (longest/8) or null")
-    context_limits: list[Length] = Field(default_factory=list)
-    stride: int | None = None
-    max_docs: int | None = Field(default=20, gt=0, description="documents reaching the longest length")
-    min_docs: int = Field(default=3, gt=0, description="fewest documents a perplexity may average")
-    short_context: bool = True
-    resamples: int = Field(default=1000, gt=0)
-
-
-class GridTask(_Section):
-    """A passkey or needle grid."""
-
-    lengths: list[Length] = Field(default_factory=_SCALES.copy)
-    depths: list[float] = Field(default_factory=_GRID_DEPTHS.copy)
-    trials: int = Field(default=5, gt=0)
-    seed: int = 0
-    max_new_tokens: int = Field(default=12, gt=0, description="generation: tokens generated at least")
-    answer_margin: int = Field(default=8, ge=0, description="generation: tokens generated beyond the answer's length")
-    scoring: Scoring = Field(
-        default="teacher-forced",
-        description="teacher-forced (exact for greedy decoding), generate (greedy, + RULER string match) or both",
-    )
-    chat_template: str = Field(default="auto", description=CHAT_HELP)
-
-
-class NeedleSuiteTask(GridTask):
-    """A needle-in-a-haystack grid with its haystack and needle."""
-
-    haystack: str = "builtin:stdlib"
-    text_field: str = "text"
-    split: str = "test"
-    needle: str | None = None
-    question: str | None = None
-    answer: str | None = None
 
 
 TemplateChoice = Literal["heldout", "training", "all"] | list[int]
@@ -108,8 +76,13 @@ class RulerTaskEntry(_Section):
 class RulerSection(_Section):
     """RULER-style synthetic tasks × lengths × depths, with effective length."""
 
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, value: str, info: ValidationInfo) -> str:
+        return check_chat_choice(value, info)
+
     tasks: list[RulerTaskEntry]
-    lengths: list[Length] = Field(default_factory=_SCALES.copy)
+    lengths: list[Length] = Field(default_factory=DEFAULT_LENGTHS.copy)
     depths: list[float] = Field(default_factory=_RULER_DEPTHS.copy)
     trials: int = Field(default=10, gt=0)
     seed: int = 0
@@ -123,22 +96,6 @@ class RulerSection(_Section):
     scoring: Scoring = "teacher-forced"
     max_new_tokens: int = Field(default=12, gt=0, description="generation: tokens generated at least")
     answer_margin: int = Field(default=8, ge=0, description="generation: tokens generated beyond the answer's length")
-    chat_template: str = Field(default="auto", description=CHAT_HELP)
-
-
-class QATask(_Section):
-    """A long-document QA task."""
-
-    data: str
-    context_field: str = "context"
-    question_field: str = "question"
-    answers_field: str = "answers"
-    split: str = "test"
-    max_examples: int | None = Field(default=None, gt=0)
-    max_length: Length | None = None
-    max_new_tokens: int = Field(default=32, gt=0)
-    template: str | None = None
-    length_edges: list[int] = Field(default_factory=lambda: [4000, 8000])
     chat_template: str = Field(default="auto", description=CHAT_HELP)
 
 
@@ -162,10 +119,10 @@ class Suite(_Section):
     name: str
     description: str = ""
     allow_beyond_context: bool = False
-    perplexity: PerplexityTask | None = None
-    passkey: GridTask | None = None
-    needle: NeedleSuiteTask | None = None
-    qa: QATask | None = None
+    perplexity: PerplexitySettings | None = None
+    passkey: PasskeySettings | None = None
+    needle: NeedleSettings | None = None
+    qa: QASettings | None = None
     ruler: RulerSection | None = None
     attention: AttentionTask | None = None
 
@@ -240,7 +197,9 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     except RecipeError as exc:
         raise InputError("suite overrides: " + "; ".join(f"{k}: {m}" for k, m in exc.problems)) from None
     try:
-        suite = Suite.model_validate(raw)
+        # Paths may be relative to the suite's folder or its parent (_resolve_paths): validators check them there.
+        folder = p.resolve().parent
+        suite = Suite.model_validate(raw, context={"folders": [folder, folder.parent]})
     except ValidationError as exc:
         problems = "\n".join(f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise InputError(f"invalid suite {path}:\n{problems}") from None
@@ -252,12 +211,6 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     ):
         names = ", ".join(["perplexity", "passkey", "needle", "qa", "ruler", "attention", *SECTIONS])
         raise InputError(f"suite {path} names no task ({names})")
-    from ctxext.tasks.chat import check_chat_template
-
-    for task in CHAT_SECTIONS:
-        section = getattr(suite, task)
-        if section is not None:  # a missing template file fails now, before any model is loaded
-            check_chat_template(section.chat_template, f"{task}.chat_template")
     if suite.ruler:
         # Unknown tasks, options or templates fail now, before any model is loaded.
         ruler_settings(suite.ruler, [1], False).validate()
@@ -314,27 +267,6 @@ def _resolve_paths(suite: Suite, folder: Path) -> None:
                 break
 
 
-def resolve_length(value: Length, original: int, context: int) -> int:
-    """A suite length: an int, ``"Nx"`` (N × original context) or ``"target"`` (configured context)."""
-    if isinstance(value, int):
-        return value
-    text = str(value).strip().lower()
-    if text == "target":
-        return context
-    beyond = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x\s*target", text)
-    if beyond:
-        return int(round(float(beyond.group(1)) * context))
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x", text)
-    if m:
-        return int(round(float(m.group(1)) * original))
-    if text.isdigit():
-        return int(text)
-    raise InputError(
-        f"length {value!r}: use a token count, 'Nx' (N × the original context), 'target' or 'Nx target' "
-        "(N × the target, to evaluate beyond it)"
-    )
-
-
 def resolve_lengths(
     values: list[Length], original: int, context: int, allow_beyond: bool
 ) -> tuple[list[int], list[int]]:
@@ -347,18 +279,6 @@ def resolve_lengths(
         else:
             out.append(L)
     return sorted(set(out)), sorted(set(dropped))
-
-
-def is_beyond_target(value: Length) -> bool:
-    """Whether a suite length asks for a multiple of the target (``"2x target"``): kept past the context."""
-    return isinstance(value, str) and re.fullmatch(r"\s*\d+(?:\.\d+)?\s*x\s*target\s*", value.lower()) is not None
-
-
-def _auto_bucket(longest: int) -> int:
-    for parts in (8, 4, 2, 1):
-        if longest % parts == 0:
-            return longest // parts
-    return longest
 
 
 def run_suite(
@@ -484,7 +404,7 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
         lengths = lengths_of(t.lengths, "perplexity")
         limits = [resolve_length(k, original, context) for k in t.context_limits]
         limits = [k for k in limits if k < lengths[-1]]
-        bucket = _auto_bucket(lengths[-1]) if t.bucket_size == "auto" else t.bucket_size
+        bucket = auto_bucket(lengths[-1]) if t.bucket_size == "auto" else t.bucket_size
         plan["perplexity"] = (lengths, limits, bucket)
     if suite.passkey:
         plan["passkey"] = lengths_of(suite.passkey.lengths, "passkey")
@@ -532,76 +452,34 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
 
     entry = model_entry(loaded)
     if suite.perplexity:
-        from ctxext.evaluation.data import iter_texts
-        from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+        from ctxext.evaluation.perplexity import evaluate_perplexity
 
         t = suite.perplexity
         lengths, limits, bucket = plan["perplexity"]
-        settings = PerplexitySettings(
-            lengths=lengths,
-            bucket_size=bucket,
-            stride=t.stride,
-            context_limits=limits,
-            max_docs=t.max_docs,
-            min_docs=t.min_docs,
-            resamples=t.resamples,
-            short_context=t.short_context,
-            allow_beyond_context=beyond_ok,
-        )
-        entry["perplexity"] = evaluate_perplexity(loaded, iter_texts(t.data, t.text_field, t.split), settings, show)
+        # The section's own settings, with the lengths resolved against the reference model.
+        resolved = {"lengths": lengths, "context_limits": limits, "bucket_size": bucket}
+        settings = t.model_copy(update={**resolved, "allow_beyond_context": beyond_ok or t.allow_beyond_context})
+        entry["perplexity"] = evaluate_perplexity(loaded, None, settings, show)
     for task in ("passkey", "needle"):
         t = getattr(suite, task)
         if t is None:
             continue
         from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle, evaluate_passkey
 
-        grid = GridSettings(
-            lengths=plan[task],
-            depths=list(t.depths),
-            trials=t.trials,
-            seed=t.seed,
-            max_new_tokens=t.max_new_tokens,
-            answer_margin=t.answer_margin,
-            allow_beyond_context=beyond_ok,
-            scoring=t.scoring,
-            chat_template=t.chat_template,
-        )
+        grid = GridSettings.from_settings(t, plan[task], beyond_ok)
         if task == "passkey":
             entry[task] = evaluate_passkey(loaded, grid, show)
         else:
-            needle = NeedleTask(haystack=t.haystack, text_field=t.text_field, split=t.split)
-            for name in ("needle", "question", "answer"):
-                if getattr(t, name):
-                    setattr(needle, name, getattr(t, name))
-            entry[task] = evaluate_needle(loaded, grid, needle, show)
+            entry[task] = evaluate_needle(loaded, grid, NeedleTask.from_settings(t), show)
     if suite.ruler:
         from ctxext.evaluation.ruler import evaluate_ruler
 
         entry["ruler"] = evaluate_ruler(loaded, ruler_settings(suite.ruler, plan["ruler"], beyond_ok), show)
     if suite.qa:
-        from ctxext.evaluation.qa import QA_TEMPLATE, QASettings, evaluate_qa
+        from ctxext.evaluation.qa import evaluate_qa
 
-        q = suite.qa
-        max_len = None
-        if q.max_length is not None:
-            max_len = resolve_length(q.max_length, loaded.original_length, loaded.context_length)
-        entry["qa"] = evaluate_qa(
-            loaded,
-            QASettings(
-                data=q.data,
-                context_field=q.context_field,
-                question_field=q.question_field,
-                answers_field=q.answers_field,
-                split=q.split,
-                max_examples=q.max_examples,
-                max_length=max_len,
-                max_new_tokens=q.max_new_tokens,
-                template=q.template or QA_TEMPLATE,
-                length_edges=list(q.length_edges),
-                chat_template=q.chat_template,
-            ),
-            show,
-        )
+        # The section is the QA settings; its max_length resolves against each model's contexts.
+        entry["qa"] = evaluate_qa(loaded, suite.qa, show)
     if suite.attention:
         entry["attention"] = _run_attention(suite.attention, loaded, plan["attention"][0], beyond_ok, show)
     from ctxext.evaluation.sections import sections_in

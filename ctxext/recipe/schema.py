@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import InitErrorDetails
 
 from ctxext.errors import InputError
+from ctxext.recipe.search import SearchOptions
 from ctxext.rope.methods import METHODS, declared_options
 
 # A Hub repository id: namespace/name, each of letters, digits, '-', '_', '.'.
@@ -405,44 +406,10 @@ class HubSection(_Section):
         return self
 
 
-class SearchSection(_Section):
+class SearchSection(SearchOptions):
     """A RoPE factor search (``ctxext search``) run before training; needs ``rope.method: longrope``."""
 
-    objective: Literal["needle", "needle-worst", "far-ppl"] = "needle"
-    budget: str = Field(default="10m", description="time budget of the search: 90s, 10m, 1h")
-    population: int = Field(default=64, ge=4)
-    generations: int = Field(default=40, ge=0)
-    seed: int = 0
-    samples: int = Field(default=32, gt=0, description="needle samples (or documents) scored per candidate")
-    data: str = Field(default="builtin:stdlib-train", description="data of the fitness set (a training split)")
-    report: bool = True
-    attention_factor: str | float = Field(
-        default=1.0,
-        description="1 (unchanged inside the window), auto (√(1 + ln s / ln L)), a number, or search (searched "
-        "with the factors within window_tolerance)",
-    )
-    window_tolerance: float = Field(
-        default=0.0, ge=0, lt=100, description="attention_factor search: in-window ppl increase allowed, percent"
-    )
-    min_form_accuracy: float = Field(
-        default=50.0,
-        ge=0,
-        le=100,
-        description="needle objectives: a needle form is used only if the base retrieves at least this share of it "
-        "inside its window, percent",
-    )
     out: str | None = Field(default=None, description="the search's model folder (default: <output.dir>-search)")
-
-    @model_validator(mode="after")
-    def _check(self) -> SearchSection:
-        from ctxext.errors import InputError
-        from ctxext.recipe.budget import parse_budget
-
-        try:
-            parse_budget(self.budget)
-        except InputError as exc:
-            raise ValueError(f"budget: {exc}") from None
-        return self
 
 
 class OutputSection(_Section):
@@ -624,7 +591,9 @@ def schema_lines() -> list[str]:
     """Every recipe key, one line each: ``section.key: type = default  — meaning`` (``ctxext validate --schema``)."""
     lines = []
     for section_name, section_field in Recipe.model_fields.items():
-        section = section_field.annotation
+        # An optional section (search: SearchSection | None) is listed by its model.
+        options = [a for a in getattr(section_field.annotation, "__args__", ()) if a is not type(None)]
+        section = options[0] if len(options) == 1 else section_field.annotation
         if not (isinstance(section, type) and issubclass(section, BaseModel)):
             continue
         lines.append(f"{section_name}:  {(section.__doc__ or '').strip().splitlines()[0]}")
