@@ -21,9 +21,10 @@ import torch
 from ctxext.errors import CtxextError
 from ctxext.recipe.schema import Recipe
 from ctxext.training.checkpoints import Checkpoints, Counters, step_of
-from ctxext.training.data.rows import build_inputs
+from ctxext.training.data.rows import IGNORE_INDEX, build_inputs
 from ctxext.training.folder import METRICS_FILE, RunWriter
 from ctxext.training.launch import Launch
+from ctxext.training.sequence_parallel import split_rows
 from ctxext.training.steps import micro_batches, peak_mem_mb
 
 OOM_ADVICE = (
@@ -89,7 +90,7 @@ class TrainingLoop:
         data, acc, world, rank = self.data.validation, self.acc, self.launch.world, self.launch.rank
         if data is None:
             return None
-        mb = self.cfg.micro_batch_size
+        mb, split = self.cfg.micro_batch_size, self.launch.split
         n = min(len(data), self.cfg.eval_batches * mb * world)
         total = torch.zeros((), device=acc.device)
         count = torch.zeros((), device=acc.device)
@@ -100,8 +101,14 @@ class TrainingLoop:
         with torch.no_grad():
             for j in range(rounds):
                 first = (j * world + rank) * mb
-                rows = data[first : min(first + mb, n)] if first < n else data[0:1]
-                inputs = build_inputs(rows, attn_implementation=self.loaded.attn_implementation).to(acc.device)
+                if split.size > 1:
+                    rows, real = split_rows(data, first, n, mb)
+                else:
+                    rows = data[first : min(first + mb, n)] if first < n else data[0:1]
+                inputs = build_inputs(rows, attn_implementation=self.loaded.attn_implementation)
+                if split.size > 1:
+                    inputs.labels[real:] = IGNORE_INDEX  # filler rows: read, never scored
+                inputs = split.shard(inputs).to(acc.device)
                 t, c = self.model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
                 if first < n:
                     total += t.float()
@@ -212,7 +219,8 @@ class TrainingLoop:
                 pose_chunks=cfg.pose.chunks if cfg.pose else None,
                 seed=cfg.seed,
                 first_example=((counters.step * ga + micro) * launch.world + launch.rank) * mb,
-            ).to(acc.device)
+            )
+            inputs = launch.split.shard(inputs).to(acc.device)
             ids, labels = inputs.input_ids, inputs.labels
             sync = acc.no_sync(self.model) if micro < ga - 1 else nullcontext()
             cp_ctx = (
@@ -224,7 +232,7 @@ class TrainingLoop:
             )
             with sync, cp_ctx:
                 total, count = self.model(ids, labels, inputs.position_ids, inputs.attention_mask)
-                loss = total / count.clamp(min=1) / ga
+                loss = launch.split.loss(total, count) / ga
                 acc.backward(loss)
             step_loss += loss.detach()
         grad_norm = acc.clip_grad_norm_(self.trainable, cfg.max_grad_norm) if cfg.max_grad_norm else None

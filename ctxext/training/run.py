@@ -33,6 +33,7 @@ from ctxext.training.data.rows import shifted_labels
 from ctxext.training.folder import CHECKPOINTS, RunWriter, check_output_dir, flat_config, run_record, versions
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop
+from ctxext.training.sequence_parallel import start_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 
 __all__ = [
@@ -98,6 +99,10 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     set_seed(cfg.seed)
     loaded = build_training_model(
         recipe, accelerator.device, sharded=accelerator.distributed_type == DistributedType.FSDP
+    )
+    # The split is installed before the data and the run folder: a model it cannot split is refused first.
+    launch.split = start_sequence_parallel(
+        cfg.sequence_parallel_size, loaded.model, loaded.attn_implementation, cfg.micro_batch_size
     )
     data = _training_data(recipe, loaded, launch)
 
