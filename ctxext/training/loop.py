@@ -31,8 +31,9 @@ OOM_ADVICE = (
     "out of memory at train.seq_len={seq} with micro_batch_size={mb}. Lower, in this order: "
     "train.micro_batch_size (raise train.gradient_accumulation_steps to keep the batch), train.seq_len, "
     "train.loss_chunk_size, lora.r; keep train.gradient_checkpointing=true and quantization.mode=nf4; drop "
-    "embed_tokens from lora.extra_trainable; or spread the sequence over GPUs with FSDP2 and "
-    "train.context_parallel_size (configs/accelerate/fsdp2.yaml)."
+    "embed_tokens from lora.extra_trainable; or spread the sequence over GPUs: train.sequence_parallel_size "
+    "(DeepSpeed Ulysses, docs/sequence-parallel.md) or FSDP2 and train.context_parallel_size "
+    "(configs/accelerate/fsdp2.yaml)."
 )
 # Set to a folder, each process writes rank-N.json there: the blocks it trained on and a digest of its
 # trained weights (how the multi-process test shows sharding and synchronisation). Off by default.
