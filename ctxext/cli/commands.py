@@ -298,6 +298,7 @@ def _print_plan(plan: Any) -> None:
         + (f" (chunk {s.loss_chunk})" if s.loss == "chunked" else "")
         + f", {s.world} GPU(s)"
         + (f", context parallel {s.context_parallel}" if s.context_parallel > 1 else "")
+        + (f", sequence parallel {s.sequence_parallel}" if s.sequence_parallel > 1 else "")
         + (f", {s.sharding}" if s.sharding != "none" else "")
     )
     console.print(head)
@@ -365,6 +366,9 @@ def plan(
     tflops: Annotated[float | None, typer.Option(help="bf16 TFLOP/s of a --gpu-memory GPU, for tokens/s")] = None,
     cpu: Annotated[bool, typer.Option("--cpu", help="plan a CPU run against this machine's RAM")] = False,
     num_gpus: Annotated[int, typer.Option("--num-gpus", help="GPUs per node")] = 1,
+    sp: Annotated[
+        int | None, typer.Option("--sp", help="split each sequence over N GPUs (train.sequence_parallel_size=N)")
+    ] = None,
     nodes: Annotated[int, typer.Option("--nodes", help="nodes")] = 1,
     sharding: Annotated[
         str, typer.Option(help="auto (FSDP2 with context parallelism, else none/DDP), ddp, fsdp2, zero3")
@@ -394,6 +398,9 @@ def plan(
     if loss not in ("chunked", "full"):
         raise InputError(f"--loss: {loss!r} is not chunked or full")
     device = lookup_gpu(gpu) if gpu else custom_gpu(gpu_memory, tflops) if gpu_memory else cpu_device()
+    if sp is not None:
+        overrides = [*(overrides or []), f"train.sequence_parallel_size={sp}"]
+        num_gpus = sp if num_gpus == 1 and nodes == 1 else num_gpus  # --sp 4 alone plans 4 GPUs
     parsed = load_recipe(recipe, overrides or [])
     result = plan_recipe(
         parsed, device, num_gpus=num_gpus, nodes=nodes, sharding=sharding, loss=loss, utilization=utilization

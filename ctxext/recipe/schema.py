@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import InitErrorDetails
 
 from ctxext.errors import InputError
+from ctxext.recipe.parallel import LENGTH_DEPENDENT_METHODS, sequence_parallel_refusal
 from ctxext.recipe.search import SearchOptions
 from ctxext.rope.methods import METHODS, declared_options
 
@@ -34,9 +35,8 @@ def repo_id_problem(repo_id: str | None) -> str | None:
     return None
 
 
-# RoPE types whose frequencies depend on the processed length (rope.LENGTH_DEPENDENT_TYPES holds the
-# transformers rope types; these are the ctxext method names that produce them).
-POSE_REFUSED_METHODS = frozenset({"dynamic", "longrope"})
+# PoSE cannot train the methods whose frequencies depend on the processed length.
+POSE_REFUSED_METHODS = LENGTH_DEPENDENT_METHODS
 
 
 def pose_refusal(method: str) -> str | None:
@@ -373,6 +373,11 @@ class TrainSection(_Section):
     keep_checkpoints: int = Field(default=2, gt=0, description="how many of the latest checkpoints to keep")
     tracker: Literal["none", "tensorboard", "wandb"] = "none"
     context_parallel_size: int = Field(default=1, gt=0, description="accelerate context parallelism (CUDA + FSDP2)")
+    sequence_parallel_size: int = Field(
+        default=1,
+        gt=0,
+        description="split each sequence over N processes (DeepSpeed Ulysses, docs/sequence-parallel.md)",
+    )
     pose: PoseSection | None = Field(
         default=None, description="PoSE: train positions up to rope.target_length with train.seq_len-token rows"
     )
@@ -465,6 +470,9 @@ class Recipe(_Section):
                 )
             if pose.chunks > seq:
                 raise ValueError(f"train.pose.chunks: {pose.chunks} chunks cannot split a row of {seq} tokens")
+        refusal = sequence_parallel_refusal(self)
+        if refusal:
+            raise ValueError(refusal)
         return self
 
     @property

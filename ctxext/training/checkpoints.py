@@ -60,7 +60,10 @@ class Checkpoints:
         """Make the scheduler and the counters part of every checkpoint, and keep the frozen base out of it."""
         # The scheduler is stepped by hand once per optimizer step (accelerate would step it once per process).
         self.accelerator.register_for_checkpointing(scheduler, counters)
-        trainable_keys = {n for n, p in model.named_parameters() if p.requires_grad}
+        # Named as in the state dicts accelerate saves: the unwrapped model's names (DDP would add "module.", and
+        # the filter below would then keep nothing: an empty checkpoint that resumes from the initial weights).
+        unwrapped = self.accelerator.unwrap_model(model)
+        trainable_keys = {n for n, p in unwrapped.named_parameters() if p.requires_grad}
 
         def keep_trainable(models: list, weights: list, output_dir: str) -> None:
             # Checkpoints hold only the trained weights: the frozen (4-bit) base is the same at every step.

@@ -24,10 +24,11 @@ from ctxext.atomic import is_disk_full
 from ctxext.errors import CtxextError, InputError, Terminated
 from ctxext.recipe.schema import Recipe
 from ctxext.training.checkpoints import Checkpoints, Counters, step_of
-from ctxext.training.data.rows import build_inputs
+from ctxext.training.data.rows import IGNORE_INDEX, build_inputs
 from ctxext.training.folder import METRICS_FILE, RunWriter
 from ctxext.training.launch import Launch
 from ctxext.training.losses import micro_batch_loss
+from ctxext.training.sequence_parallel import split_rows
 from ctxext.training.steps import micro_batches, peak_mem_mb
 from ctxext.training.stop import StopRequest
 
@@ -35,8 +36,9 @@ OOM_ADVICE = (
     "out of memory at train.seq_len={seq} with micro_batch_size={mb}. Lower, in this order: "
     "train.micro_batch_size (raise train.gradient_accumulation_steps to keep the batch), train.seq_len, "
     "train.loss_chunk_size, lora.r; keep train.gradient_checkpointing=true and quantization.mode=nf4; drop "
-    "embed_tokens from lora.extra_trainable; or spread the sequence over GPUs with FSDP2 and "
-    "train.context_parallel_size (configs/accelerate/fsdp2.yaml)."
+    "embed_tokens from lora.extra_trainable; or spread the sequence over GPUs: train.sequence_parallel_size "
+    "(DeepSpeed Ulysses, docs/sequence-parallel.md) or FSDP2 and train.context_parallel_size "
+    "(configs/accelerate/fsdp2.yaml)."
 )
 # Set to a folder, each process writes rank-N.json there: the blocks it trained on and a digest of its
 # trained weights (how the multi-process test shows sharding and synchronisation). Off by default.
@@ -97,7 +99,7 @@ class TrainingLoop:
         data, acc, world, rank = self.data.validation, self.acc, self.launch.world, self.launch.rank
         if data is None:
             return None
-        mb = self.cfg.micro_batch_size
+        mb, split = self.cfg.micro_batch_size, self.launch.split
         n = min(len(data), self.cfg.eval_batches * mb * world)
         total = torch.zeros((), device=acc.device)
         count = torch.zeros((), device=acc.device)
@@ -108,8 +110,14 @@ class TrainingLoop:
         with torch.no_grad():
             for j in range(rounds):
                 first = (j * world + rank) * mb
-                rows = data[first : min(first + mb, n)] if first < n else data[0:1]
-                inputs = build_inputs(rows, attn_implementation=self.loaded.attn_implementation).to(acc.device)
+                if split.size > 1:
+                    rows, real = split_rows(data, first, n, mb)
+                else:
+                    rows = data[first : min(first + mb, n)] if first < n else data[0:1]
+                inputs = build_inputs(rows, attn_implementation=self.loaded.attn_implementation)
+                if split.size > 1:
+                    inputs.labels[real:] = IGNORE_INDEX  # filler rows: read, never scored
+                inputs = split.shard(inputs).to(acc.device)
                 t, c = self.model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
                 if first < n:
                     total += t.float()
@@ -248,7 +256,8 @@ class TrainingLoop:
                 pose_chunks=cfg.pose.chunks if cfg.pose else None,
                 seed=cfg.seed,
                 first_example=((counters.step * ga + micro) * launch.world + launch.rank) * mb,
-            ).to(acc.device)
+            )
+            inputs = launch.split.shard(inputs).to(acc.device)
             ids, labels = inputs.input_ids, inputs.labels
             sync = acc.no_sync(self.model) if micro < ga - 1 else nullcontext()
             cp_ctx = (
@@ -260,6 +269,7 @@ class TrainingLoop:
             )
             with sync, cp_ctx:
                 total, count = self.model(ids, labels, inputs.position_ids, inputs.attention_mask)
+                # Under a sequence split ``labels`` is this process's shard: the same rule is exact there too.
                 loss = micro_batch_loss(total, labels, ga)
                 acc.backward(loss)
             step_loss += loss.detach()

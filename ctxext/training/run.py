@@ -42,6 +42,7 @@ from ctxext.training.folder import (
 )
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop
+from ctxext.training.sequence_parallel import start_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 from ctxext.training.stop import StopRequest, stop_on_signals
 
@@ -127,6 +128,10 @@ def _train(recipe: Recipe, resume: bool, command: list[str] | None, launch: Laun
     set_seed(cfg.seed)
     loaded = build_training_model(
         recipe, accelerator.device, sharded=accelerator.distributed_type == DistributedType.FSDP
+    )
+    # The split is installed before the data and the run folder: a model it cannot split is refused first.
+    launch.split = start_sequence_parallel(
+        cfg.sequence_parallel_size, loaded.model, loaded.attn_implementation, cfg.micro_batch_size
     )
     data = _training_data(recipe, loaded, launch)
 
