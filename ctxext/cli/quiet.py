@@ -31,12 +31,32 @@ _LOGGERS = {
     "bitsandbytes": logging.ERROR,
 }
 
+# Logger name → the starts of messages to drop. A filter, not a level: DeepSpeed sets its logger's level when it is
+# imported (after this runs), and a filter survives that.
+_MESSAGES = {
+    # DeepSpeed (installed for sequence parallelism) says this on every CPU run, when accelerate or transformers
+    # look for it, even when nothing uses it.
+    "DeepSpeed": ("Setting accelerator to CPU",),
+}
+
 # (message regex, category): deprecations inside other libraries that the user cannot act on.
 _WARNINGS = [
     # peft reads model.is_gradient_checkpointing, which transformers 5 deprecates in favour of
     # is_activation_checkpointing; nothing for a ctxext user to change.
     (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
 ]
+
+
+class _DropMessages(logging.Filter):
+    """Drops a logger's records whose message starts with one of ``starts``."""
+
+    def __init__(self, starts: tuple[str, ...]):
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Keep the record unless it is one of the listed messages."""
+        return not record.getMessage().startswith(self.starts)
 
 
 def quiet_third_party(verbose: bool = False) -> None:
@@ -51,5 +71,9 @@ def quiet_third_party(verbose: bool = False) -> None:
         os.environ.setdefault(key, value)
     for name, level in _LOGGERS.items():
         logging.getLogger(name).setLevel(level)
+    for name, starts in _MESSAGES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):  # once per process, however often called
+            logger.addFilter(_DropMessages(starts))
     for message, category in _WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)
