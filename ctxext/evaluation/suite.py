@@ -405,6 +405,12 @@ def run_suite(
 
         # Lengths past the reference's context were asked for explicitly ("2x target"): every model goes there.
         beyond_target = sorted({L for v in plan.values() for L in (v[0] if isinstance(v, tuple) else v) if L > context})
+        from ctxext.evaluation.sections import SuiteRun, sections_in
+
+        registered_sections = sections_in(suite)
+        run_info = SuiteRun(tuple(s.label() for s in specs), original, context, reference)
+        for registered, settings in registered_sections:
+            registered.begin(settings, run_info)
         entries = []
         for i, spec in enumerate(specs):
             loaded = load_model(spec, device=device)
@@ -423,6 +429,8 @@ def run_suite(
             entries.append(entry)
             del loaded
             gc.collect()
+        for registered, settings in registered_sections:
+            registered.finish(settings, entries)
         suite_info = {
             "name": suite.name,
             "path": suite_path,
