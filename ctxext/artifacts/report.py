@@ -221,11 +221,27 @@ class EffectiveLength(Section):
 NamedEffectiveLengths = dict[str, dict[str, EffectiveLength]]
 
 
+class GridControl(Section):
+    """The no-needle control of a task: its prompts with every insert replaced by haystack text (chance rate).
+
+    Only ``note`` where the task inserts nothing.
+    """
+
+    note: str | None = None
+    depth: float | None = None
+    by_length: dict[str, Accuracy] = Field(default_factory=dict)
+    overall: Accuracy | None = None
+
+
 class RulerTask(Grid):
-    """One task of a RULER-style suite, with its effective length (the section's setting, and both named ones)."""
+    """One task of a RULER-style suite, with its effective length (the section's setting, and both named ones).
+
+    ``control``: the no-needle control, where the section ran it (``control: true``).
+    """
 
     effective_length: EffectiveLength = Field(default_factory=EffectiveLength)
     effective_lengths: NamedEffectiveLengths = Field(default_factory=dict)
+    control: GridControl | None = None
 
 
 class Ruler(Section):

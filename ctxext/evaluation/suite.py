@@ -124,6 +124,9 @@ class RulerSection(_Section):
     max_new_tokens: int = Field(default=12, gt=0, description="generation: tokens generated at least")
     answer_margin: int = Field(default=8, ge=0, description="generation: tokens generated beyond the answer's length")
     chat_template: str = Field(default="auto", description=CHAT_HELP)
+    control: bool = Field(
+        default=False, description="also score every task with its needles replaced by haystack text (chance rate)"
+    )
 
 
 class QATask(_Section):
@@ -286,6 +289,7 @@ def ruler_settings(section: RulerSection, lengths: list[int], allow_beyond: bool
         answer_margin=section.answer_margin,
         chat_template=section.chat_template,
         allow_beyond_context=allow_beyond,
+        control=section.control,
     )
 
 
