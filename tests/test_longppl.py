@@ -199,3 +199,21 @@ def test_old_reports_without_longppl_still_read(tmp_path):
     }
     report = parse_report({"schema": SCHEMA, "models": [entry]})
     assert report.models[0].longppl is None and "longppl" not in json.loads(report.to_json())["models"][0]
+
+
+def test_the_default_suite_means_something():
+    """eval/long-context.yaml: keyed held-out retrieval with a control, cells that separate 50 % from 90 %, LongPPL."""
+    from ctxext.evaluation.longppl import resolve_run
+    from ctxext.evaluation.stats import wilson_interval
+    from ctxext.evaluation.suite import load_suite
+
+    suite, _ = load_suite(Path(__file__).resolve().parents[1] / "eval" / "long-context.yaml")
+    ruler = suite.ruler
+    assert ruler is not None and ruler.control and ruler.templates == "heldout" and suite.needle is None
+    assert {t.task for t in ruler.tasks} == {"needle", "multikey", "json_kv", "doc_qa"}
+    n = ruler.trials
+    assert wilson_interval(round(0.5 * n), n)[1] < wilson_interval(round(0.9 * n), n)[0]
+    assert suite.passkey is not None and suite.passkey.trials >= 20
+    longppl = (suite.__pydantic_extra__ or {})["longppl"]
+    run = resolve_run(longppl, ("base", "extended"), 4096, 32768)  # Llama-2 4k → 32k: the paper's K and S
+    assert (run.short_context, run.stride, run.evaluator) == (4096, 1024, None)

@@ -338,6 +338,7 @@ class LongPPLLength(Section):
     key_fraction: float | None = None
     evaluator_mean_lsd: float | None = None
     beyond_context: bool = False
+    note: str | None = None
 
 
 class LongPPL(Section):

@@ -278,8 +278,10 @@ def model_result(name: str, settings: LongPPLSettings, run: LongPPLRun) -> dict[
         sums = np.array([float(v.double().sum()) for v in scores.nll[L]])
         counts = np.array([len(v) for v in scores.nll[L]])
         scored = int(counts.sum())
+        # Documents without a key token add nothing, but would turn resamples of only them into NLL 0 (ppl 1).
+        has = key_counts > 0
         out["by_length"][str(L)] = {
-            "longppl": ppl_entry(key_sums, key_counts, settings.resamples, settings.seed),
+            "longppl": ppl_entry(key_sums[has], key_counts[has], settings.resamples, settings.seed),
             "ppl": ppl_entry(sums, counts, settings.resamples, settings.seed),
             "key_tokens": int(key_counts.sum()),
             "scored_tokens": scored,
@@ -287,6 +289,8 @@ def model_result(name: str, settings: LongPPLSettings, run: LongPPLRun) -> dict[
             "evaluator_mean_lsd": run.gains.get(L),
             "beyond_context": L > scores.context,
         }
+        if L <= run.short_context + run.stride:  # every token's short window is its whole prefix
+            out["by_length"][str(L)]["note"] = "no candidate token: the length is within K + S"
         per_doc[str(L)] = {
             "key_nll_sums": key_sums.tolist(),
             "key_tokens": key_counts.tolist(),

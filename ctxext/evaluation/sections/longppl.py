@@ -124,10 +124,11 @@ def _ratio(m: dict[str, Any], ref: dict[str, Any] | None, length: int) -> str:
     if not a or not b or sum(a["key_tokens"]) == 0:
         return "–"
     st = m["longppl"].get("settings") or {}
+    has = np.array(a["key_tokens"]) > 0  # documents without a key token carry no evidence (see model_result)
     stat = paired_ppl_ratio(
-        np.array(a["key_nll_sums"]),
-        np.array(b["key_nll_sums"]),
-        np.array(a["key_tokens"]),
+        np.array(a["key_nll_sums"])[has],
+        np.array(b["key_nll_sums"])[has],
+        np.array(a["key_tokens"])[has],
         int(st.get("resamples", 1000)),
         int(st.get("seed", 0)),
     )
