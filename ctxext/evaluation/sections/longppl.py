@@ -81,7 +81,8 @@ def longppl_markdown(models: list[dict[str, Any]], report: dict[str, Any]) -> li
         f"{st.get('short_context')}-token context (windows of {st.get('short_context')} + {st.get('stride')} "
         f"tokens) above {st.get('lsd_threshold')} nats, and long-context log-prob above {st.get('lcl_threshold')}"
         " (Fang et al. 2024). Every model is scored on those tokens of the same documents; perplexity is over "
-        "all their tokens. Lower is better; † beyond the model's context; ratio: paired bootstrap against "
+        "all their tokens. Cells: ppl [95 % CI] (documents; for LongPPL those holding key tokens). Lower is "
+        "better; † beyond the model's context; ratio: paired bootstrap against "
         f"{ref_name}.",
         "",
     ]
@@ -107,7 +108,7 @@ def _ppl(e: dict[str, Any] | None) -> str:
 
     if not e or e.get("ppl") is None:
         return "–"
-    return f"{fmt(e['ppl'])} [{fmt(e['ci_low'])}, {fmt(e['ci_high'])}]"
+    return f"{fmt(e['ppl'])} [{fmt(e['ci_low'])}, {fmt(e['ci_high'])}] ({e.get('documents')})"
 
 
 def _ratio(m: dict[str, Any], ref: dict[str, Any] | None, length: int) -> str:
