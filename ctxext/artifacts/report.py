@@ -5,7 +5,8 @@ One definition of what a report holds, so the writer and every reader agree (pyd
     EvalReport: schema ("ctxext.eval.report/v1"), ctxext_version, created, suite, command, environment, data,
                 models: [ModelEntry], comparisons: Comparisons | None
     ModelEntry: name, model (how it was loaded), rope (its RoPE), and one section per task that ran:
-                perplexity, passkey / needle (retrieval grids), ruler, attention, qa, harness (lm-eval)
+                perplexity, passkey / needle (retrieval grids), ruler, attention, qa, harness (lm-eval),
+                longppl (perplexity on key tokens)
 
 Sections accept fields they do not declare (``extra="allow"``) and keep them on a round trip: a report's
 fields are only ever added, never renamed, so a report written by a newer ctxext of the same schema
@@ -220,11 +221,27 @@ class EffectiveLength(Section):
 NamedEffectiveLengths = dict[str, dict[str, EffectiveLength]]
 
 
+class GridControl(Section):
+    """The no-needle control of a task: its prompts with every insert replaced by haystack text (chance rate).
+
+    Only ``note`` where the task inserts nothing.
+    """
+
+    note: str | None = None
+    depth: float | None = None
+    by_length: dict[str, Accuracy] = Field(default_factory=dict)
+    overall: Accuracy | None = None
+
+
 class RulerTask(Grid):
-    """One task of a RULER-style suite, with its effective length (the section's setting, and both named ones)."""
+    """One task of a RULER-style suite, with its effective length (the section's setting, and both named ones).
+
+    ``control``: the no-needle control, where the section ran it (``control: true``).
+    """
 
     effective_length: EffectiveLength = Field(default_factory=EffectiveLength)
     effective_lengths: NamedEffectiveLengths = Field(default_factory=dict)
+    control: GridControl | None = None
 
 
 class Ruler(Section):
@@ -311,6 +328,34 @@ class Harness(Section):
     seconds: float | None = None
 
 
+class LongPPLLength(Section):
+    """LongPPL at one length: perplexity on the key tokens, plain perplexity on every token, how many were key."""
+
+    longppl: PplEntry
+    ppl: PplEntry
+    key_tokens: int
+    scored_tokens: int
+    key_fraction: float | None = None
+    evaluator_mean_lsd: float | None = None
+    beyond_context: bool = False
+    note: str | None = None
+
+
+class LongPPL(Section):
+    """The ``longppl`` section: perplexity on the tokens that need the far context (Fang et al. 2024).
+
+    ``evaluator``: the model that chose the key tokens (the same tokens for every model of the report);
+    ``by_length`` is empty, with a ``note``, for a model that could not be scored on them.
+    """
+
+    definition: str | None = None
+    evaluator: str | None = None
+    settings: dict[str, Any] = Field(default_factory=dict)
+    by_length: dict[str, LongPPLLength] = Field(default_factory=dict)
+    per_document: dict[str, Any] | None = None
+    note: str | None = None
+
+
 class Comparisons(Section):
     """Paired model-vs-reference statistics (:func:`ctxext.evaluation.paired.compare_models`)."""
 
@@ -354,7 +399,7 @@ class RopeInfo(Section):
 
 
 # The task sections of a model entry: a task that did not run has no key (not null).
-TASKS = ("perplexity", "passkey", "needle", "ruler", "attention", "qa", "harness")
+TASKS = ("perplexity", "passkey", "needle", "ruler", "attention", "qa", "harness", "longppl")
 
 
 class ModelEntry(Section):
@@ -370,6 +415,7 @@ class ModelEntry(Section):
     attention: Attention | None = None
     qa: QA | None = None
     harness: Harness | None = None
+    longppl: LongPPL | None = None
 
     @property
     def is_base(self) -> bool:

@@ -304,7 +304,7 @@ def _score_generate(loaded: LoadedModel, samples: list[TaskSample], settings: Gr
     return [o for o in out if o is not None]
 
 
-def _score(loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings) -> list[dict[str, Any]]:
+def score_trials(loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings) -> list[dict[str, Any]]:
     """Each trial's result: ``correct`` (the primary outcome) and what each scoring that ran measured."""
     tf = _score_teacher_forced(loaded, samples, settings) if settings.teacher_forced else None
     gen = _score_generate(loaded, samples, settings) if settings.generates else None
@@ -375,7 +375,7 @@ def evaluate_task_grid(
                 for d in settings.depths
             ]
             flat = [s for _, samples in built for s in samples]
-            results = _score(loaded, flat, settings)
+            results = score_trials(loaded, flat, settings)
             at = 0
             for depth, samples in built:
                 res = results[at : at + len(samples)]

@@ -364,6 +364,9 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
     from ctxext.evaluation.ruler import named_effective_markdown
 
     lines += named_effective_markdown(models)
+    from ctxext.evaluation.control import control_markdown
+
+    lines += control_markdown(models)
     for m in models:
         r = m["ruler"]
         lengths = [str(L) for L in r["settings"]["lengths"]]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.errors import InputError
+from ctxext.evaluation.control import evaluate_control
 from ctxext.evaluation.grid import GridSettings, evaluate_task_grid, load_haystack
 from ctxext.evaluation.loading import LoadedModel
 from ctxext.tasks import get_task
@@ -89,6 +90,7 @@ class RulerSettings:
         max_new_tokens: generation: tokens generated at least.
         chat_template: ``auto``, ``none`` or a Jinja chat template file (:mod:`ctxext.tasks.chat`).
         allow_beyond_context: evaluate lengths above the model's context (marked).
+        control: also score each task's no-needle control (:func:`~ctxext.evaluation.control.evaluate_control`).
     """
 
     tasks: list[RulerTaskSpec]
@@ -108,6 +110,7 @@ class RulerSettings:
     max_new_tokens: int = 12
     chat_template: str = "auto"
     allow_beyond_context: bool = False
+    control: bool = False
 
     def validate(self) -> None:
         """Raise :class:`InputError` for a malformed suite section (unknown tasks, duplicate labels …)."""
@@ -295,6 +298,8 @@ def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: 
     for spec in settings.tasks:
         templates = template_indices(spec.task, spec.templates or settings.templates)
         res = evaluate_task_grid(loaded, grid, spec.task, hay, templates, spec.options, show_progress, spec.label)
+        if settings.control:
+            res["control"] = evaluate_control(loaded, grid, spec.task, hay, templates, spec.options)
         scores = {int(L): e["accuracy"] for L, e in res["by_length"].items()}
         res["effective_length"] = effective_length(
             scores, original, settings.threshold, settings.threshold_reference, settings.min_reference

@@ -97,6 +97,9 @@ class RulerSection(_Section):
     max_new_tokens: int = Field(default=12, gt=0, description="generation: tokens generated at least")
     answer_margin: int = Field(default=8, ge=0, description="generation: tokens generated beyond the answer's length")
     chat_template: str = Field(default="auto", description=CHAT_HELP)
+    control: bool = Field(
+        default=False, description="also score every task with its needles replaced by haystack text (chance rate)"
+    )
 
 
 class AttentionTask(_Section):
@@ -239,6 +242,7 @@ def ruler_settings(section: RulerSection, lengths: list[int], allow_beyond: bool
         answer_margin=section.answer_margin,
         chat_template=section.chat_template,
         allow_beyond_context=allow_beyond,
+        control=section.control,
     )
 
 
@@ -325,6 +329,12 @@ def run_suite(
 
         # Lengths past the reference's context were asked for explicitly ("2x target"): every model goes there.
         beyond_target = sorted({L for v in plan.values() for L in (v[0] if isinstance(v, tuple) else v) if L > context})
+        from ctxext.evaluation.sections import SuiteRun, sections_in
+
+        registered_sections = sections_in(suite)
+        run_info = SuiteRun(tuple(s.label() for s in specs), original, context, reference)
+        for registered, settings in registered_sections:
+            registered.begin(settings, run_info)
         entries = []
         for i, spec in enumerate(specs):
             loaded = load_model(spec, device=device)
@@ -343,6 +353,8 @@ def run_suite(
             entries.append(entry)
             del loaded
             gc.collect()
+        for registered, settings in registered_sections:
+            registered.finish(settings, entries)
         suite_info = {
             "name": suite.name,
             "path": suite_path,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -28,6 +29,23 @@ SECTIONS: dict[str, SuiteSection] = {}
 RESERVED = frozenset(
     {"name", "description", "allow_beyond_context", "perplexity", "passkey", "needle", "qa", "ruler", "attention"}
 )
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    """What a section knows of the whole run before the first model loads (:meth:`SuiteSection.begin`).
+
+    Attributes:
+        models: the report labels of the models, in the order they are evaluated.
+        original: the reference model's original context (what ``"1x"`` means).
+        context: the reference model's configured context (what ``"target"`` means; the longest of the run).
+        reference: the label the paired comparisons use as reference (``None``: the first model).
+    """
+
+    models: tuple[str, ...]
+    original: int
+    context: int
+    reference: str | None = None
 
 
 class SuiteSection:
@@ -72,6 +90,21 @@ class SuiteSection:
             The JSON-ready results, stored under ``name`` in the model's report entry.
         """
         raise NotImplementedError
+
+    def begin(self, settings: Any, run: SuiteRun) -> None:
+        """Called once per suite run, after validation and before the first model loads; default: nothing.
+
+        A section that measures models against one another (one model's choice applied to all) keeps its
+        state from here to :meth:`finish`. Raise :class:`~ctxext.errors.InputError` for settings that only
+        the run can judge (a model label): nothing has been computed yet.
+        """
+
+    def finish(self, settings: Any, entries: list[dict[str, Any]]) -> None:
+        """Called once after every model ran, with every model's report entry; default: nothing.
+
+        A section may complete its results in ``entry[self.name]`` here (e.g. scores on a selection that
+        needed a model evaluated later than others).
+        """
 
     def markdown(self, models: list[dict[str, Any]], report: dict[str, Any]) -> list[str]:
         """The section's part of ``report.md``; by default one table of the results' numbers, a column per model.
