@@ -246,6 +246,7 @@ class TrainingLoop:
                 attn_implementation=self.loaded.attn_implementation,
                 target_length=plan.target_length if plan else None,
                 pose_chunks=cfg.pose.chunks if cfg.pose else None,
+                pose_sampling=cfg.pose.sampling if cfg.pose else "official",
                 seed=cfg.seed,
                 first_example=((counters.step * ga + micro) * launch.world + launch.rank) * mb,
             ).to(acc.device)
