@@ -28,7 +28,7 @@ from ctxext.training.data.rows import build_inputs
 from ctxext.training.folder import METRICS_FILE, RunWriter
 from ctxext.training.launch import Launch
 from ctxext.training.losses import micro_batch_loss
-from ctxext.training.steps import micro_batches, peak_mem_mb
+from ctxext.training.steps import micro_batches, peak_mem_mb, short_rows
 from ctxext.training.stop import StopRequest
 
 OOM_ADVICE = (
@@ -206,7 +206,13 @@ class TrainingLoop:
         cfg, counters, main = self.cfg, self.counters, self.launch.main
         ga, mb = cfg.gradient_accumulation_steps, cfg.micro_batch_size
         world, rank = self.launch.world, self.launch.rank
-        batches = micro_batches(len(self.data.train), mb, world, rank, cfg.seed, start=counters.step * ga)
+        short = short_rows(self.data.train, self.loaded.model)  # length-dependent RoPE: short rows apart
+        batches = micro_batches(len(self.data.train), mb, world, rank, cfg.seed, start=counters.step * ga, short=short)
+        if short is not None and 0 < sum(short) < len(short):
+            self.acc.print(
+                f"mixed context windows: {sum(short)} of {len(short)} rows stay within the original window; they "
+                "train in micro-batches of their own, on the short-context RoPE"
+            )
         # Without a terminal (a log file, a scheduler) a plain line every log_every steps.
         shown = progress(
             "train", cfg.max_steps, enabled=main, unit="step", every=cfg.log_every, completed=counters.step

@@ -186,6 +186,11 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
         raise InputError("data.short_fraction: needs the model's original length; set a rope method")
     rng = random.Random(seed)
     n_short = round(rows * data.short_fraction)
+    if plan is not None and _length_dependent(plan):
+        # Short rows train in micro-batches of their own (ctxext.training.steps): whole micro-batches of
+        # each kind use every row once.
+        size = recipe.train.micro_batch_size
+        n_short = min(rows - rows % size, size * round(n_short / size))
     counts = allocate(rows - n_short, [s.weight for s in sources])
     keys = [f"data.mixture[{i}]" if data.mixture else "data" for i in range(len(sources))]
     corpus = [(k, s) for k, s in zip(keys, sources, strict=True) if s.path]
@@ -286,6 +291,12 @@ def _whole_path_source(data: Any) -> Any:
     from ctxext.recipe.schema import MixtureSource
 
     return MixtureSource(path=data.path, weight=1.0, text_field=data.text_field)
+
+
+def _length_dependent(plan: Any) -> bool:
+    from ctxext.rope.core import LENGTH_DEPENDENT_TYPES
+
+    return getattr(plan, "rope_parameters", {}).get("rope_type") in LENGTH_DEPENDENT_TYPES
 
 
 def _official_pose(recipe: Any, plan: Any) -> PoseRows | None:

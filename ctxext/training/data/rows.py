@@ -82,6 +82,27 @@ def segment_positions(segments: torch.Tensor) -> torch.Tensor:
     return idx - first
 
 
+def row_reach(rows: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``(B,)``: the largest position id each row gives the model, without PoSE draws.
+
+    Its own ``positions`` where it has them, else the longest ``segments`` run less one, else ``T - 1``. A
+    length-dependent RoPE (``longrope``, ``dynamic``) runs a micro-batch in its short regime when every row's
+    reach stays below the original window (:func:`ctxext.training.steps.micro_batches` groups rows so).
+    """
+    ids = rows["input_ids"]
+    segments = rows.get("segments")
+    reach = (
+        segment_positions(segments).amax(dim=-1)
+        if segments is not None
+        else torch.full((ids.shape[0],), ids.shape[1] - 1, dtype=torch.long)
+    )
+    stored = rows.get("positions")
+    if stored is not None:
+        own = stored[:, 0] >= 0
+        reach[own] = stored[own].amax(dim=-1).to(reach.dtype)
+    return reach
+
+
 def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
     """``(B, 1, T, T)`` boolean mask: True where query ``i`` may attend key ``j`` (``j ≤ i``, same segment)."""
     t = segments.shape[-1]
