@@ -129,10 +129,10 @@ def micro_batches(
     Yields:
         Lists of ``micro_batch_size`` block indices.
     """
-    grouped = short is not None and 0 < sum(short) < n_blocks
-    if grouped:
-        assert short is not None  # for mypy: grouped implies it
-        n_batches = sum(n // micro_batch_size for n in (sum(short), n_blocks - sum(short)))
+    # Only both kinds need keeping apart; a run of one kind keeps the plain order.
+    grouped = short if short is not None and 0 < sum(short) < n_blocks else None
+    if grouped is not None:
+        n_batches = sum(n // micro_batch_size for n in (sum(grouped), n_blocks - sum(grouped)))
     else:
         n_batches = n_blocks // micro_batch_size
     per_epoch = n_batches // world
@@ -140,7 +140,7 @@ def micro_batches(
         raise InputError(
             f"data: {n_blocks} training blocks cannot fill one micro-batch of {micro_batch_size} on each of "
             f"{world} processes; add data or lower train.micro_batch_size / train.seq_len"
-            + ("" if not grouped else " (short and long rows go into separate micro-batches)")
+            + ("" if grouped is None else " (short and long rows go into separate micro-batches)")
         )
     k = start
     epoch, order = -1, []
@@ -150,9 +150,8 @@ def micro_batches(
             epoch = e
             gen = torch.Generator().manual_seed(seed + e)
             perm = torch.randperm(n_blocks, generator=gen).tolist()
-            if grouped:
-                assert short is not None
-                order = _grouped(perm, short, micro_batch_size, gen)
+            if grouped is not None:
+                order = _grouped(perm, grouped, micro_batch_size, gen)
             else:
                 order = [
                     perm[j : j + micro_batch_size] for j in range(0, n_batches * micro_batch_size, micro_batch_size)
