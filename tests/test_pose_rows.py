@@ -7,7 +7,13 @@ import torch
 from conftest import tiny_model
 
 from ctxext.recipe.schema import RecipeError, parse_recipe
-from ctxext.training.data.pose import example_generator, pose_position_ids
+from ctxext.training.data.pose import (
+    example_generator,
+    keyed_generator,
+    official_pose,
+    official_pose_row,
+    pose_position_ids,
+)
 from ctxext.training.data.rows import block_causal_mask, build_inputs, segment_positions
 
 
@@ -122,3 +128,149 @@ def test_pose_needs_room_to_skip_and_valid_chunks():
     with pytest.raises(RecipeError) as err:
         parse_recipe(_with(train__pose={"chunks": 1}))
     assert err.value.problems[0][0] == "train.pose.chunks"
+
+
+# --- the official sampling (github.com/dwzhu-pku/PoSE, train_preprocess_function_pose) -----------------
+
+
+def _chunks(take: list[int], pos: list[int]) -> tuple[int, int, int]:
+    """(first chunk length, content skip, position skip) of an official row; 1 for a row with no skip at all."""
+    jumps = (j for j in range(1, len(take)) if take[j] != take[j - 1] + 1 or pos[j] != pos[j - 1] + 1)
+    first = next(jumps, 1)
+    return first, take[first] - first, pos[first] - first
+
+
+def test_official_pose_bounds_skips_and_text():
+    seq, target, available = 64, 512, 200
+    firsts, content, position = set(), set(), set()
+    for k in range(600):
+        take, pos = official_pose(available, seq, target, example_generator(0, k))
+        assert len(take) == len(pos) == seq and pos[0] == 0 and take[0] == 0
+        assert all(b > a for a, b in zip(pos, pos[1:], strict=False)) and max(pos) < target
+        first, skip, u = _chunks(take, pos)
+        # The first chunk is at most half the row, its positions and text both start at 0.
+        assert 1 <= first <= (seq + 1) // 2 and pos[:first] == list(range(first)) == take[:first]
+        # The second chunk is contiguous text starting `skip` tokens after the first ends, within the text read.
+        assert take[first:] == list(range(first + skip, seq + skip)) and take[-1] < available
+        assert pos[first:] == list(range(first + u, seq + u))
+        firsts.add(first)
+        content.add(skip)
+        position.add(u)
+    # Both skips reach both ends of their ranges, and the content skip is not the position skip.
+    assert {1, seq // 2} <= firsts and {0, available - seq} <= content and max(position) > available
+
+
+def test_official_pose_row_reads_its_document_and_no_further():
+    text = list(range(1000, 1000 + 400))
+    ids, pos = official_pose_row(text, 64, 512, example_generator(1, 0))
+    take, _ = official_pose(min(len(text), 5 * 64), 64, 512, example_generator(1, 0))
+    assert ids == [text[i] for i in take] and len(ids) == 64
+    # A document with no text after the row: no content skip, the row is the document itself.
+    for k in range(50):
+        ids, pos = official_pose_row(text[:64], 64, 512, example_generator(1, k))
+        assert ids == text[:64] and pos[0] == 0 and max(pos) < 512
+    # A document far longer than the row: the skip stays within 5 × seq_len tokens of the row's start.
+    reached = max(max(official_pose_row(list(range(10_000)), 64, 512, example_generator(2, k))[0]) for k in range(300))
+    assert 4 * 64 < reached < 5 * 64
+
+
+def test_official_pose_is_a_function_of_seed_and_row():
+    a = official_pose(300, 64, 512, keyed_generator(7, "pose", 0, 3))
+    assert a == official_pose(300, 64, 512, keyed_generator(7, "pose", 0, 3))
+    assert a != official_pose(300, 64, 512, keyed_generator(7, "pose", 0, 4))
+    assert a != official_pose(300, 64, 512, keyed_generator(8, "pose", 0, 3))
+
+
+def _corpus(tmp_path, n_docs=12):
+    """Real text (standard-library sources) of mixed lengths, one document per line."""
+    import json
+    import sysconfig
+    from pathlib import Path
+
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:n_docs]
+    path = tmp_path / "docs.jsonl"
+    sizes = [300, 3000, 800, 5000]
+    path.write_text("".join(json.dumps({"text": f.read_text()[: sizes[i % 4]]}) + "\n" for i, f in enumerate(files)))
+    return path
+
+
+def test_official_rows_come_from_the_packed_stream_within_one_document(tmp_path, tiny_tokenizer):
+    from ctxext.recipe.schema import DataSection
+    from ctxext.training.data.corpus import PoseRows, prepare_data, select_documents, tokenize_documents
+
+    seq, target = 32, 256
+    data = DataSection(path=str(_corpus(tmp_path)), validation_fraction=0.0, num_proc=1)
+    rows = prepare_data(data, tiny_tokenizer, seq, pose=PoseRows(target, seed=3)).train.with_format(None)
+    again = prepare_data(data, tiny_tokenizer, seq, pose=PoseRows(target, seed=3)).train.with_format(None)
+    assert rows["input_ids"] == again["input_ids"] and rows["positions"] == again["positions"]
+    docs = tokenize_documents(select_documents(data), tiny_tokenizer, 1)["input_ids"]
+    stream = [t for d in docs for t in d]
+    doc_end = [end for d, n in enumerate(len(x) for x in docs) for end in [sum(len(x) for x in docs[: d + 1])] * n]
+    skipped = 0
+    for i, (ids, pos) in enumerate(zip(rows["input_ids"], rows["positions"], strict=True)):
+        start = i * seq
+        end = doc_end[start + seq - 1]  # the end of the document the block ends in
+        assert pos[0] == 0 and max(pos) < target and all(b > a for a, b in zip(pos, pos[1:], strict=False))
+        # Some first chunk (at most half the row) and content skip explain the row exactly.
+        found = [
+            (first, v)
+            for first in range(1, (seq + 1) // 2 + 1)
+            for v in range(end - start - seq + 1)
+            if ids == stream[start : start + first] + stream[start + first + v : start + seq + v]
+        ]
+        assert found, f"row {i} is not the official cut of its block"
+        jump = next((j for j in range(1, seq) if pos[j] != pos[j - 1] + 1), None)
+        assert jump is None or any(first == jump for first, _ in found)
+        skipped += all(v > 0 for _, v in found)
+    assert skipped > 0  # the content skip happens (text read beyond the block)
+
+
+def test_pose_sampling_key():
+    assert parse_recipe(_with()).train.pose.sampling == "official"
+    with pytest.raises(RecipeError) as err:
+        parse_recipe(_with(train__pose={"chunks": 3}))
+    assert err.value.problems[0][0] == "train.pose.chunks" and "contiguous" in err.value.problems[0][1]
+    assert parse_recipe(_with(train__pose={"chunks": 3, "sampling": "contiguous"})).train.pose.chunks == 3
+
+
+@pytest.mark.parametrize("sampling", ["official", "contiguous"])
+def test_document_masked_rows_get_pose_per_document(sampling):
+    # Each document of a packed row gets its own skips; official: the first chunk at most half the document.
+    seg = torch.tensor([[0] * 40 + [1] * 24])
+    half = {0: 20, 1: 12}
+    for example in range(40):
+        inputs = build_inputs(
+            {"input_ids": torch.zeros(1, 64, dtype=torch.long), "segments": seg},
+            attn_implementation="sdpa",
+            target_length=256,
+            pose_chunks=2,
+            pose_sampling=sampling,
+            first_example=example,
+        )
+        for s, where in ((0, slice(0, 40)), (1, slice(40, 64))):
+            pos = inputs.position_ids[0, where]
+            steps = pos[1:] - pos[:-1]
+            assert pos[0] == 0 and bool((steps >= 1).all()) and int(pos.max()) < 256 and int((steps > 1).sum()) <= 1
+            jump = int(torch.nonzero(steps > 1).flatten()[0]) + 1 if bool((steps > 1).any()) else None
+            if sampling == "official" and jump is not None:
+                assert jump <= half[s]
+
+
+def test_official_pose_run_trains_on_rows_with_their_own_positions(tmp_path, cache_root):
+    import math
+
+    from _train_helpers import write_recipe
+
+    from ctxext.recipe.schema import load_recipe
+    from ctxext.training.run import read_run, train
+
+    recipe = load_recipe(
+        write_recipe(
+            tmp_path / "r.yaml",
+            tmp_path / "run",
+            train={"seq_len": 128, "max_steps": 2, "pose": {"chunks": 2}, "eval_every": 2, "eval_batches": 1},
+        )
+    )
+    assert recipe.train.pose.sampling == "official"
+    run = read_run(train(recipe).run_dir)
+    assert run["status"] == "complete" and math.isfinite(run["final_train_loss"])

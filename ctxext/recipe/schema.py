@@ -348,6 +348,11 @@ class PoseSection(_Section):
     """PoSE (Zhu et al. 2024): position ids that skip, so short rows cover distances up to the target."""
 
     chunks: int = Field(default=2, ge=2, description="contiguous pieces per row (the paper uses 2)")
+    sampling: Literal["official", "contiguous"] = Field(
+        default="official",
+        description="official: as the authors' code (2 chunks, the first at most half the row, the second's text "
+        "read further on in the document); contiguous: chunk cuts uniform, text unchanged",
+    )
 
 
 class TrainSection(_Section):
@@ -470,6 +475,11 @@ class Recipe(_Section):
                 )
             if pose.chunks > seq:
                 raise ValueError(f"train.pose.chunks: {pose.chunks} chunks cannot split a row of {seq} tokens")
+            if pose.sampling == "official" and pose.chunks != 2:
+                raise ValueError(
+                    f"train.pose.chunks: the official PoSE sampling uses 2 chunks, not {pose.chunks}; set "
+                    "train.pose.chunks=2 or train.pose.sampling=contiguous"
+                )
         refusal = sequence_parallel_refusal(self)
         if refusal:
             raise ValueError(refusal)

@@ -29,7 +29,7 @@ from ctxext.training.folder import METRICS_FILE, RunWriter
 from ctxext.training.launch import Launch
 from ctxext.training.losses import micro_batch_loss
 from ctxext.training.sequence_parallel import split_rows
-from ctxext.training.steps import micro_batches, peak_mem_mb
+from ctxext.training.steps import micro_batches, peak_mem_mb, short_rows
 from ctxext.training.stop import StopRequest
 
 OOM_ADVICE = (
@@ -214,11 +214,17 @@ class TrainingLoop:
         cfg, counters, main = self.cfg, self.counters, self.launch.main
         ga, mb = cfg.gradient_accumulation_steps, cfg.micro_batch_size
         world, rank = self.launch.world, self.launch.rank
-        batches = micro_batches(len(self.data.train), mb, world, rank, cfg.seed, start=counters.step * ga)
-        # Without a terminal (a log file, a scheduler) a plain line every log_every steps.
-        shown = progress(
-            "train", cfg.max_steps, enabled=main, unit="step", every=cfg.log_every, completed=counters.step
-        )
+        short = short_rows(self.data.train, self.loaded.model)  # length-dependent RoPE: short rows apart
+        batches = micro_batches(len(self.data.train), mb, world, rank, cfg.seed, start=counters.step * ga, short=short)
+        if short is not None and 0 < sum(short) < len(short):
+            self.acc.print(
+                f"mixed context windows: {sum(short)} of {len(short)} rows stay within the original window; they "
+                "train in micro-batches of their own, on the short-context RoPE"
+            )
+        # Without a terminal (a log file, a scheduler) a plain line every log_every steps, but no more than about
+        # 20 lines a run (a log is read line by line; metrics.jsonl keeps every step).
+        every = max(cfg.log_every, cfg.max_steps // 20)
+        shown = progress("train", cfg.max_steps, enabled=main, unit="step", every=every, completed=counters.step)
         metrics = open(self.writer.out / METRICS_FILE, "a") if main else nullcontext()  # noqa: SIM115
         with metrics as metrics_file, shown as tracker:
             while counters.step < cfg.max_steps:
@@ -254,6 +260,7 @@ class TrainingLoop:
                 attn_implementation=self.loaded.attn_implementation,
                 target_length=plan.target_length if plan else None,
                 pose_chunks=cfg.pose.chunks if cfg.pose else None,
+                pose_sampling=cfg.pose.sampling if cfg.pose else "official",
                 seed=cfg.seed,
                 first_example=((counters.step * ga + micro) * launch.world + launch.rank) * mb,
             )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,20 @@ from typing import Any
 
 from ctxext.errors import InputError
 from ctxext.models.data_sources import FILE_KINDS, file_kind, is_stdlib, looks_like_path
+from ctxext.training.data.pose import OFFICIAL_WINDOW, keyed_generator, official_pose_row
+
+
+@dataclass(frozen=True)
+class PoseRows:
+    """Training rows cut by the official PoSE sampling (:func:`ctxext.training.data.pose.official_pose`).
+
+    Attributes:
+        target_length: positions the rows may reach (``rope.target_length``).
+        seed: the run seed (each row's draws are a function of it and of the row's place in the corpus).
+    """
+
+    target_length: int
+    seed: int
 
 
 @dataclass
@@ -222,8 +237,8 @@ def document_blocks(documents: Any, data: Any, tokenizer: Any, block_len: int) -
     return _blocks(tokenized, block_len, data.packing)
 
 
-def _pack_fn(seq_len: int, segments: bool):
-    def pack(batch: dict[str, list]) -> dict[str, list]:
+def _pack_fn(seq_len: int, segments: bool, pose: PoseRows | None = None):
+    def pack(batch: dict[str, list], idx: list[int]) -> dict[str, list]:
         flat = [t for ids in batch["input_ids"] for t in ids]
         n = len(flat) // seq_len
         out: dict[str, list] = {"input_ids": [flat[i * seq_len : (i + 1) * seq_len] for i in range(n)]}
@@ -233,9 +248,44 @@ def _pack_fn(seq_len: int, segments: bool):
         out["doc_tokens"] = [max(lengths[d] for d in set(doc[i * seq_len : (i + 1) * seq_len])) for i in range(n)]
         if segments:
             out["segments"] = [[d - doc[i * seq_len] for d in doc[i * seq_len : (i + 1) * seq_len]] for i in range(n)]
+        elif pose is not None and n:
+            # The text a PoSE row may skip into: the stream after its block, up to the end of the document the
+            # block ends in (never into the next document) and to 5 × seq_len tokens in all.
+            ends = list(itertools.accumulate(lengths))
+            rows = [
+                official_pose_row(
+                    flat[i * seq_len : ends[doc[(i + 1) * seq_len - 1]]],
+                    seq_len,
+                    pose.target_length,
+                    keyed_generator(pose.seed, "pose", idx[0], i),
+                )
+                for i in range(n)
+            ]
+            out["input_ids"] = [ids for ids, _ in rows]
+            out["positions"] = [pos for _, pos in rows]
         return out
 
     return pack
+
+
+def _truncate_fn(seq_len: int, pose: PoseRows | None):
+    def truncate(batch: dict[str, list], idx: list[int]) -> dict[str, list]:
+        if pose is None:
+            return {"input_ids": [ids[:seq_len] for ids in batch["input_ids"]], "doc_tokens": batch["length"]}
+        # Each row is one document's start, its second chunk read from further on in it (up to 5 × seq_len).
+        rows = [
+            official_pose_row(
+                ids[: OFFICIAL_WINDOW * seq_len], seq_len, pose.target_length, keyed_generator(pose.seed, "pose", j)
+            )
+            for ids, j in zip(batch["input_ids"], idx, strict=True)
+        ]
+        return {
+            "input_ids": [ids for ids, _ in rows],
+            "positions": [pos for _, pos in rows],
+            "doc_tokens": batch["length"],
+        }
+
+    return truncate
 
 
 def _describe_lengths(lengths: list[int]) -> str:
@@ -254,6 +304,7 @@ def prepare_data(
     seed: int = 42,
     source_name: str | None = None,
     exclude: frozenset[str] = frozenset(),
+    pose: PoseRows | None = None,
 ) -> TrainingData:
     """Load, split, tokenize and pack the recipe's data into ``seq_len`` blocks.
 
@@ -264,6 +315,8 @@ def prepare_data(
         seed: seed of the document-level train/validation split.
         source_name: the data path for messages (defaults to ``data.path``).
         exclude: digests (:func:`text_digest`) of documents to leave out (a mixture's validation documents).
+        pose: cut the training rows by the official PoSE sampling (a ``positions`` column; not with
+            ``data.document_mask``, whose rows get PoSE per document at training time). Validation rows stay plain.
 
     Returns:
         The :class:`TrainingData`.
@@ -299,7 +352,8 @@ def prepare_data(
         )
     train_docs, val_docs = _split(tokenized, data.validation_fraction, seed)
     segments = data.packing and data.document_mask
-    train = _blocks(train_docs, seq_len, data.packing, segments)
+    pose = None if segments else pose
+    train = _blocks(train_docs, seq_len, data.packing, segments, pose)
     val = _blocks(val_docs, seq_len, data.packing, segments) if val_docs is not None else None
     if len(train) == 0:
         raise InputError(
@@ -310,7 +364,7 @@ def prepare_data(
     if val is not None and len(val) == 0:
         val = None
     columns = ["input_ids", "segments"] if segments else ["input_ids"]
-    train.set_format("torch", columns=columns, output_all_columns=False)
+    train.set_format("torch", columns=columns + (["positions"] if pose else []), output_all_columns=False)
     if val is not None:
         val.set_format("torch", columns=columns)
     summary = f"{n_docs} documents ({sum(lengths)} tokens) → {len(train)} training blocks of {seq_len} tokens" + (
@@ -337,18 +391,20 @@ def _split(tokenized: Any, fraction: float, seed: int) -> tuple[Any, Any]:
     return parts["train"], parts["test"]
 
 
-def _blocks(tokenized: Any, seq_len: int, packing: bool, segments: bool = False) -> Any:
+def _blocks(tokenized: Any, seq_len: int, packing: bool, segments: bool = False, pose: PoseRows | None = None) -> Any:
     if packing:
         return tokenized.map(
-            _pack_fn(seq_len, segments),
+            _pack_fn(seq_len, segments, pose),
             batched=True,
             batch_size=10_000,
+            with_indices=True,
             remove_columns=tokenized.column_names,
             desc="packing",
         )
     return tokenized.map(
-        lambda b: {"input_ids": [ids[:seq_len] for ids in b["input_ids"]], "doc_tokens": b["length"]},
+        _truncate_fn(seq_len, pose),
         batched=True,
+        with_indices=True,
         remove_columns=tokenized.column_names,
         desc="truncating",
     )

@@ -32,7 +32,14 @@ from collections import Counter
 from typing import Any
 
 from ctxext.errors import InputError
-from ctxext.training.data.corpus import TrainingData, document_blocks, prepare_data, select_documents, text_digest
+from ctxext.training.data.corpus import (
+    PoseRows,
+    TrainingData,
+    document_blocks,
+    prepare_data,
+    select_documents,
+    text_digest,
+)
 
 # Tokens of real text a task's haystack holds (samples start at random offsets in it).
 HAYSTACK_MIN_TOKENS = 200_000
@@ -110,6 +117,8 @@ def _corpus_rows(
         row = blocks[i]
         segs = list(row["segments"]) if has_segments else [0] * seq_len
         rows.append({"input_ids": list(row["input_ids"]), "segments": segs, "targets": [1] * seq_len, "pose": 1})
+        if "positions" in row:  # cut by the official PoSE sampling: its positions are drawn already
+            rows[-1].update(positions=list(row["positions"]), pose=0)
     return rows, sum(1 for i in chosen if doc_tokens[i] >= seq_len)
 
 
@@ -166,8 +175,9 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
             original length.
     """
     data, seq_len, seed = recipe.data, recipe.seq_len, recipe.train.seed
+    pose = _official_pose(recipe, plan)
     if data.mixture is None and data.short_fraction == 0:
-        return prepare_data(data, tokenizer, seq_len, seed=seed)
+        return prepare_data(data, tokenizer, seq_len, seed=seed, pose=pose)
     import datasets
 
     sources = data.mixture or [_whole_path_source(data)]
@@ -176,10 +186,15 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
         raise InputError("data.short_fraction: needs the model's original length; set a rope method")
     rng = random.Random(seed)
     n_short = round(rows * data.short_fraction)
+    if plan is not None and _length_dependent(plan):
+        # Short rows train in micro-batches of their own (ctxext.training.steps): whole micro-batches of
+        # each kind use every row once.
+        size = recipe.train.micro_batch_size
+        n_short = min(rows - rows % size, size * round(n_short / size))
     counts = allocate(rows - n_short, [s.weight for s in sources])
     keys = [f"data.mixture[{i}]" if data.mixture else "data" for i in range(len(sources))]
     corpus = [(k, s) for k, s in zip(keys, sources, strict=True) if s.path]
-    corpora, held_out = _prepare_corpora(data, corpus, tokenizer, seq_len, seed)
+    corpora, held_out = _prepare_corpora(data, corpus, tokenizer, seq_len, seed, pose)
     all_rows: list[dict] = []
     record: list[dict[str, Any]] = []
     for key, source, count in zip(keys, sources, counts, strict=True):
@@ -219,8 +234,8 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
     # Validation: the first corpus's held-out documents, at seq_len, plain positions.
     first = corpora[corpus[0][0]] if corpus else None
     names = ["input_ids", "segments", "targets", "pose"]
-    if any(r.get("pose") == 0 and "positions" in r for r in all_rows):
-        # Rows that carry their positions (task rows under PoSE); -1: positions are derived at training time.
+    if any("positions" in r for r in all_rows):
+        # Rows that carry their positions (task rows and official PoSE rows); -1: derived at training time.
         names.append("positions")
         for r in all_rows:
             r.setdefault("positions", [-1] * seq_len)
@@ -278,8 +293,23 @@ def _whole_path_source(data: Any) -> Any:
     return MixtureSource(path=data.path, weight=1.0, text_field=data.text_field)
 
 
+def _length_dependent(plan: Any) -> bool:
+    from ctxext.rope.core import LENGTH_DEPENDENT_TYPES
+
+    return getattr(plan, "rope_parameters", {}).get("rope_type") in LENGTH_DEPENDENT_TYPES
+
+
+def _official_pose(recipe: Any, plan: Any) -> PoseRows | None:
+    """How corpus rows are cut when the recipe trains with the official PoSE sampling, else ``None``."""
+    pose = recipe.train.pose
+    if pose is None or pose.sampling != "official":
+        return None
+    target = plan.target_length if plan is not None else recipe.rope.target_length
+    return PoseRows(target_length=target, seed=recipe.train.seed)
+
+
 def _prepare_corpora(
-    data: Any, corpus: list[tuple[str, Any]], tokenizer: Any, seq_len: int, seed: int
+    data: Any, corpus: list[tuple[str, Any]], tokenizer: Any, seq_len: int, seed: int, pose: PoseRows | None = None
 ) -> tuple[dict[str, TrainingData], frozenset[str]]:
     """Each corpus source's blocks, and the digests of the validation documents (the first corpus's).
 
@@ -291,7 +321,7 @@ def _prepare_corpora(
     for key, source in corpus:
         try:
             corpora[key] = prepare_data(
-                _corpus_section(data, source), tokenizer, seq_len, seed, source.path, exclude=held_out
+                _corpus_section(data, source), tokenizer, seq_len, seed, source.path, exclude=held_out, pose=pose
             )
         except InputError as exc:
             raise InputError(f"{key}.path: {exc}") from None

@@ -8,9 +8,10 @@ A training row is ``seq_len`` token ids, optionally with
   ``data.short_fraction``). The last token of a segment is not trained to predict the next segment's
   first token.
 * ``targets``: 1 where the token is a training target (``answer_only`` tasks mark only the answer).
-* ``pose``: 1 when the row's position ids are drawn by PoSE (:mod:`ctxext.training.data.pose`), per segment.
+* ``pose``: 1 when the row's position ids are drawn here by PoSE (:mod:`ctxext.training.data.pose`), per segment.
 * ``positions``: the row's own position ids (task rows under PoSE, whose skips set their needle distances:
-  :mod:`ctxext.training.data.task_rows`); ``-1`` in a row that has none.
+  :mod:`ctxext.training.data.task_rows`; corpus rows cut by the official PoSE sampling, whose text and
+  positions are drawn together); ``-1`` in a row that has none.
 
 How the mask reaches the model depends on the attention backend (transformers 5.24):
 
@@ -37,7 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ctxext.training.data.pose import example_generator, pose_position_ids
+from ctxext.training.data.pose import example_generator, official_pose, pose_position_ids
 
 IGNORE_INDEX = -100
 
@@ -81,6 +82,27 @@ def segment_positions(segments: torch.Tensor) -> torch.Tensor:
     return idx - first
 
 
+def row_reach(rows: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``(B,)``: the largest position id each row gives the model, without PoSE draws.
+
+    Its own ``positions`` where it has them, else the longest ``segments`` run less one, else ``T - 1``. A
+    length-dependent RoPE (``longrope``, ``dynamic``) runs a micro-batch in its short regime when every row's
+    reach stays below the original window (:func:`ctxext.training.steps.micro_batches` groups rows so).
+    """
+    ids = rows["input_ids"]
+    segments = rows.get("segments")
+    reach = (
+        segment_positions(segments).amax(dim=-1)
+        if segments is not None
+        else torch.full((ids.shape[0],), ids.shape[1] - 1, dtype=torch.long)
+    )
+    stored = rows.get("positions")
+    if stored is not None:
+        own = stored[:, 0] >= 0
+        reach[own] = stored[own].amax(dim=-1).to(reach.dtype)
+    return reach
+
+
 def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
     """``(B, 1, T, T)`` boolean mask: True where query ``i`` may attend key ``j`` (``j ≤ i``, same segment)."""
     t = segments.shape[-1]
@@ -114,6 +136,7 @@ def build_inputs(
     attn_implementation: str,
     target_length: int | None = None,
     pose_chunks: int | None = None,
+    pose_sampling: str = "official",
     seed: int = 0,
     first_example: int = 0,
 ) -> ModelInputs:
@@ -125,6 +148,9 @@ def build_inputs(
         attn_implementation: the model's attention backend.
         target_length: positions PoSE may reach (``rope.target_length``).
         pose_chunks: PoSE chunks, or ``None`` for no PoSE.
+        pose_sampling: ``official`` or ``contiguous`` (:mod:`ctxext.training.data.pose`). Rows cut by the official
+            sampling carry their positions already; here it draws the positions of rows that do not (each
+            document of a ``segments`` row: the official chunk bounds and skip, its text unchanged).
         seed: the run seed (PoSE draws).
         first_example: the global number of the first row (PoSE draws are a function of it).
 
@@ -153,13 +179,18 @@ def build_inputs(
         positions = torch.arange(ids.shape[1]).expand_as(ids).clone()
     if pose_chunks is not None and target_length is not None:
         for b in range(ids.shape[0]):
-            if pose_rows is not None and not int(pose_rows[b]):
+            if pose_rows is not None and not int(pose_rows[b]) or stored is not None and int(stored[b, 0]) >= 0:
                 continue
             gen = example_generator(seed, first_example + b)
             seg = segments[b] if segments is not None else torch.zeros(ids.shape[1], dtype=torch.long)
             for s in seg.unique().tolist():
                 where = (seg == s).nonzero().squeeze(1)
-                if len(where) >= pose_chunks:
+                if len(where) < max(pose_chunks, 2):
+                    continue
+                if pose_sampling == "official":
+                    # The text past this document's end is not in the row: no content skip (v = 0).
+                    positions[b, where] = torch.tensor(official_pose(len(where), len(where), target_length, gen)[1])
+                else:
                     positions[b, where] = pose_position_ids(len(where), target_length, pose_chunks, gen)
     if stored is not None:
         own = stored[:, 0] >= 0
