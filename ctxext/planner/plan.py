@@ -26,6 +26,9 @@ SHARDINGS = ("none", "ddp", "fsdp2", "zero3")
 # allocator holds more than it hands out (fragmentation). Not calibrated here (no GPU): typical values.
 CUDA_CONTEXT = 1.0 * GIB
 CUDA_FRAGMENTATION = 0.10
+# With expandable segments the allocator maps more memory into one segment instead of opening a new one for a
+# size that does not fit a free block, which removes most of that waste. Assumed, not measured (no GPU here).
+CUDA_FRAGMENTATION_EXPANDABLE = 0.03
 # CPU (peak resident memory, what `ctxext train` reports there): the resident memory of Python + torch +
 # transformers + peft + bitsandbytes with a model loaded and one warm-up step taken, less the model itself —
 # fitted as the mean over the benchmark cells of benchmarks/plan_accuracy.py (its "warm" column). And glibc
@@ -82,6 +85,7 @@ class Plan:
     max_steps: int = 0
     notes: list[str] = field(default_factory=list)
     what_if: dict[str, int] = field(default_factory=dict)
+    levers: list[Any] = field(default_factory=list)
 
     @property
     def wall_seconds(self) -> float | None:
@@ -118,6 +122,11 @@ class Plan:
             "max_steps": self.max_steps,
             "wall_seconds": self.wall_seconds,
             "what_if_gib": {k: v / GIB for k, v in self.what_if.items()},
+            "levers": [
+                dataclasses.asdict(e)
+                | {"buys": e.buys, "total_on_gib": e.total_on / GIB, "total_off_gib": e.total_off / GIB}
+                for e in self.levers
+            ],
             "notes": self.notes + self.memory.notes,
         }
 
@@ -197,6 +206,7 @@ def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, los
     attention = recipe.model.attn_implementation
     if attention == "auto":
         attention = "sdpa"  # flash-attn when installed: the same (linear) memory order
+    levers = _levers(recipe, device, compute_bytes)
     return Setup(
         seq_len=recipe.seq_len,
         micro_batch=train.micro_batch_size,
@@ -214,7 +224,35 @@ def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, los
         world=world,
         context_parallel=cp,
         sharding="none" if sharding == "ddp" else sharding,
+        residual_bytes=2 if levers.residual_dtype == "bf16" else 4 if recipe.quantization.mode != "none" else 0,
+        offload_checkpoints=levers.offload_checkpoints,
+        tiled_mlp=levers.tiled_mlp,
+        expandable_segments=levers.expandable_segments,
+        lora_dropout=recipe.lora.dropout,
+        row_mask=_rows_have_segments(recipe.data),
     )
+
+
+def _levers(recipe: Any, device: Device, compute_bytes: int) -> Any:
+    """``train.memory`` resolved for the device, as the training path resolves it (one function for both)."""
+    from ctxext.recipe.memory import resolve_levers
+
+    dtype = recipe.quantization.compute_dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if compute_bytes == 2 else "float32"
+    return resolve_levers(
+        recipe.train.memory,
+        device_type=device.kind,
+        compute_dtype=dtype,
+        quantized=recipe.quantization.mode != "none",
+        checkpointing=recipe.train.gradient_checkpointing,
+    )
+
+
+def _rows_have_segments(data: Any) -> bool:
+    """Whether training rows carry segments, which reach SDPA as a T×T mask (``ctxext/training/data/rows.py``)."""
+    tasks = any(s.task and s.weight > 0 for s in data.mixture or [])
+    return bool(data.document_mask or data.short_fraction > 0 or tasks)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -230,12 +268,9 @@ def device_footprint(shape: ModelShape, setup: Setup, device: Device) -> Footpri
         fp.add(
             "overhead", "CUDA context + workspaces", CUDA_CONTEXT, "outside PyTorch's allocator (typical, not measured)"
         )
-        fp.add(
-            "overhead",
-            "allocator fragmentation",
-            CUDA_FRAGMENTATION * dynamic,
-            f"{CUDA_FRAGMENTATION:.0%} of the activations (caching allocator)",
-        )
+        share = CUDA_FRAGMENTATION_EXPANDABLE if setup.expandable_segments else CUDA_FRAGMENTATION
+        how = "expandable segments" if setup.expandable_segments else "caching allocator"
+        fp.add("overhead", "allocator fragmentation", share * dynamic, f"{share:.0%} of the activations ({how})")
     else:
         fp.add("overhead", "Python + torch runtime", CPU_RUNTIME, "fitted on this CPU (benchmarks/plan_accuracy.py)")
         fp.add(
@@ -411,7 +446,9 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
     n = shape.matmul_params()
     attn = 6 * shape.layers * setup.seq_len * shape.heads * shape.head_dim
     total = 6 * n + attn
-    return total * (4 / 3 if setup.checkpointing else 1)
+    # The tiled MLP recomputes each shard's MLP forward once more in the backward pass (2 FLOPs per weight).
+    tiled = 2 * shape.layers * 3 * shape.hidden * shape.intermediate if setup.tiled_mlp is not None else 0
+    return total * (4 / 3 if setup.checkpointing else 1) + tiled
 
 
 # ------------------------------------------------------------------------------------------------
@@ -479,7 +516,10 @@ def plan_recipe(
         max_steps=recipe.train.max_steps,
     )
     if search:
+        from ctxext.planner.levers import lever_effects
+
         plan.longest = longest_fit(shape, setup, device)
+        plan.levers = lever_effects(shape, setup, device)
     if advise_changes and not ok:
         plan.advice = advise(shape, setup, device)
     # The same step with checkpointing and the loss flipped, for comparison (the table shows the recipe's own).

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import InitErrorDetails
 
 from ctxext.errors import InputError
+from ctxext.recipe.memory import MemorySection
 from ctxext.rope.methods import METHODS, declared_options
 
 # A Hub repository id: namespace/name, each of letters, digits, '-', '_', '.'.
@@ -354,6 +355,7 @@ class TrainSection(_Section):
     pose: PoseSection | None = Field(
         default=None, description="PoSE: train positions up to rope.target_length with train.seq_len-token rows"
     )
+    memory: MemorySection = Field(default_factory=MemorySection, description="memory levers (docs/planning.md)")
 
 
 class EvalSection(_Section):

@@ -1,0 +1,127 @@
+"""What each memory lever buys for one recipe on one device: every lever toggled alone and re-planned.
+
+The levers are ``train.memory`` (bf16 residual stream, checkpoint offload, tiled MLP, expandable segments), the
+tiled logits/loss ctxext always uses (the chunked loss), and two things that cost memory when a recipe has them:
+LoRA dropout and a T×T attention mask. Each is planned on and off with everything else as the recipe has it;
+the difference in the longest fitting ``seq_len`` ranks them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ctxext.models.devices import Device
+from ctxext.planner.footprint import ModelShape, Setup
+
+
+@dataclass
+class LeverEffect:
+    """One lever, planned on and off.
+
+    Attributes:
+        name: the lever.
+        key: the recipe override that turns it on (``""``: always on in ctxext).
+        on: whether the recipe's plan uses it.
+        longest_on: the longest fitting seq_len with it.
+        longest_off: … without it.
+        total_on: the peak at the recipe's seq_len with it, bytes.
+        total_off: … without it.
+    """
+
+    name: str
+    key: str
+    on: bool
+    longest_on: int | None
+    longest_off: int | None
+    total_on: int
+    total_off: int
+
+    @property
+    def buys(self) -> int:
+        """Tokens of longest seq_len the lever adds."""
+        return (self.longest_on or 0) - (self.longest_off or 0)
+
+
+def _candidates(s: Setup, device: Device) -> list[tuple[str, str, dict[str, Any], dict[str, Any], bool]]:
+    """(name, key, setup fields when on, when off, on in this setup) of the levers that apply here."""
+    rep: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = []
+    cuda = device.kind == "cuda"
+    if cuda and s.quantized and s.compute_bytes == 2:
+        rep.append(
+            (
+                "bf16 residual stream",
+                "train.memory.residual_dtype=bf16",
+                {"residual_bytes": 2},
+                {"residual_bytes": 4},
+                s.residual == 2,
+            )
+        )
+    if cuda and s.checkpointing:
+        rep.append(
+            (
+                "checkpoint offload to host memory",
+                "train.memory.offload_checkpoints=true",
+                {"offload_checkpoints": True},
+                {"offload_checkpoints": False},
+                s.offload_checkpoints,
+            )
+        )
+    shards = s.tiled_mlp if s.tiled_mlp is not None else 0
+    rep.append(
+        (
+            "tiled MLP",
+            "train.memory.tiled_mlp=true",
+            {"tiled_mlp": shards},
+            {"tiled_mlp": None},
+            s.tiled_mlp is not None,
+        )
+    )
+    rep.append(("tiled logits/loss (chunked loss)", "", {"loss": "chunked"}, {"loss": "full"}, s.loss == "chunked"))
+    if cuda:
+        rep.append(
+            (
+                "expandable segments",
+                "train.memory.expandable_segments=true",
+                {"expandable_segments": True},
+                {"expandable_segments": False},
+                s.expandable_segments,
+            )
+        )
+    if s.lora_dropout > 0:
+        rep.append(
+            ("no LoRA dropout", "lora.dropout=0", {"lora_dropout": 0.0}, {"lora_dropout": s.lora_dropout}, False)
+        )
+    if s.row_mask and s.attention != "flash_attention_2" and cuda:
+        rep.append(
+            (
+                "no T×T mask (flash-attn's varlen path)",
+                "model.attn_implementation=flash_attention_2",
+                {"attention": "flash_attention_2"},
+                {"attention": s.attention},
+                False,
+            )
+        )
+    return rep
+
+
+def lever_effects(shape: ModelShape, setup: Setup, device: Device) -> list[LeverEffect]:
+    """Each lever planned on and off, the others as in ``setup``; the largest gain in longest seq_len first."""
+    from ctxext.planner.plan import device_footprint, longest_fit
+
+    out = []
+    for name, key, on, off, used in _candidates(setup, device):
+        with_it, without = dataclasses.replace(setup, **on), dataclasses.replace(setup, **off)
+        out.append(
+            LeverEffect(
+                name,
+                key,
+                used,
+                longest_fit(shape, with_it, device),
+                longest_fit(shape, without, device),
+                device_footprint(shape, with_it, device).total,
+                device_footprint(shape, without, device).total,
+            )
+        )
+    return sorted(out, key=lambda e: (-e.buys, e.total_on - e.total_off))
