@@ -51,7 +51,7 @@ class TrainingModel:
         extra_trainable: module paths trained in full.
         trainable_params: number of trainable parameters.
         total_params: number of parameters (quantized ones counted as stored).
-        levers: the memory levers used (``train.memory``, resolved: :class:`ctxext.models.levers.Levers`).
+        levers: the memory levers used (``train.memory``, resolved: :class:`ctxext.recipe.memory.Levers`).
     """
 
     model: Any
@@ -267,7 +267,7 @@ def add_lora(
             ``extra_trainable``).
         gradient_checkpointing: recompute activations in the backward pass.
         quantized: the base is 4-bit or 8-bit (peft's k-bit preparation is applied).
-        levers: the memory levers (:class:`ctxext.models.levers.Levers`); ``None``: none.
+        levers: the memory levers (:class:`ctxext.recipe.memory.Levers`); ``None``: none.
 
     Returns:
         ``(peft model, names of the extra trainable modules)``.
@@ -333,17 +333,10 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
     dtype = compute_dtype_for(recipe.quantization.compute_dtype, device)
     attn = attention_for(recipe.model.attn_implementation, device)
     from ctxext.models.levers import configure_allocator
-    from ctxext.recipe.memory import resolve_levers
+    from ctxext.recipe.memory import recipe_levers
 
     # The levers are checked before anything is loaded, and the allocator set before the weights are allocated.
-    quantized, ckpt = recipe.quantization.mode != "none", recipe.train.gradient_checkpointing
-    levers = resolve_levers(
-        recipe.train.memory,
-        device_type=device.type,
-        compute_dtype=str(dtype).removeprefix("torch."),
-        quantized=quantized,
-        checkpointing=ckpt,
-    )
+    levers = recipe_levers(recipe, device.type, str(dtype).removeprefix("torch."))
     levers = dataclasses.replace(levers, expandable_segments=configure_allocator(levers.expandable_segments))
     model, tokenizer, folder = load_base(
         recipe.model.path,
@@ -368,6 +361,7 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
         )
     else:
         verify_model_rope(model)
+    quantized, ckpt = recipe.quantization.mode != "none", recipe.train.gradient_checkpointing
     peft_model, extra = add_lora(model, recipe.lora, ckpt, quantized, levers)
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())

@@ -9,6 +9,7 @@ the difference in the longest fitting ``seq_len`` ranks them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,10 +107,22 @@ def _candidates(s: Setup, device: Device) -> list[tuple[str, str, dict[str, Any]
     return rep
 
 
-def lever_effects(shape: ModelShape, setup: Setup, device: Device) -> list[LeverEffect]:
-    """Each lever planned on and off, the others as in ``setup``; the largest gain in longest seq_len first."""
-    from ctxext.planner.plan import device_footprint, longest_fit
+def lever_effects(
+    shape: ModelShape,
+    setup: Setup,
+    device: Device,
+    peak: Callable[[ModelShape, Setup, Device], int],
+    longest: Callable[[ModelShape, Setup, Device], int | None],
+) -> list[LeverEffect]:
+    """Each lever planned on and off, the others as in ``setup``; the largest gain in longest seq_len first.
 
+    Args:
+        shape: the model.
+        setup: the recipe's setup.
+        device: the device.
+        peak: the planned peak of a setup (the planner's, with the device's overheads).
+        longest: the longest fitting seq_len of a setup.
+    """
     out = []
     for name, key, on, off, used in _candidates(setup, device):
         with_it, without = dataclasses.replace(setup, **on), dataclasses.replace(setup, **off)
@@ -118,10 +131,10 @@ def lever_effects(shape: ModelShape, setup: Setup, device: Device) -> list[Lever
                 name,
                 key,
                 used,
-                longest_fit(shape, with_it, device),
-                longest_fit(shape, without, device),
-                device_footprint(shape, with_it, device).total,
-                device_footprint(shape, without, device).total,
+                longest(shape, with_it, device),
+                longest(shape, without, device),
+                peak(shape, with_it, device),
+                peak(shape, without, device),
             )
         )
     return sorted(out, key=lambda e: (-e.buys, e.total_on - e.total_off))

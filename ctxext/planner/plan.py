@@ -17,6 +17,7 @@ from typing import Any
 from ctxext.errors import InputError
 from ctxext.models.devices import GIB, Device
 from ctxext.planner.footprint import FWD_BWD, PHASES, Footprint, ModelShape, Setup, footprint, layer_bytes
+from ctxext.planner.levers import lever_effects
 from ctxext.resources import RESOURCES
 
 BUNDLED_CONFIGS = RESOURCES / "hub-configs"
@@ -206,7 +207,11 @@ def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, los
     attention = recipe.model.attn_implementation
     if attention == "auto":
         attention = "sdpa"  # flash-attn when installed: the same (linear) memory order
-    levers = _levers(recipe, device, compute_bytes)
+    from ctxext.recipe.memory import recipe_levers
+
+    dtype = recipe.quantization.compute_dtype
+    dtype = ("bfloat16" if compute_bytes == 2 else "float32") if dtype == "auto" else dtype
+    levers = recipe_levers(recipe, device.kind, dtype)
     return Setup(
         seq_len=recipe.seq_len,
         micro_batch=train.micro_batch_size,
@@ -230,22 +235,6 @@ def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, los
         expandable_segments=levers.expandable_segments,
         lora_dropout=recipe.lora.dropout,
         row_mask=_rows_have_segments(recipe.data),
-    )
-
-
-def _levers(recipe: Any, device: Device, compute_bytes: int) -> Any:
-    """``train.memory`` resolved for the device, as the training path resolves it (one function for both)."""
-    from ctxext.recipe.memory import resolve_levers
-
-    dtype = recipe.quantization.compute_dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if compute_bytes == 2 else "float32"
-    return resolve_levers(
-        recipe.train.memory,
-        device_type=device.kind,
-        compute_dtype=dtype,
-        quantized=recipe.quantization.mode != "none",
-        checkpointing=recipe.train.gradient_checkpointing,
     )
 
 
@@ -516,10 +505,8 @@ def plan_recipe(
         max_steps=recipe.train.max_steps,
     )
     if search:
-        from ctxext.planner.levers import lever_effects
-
         plan.longest = longest_fit(shape, setup, device)
-        plan.levers = lever_effects(shape, setup, device)
+        plan.levers = lever_effects(shape, setup, device, lambda *a: device_footprint(*a).total, longest_fit)
     if advise_changes and not ok:
         plan.advice = advise(shape, setup, device)
     # The same step with checkpointing and the loss flipped, for comparison (the table shows the recipe's own).

@@ -122,3 +122,14 @@ def resolve_levers(
         tiled = cuda
     shards = None if tiled is False else 0 if tiled is True else int(tiled)
     return Levers(residual, bool(offload), shards, bool(memory.expandable_segments and cuda))
+
+
+def recipe_levers(recipe: Any, device_type: str, compute_dtype: str) -> Levers:
+    """:func:`resolve_levers` for a recipe (``train.memory``, its quantization and checkpointing) on a device."""
+    return resolve_levers(
+        recipe.train.memory,
+        device_type=device_type,
+        compute_dtype=compute_dtype,
+        quantized=recipe.quantization.mode != "none",
+        checkpointing=recipe.train.gradient_checkpointing,
+    )
