@@ -614,6 +614,13 @@ def schema_lines() -> list[str]:
             default = "required" if info.is_required() else f"= {info.get_default(call_default_factory=True)!r}"
             meaning = f"  — {info.description}" if info.description else ""
             lines.append(f"  {section_name}.{key}: {kind} {default}{meaning}")
+            if info.annotation is MemorySection:  # a nested section: each of its keys too
+                for sub, sub_info in MemorySection.model_fields.items():
+                    ann = sub_info.annotation
+                    sub_kind = getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
+                    lines.append(
+                        f"    {section_name}.{key}.{sub}: {sub_kind} = {sub_info.default!r}  — {sub_info.description}"
+                    )
         if section is RopeSection:
             # The method options, generated from each method's declaration (ctxext/rope/methods/).
             for key, shared in declared_options().items():
