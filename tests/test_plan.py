@@ -142,8 +142,8 @@ def test_longest_length_is_monotone_in_memory():
     assert longest[0] < longest[-1]
 
 
-def test_128k_on_one_80gb_gpu_gets_advice_that_fits_when_replanned():
-    overrides = ["rope.target_length=131072", "train.seq_len=131072", *LEVERS_OFF]
+def test_512k_on_one_80gb_gpu_gets_advice_that_fits_when_replanned():
+    overrides = ["rope.target_length=524288", "train.seq_len=524288"]
     plan = _plan(overrides=overrides)
     assert not plan.fits
     cp = [a for a in plan.advice if any(o.startswith("train.context_parallel_size=") for o in a.overrides)]

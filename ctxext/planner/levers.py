@@ -45,7 +45,7 @@ class LeverEffect:
         return (self.longest_on or 0) - (self.longest_off or 0)
 
 
-def _candidates(s: Setup, device: Device) -> list[tuple[str, str, dict[str, Any], dict[str, Any], bool]]:
+def lever_candidates(s: Setup, device: Device) -> list[tuple[str, str, dict[str, Any], dict[str, Any], bool]]:
     """(name, key, setup fields when on, when off, on in this setup) of the levers that apply here."""
     rep: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = []
     cuda = device.kind == "cuda"
@@ -124,7 +124,7 @@ def lever_effects(
         longest: the longest fitting seq_len of a setup.
     """
     out = []
-    for name, key, on, off, used in _candidates(setup, device):
+    for name, key, on, off, used in lever_candidates(setup, device):
         with_it, without = dataclasses.replace(setup, **on), dataclasses.replace(setup, **off)
         out.append(
             LeverEffect(

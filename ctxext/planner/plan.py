@@ -17,7 +17,7 @@ from typing import Any
 from ctxext.errors import InputError
 from ctxext.models.devices import GIB, Device
 from ctxext.planner.footprint import FWD_BWD, PHASES, Footprint, ModelShape, Setup, footprint, layer_bytes
-from ctxext.planner.levers import lever_effects
+from ctxext.planner.levers import lever_candidates, lever_effects
 from ctxext.resources import RESOURCES
 
 BUNDLED_CONFIGS = RESOURCES / "hub-configs"
@@ -331,6 +331,10 @@ def _advice_candidates(setup: Setup, device: Device, gpus: int) -> list[tuple[st
         out.append(("use ctxext's chunked loss", [], "", rep(setup, loss="chunked")))
     if setup.loss == "chunked" and setup.loss_chunk > 256:
         out.append(("smaller loss chunk", ["train.loss_chunk_size=256"], "", rep(setup, loss_chunk=256)))
+    # The memory levers the recipe has off (train.memory, a mask-free attention, no LoRA dropout).
+    for name, key, on, _, used in lever_candidates(setup, device):
+        if key and not used:
+            out.append((name, [key], "", rep(setup, **on)))
     if setup.optimizer == "adamw" and device.kind == "cuda":
         out.append(
             ("paged 8-bit AdamW", ["train.optimizer=paged_adamw_8bit"], "", rep(setup, optimizer="paged_adamw_8bit"))
