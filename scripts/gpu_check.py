@@ -37,15 +37,20 @@ PATHS: dict[str, tuple[dict[str, Any], str]] = {
 TOLERANCE = 0.25
 
 
-def save_model(folder: Path, layers: int) -> None:
-    """A random Llama-3-8B-shaped model with ``layers`` layers, in bf16, with a tokenizer (no download)."""
+def save_model(folder: Path, layers: int, device: str = "cuda", shape: dict[str, int] | None = None) -> None:
+    """A random Llama-3-8B-shaped model with ``layers`` layers, in bf16, with a tokenizer (no download).
+
+    ``shape`` overrides config sizes (the CPU test of this script uses a tiny one).
+    """
     import torch
     from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
 
     config = AutoConfig.from_pretrained(CONFIG)
     config.num_hidden_layers = layers
+    for key, value in (shape or {}).items():
+        setattr(config, key, value)
     torch.manual_seed(0)
-    with torch.device("cuda"):
+    with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(TOKENIZER).save_pretrained(folder)
@@ -59,11 +64,19 @@ def run_path(
     memory: dict[str, Any] | None = None,
     attn: str = "sdpa",
     folder: Path | None = None,
+    device_type: str = "cuda",
+    shape: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """One training step of one path in this process; returns measured and planned peaks (bytes) and the levers."""
+    """One training step of one path in this process; returns measured and planned peaks (bytes) and the levers.
+
+    ``device_type="cpu"`` with a tiny ``shape`` runs the same code on the CPU (measured: the peak resident set), so
+    that a test can check this script where there is no GPU.
+    """
+    import resource
+
     import torch
 
-    from ctxext.models.devices import Device
+    from ctxext.models.devices import Device, cpu_device
     from ctxext.models.load import build_training_model
     from ctxext.planner.footprint import ModelShape
     from ctxext.planner.plan import device_footprint, setup_for
@@ -72,7 +85,7 @@ def run_path(
 
     if folder is None:
         folder = Path(tempfile.mkdtemp(prefix="ctxext-gpu-check-"))
-        save_model(folder, layers)
+        save_model(folder, layers, device_type, shape)
     recipe = parse_recipe(
         {
             "model": {"path": str(folder), "attn_implementation": attn},
@@ -82,28 +95,36 @@ def run_path(
             "train": {"seq_len": seq_len, "memory": memory or {}},
         }
     )
-    device = torch.device("cuda")
+    device = torch.device(device_type)
+    cuda = device.type == "cuda"
     loaded = build_training_model(recipe, device)
     model = CausalLMWithChunkedLoss(loaded.model, recipe.train.loss_chunk_size)
     optimizer, _ = make_optimizer(recipe, [p for p in model.parameters() if p.requires_grad], device)
     ids = torch.randint(0, loaded.model.config.vocab_size, (1, seq_len), device=device)
     labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     total, count = model(ids, labels)
     (total / count).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    props = torch.cuda.get_device_properties(0)
-    gpu = Device(name=props.name, memory=int(props.total_memory), tflops=None, kind="cuda")
-    setup = setup_for(recipe, gpu, 1, None)
-    fp = device_footprint(ModelShape.from_config(loaded.model.config), setup, gpu)
+    if cuda:
+        props = torch.cuda.get_device_properties(0)
+        target = Device(name=props.name, memory=int(props.total_memory), tflops=None, kind="cuda")
+        measured, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    else:
+        target = cpu_device()
+        measured = reserved = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    setup = setup_for(recipe, target, 1, None)
+    fp = device_footprint(ModelShape.from_config(loaded.model.config), setup, target)
     return {
-        "measured": torch.cuda.max_memory_allocated(),
-        "reserved": torch.cuda.max_memory_reserved(),
+        "measured": measured,
+        "reserved": reserved,
         "planned": fp.total - sum(c.bytes for c in fp.components if c.group == "overhead"),
         "levers": loaded.levers,
         "attn": loaded.attn_implementation,

@@ -273,6 +273,21 @@ def test_gpu_check_without_cuda_says_so_and_exits_2():
     assert len(lines) == 1 and "needs a CUDA GPU" in lines[0], lines
 
 
+def test_gpu_check_step_runs_on_the_cpu_with_a_tiny_shape(tmp_path):
+    """The prepared GPU script's own code (build, save, load through ctxext, one step, plan) on a tiny shape."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_check import OFF, run_path
+
+    tiny = {"hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4, "num_key_value_heads": 2}
+    result = run_path(
+        layers=1, seq_len=256, memory={**OFF, "tiled_mlp": 2}, device_type="cpu", shape={**tiny, "vocab_size": 2048}
+    )
+    assert result["levers"]["tiled_mlp"] == 2 and result["planned"] > 0 and result["measured"] > 0
+    assert result["tokens_per_s"] > 0
+
+
 # ------------------------------------------------------------------------------------------------
 # GPU-only paths (scripts/gpu-check.sh runs the same paths with measured peaks against the plan)
 # ------------------------------------------------------------------------------------------------
