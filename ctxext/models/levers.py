@@ -37,10 +37,14 @@ def configure_allocator(enabled: bool) -> bool:
     Returns:
         Whether expandable segments are on.
     """
+    if not torch.cuda.is_available():
+        return False
+    # torch reads PYTORCH_ALLOC_CONF (its newer name) or PYTORCH_CUDA_ALLOC_CONF: a user's setting in either wins.
     current = os.environ.get(ALLOC_ENV, "")
-    if "expandable_segments" in current:
-        return "expandable_segments:true" in current.lower()
-    if not enabled or not torch.cuda.is_available():
+    for given in (os.environ.get("PYTORCH_ALLOC_CONF", ""), current):
+        if "expandable_segments" in given:
+            return "expandable_segments:true" in given.lower()
+    if not enabled:
         return False
     # Applies to segments allocated from now on; the env var carries the setting to child processes.
     torch.cuda.memory._set_allocator_settings(EXPANDABLE)
