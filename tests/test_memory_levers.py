@@ -300,28 +300,36 @@ def _gpu_step(**memory):
     sys.path.insert(0, str(ROOT / "scripts"))
     from gpu_check import run_path
 
-    return run_path(layers=2, seq_len=8192, memory=memory)
+    return run_path(layers=2, seq_len=16384, memory=memory)
+
+
+OFF = {"residual_dtype": "fp32", "offload_checkpoints": False, "tiled_mlp": False, "expandable_segments": False}
 
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize(
-    "lever",
-    [
-        {"residual_dtype": "bf16"},
-        {"offload_checkpoints": True},
-        {"tiled_mlp": True},
-    ],
-)
-def test_each_gpu_lever_lowers_the_measured_peak(lever):
-    off = {"residual_dtype": "fp32", "offload_checkpoints": False, "tiled_mlp": False, "expandable_segments": False}
-    base = _gpu_step(**off)
-    with_lever = _gpu_step(**{**off, **lever})
+@pytest.mark.parametrize("lever", [{"residual_dtype": "bf16"}, {"offload_checkpoints": True}, {"tiled_mlp": True}])
+def test_each_gpu_lever_moves_the_measured_peak_as_planned(lever):
+    """Each lever lowers the measured peak as the plan says; both within 0.5–1.25× of the plan.
+
+    The lower bound is loose: the activation terms are conservative (by up to a third on the CPU).
+    """
+    base = _gpu_step(**OFF)
+    with_lever = _gpu_step(**{**OFF, **lever})
+    assert with_lever["planned"] < base["planned"]
     assert with_lever["measured"] < base["measured"], (lever, base, with_lever)
+    for result in (base, with_lever):
+        assert 0.5 <= result["measured"] / result["planned"] <= 1.25, (lever, result)
 
 
 @pytest.mark.gpu
 @needs_cuda
 def test_all_gpu_levers_together_fit_the_plan():
     result = _gpu_step()
-    assert result["measured"] <= result["planned"] * 1.25, result
+    assert result["levers"] == {
+        "residual_dtype": "bf16",
+        "offload_checkpoints": True,
+        "tiled_mlp": 0,
+        "expandable_segments": True,
+    }
+    assert 0.5 <= result["measured"] / result["planned"] <= 1.25, result
