@@ -136,18 +136,26 @@ def test_bf16_residual_stream_on_a_4bit_base(tmp_path):
     assert "model.embed_tokens" in names and "model.norm" in names
 
 
-def test_planned_layer_bytes_with_a_bf16_stream_match_autograd(tiny_model_dir):
-    """What autograd saves per layer with a bf16 stream on a 4-bit base — incl. peft's fp32 copy of each adapted
-    projection's input — against the planner's formula (the fp32 case is tests/test_plan.py's)."""
+@pytest.mark.parametrize(
+    ("residual", "dropout"),
+    [("bf16", 0.0), ("fp32", 0.05)],
+    ids=["bf16 stream: fp32 LoRA input copies", "fp32 stream, LoRA dropout 0.05: dropped copies + masks"],
+)
+def test_planned_layer_bytes_match_autograd(tiny_model_dir, residual, dropout):
+    """What autograd saves per layer on a 4-bit base against the planner's formula, for what the levers change:
+    a bf16 stream (peft's fp32 copy of each adapted projection's input: half of the bytes, measured) and LoRA
+    dropout (a dropped copy and a mask per projection: +57 % measured, +50 % planned). The fp32 case without
+    dropout is tests/test_plan.py's."""
     from ctxext.models.load import add_lora, load_base
     from ctxext.planner.footprint import ModelShape, Setup, layer_bytes
     from ctxext.recipe.schema import LoraSection
     from ctxext.training.steps import CausalLMWithChunkedLoss
 
     length = 512
-    model, _, _ = load_base(str(tiny_model_dir), quantization="nf4", compute_dtype=torch.bfloat16)
-    lora = LoraSection(r=8, extra_trainable=[])
-    peft_model, _ = add_lora(model, lora, False, True, Levers(residual_dtype="bf16"))
+    dtype = torch.bfloat16 if residual == "bf16" else torch.float32
+    model, _, _ = load_base(str(tiny_model_dir), quantization="nf4", compute_dtype=dtype)
+    lora = LoraSection(r=8, dropout=dropout, extra_trainable=[])
+    peft_model, _ = add_lora(model, lora, False, True, Levers(residual_dtype=residual))
     wrapper = CausalLMWithChunkedLoss(peft_model, 1024).train()
     params = {p.untyped_storage().data_ptr() for p in wrapper.parameters()}
     saved: dict[int, int] = {}
@@ -162,7 +170,15 @@ def test_planned_layer_bytes_with_a_bf16_stream_match_autograd(tiny_model_dir):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         wrapper(ids, torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1))
     shape = ModelShape.from_config(peft_model.get_base_model().config)
-    setup = Setup(seq_len=length, compute_bytes=2, residual_bytes=2, lora_r=8, extra_trainable=(), checkpointing=False)
+    setup = Setup(
+        seq_len=length,
+        compute_bytes=dtype.itemsize,
+        residual_bytes=dtype.itemsize,
+        lora_r=8,
+        lora_dropout=dropout,
+        extra_trainable=(),
+        checkpointing=False,
+    )
     predicted = shape.layers * layer_bytes(shape, setup)
     assert 0.75 < predicted / sum(saved.values()) < 1.25, (predicted, sum(saved.values()))
 
