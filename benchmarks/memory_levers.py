@@ -147,7 +147,8 @@ def main() -> None:
             f"{speed / base_speed:.2f} | {result['loss_value']:.4f} |"
         )
         print(rows[-1], flush=True)
-    command = f"python benchmarks/memory_levers.py --hidden {args.hidden} --length {args.length} --threads {args.threads}"
+    flags = f"--hidden {args.hidden} --length {args.length} --threads {args.threads}"
+    command = f"python benchmarks/memory_levers.py {flags}"
     text = "\n".join(
         [
             "# Memory levers on the CPU (`benchmarks/memory_levers.py`)",
