@@ -105,8 +105,15 @@ def worker(args: argparse.Namespace) -> None:
             # The baselines score pre-tokenized ids; a pass-through tokenizer gives ctxext the very same ids.
             lm = LoadedModel("bench", model, _IdsTokenizer(), read_rope(model.config), {})
             stride = min(lengths) // 2 if args.method == "ctxext-stride" else None
+            # Every document and no buckets: the baselines score all of them, by length only.
             settings = PerplexitySettings(
-                lengths=lengths, short_context=False, resamples=10, stride=stride, chunk_size=args.chunk
+                lengths=lengths,
+                short_context=False,
+                resamples=10,
+                stride=stride,
+                chunk_size=args.chunk,
+                max_docs=None,
+                bucket_size=None,
             )
             res = evaluate_perplexity(lm, docs, settings, show_progress=False)
             result = {L: e["ppl"] for L, e in res["by_length"].items()}

@@ -73,14 +73,14 @@ def run_factor(factor: int, attention: str, seed: int, args: argparse.Namespace)
             target_length=ORIGINAL * factor,
             out=out,
             objective=args.objective,
-            budget_seconds=args.budget,
+            budget=args.budget,
             population=args.population,
             generations=args.generations,
             samples=args.samples,
             seed=seed,
             report_trials=args.trials,
             attention_factor=setting,
-            window_tolerance=tolerance / 100,
+            window_tolerance=tolerance,  # percent, as on the command line
             resume=(out / "search.jsonl").is_file(),
             show_progress=False,
         )

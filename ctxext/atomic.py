@@ -9,6 +9,7 @@ it: a user's own files, a model folder or a training run are never deleted, what
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ctxext.artifacts.lock import folder_lock
 from ctxext.errors import InputError
 
 OUTPUT_MARKER = ".ctxext-output.json"
@@ -141,8 +143,18 @@ def atomic_folder(
         The temporary folder to write into.
 
     Raises:
-        InputError: ``out`` cannot be written without losing something (see :func:`check_output`).
+        InputError: ``out`` cannot be written without losing something (see :func:`check_output`), another
+            process is writing it (:func:`ctxext.artifacts.lock.folder_lock`), or the disk filled up.
     """
+    check_output(out, kind, overwrite, flag)  # a refusal needs no lock (and leaves no lock file behind)
+    # Held already by a writer that locked ``out`` before its work; re-entrant, so this costs nothing then.
+    with folder_lock(out, flag):
+        with _atomic_folder(Path(out), kind, overwrite, flag) as tmp:
+            yield tmp
+
+
+@contextmanager
+def _atomic_folder(out: Path, kind: str, overwrite: bool, flag: str) -> Iterator[Path]:
     out = check_output(out, kind, overwrite, flag)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -164,18 +176,23 @@ def atomic_folder(
                 shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
+    except Exception as exc:  # a full disk surfaces as OSError, or wrapped by safetensors / torch writers
+        if not is_disk_full(exc, out.parent):
+            raise
+        raise InputError(disk_full_message(flag, out, exc)) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_inputs_outside(out: str | Path, inputs: list[str | Path], flag: str = "--out") -> None:
+def check_inputs_outside(out: str | Path, inputs: list[str | Path], flag: str = "--out", report: bool = False) -> None:
     """Refuse an output folder that is, or contains, one of the command's inputs (a model, a run).
 
     Args:
         out: the output folder.
         inputs: input paths (non-paths such as Hub ids are ignored).
         flag: the option that named ``out``, for messages.
+        report: ``out`` is an evaluation report (the message then shows where a run's report goes).
 
     Raises:
         InputError: naming the input that would be replaced.
@@ -187,7 +204,53 @@ def check_inputs_outside(out: str | Path, inputs: list[str | Path], flag: str = 
             continue
         resolved = path.resolve()
         if resolved == target or target in resolved.parents:
+            example = f" (e.g. {flag} {Path(str(ref)) / 'eval'} for a report on a run)" if report else ""
             raise InputError(
                 f"{flag} {out}: is (or contains) the input {ref}; writing there would replace it. Write the "
-                f"output to a new folder instead (e.g. {flag} {Path(str(ref)) / 'eval'} for a report on a run)."
+                f"output to a new folder instead{example}."
             )
+
+
+# errno values meaning "no room left": the disk is full, or the user's quota is used up.
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+# How libraries that wrap the OS error (safetensors' Rust writer, torch's zip writer) spell the same thing.
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "StorageFull", "os error 28")
+
+
+# Less free space than this where a write just failed: the disk is full, whatever the error says.
+_NEARLY_FULL = 1 << 20
+
+
+def is_disk_full(exc: BaseException, where: str | Path | None = None) -> bool:
+    """Whether ``exc`` (or an exception it was raised from) says the disk or the quota is full.
+
+    Args:
+        exc: the exception a write raised.
+        where: the folder written to. Some writers lose the errno (torch's checkpoint writer raises
+            ``RuntimeError: basic_ios::clear: iostream error`` on a full disk): a failed write to a file
+            system with under 1 MiB free counts as a full disk.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _DISK_FULL:
+            return True
+        if any(text in str(seen) for text in _DISK_FULL_TEXT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    if where is None:
+        return False
+    try:
+        usage = shutil.disk_usage(where)
+    except OSError:
+        return False
+    return usage.free < _NEARLY_FULL
+
+
+def disk_full_message(flag: str, out: str | Path, exc: BaseException) -> str:
+    """The one message for a write that ran out of space (nothing of the partial output is left)."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "no space left on device"
+    return (
+        f"{flag} {out}: the disk filled up while writing ({reason}); the partial output was removed and any "
+        f"previous {out} is untouched. Free some space (or choose another {flag} on a larger disk) and run the "
+        "command again."
+    )

@@ -28,3 +28,21 @@ class InputError(CtxextError):
     """Bad input: a data file, option or folder that cannot be used as given."""
 
     exit_code = 2
+
+
+class Terminated(KeyboardInterrupt):
+    """A stop signal (SIGTERM from a scheduler, SIGINT from Ctrl-C) raised as an exception, so cleanup runs.
+
+    A ``KeyboardInterrupt``, so whatever handles Ctrl-C handles SIGTERM the same way.
+
+    Attributes:
+        signum: the signal.
+        exit_code: the shell's convention for death by that signal, 128 + signum (130 Ctrl-C, 143 SIGTERM).
+    """
+
+    def __init__(self, signum: int):
+        import signal
+
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.exit_code = 128 + signum

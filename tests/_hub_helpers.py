@@ -1,23 +1,31 @@
-"""A real tiny training run folder and a real evaluation report, for the merge / card / push tests.
+"""The session's tiny training run and its evaluation report, made by ctxext's own workflows.
 
-The run is made the way ``ctxext train`` makes one (the run-folder contract in ctxext/artifacts/run.py):
-the base is loaded in 4-bit nf4 with bitsandbytes and the run's patched YaRN config, prepared for
-k-bit training, wrapped with LoRA + fully trained embeddings and norms (peft ``modules_to_save``),
-trained for a few real optimizer steps on real text, and saved with ``save_pretrained``. The report
-holds numbers measured on that run (perplexity by length and position, passkey trials) and a PNG.
+The merge / card / push tests share one run folder made the way a user makes one: a recipe (nf4, YaRN
+256 → 1024, LoRA r 8 with embeddings and norms trained in full, a few steps on ``builtin:stdlib``) run by
+:func:`ctxext.training.run.train`, then the recipe's eval suite (base, patched-only and fine-tuned side by
+side) run by :func:`ctxext.evaluation.suite.run_suite_for_run`, as ``ctxext train`` does after training.
+
+The base is named by its Hub id, ``me/tiny-llama``: the tiny model is placed in a temporary Hugging Face
+cache in the Hub's snapshot layout, and huggingface_hub resolves the id from it offline while the run is
+made, as on a user's machine that downloaded the base before. ``run.json`` then holds the Hub id, the
+snapshot folder it resolved to and the fingerprint of its weights, all written by ``train``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import math
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
+from _train_helpers import write_recipe
 
 TARGET = 1024
 ORIGINAL = 256
+HUB_ID = "me/tiny-llama"
 LORA = {
     "r": 8,
     "alpha": 16,
@@ -25,251 +33,102 @@ LORA = {
     "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "extra_trainable": ["embed_tokens", "norm"],
 }
+# What the card and the merge read, kept small: perplexity at 256 / 512 / 1024 on two documents (buckets of
+# 256 tokens), passkey at 512 / 1024 at two depths, one trial each.
+SUITE = """\
+name: hub-tests
+perplexity: {data: "builtin:stdlib", lengths: ["1x", "2x", "target"], bucket_size: 256, max_docs: 2, min_docs: 2,
+  resamples: 100}
+passkey: {lengths: ["2x", "target"], depths: [0, 100], trials: 1, max_new_tokens: 8}
+"""
 
 
-def _recipe_yaml(base_dir: Path, steps: int) -> str:
-    from ctxext.recipe.schema import dump_recipe, parse_recipe
+def place_in_hub_cache(cache: Path, repo_id: str, model_dir: Path) -> Path:
+    """Lay a model folder out in a Hugging Face cache as a download of ``repo_id`` would leave it.
 
-    recipe = parse_recipe(
-        {
-            "model": {"path": str(base_dir)},
-            "rope": {"method": "yarn", "target_length": TARGET},
-            "lora": LORA,
-            "data": {"path": "builtin:stdlib"},
-            "train": {"seq_len": ORIGINAL, "max_steps": steps, "learning_rate": 1e-2},
-            "hub": {"repo_id": "me/tiny-llama-yarn-1k", "push": False},
-            "output": {"dir": "runs/tiny"},
-        }
-    )
-    return dump_recipe(recipe)
-
-
-def build_tiny_run(base_dir: Path, run_dir: Path, steps: int = 3, status: str = "complete") -> Path:
-    """Train a tiny QLoRA run for a few steps and write a complete run folder.
+    ``models--ORG--NAME/blobs/<sha256>`` holds each file, ``snapshots/<commit>/<file>`` links to it, and
+    ``refs/main`` names the commit.
 
     Args:
-        base_dir: a saved tiny Llama with tokenizer (conftest's ``tiny_model_dir``).
-        run_dir: the run folder to write.
+        cache: the cache root (what ``HF_HUB_CACHE`` points at).
+        repo_id: the Hub id.
+        model_dir: a saved model folder with its tokenizer.
+
+    Returns:
+        The snapshot folder.
+    """
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    files = sorted(p for p in model_dir.iterdir() if p.is_file())
+    commit = hashlib.sha1(b"".join(p.name.encode() + p.read_bytes() for p in files)).hexdigest()
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for path in files:
+        blob = hashlib.sha256(path.read_bytes()).hexdigest()
+        shutil.copyfile(path, repo / "blobs" / blob)
+        (snapshot / path.name).symlink_to(Path("..", "..", "blobs", blob))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
+@contextmanager
+def hub_cache(cache: Path) -> Iterator[None]:
+    """Point huggingface_hub at ``cache`` (``snapshot_download`` reads ``constants.HF_HUB_CACHE`` per call)."""
+    from huggingface_hub import constants
+
+    before = constants.HF_HUB_CACHE
+    constants.HF_HUB_CACHE = str(cache)
+    try:
+        yield
+    finally:
+        constants.HF_HUB_CACHE = before
+
+
+def build_tiny_run(base: str | Path, run_dir: Path, steps: int = 3, suite: Path | None = None) -> Path:
+    """Train a tiny QLoRA run with ``ctxext.training.run.train``; with a suite, evaluate it as ``ctxext train`` does.
+
+    Args:
+        base: the base model: a folder, or a Hub id resolvable from the current Hugging Face cache.
+        run_dir: the run folder to write (``output.dir``).
         steps: optimizer steps.
-        status: ``run.json`` status (``complete``, ``running``, ``failed``).
+        suite: an eval suite YAML for the recipe's ``eval.suite`` (with ``eval.compare_base``); ``None`` to
+            train only.
 
     Returns:
         ``run_dir``.
     """
-    import transformers
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+    from ctxext.evaluation.suite import run_suite_for_run
+    from ctxext.recipe.schema import load_recipe
+    from ctxext.training.run import train
 
-    from ctxext.publish.merge import text_tokens
-    from ctxext.rope.core import apply_plan, plan_extension, verify_model_rope
-
-    torch.manual_seed(0)
-    config = AutoConfig.from_pretrained(base_dir)
-    plan = plan_extension(config, "yarn", TARGET)
-    apply_plan(config, plan)
-    quant = BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=torch.float32,
+    recipe_path = write_recipe(
+        run_dir.with_name(run_dir.name + "-recipe.yaml"),
+        run_dir,
+        model={"path": str(base)},
+        rope={"method": "yarn", "target_length": TARGET},
+        lora=LORA,
+        data={"max_documents": 10},
+        train={
+            "seq_len": ORIGINAL,
+            "micro_batch_size": 1,
+            "max_steps": steps,
+            "learning_rate": 1e-2,
+            "warmup_steps": 0,
+            "eval_batches": 1,
+        },
+        eval={"suite": str(suite) if suite else None, "compare_base": suite is not None},
+        hub={"repo_id": "me/tiny-llama-yarn-1k", "push": False},
     )
-    model = AutoModelForCausalLM.from_pretrained(
-        base_dir, config=config, quantization_config=quant, dtype=torch.float32, attn_implementation="sdpa"
-    )
-    verify_model_rope(model)
-    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    lora = LoraConfig(
-        r=LORA["r"],
-        lora_alpha=LORA["alpha"],
-        lora_dropout=LORA["dropout"],
-        target_modules=LORA["target_modules"],
-        modules_to_save=LORA["extra_trainable"],
-        task_type="CAUSAL_LM",
-    )
-    model = get_peft_model(model, lora)
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    data = text_tokens(tokenizer, ORIGINAL * steps)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    losses = []
-    model.train()
-    for step in range(steps):
-        ids = data[:, step * ORIGINAL : (step + 1) * ORIGINAL]
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(float(loss.detach()))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(run_dir)
-    config.save_pretrained(run_dir)
-    tokenizer.save_pretrained(run_dir)
-    (run_dir / "recipe.yaml").write_text(_recipe_yaml(base_dir, steps))
-    (run_dir / "versions.json").write_text(
-        json.dumps({"torch": torch.__version__, "transformers": transformers.__version__}, indent=2)
-    )
-    (run_dir / "metrics.jsonl").write_text(
-        "".join(json.dumps({"step": i + 1, "loss": v}) + "\n" for i, v in enumerate(losses))
-    )
-    (run_dir / "checkpoints").mkdir(exist_ok=True)
-    run = {
-        "status": status,
-        "base_model": "me/tiny-llama",  # what the user named; resolved below to the local folder
-        "base_model_resolved": str(base_dir),
-        "method": "yarn",
-        "rope_parameters": plan.rope_parameters,
-        "original_length": ORIGINAL,
-        "target_length": TARGET,
-        "seq_len": ORIGINAL,
-        "steps": steps,
-        "tokens_seen": steps * ORIGINAL,
-        "quantization": "nf4",
-        "lora": {k: v for k, v in LORA.items() if k != "extra_trainable"},
-        "extra_trainable": LORA["extra_trainable"],
-        "final_train_loss": losses[-1],
-        "final_val_loss": losses[-1] + 0.01,
-    }
-    (run_dir / "run.json").write_text(json.dumps(run, indent=2))
+    recipe = load_recipe(recipe_path)
+    train(recipe)
+    if suite is not None:
+        run_suite_for_run(run_dir, recipe, show_progress=False)
     return run_dir
-
-
-def _load(base_dir: Path, run_dir: Path | None) -> Any:
-    from peft import PeftModel
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if run_dir is None:
-        return AutoModelForCausalLM.from_pretrained(base_dir, attn_implementation="sdpa").eval()
-    config = AutoConfig.from_pretrained(run_dir)
-    base = AutoModelForCausalLM.from_pretrained(base_dir, config=config, attn_implementation="sdpa")
-    return PeftModel.from_pretrained(base, run_dir).eval()
-
-
-@torch.no_grad()
-def measure_report(base_dir: Path, run_dir: Path, lengths: tuple[int, ...] = (256, 512, 1024)) -> Any:
-    """Measure a side-by-side report (base vs base + adapter) and write ``<run>/eval/report.json`` + a PNG.
-
-    Truncated-document perplexity on standard-library text, per length and per 256-token position
-    bucket, and passkey trials on a lengths × depths grid.
-
-    Args:
-        base_dir: the base model folder.
-        run_dir: the run folder.
-        lengths: evaluation lengths.
-
-    Returns:
-        The :class:`~ctxext.artifacts.report.EvalReport` written.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from transformers import AutoTokenizer
-
-    from ctxext.artifacts.report import (
-        Accuracy,
-        EvalReport,
-        Grid,
-        GridCell,
-        ModelEntry,
-        ModelInfo,
-        Perplexity,
-        RopeInfo,
-    )
-    from ctxext.evaluation.stats import wilson_interval
-    from ctxext.publish.merge import passkey_trial, text_tokens
-
-    tokenizer = AutoTokenizer.from_pretrained(run_dir)
-    docs = text_tokens(tokenizer, max(lengths) * 2).view(2, max(lengths))
-    models = []
-    for name, adapter in (("base", None), ("fine-tuned", run_dir)):
-        model = _load(base_dir, adapter)
-        logits = model(input_ids=docs).logits.float()
-        nll = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), docs[:, 1:].reshape(-1), reduction="none"
-        ).view(docs.shape[0], -1)
-        by_length = {}
-        for length in lengths:
-            part = nll[:, : length - 1]
-            per_doc = part.mean(dim=1)  # the interval here: the range over the (two) documents
-            by_length[str(length)] = {
-                "ppl": math.exp(float(part.mean())),
-                "nll": float(part.mean()),
-                "tokens": part.numel(),
-                "documents": docs.shape[0],
-                "ci_low": math.exp(float(per_doc.min())),
-                "ci_high": math.exp(float(per_doc.max())),
-                "beyond_context": adapter is None and length > ORIGINAL,
-            }
-        buckets = []
-        for start in range(0, max(lengths), 256):
-            # Bucket = position of the predicted token; position p is predicted by nll[:, p - 1].
-            part = nll[:, max(start - 1, 0) : start + 255]
-            buckets.append(
-                {
-                    "start": start,
-                    "end": start + 256,
-                    "tokens": part.numel(),
-                    "nll": float(part.mean()),
-                    "ppl": math.exp(float(part.mean())),
-                }
-            )
-        cells = []
-        # Passkey: a small grid for the extended model only (the base cannot address the longer lengths).
-        for length in lengths[-2:] if adapter is not None else ():
-            for depth in (0, 100):
-                _, _, correct = passkey_trial(model, tokenizer, length, seed=length + depth, depth=depth / 100)
-                hit = int(correct)
-                cells.append(GridCell(length=length, depth=depth, trials=1, correct=hit, accuracy=float(hit)))
-        short = by_length[str(ORIGINAL)]
-        config = json.loads(((adapter or base_dir) / "config.json").read_text())
-        entry = ModelEntry(
-            name=name,
-            # How ctxext eval records the two models: the base as is, the run as base + adapter + patched config.
-            model=ModelInfo(ref=str(base_dir), adapter=str(adapter) if adapter else None, config_from=None),
-            rope=RopeInfo(
-                rope_type=(config.get("rope_parameters") or {}).get("rope_type", "default"),
-                rope_theta=(config.get("rope_parameters") or {}).get("rope_theta", 10000.0),
-                original_length=ORIGINAL,
-                current_length=TARGET if adapter else ORIGINAL,
-            ),
-            perplexity=Perplexity(
-                protocol="truncated-document perplexity",
-                by_length=by_length,
-                by_bucket=buckets,
-                short_context={"length": ORIGINAL, **{k: v for k, v in short.items() if k != "beyond_context"}},
-            ),
-        )
-        if cells:
-            by_len = {}
-            for length in sorted({c.length for c in cells}):
-                mine = [c for c in cells if c.length == length]
-                correct = sum(c.correct for c in mine)
-                low, high = wilson_interval(correct, len(mine))
-                by_len[str(length)] = Accuracy(
-                    correct=correct, trials=len(mine), accuracy=correct / len(mine), ci_low=low, ci_high=high
-                )
-            entry.passkey = Grid(scoring="teacher-forced", cells=cells, by_length=by_len)
-        models.append(entry)
-    out = run_dir / "eval"
-    out.mkdir(exist_ok=True)
-    fig, ax = plt.subplots(figsize=(4, 3))
-    for m in models:
-        b = m.perplexity.by_bucket
-        ax.plot([x.start for x in b], [x.ppl for x in b], label=m.name)
-    ax.set_xlabel("position")
-    ax.set_ylabel("perplexity")
-    ax.legend()
-    fig.savefig(out / "ppl_by_position.png", dpi=60)
-    plt.close(fig)
-    # Built and written through the report schema (ctxext/artifacts/report.py), as `ctxext eval` writes it.
-    report = EvalReport(models=models, data={"perplexity": {"source": "builtin:stdlib"}})
-    (out / "report.json").write_text(report.to_json())
-    return report
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
     """sha256 of every file under ``folder`` (to prove a failed push left them alone)."""
-    import hashlib
-
     return {
         p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(folder.rglob("*"))
@@ -283,11 +142,14 @@ _BUILT: dict[str, Any] = {}
 
 
 def shared_run(tmp_path_factory: Any, base_dir: Path) -> Path:
-    """The session's tiny run folder, with its evaluation report (built on first use)."""
+    """The session's tiny run folder, trained from ``me/tiny-llama`` and evaluated (built on first use)."""
     if "run" not in _BUILT:
-        run_dir = build_tiny_run(base_dir, tmp_path_factory.mktemp("hub") / "run")
-        measure_report(base_dir, run_dir)
-        _BUILT["run"] = run_dir
+        tmp = tmp_path_factory.mktemp("hub")
+        cache = tmp / "hf-cache"
+        place_in_hub_cache(cache, HUB_ID, base_dir)
+        (tmp / "suite.yaml").write_text(SUITE)
+        with hub_cache(cache):
+            _BUILT["run"] = build_tiny_run(HUB_ID, tmp / "run", suite=tmp / "suite.yaml")
     return _BUILT["run"]
 
 
@@ -304,8 +166,6 @@ def shared_merge(tmp_path_factory: Any, base_dir: Path) -> tuple[Path, Any]:
 
 def copy_run(run_dir: Path, dest: Path, **changes: Any) -> Path:
     """A copy of a run folder with ``run.json`` fields changed (e.g. ``status="running"``)."""
-    import shutil
-
     shutil.copytree(run_dir, dest, ignore=shutil.ignore_patterns("hub", "merged"))
     run = json.loads((dest / "run.json").read_text())
     run.update(changes)

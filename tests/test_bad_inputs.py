@@ -123,6 +123,65 @@ CASES = {
     ),
     "validate: missing data file": (["validate", "{recipe}"], {"data": "  path: ./nope.jsonl\n"}, "does not exist"),
     "validate: damaged weights": (["validate", "{recipe}"], {"model": "  path: truncated\n"}, "truncated or corrupt"),
+    # Values that once divided by zero, planned negative hours or checked nothing: refused where first read.
+    "original length 0 (extend)": (
+        [*EXTEND, "--original-length", "0"],
+        None,
+        "--original-length 0: must be a positive",
+    ),
+    "original length 0 (inspect)": (
+        ["inspect", "{model}", "--config-only", "--original-length", "0"],
+        None,
+        "positive",
+    ),
+    "original length 0 (validate)": (
+        ["validate", "{recipe}"],
+        {"model": "  path: {model}\n  original_length: 0\n"},
+        "model.original_length",
+    ),
+    "negative TFLOP/s": (
+        ["plan", "{recipe}", "--gpu-memory", "80GB", "--tflops", "-5"],
+        None,
+        "--tflops -5.0: must be",
+    ),
+    "merge --sequences 0": (["merge", "runs", "--out", "out", "--sequences", "0"], None, "--sequences 0: must be"),
+    "unknown device": (
+        ["eval", "passkey", "--model", "{model}", "--lengths", "64", "--out", "out", "--device", "tpu"],
+        None,
+        "--device tpu: not a device name",
+    ),
+    "longrope factor below 1": (
+        ["extend", "{model}", "-m", "longrope", "-t", "1024", "-o", "out", "--short-factor", "1,1,1,1,1,1,1,1"]
+        + ["--long-factor", "0.5,1,1,1,1,1,1,1"],
+        None,
+        "long_factor: every rescale factor must be >= 1",
+    ),
+    "longrope factor below 1 (validate)": (
+        ["validate", "{recipe}"],
+        {
+            "rope": "  method: longrope\n  target_length: 1024\n  short_factor: [0.9, 1, 1, 1, 1, 1, 1, 1]\n"
+            "  long_factor: [1, 1, 1, 1, 1, 1, 1, 1]\n"
+        },
+        "short_factor: every rescale factor must be >= 1",
+    ),
+    "mixture weight NaN": (
+        ["validate", "{recipe}"],
+        {"data": "  mixture:\n    - {path: builtin:stdlib, weight: .nan}\n"},
+        "data.mixture.0.weight: Input should be a finite number",
+    ),
+    "mixture weight inf": (
+        ["validate", "{recipe}"],
+        {"data": "  mixture:\n    - {path: builtin:stdlib, weight: .inf}\n"},
+        "data.mixture.0.weight: Input should be a finite number",
+    ),
+    "mixture templates: []": (
+        ["validate", "{recipe}"],
+        {
+            "data": "  mixture:\n    - {path: builtin:stdlib, weight: 1}\n"
+            "    - {task: passkey, weight: 1, templates: []}\n"
+        },
+        "templates: empty",
+    ),
 }
 
 
@@ -139,6 +198,8 @@ def test_bad_input_is_one_clear_message(case, world):
         )
     recipe = world["recipe"](**(sections or {})) if "{recipe}" in argv else None
     args = [a.replace("{model}", str(world["model"])).replace("{recipe}", str(recipe)) for a in argv]
+    if recipe is not None:
+        recipe.write_text(recipe.read_text().replace("{model}", str(world["model"])))
     result = runner.invoke(app, args)
     output = flat(result.output)
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
@@ -165,3 +226,15 @@ def test_shipped_recipes_still_validate():
     for recipe in sorted((ROOT / "recipes").glob("*.yaml")):
         result = runner.invoke(app, ["validate", str(recipe)])
         assert result.exit_code == 0, (recipe, result.output)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine where CUDA is absent")
+def test_cuda_where_there_is_none(world):
+    for argv in (
+        ["eval", "passkey", "--model", str(world["model"]), "--lengths", "64", "--out", "out", "--device", "cuda"],
+        ["merge", "runs", "--out", "out", "--device", "cuda"],
+    ):
+        result = runner.invoke(app, argv)
+        assert result.exit_code == 2, result.output
+        assert "--device cuda: " in flat(result.output) and "use --device cpu" in flat(result.output)
+        assert "Traceback" not in result.output and not (world["tmp"] / "out").exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _hub_helpers import LORA, copy_run, shared_merge, shared_run
+from _hub_helpers import HUB_ID, LORA, copy_run, shared_merge, shared_run
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
@@ -32,6 +32,23 @@ def tiny_run(tmp_path_factory, tiny_model_dir) -> Path:
 @pytest.fixture(scope="session")
 def merged(tmp_path_factory, tiny_model_dir):
     return shared_merge(tmp_path_factory, tiny_model_dir)
+
+
+def test_the_run_is_what_ctxext_train_writes_from_a_hub_base(tiny_run):
+    """The shared run names its base by Hub id, resolved offline from the HF cache, with the weights' fingerprint."""
+    from ctxext.models.weights import fingerprint
+
+    run = json.loads((tiny_run / "run.json").read_text())
+    assert run["status"] == "complete" and run["base_model"] == HUB_ID
+    resolved = Path(run["base_model_resolved"])
+    assert resolved.parent.parent.name == "models--me--tiny-llama" and resolved.parent.name == "snapshots"
+    assert run["base_fingerprint"] == fingerprint(resolved)
+    assert (run["method"], run["original_length"], run["target_length"], run["quantization"]) == (
+        "yarn",
+        256,
+        1024,
+        "nf4",
+    )
 
 
 def test_smoke_test_passes_at_the_target_length(merged):

@@ -26,6 +26,9 @@ PUBLISHED = {
     "adapter_model.safetensors",
     "config.json",
     "eval/report.json",
+    "eval/report.md",
+    "plots/passkey_heatmap.png",
+    "plots/ppl_by_length.png",
     "plots/ppl_by_position.png",
     "recipe.yaml",
     "tokenizer.json",
@@ -88,6 +91,21 @@ def test_dry_run_lists_exactly_the_staged_files_and_sends_nothing(run_copy):
     assert json.loads((staging / "adapter_config.json").read_text())["base_model_name_or_path"] == "me/tiny-llama"
     assert (staging / "README.md").read_text().startswith("---\nbase_model: me/tiny-llama\n")
     assert own_files(run_copy) == before
+
+
+def test_a_run_from_a_local_base_is_staged_with_a_note_and_no_hub_base(tiny_run, tmp_path):
+    """A user who trained from a local folder: no base_model metadata, the folder named, a note before pushing."""
+    local = json.loads((tiny_run / "run.json").read_text())["base_model_resolved"]
+    run = copy_run(tiny_run, tmp_path / "run", base_model=local)
+    lines: list[str] = []
+    push(run, "me/tiny-yarn", dry_run=True, log=lines.append)
+    assert any("is not a Hub id" in line and local in line for line in lines), lines
+    card = (run / "hub" / "README.md").read_text()
+    assert "base_model:" not in card.split("---")[1]  # the front matter names no Hub base
+    assert f"`{local}` is not a Hub id" in card and f'AutoModelForCausalLM.from_pretrained("{local}"' in card
+    # The adapter keeps the base folder peft recorded at training time (nothing to rename it to).
+    staged = json.loads((run / "hub" / "adapter_config.json").read_text())
+    assert staged["base_model_name_or_path"] == local
 
 
 def test_dry_run_with_extra_report_and_public_branch(run_copy, tmp_path):

@@ -110,3 +110,35 @@ def test_chunked_peak_memory_is_lower():
     logits_kb = 2048 * 8000 * 4 / 1024
     assert plain["peak_delta_kb"] > logits_kb  # the plain loss really holds the full logits
     assert chunked["peak_delta_kb"] < 0.35 * plain["peak_delta_kb"], (plain, chunked)
+
+
+def test_a_tokens_weight_does_not_depend_on_its_micro_batch():
+    # Row A beside a fully scored row, then beside an answer-only row (3 scored tokens): under
+    # micro_batch_loss the gradient reaching row A's hidden states is the same; under a mean over the
+    # micro-batch's scored tokens it would not be.
+    from ctxext.training.losses import micro_batch_loss
+
+    torch.manual_seed(0)
+    t, h, vocab = 16, 8, 32
+    weight = torch.randn(vocab, h)
+    row_a = torch.randint(0, vocab, (t,))
+    full = torch.randint(0, vocab, (t,))
+    answer_only = torch.full((t,), -100)
+    answer_only[-4:-1] = full[-4:-1]
+    states = torch.randn(2, t, h)
+    grads = {}
+    for name, other in {"full": full, "answer_only": answer_only}.items():
+        for rule in ("positions", "scored"):
+            hidden = states.clone().requires_grad_(True)
+            labels = torch.stack([row_a, other])
+            total = chunked_cross_entropy(hidden, weight, labels, chunk_size=8, reduction="sum")
+            count = (labels != -100).sum()
+            loss = micro_batch_loss(total, labels, 2) if rule == "positions" else total / count / 2
+            loss.backward()
+            grads[name, rule] = hidden.grad[0].clone()
+    torch.testing.assert_close(grads["full", "positions"], grads["answer_only", "positions"], rtol=0, atol=0)
+    assert not torch.allclose(grads["full", "scored"], grads["answer_only", "scored"])
+    # Each scored token weighs 1 / (positions × accumulation): row A's gradient is its own sum's, scaled.
+    alone = states[:1].clone().requires_grad_(True)
+    chunked_cross_entropy(alone, weight, row_a[None], chunk_size=8, reduction="sum").backward()
+    torch.testing.assert_close(grads["full", "positions"], alone.grad[0] / (2 * t) / 2)

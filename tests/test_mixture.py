@@ -170,3 +170,54 @@ def test_task_max_length_bounds_sample_lengths(tiny_tokenizer):
 def test_max_length_errors(source, message):
     with pytest.raises(RecipeError, match=message):
         parse_recipe(_mix({"path": "builtin:stdlib", "weight": 1}, source))
+
+
+def _random_docs(n: int, seed: int = 0) -> list[str]:
+    """Documents of random words: any 12 tokens they share with another text were copied from them."""
+    import random
+    import string
+
+    rng = random.Random(seed)
+    return [" ".join("".join(rng.choices(string.ascii_lowercase, k=5)) for _ in range(30)) for _ in range(n)]
+
+
+def _grams(rows, n: int = 12) -> set[tuple[int, ...]]:
+    return {tuple(r[i : i + n]) for r in rows for i in range(len(r) - n + 1)}
+
+
+def test_training_rows_hold_no_validation_text_and_honour_max_documents(tmp_path, tiny_tokenizer):
+    from types import SimpleNamespace
+
+    from ctxext.training.data.corpus import prepare_data
+    from ctxext.training.data.mixture import prepare_training_data
+
+    docs = _random_docs(24)
+    corpus, other = tmp_path / "corpus.jsonl", tmp_path / "copy.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    other.write_text(corpus.read_text())  # the same documents under another path: a separate haystack
+    recipe = parse_recipe(
+        _mix(
+            {"path": str(corpus), "weight": 1},
+            {"task": "needle", "weight": 1, "min_length": 64, "templates": [0]},
+            {"task": "needle", "weight": 1, "min_length": 64, "templates": [1], "haystack": str(other)},
+            short_fraction=0.25,
+            max_documents=16,
+            validation_fraction=0.25,
+            num_proc=1,
+        )
+        | {"train": {"seq_len": 128}}
+    )
+    data = prepare_training_data(recipe, tiny_tokenizer, SimpleNamespace(original_length=64, target_length=256), 48)
+    trained = _grams(data.train.with_format(None)["input_ids"])
+    held_out = data.validation_documents["text"]
+    assert len(held_out) == 4 and data.validation is not None
+    for text in held_out:  # the validation blocks' documents, tokenized alone
+        assert not _grams([tiny_tokenizer(text, add_special_tokens=False)["input_ids"]]) & trained, text[:30]
+    assert not _grams(data.validation.with_format(None)["input_ids"]) & trained
+    for text in docs[16:]:  # beyond max_documents: read by nothing
+        assert not _grams([tiny_tokenizer(text, add_special_tokens=False)["input_ids"]]) & trained, text[:30]
+    # The check can fail: the training documents themselves are all over the rows.
+    section = recipe.data.model_copy(update={"path": str(corpus), "mixture": None})
+    seen = prepare_data(section, tiny_tokenizer, 128, seed=recipe.train.seed).train_documents["text"]
+    found = sum(bool(_grams([tiny_tokenizer(t, add_special_tokens=False)["input_ids"]]) & trained) for t in seen)
+    assert found >= len(seen) - 2, (found, len(seen))

@@ -253,16 +253,13 @@ def test_changed_base_weights_are_refused_by_merge_eval_and_push(tmp_path_factor
 
     from ctxext.models.weights import fingerprint
 
+    shared = shared_run(tmp_path_factory, tiny_model_dir)
+    recorded = json.loads((shared / "run.json").read_text())["base_fingerprint"]  # written by `ctxext train`
     base = tmp_path / "base"
     shutil.copytree(tiny_model_dir, base)
-    recorded = fingerprint(base)
-    run_dir = copy_run(
-        shared_run(tmp_path_factory, tiny_model_dir),
-        tmp_path / "run",
-        base_model=str(base),
-        base_model_resolved=str(base),
-        base_fingerprint=recorded,
-    )
+    assert fingerprint(base) == recorded  # the same weights: the run's own fingerprint matches them
+    # The run's base moved to a folder of the user's (its recorded fingerprint is kept as train wrote it).
+    run_dir = copy_run(shared, tmp_path / "run", base_model=str(base), base_model_resolved=str(base))
     # Same path, same architecture and size, other weights (one tensor changed).
     tensors = load_file(base / "model.safetensors")
     name = sorted(tensors)[-1]

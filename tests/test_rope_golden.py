@@ -1,9 +1,12 @@
 """Every RoPE method, with every option set, plans exactly what it planned before methods became declarations.
 
 ``tests/data/rope_plans.json`` holds the plans (or errors) of the code before the method registry was
-rebuilt from per-method declarations (``ctxext/rope/methods/``), captured with
-``python tests/test_rope_golden.py tests/data/rope_plans.json``. Any change to a method's
-``rope_parameters``, lengths, notes or error messages shows up here.
+rebuilt from per-method declarations (``ctxext/rope/methods/``), regenerated with
+``python tests/test_rope_golden.py tests/data/rope_plans.json``. It keeps data only: each plan's
+``rope_parameters``, lengths, factor, rotary dimension and the parameters it composed on, and for a refused
+plan the exception type and the settings it names (``RopeConfigError.problems`` keys). The plan's notes
+and every message are prose: their wording may change without changing what a method plans, so they
+are left out.
 """
 
 from __future__ import annotations
@@ -79,9 +82,11 @@ def records(factors_file: Path) -> list[dict[str, Any]]:
                         "relative_to": relative_to,
                     }
                     try:
-                        rec["plan"] = asdict(plan_extension(config, method, target, given, relative_to=relative_to))
+                        plan = asdict(plan_extension(config, method, target, given, relative_to=relative_to))
+                        rec["plan"] = {k: v for k, v in plan.items() if k != "notes"}
                     except RopeError as exc:
-                        rec["error"] = [type(exc).__name__, str(exc)]
+                        keys = sorted(getattr(exc, "problems", {}))
+                        rec["error"] = {"type": type(exc).__name__, "keys": keys}
                     out.append(rec)
     return json.loads(json.dumps(out))
 

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, GPT2Config
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
-from ctxext.errors import InputError
+from ctxext.errors import CtxextError, InputError
 from ctxext.recipe.budget import parse_budget
 from ctxext.rope.core import patch_model, reference_rope, rotary_modules, verify_model_rope
 from ctxext.search.evolution import Evolution, EvolutionSettings
@@ -32,12 +32,16 @@ def _settings(model_dir, out, **kw) -> SearchSettings:
         population=4,
         generations=2,
         samples=4,
-        budget_seconds=600,
+        budget="10m",
         report=False,
         show_progress=False,
         # The random tiny model retrieves no needle form inside its window; these tests exercise the search
         # machinery, so every form is admitted (test_search_forms.py tests the check itself).
         min_form_accuracy=0.0,
+        # The mean-over-depths objective with a fixed attention factor: test_search_attention.py tests the
+        # recommended defaults (worst depth, attention factor searched).
+        objective="needle",
+        attention_factor=1.0,
     )
     base.update(kw)
     return SearchSettings(**base)
@@ -141,8 +145,9 @@ def test_resume_after_interruption_gives_the_uninterrupted_result(first_search, 
         if len(seen) == 7:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(CtxextError, match="search interrupted; every candidate scored so far is in") as err:
         run_search(_settings(tiny_model_dir, out), log=lambda _: None, on_candidate=interrupt)
+    assert err.value.exit_code == 130
     assert (out / "search.jsonl").is_file() and not (out / "config.json").exists()
     # A kill can cut the last line: the resumed search ignores it.
     with (out / "search.jsonl").open("a") as fh:
@@ -221,6 +226,12 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(tiny_model_dir, tmp_path)
     assert r.exit_code == 2 and "no rotary position embedding" in r.output
     r = _cli(str(tiny_model_dir), "--target-length", "512", "--resume", *common)
     assert r.exit_code == 2 and "nothing to resume" in r.output
+    # Fitness data that holds the report's held-out files (builtin:stdlib as evaluation data is that split).
+    with_report = [a for a in common if a != "--no-report"]
+    for data in ("builtin:stdlib", "builtin:stdlib-all", "builtin:stdlib-long"):
+        r = _cli(str(tiny_model_dir), "--target-length", "512", "--data", data, *with_report)
+        assert r.exit_code == 2 and f"--data / search.data: {data} reads" in r.output, r.output
+        assert "builtin:stdlib-heldout" in r.output and "Traceback" not in r.output
     assert not out.exists()
     # --overwrite replaces only a search folder ctxext wrote: a user's folder is left alone.
     out.mkdir()
@@ -261,7 +272,10 @@ def test_recipe_search_section(tmp_path, first_search, tiny_model_dir):
     }
     recipe = parse_recipe(data)
     settings = settings_from_recipe(recipe)
-    assert (settings.budget_seconds, settings.population, settings.target_length) == ("2m", 8, TARGET)
+    assert (settings.budget, settings.population, settings.target_length) == ("2m", 8, TARGET)
+    # Keys the section leaves out take the declared defaults; flags given to `ctxext search --recipe` win.
+    assert (settings.objective, settings.samples) == ("needle-worst", 128)
+    assert settings_from_recipe(recipe, given={"samples": 16}).samples == 16
     # A completed search folder is reused: its factors go into rope, nothing is searched again.
     recipe = search_before_training(recipe, log=lambda _: None)
     assert recipe.rope.long_factor == first_search.long_factor and recipe.rope.attention_factor == 1.0

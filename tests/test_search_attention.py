@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ctxext.errors import InputError
+from ctxext.recipe.flags import build_settings
 from ctxext.search.evolution import Evolution, EvolutionSettings
 from ctxext.search.factors import is_monotone
 from ctxext.search.objective import ItemScores, ObjectiveSet
@@ -58,7 +59,7 @@ def test_paired_window_ratio_identical_and_changed():
 
 
 # One generation and 12 in-window documents: enough to exercise the attention gene, quick on 2 cores.
-ATT = dict(attention_factor="search", window_tolerance=0.5, objective="needle-worst", generations=1, window_docs=12)
+ATT = dict(attention_factor="search", window_tolerance=50.0, objective="needle-worst", generations=1, window_docs=12)
 
 
 @pytest.fixture(scope="module")
@@ -129,5 +130,7 @@ def test_admissible_in_window_cost():
 
 
 def test_window_tolerance_is_checked():
-    with pytest.raises(InputError, match="window-tolerance"):
-        SearchSettings(model="m", target_length=10, out="o", attention_factor="search", window_tolerance=1.5).validate()
+    # Percent, as on the command line and in a recipe: 150 % is refused, naming the flag.
+    with pytest.raises(InputError, match="--window-tolerance"):
+        build_settings(SearchSettings, {"window_tolerance": 150}, {"model": "m", "target_length": 10, "out": "o"})
+    assert build_settings(SearchSettings, {"window_tolerance": 1.5}, {"model": "m", "target_length": 10, "out": "o"})

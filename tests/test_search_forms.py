@@ -45,7 +45,7 @@ def test_no_usable_form_is_a_clear_error():
 def test_search_of_a_model_that_retrieves_nothing_stops_before_searching(tiny_model_dir, tmp_path):
     out = tmp_path / "s"
     with pytest.raises(InputError) as err:
-        run_search(_settings(tiny_model_dir, out, min_form_accuracy=0.5), log=lambda _: None)
+        run_search(_settings(tiny_model_dir, out, min_form_accuracy=50.0), log=lambda _: None)
     assert "retrieves none of the needle forms" in str(err.value)
     assert not out.exists()  # checked before the log is opened: nothing written
 

@@ -22,6 +22,8 @@ ALL = [
     "variable_tracking",
     "common_words",
     "copy_span",
+    "json_kv",
+    "doc_qa",
 ]
 
 
@@ -171,3 +173,84 @@ def test_register_a_task(tiny_tokenizer, hay):
                 pass
     finally:
         TASKS.pop("echo-test", None)
+
+
+def test_json_kv_is_a_json_object_and_asks_the_pair_at_the_depth(tiny_tokenizer, hay):
+    import json
+    import re
+
+    task = get_task("json_kv")
+    uuid = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+    for depth in (0.0, 0.5, 1.0):
+        s = task.generate(tiny_tokenizer, hay, 1200, depth, random.Random(11), template=3)  # HELMET's prompt
+        text = tiny_tokenizer.decode(s.ids[: s.answer_span[0]])
+        body = text[text.index("JSON data:\n") + len("JSON data:\n") : text.index("}\n\nKey:") + 1]
+        obj = json.loads(body)  # a real JSON object
+        keys = list(obj)
+        assert len(keys) == s.fields["pairs"] >= 5 and all(uuid.match(k) and uuid.match(v) for k, v in obj.items())
+        assert keys.index(s.fields["key"]) == s.fields["position"] == round(depth * (len(keys) - 1))
+        assert obj[s.fields["key"]] == s.fields["value"] and task.references(s) == [s.fields["value"]]
+        assert text.endswith(f'Key: "{s.fields["key"]}"\nCorresponding value:')
+        one_more = encode(tiny_tokenizer, f', "{s.fields["key"]}": "{s.fields["value"]}"')
+        assert s.filler_tokens < len(one_more)  # the object fills the sample: no room for one more pair
+    short = task.generate(tiny_tokenizer, hay, 300, 0.5, random.Random(0), template=0, hex=6)
+    assert len(short.fields["key"]) == 6 and short.fields["pairs"] > 5
+    with pytest.raises(InputError, match="json_kv: length 30 cannot hold"):
+        task.generate(tiny_tokenizer, hay, 30, 0.5, random.Random(0))
+
+
+def test_doc_qa_documents_headers_and_the_defining_file(tiny_tokenizer, hay):
+    task = get_task("doc_qa")
+    assert task.metric == "part"
+    for depth in (0.0, 0.45, 1.0):
+        s = task.generate(tiny_tokenizer, hay, 1500, depth, random.Random(5), template=0, docs=6)
+        text = tiny_tokenizer.decode(s.ids[: s.answer_span[0]])
+        paths = [text[m + len("\n# file: ") :].split("\n", 1)[0] for m in _find_all(text, "\n# file: ")]
+        assert len(paths) == len(set(paths)) == 6
+        target = s.fields["document"]
+        assert target == min(5, int(depth * 6)) and paths[target] == s.fields["path"] == task.references(s)[0]
+        # The asked name is defined once, inside the target document (after its header, before the next).
+        func = s.fields["func"]
+        where = text.index(f"\ndef {func}(*args):")
+        assert text.count(f"def {func}(") == 1
+        starts = [m for m in _find_all(text, "\n# file: ")]
+        assert starts[target] < where and (target == 5 or where < starts[target + 1])
+        assert text.count("(*args):\n    return None") == 6  # one definition per document: 5 distractors
+        assert text.endswith(f"# Q: which file defines {func}? A: the file")
+    with pytest.raises(InputError, match="doc_qa: length 60 cannot hold"):
+        task.generate(tiny_tokenizer, hay, 60, 0.5, random.Random(0))
+
+
+def _find_all(text: str, needle: str) -> list[int]:
+    out, at = [], text.find(needle)
+    while at >= 0:
+        out.append(at)
+        at = text.find(needle, at + 1)
+    return out
+
+
+def test_new_tasks_fit_a_chat_template_and_train_in_a_mixture(tiny_tokenizer, hay):
+    import copy
+    from types import SimpleNamespace
+
+    import yaml
+
+    from ctxext.recipe.schema import parse_recipe
+    from ctxext.tasks.chat import chat_wrap
+    from ctxext.training.data.mixture import prepare_training_data
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}<|assistant|>"
+    wrap = chat_wrap(tok, "auto")
+    for name in ("json_kv", "common_words", "doc_qa"):  # tasks that fill the length leave the template room
+        s = get_task(name).generate(tok, hay, 700, 0.5, random.Random(1), template=0, chat=wrap)
+        assert len(s.ids) == 700
+    recipe = yaml.safe_load(
+        "model: {path: x}\nrope: {method: yarn, target_length: 512}\ntrain: {max_steps: 1, seq_len: 512}\n"
+        "data:\n  num_proc: 1\n  mixture:\n    - {task: json_kv, weight: 1, min_length: 512}\n"
+        "    - {task: doc_qa, weight: 1, min_length: 512}\n    - {path: builtin:stdlib, weight: 0, max_documents: 4}\n"
+    )
+    plan = SimpleNamespace(original_length=256, target_length=512)
+    data = prepare_training_data(parse_recipe(recipe), tiny_tokenizer, plan, rows=4)
+    realised = {r["source"]: r for r in data.mixture["realised"]["sources"]}
+    assert realised["task:json_kv"]["rows"] == 2 and realised["task:doc_qa"]["rows"] == 2

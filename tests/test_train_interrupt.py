@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,3 +90,57 @@ def test_interrupt_move_damage_and_changed_base(tmp_path, base_copy, monkeypatch
     assert info["status"] == "complete" and info["steps"] == 4
     assert result.run_dir == moved
     assert torch.isfinite(torch.tensor(info["final_train_loss"]))
+
+
+@pytest.mark.slow
+def test_sigterm_stops_at_a_step_with_a_checkpoint_and_the_printed_command_resumes(tmp_path, base_copy):
+    """What a scheduler sends before it kills a job: the run stops cleanly, even in a folder with spaces."""
+    import re
+    import shlex
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from _train_helpers import ROOT, env
+
+    out = tmp_path / "my runs" / "run 1"
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        out,
+        model={"path": str(base_copy)},
+        train={"max_steps": 12, "micro_batch_size": 1, "log_every": 1},  # no save_every: SIGTERM saves
+        data={"max_documents": 6, "validation_fraction": 0},
+    )
+    cmd = [sys.executable, "-m", "ctxext", "train", str(recipe)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while not (metrics.is_file() and metrics.read_text().strip()) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    message = " ".join(err.split())
+    assert proc.returncode == 143, err
+    found = re.search(r"stopped by SIGTERM at step (\d+) of 12; the last checkpoint is (.+?) \(step (\d+)\)", message)
+    assert found, message
+    step = int(found.group(1))
+    assert 1 <= step < 12 and int(found.group(3)) == step
+    assert found.group(2) == str(out / "checkpoints" / f"step-{step:07d}") and Path(found.group(2)).is_dir()
+    info = read_run(out, allow_incomplete=True)
+    assert info["status"] == "interrupted" and info["steps"] == step and info["error"] == "SIGTERM"
+    assert "Traceback" not in err
+
+    # The printed command is shell-quoted: pasted as is, it resumes the run in the folder with spaces.
+    resume = re.search(r"Continue with `([^`]+)`", message)
+    assert resume, message
+    argv = shlex.split(resume.group(1))
+    assert argv == ["ctxext", "train", str(out / "recipe.yaml"), f"output.dir={out}", "--resume"]
+    done = subprocess.run(
+        [sys.executable, "-m", "ctxext", *argv[1:]], capture_output=True, text=True, env=env(), cwd=ROOT, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    info = read_run(out)
+    assert info["status"] == "complete" and info["steps"] == 12
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == list(range(1, 13))

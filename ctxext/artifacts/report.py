@@ -120,14 +120,41 @@ class Perplexity(Section):
 # ---------------------------------------------------------------------------------------------
 
 
+class TeacherForced(Section):
+    """Teacher-forced outcomes: trials whose every answer token is the argmax (exact for greedy decoding)."""
+
+    correct: int
+    trials: int
+    accuracy: float | None = None
+
+
+class Generated(Section):
+    """RULER's string-match score of greedy generations (a fraction; RULER prints it × 100).
+
+    ``metric``: ``string_match_all`` (per trial, the fraction of reference strings found) or
+    ``string_match_part`` (1 if any is found); ``scores``: each trial's (cells only).
+    """
+
+    metric: str
+    score: float | None = None
+    trials: int
+    scores: list[float] = Field(default_factory=list)
+
+
 class Accuracy(Section):
-    """Correct trials out of a number of trials, with a 95 % Wilson interval."""
+    """Correct trials out of a number of trials, with a 95 % Wilson interval.
+
+    Where both scorings ran, ``teacher_forced`` and ``generated`` hold each (absent in
+    older reports and where that scoring did not run).
+    """
 
     correct: int
     trials: int
     accuracy: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
+    teacher_forced: TeacherForced | None = None
+    generated: Generated | None = None
 
 
 class GridCell(Accuracy):
@@ -151,6 +178,7 @@ class Grid(Section):
     task: str | None = None
     registry_task: str | None = None
     scoring: str | None = None
+    chat_template: str | None = None
     settings: dict[str, Any] = Field(default_factory=dict)
     cells: list[GridCell]
     by_length: dict[str, Accuracy] = Field(default_factory=dict)
@@ -176,17 +204,27 @@ class Grid(Section):
 
 
 class EffectiveLength(Section):
-    """RULER's effective length: the longest length up to which every length scores at least ``threshold``."""
+    """RULER's effective length: the longest length up to which every length scores at least ``threshold``.
+
+    ``name``: the definition's label in the named ones (``RULER (≥ 85.6)``, ``NoLiMa (≥ 85 % of own short score)``).
+    """
 
     length: int | None = None
     threshold: float | None = None
     reference_score: float | None = None
+    name: str | None = None
+    note: str | None = None
+
+
+# scoring (teacher_forced / generated) → definition (ruler / nolima) → effective length
+NamedEffectiveLengths = dict[str, dict[str, EffectiveLength]]
 
 
 class RulerTask(Grid):
-    """One task of a RULER-style suite, with its effective length."""
+    """One task of a RULER-style suite, with its effective length (the section's setting, and both named ones)."""
 
     effective_length: EffectiveLength = Field(default_factory=EffectiveLength)
+    effective_lengths: NamedEffectiveLengths = Field(default_factory=dict)
 
 
 class Ruler(Section):
@@ -201,6 +239,10 @@ class Ruler(Section):
     mean_by_length: dict[str, float] = Field(default_factory=dict)
     effective_length: EffectiveLength = Field(default_factory=EffectiveLength)
     trained_tasks: list[str] | None = None
+    chat_template: str | None = None
+    scores_by: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
+    mean_by_length_by: dict[str, dict[str, float]] = Field(default_factory=dict)
+    effective_lengths: NamedEffectiveLengths = Field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,6 +285,7 @@ class QA(Section):
     by_length: dict[str, QAScores] = Field(default_factory=dict)
     samples: list[dict[str, Any]] = Field(default_factory=list)
     settings: dict[str, Any] = Field(default_factory=dict)
+    chat_template: str | None = None
 
 
 class HarnessTask(Section):

@@ -34,6 +34,14 @@ class IncompleteRunError(InputError):
     """A run whose training did not finish (``run.json`` status is not ``complete``)."""
 
 
+def resume_command(run_dir: str | Path) -> str:
+    """The shell command that resumes the run in ``run_dir``, quoted so that any path works when pasted."""
+    import shlex
+
+    run_dir = Path(run_dir)
+    return f"ctxext train {shlex.quote(str(run_dir / 'recipe.yaml'))} {shlex.quote(f'output.dir={run_dir}')} --resume"
+
+
 def read_run(run_dir: str | Path, allow_incomplete: bool = False) -> dict[str, Any]:
     """Read and check a run folder's ``run.json``.
 
@@ -70,8 +78,8 @@ def read_run(run_dir: str | Path, allow_incomplete: bool = False) -> dict[str, A
     if status != "complete" and not allow_incomplete:
         raise IncompleteRunError(
             f"{run_dir} holds an incomplete run, not complete (run.json status: {status!r}): its training was "
-            "interrupted or failed, so its adapter is not the final one. Finish it with "
-            f"`ctxext train {run_dir}/recipe.yaml output.dir={run_dir} --resume`, or pass --force to use the "
+            f"interrupted or failed, so its adapter is not the final one. Finish it with `{resume_command(run_dir)}`, "
+            "or pass --force to use the "
             "weights it has anyway."
         )
     info = dict(info)

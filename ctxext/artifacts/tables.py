@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ctxext.artifacts.report import Grid, ModelEntry, PplEntry, PplLength, QAScores
+from ctxext.artifacts.report import Generated, Grid, ModelEntry, PplEntry, PplLength, QAScores
 
 
 def fmt(x: float | None, digits: int = 3) -> str:
@@ -114,10 +114,12 @@ def grid_table(name: str, grid: Grid) -> list[str]:
     """
     lines = []
     ov = grid.overall
+    both = _both_scorings(grid)
     if ov is not None and ov.accuracy is not None:
+        gen = "" if ov.generated is None else f"; generated {_generated_text(ov.generated)}"
         lines += [
             f"**{name}**: overall {ov.accuracy * 100:.1f} % [{_pct(ov.ci_low)}, {_pct(ov.ci_high)}] "
-            f"({ov.trials} trials). Cells: accuracy % (trials).",
+            f"({ov.trials} trials){gen}. Cells: {'teacher-forced / generated' if both else 'accuracy'} % (trials).",
             "",
         ]
     else:
@@ -128,7 +130,11 @@ def grid_table(name: str, grid: Grid) -> list[str]:
         row = [str(L)]
         for d in depths:
             c = next((c for c in grid.cells if c.length == L and c.depth == d), None)
-            row.append("–" if c is None else f"{_pct(c.accuracy, 0)} ({c.trials}){' †' if c.beyond_context else ''}")
+            if c is None:
+                row.append("–")
+                continue
+            gen = f" / {_pct(c.generated.score, 0)}" if both and c.generated is not None else ""
+            row.append(f"{_pct(c.accuracy, 0)}{gen} ({c.trials}){' †' if c.beyond_context else ''}")
         agg = grid.by_length.get(str(L))
         if agg is not None and agg.ci_low is not None:
             row.append(f"{_pct(agg.accuracy, 0)} [{_pct(agg.ci_low, 0)}, {_pct(agg.ci_high, 0)}]")
@@ -136,6 +142,14 @@ def grid_table(name: str, grid: Grid) -> list[str]:
             row.append(_pct(grid.accuracy_at(L), 0))
         rows.append(row)
     return lines + table(["length \\ depth %"] + [f"{d:g}" for d in depths] + ["all [95 % CI]"], rows)
+
+
+def _both_scorings(grid: Grid) -> bool:
+    return bool(grid.cells) and grid.cells[0].teacher_forced is not None and grid.cells[0].generated is not None
+
+
+def _generated_text(g: Generated) -> str:
+    return f"{_pct(g.score)} ({g.metric})"
 
 
 def _pct(x: float | None, digits: int = 1) -> str:

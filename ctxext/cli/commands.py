@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from ctxext.cli.console import EXIT_BAD_INPUT, EXIT_FAILED, console, err_console, friendly_errors
-from ctxext.recipe.flags import ROPE_OPTIONS, MethodOptionsCommand
+from ctxext.recipe.flags import ROPE_OPTIONS, SETTINGS, MethodOptionsCommand, settings_command
 from ctxext.rope.methods import METHODS
 
 app = typer.Typer(
@@ -170,7 +170,7 @@ def validate(
     ] = False,
 ) -> None:
     """Validate recipe files against the schema, the model, the RoPE plan and the eval suite (exit code 2 if any)."""
-    from ctxext.cli.validate import check_recipe
+    from ctxext.cli.validate import check_recipe, distance_lines
     from ctxext.recipe.schema import RecipeError, load_recipe
 
     if schema:
@@ -188,6 +188,7 @@ def validate(
         try:
             recipe = load_recipe(path, overrides or [])
             warnings = check_recipe(recipe, str(path))
+            notes = distance_lines(recipe, str(path))
         except RecipeError as exc:
             failed = True
             err_console.print(f"[bold red]✗ {exc.source}[/]: {len(exc.problems)} problem(s)")
@@ -198,6 +199,8 @@ def validate(
             f"[green]✓[/] {path}: {recipe.model.path}, {recipe.rope.method} → {recipe.rope.target_length}, "
             f"seq_len {recipe.seq_len}, {recipe.train.max_steps} steps"
         )
+        for note in notes:
+            console.print(f"  {note}", soft_wrap=True, markup=False, highlight=False)
         for warning in warnings:
             err_console.print(f"  [yellow]warning:[/] {warning}", soft_wrap=True)
     if failed:
@@ -295,6 +298,7 @@ def _print_plan(plan: Any) -> None:
         + (f" (chunk {s.loss_chunk})" if s.loss == "chunked" else "")
         + f", {s.world} GPU(s)"
         + (f", context parallel {s.context_parallel}" if s.context_parallel > 1 else "")
+        + (f", sequence parallel {s.sequence_parallel}" if s.sequence_parallel > 1 else "")
         + (f", {s.sharding}" if s.sharding != "none" else "")
     )
     console.print(head)
@@ -375,6 +379,9 @@ def plan(
     tflops: Annotated[float | None, typer.Option(help="bf16 TFLOP/s of a --gpu-memory GPU, for tokens/s")] = None,
     cpu: Annotated[bool, typer.Option("--cpu", help="plan a CPU run against this machine's RAM")] = False,
     num_gpus: Annotated[int, typer.Option("--num-gpus", help="GPUs per node")] = 1,
+    sp: Annotated[
+        int | None, typer.Option("--sp", help="split each sequence over N GPUs (train.sequence_parallel_size=N)")
+    ] = None,
     nodes: Annotated[int, typer.Option("--nodes", help="nodes")] = 1,
     sharding: Annotated[
         str, typer.Option(help="auto (FSDP2 with context parallelism, else none/DDP), ddp, fsdp2, zero3")
@@ -404,6 +411,9 @@ def plan(
     if loss not in ("chunked", "full"):
         raise InputError(f"--loss: {loss!r} is not chunked or full")
     device = lookup_gpu(gpu) if gpu else custom_gpu(gpu_memory, tflops) if gpu_memory else cpu_device()
+    if sp is not None:
+        overrides = [*(overrides or []), f"train.sequence_parallel_size={sp}"]
+        num_gpus = sp if num_gpus == 1 and nodes == 1 else num_gpus  # --sp 4 alone plans 4 GPUs
     parsed = load_recipe(recipe, overrides or [])
     result = plan_recipe(
         parsed, device, num_gpus=num_gpus, nodes=nodes, sharding=sharding, loss=loss, utilization=utilization
@@ -448,94 +458,49 @@ def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-@app.command()
+@app.command(cls=settings_command("ctxext.recipe.search:SearchOptions", panel="Search settings (a recipe's search:)"))
 @friendly_errors
 def search(
+    ctx: typer.Context,
     model: Annotated[str | None, typer.Argument(help="model folder, Hub id, or builtin:NAME")] = None,
     target_length: Annotated[int | None, typer.Option("--target-length", "-t", help="new context length")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="output model folder (log and report inside)")] = None,
-    budget: Annotated[str, typer.Option(help="time budget of the search: 90s, 10m, 1h")] = "10m",
-    population: Annotated[int, typer.Option(help="candidates per generation (LongRoPE: 64)")] = 64,
-    generations: Annotated[int, typer.Option(help="generations after the initial population (LongRoPE: 40)")] = 40,
-    objective: Annotated[
-        str,
-        typer.Option(
-            help="needle (answer NLL of far-back needles, LongRoPE2), needle-worst (that of the worst depth) "
-            "or far-ppl (NLL beyond the window)"
-        ),
-    ] = "needle",
-    seed: Annotated[int, typer.Option(help="seed of the search and of its needle set")] = 0,
-    samples: Annotated[int, typer.Option(help="needle samples (or documents) scored per candidate")] = 32,
-    data: Annotated[str, typer.Option(help="data for the fitness set (training split by default)")] = (
-        "builtin:stdlib-train"
-    ),
     original_length: Annotated[
         int | None, typer.Option(help="pretraining context, when the config cannot tell it")
     ] = None,
-    attention_factor: Annotated[
-        str,
-        typer.Option(
-            help="1 (model unchanged inside its window), auto (√(1+ln s/ln L), LongRoPE), a number, or search "
-            "(searched with the factors, within --window-tolerance)"
-        ),
-    ] = "1",
-    window_tolerance: Annotated[
-        float,
-        typer.Option(
-            help="with --attention-factor search: in-window perplexity increase allowed, in percent (upper "
-            "end of the paired 95% CI vs the base); 0: only changes the CI cannot detect"
-        ),
-    ] = 0.0,
-    min_form_accuracy: Annotated[
-        float,
-        typer.Option(
-            help="needle objectives: use a needle form only if the base retrieves at least this share of it "
-            "inside its own window, in percent"
-        ),
-    ] = 50.0,
-    report: Annotated[bool, typer.Option(help="compare with PI/NTK/YaRN/llama3 on held-out files")] = True,
     recipe: Annotated[
-        Path | None, typer.Option(help="take model, target and search settings from a recipe's model/rope/search")
+        Path | None,
+        typer.Option(help="take model, target and search settings from a recipe's model/rope/search (flags win)"),
     ] = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue the search logged in --out")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
 ) -> None:
-    """Search per-dimension RoPE long factors (LongRoPE-style, training-free) and write the extended model."""
+    """Search per-dimension RoPE long factors (LongRoPE-style, training-free) and write the extended model.
+
+    The search settings (--objective, --samples …) are generated from their declaration
+    (ctxext/recipe/search.py); their defaults are the recommended settings (docs/search.md).
+    """
     from ctxext.errors import InputError
-    from ctxext.recipe.budget import parse_budget
+    from ctxext.recipe.flags import build_settings
     from ctxext.search.run import SearchSettings, run_search
 
+    given = dict(ctx.meta.get(SETTINGS, {}))
+    runtime: dict[str, Any] = {"device": device, "resume": resume, "overwrite": overwrite}
+    if original_length is not None:
+        runtime["original_length"] = original_length
     if recipe is not None:
         from ctxext.recipe.schema import load_recipe
         from ctxext.search.recipe import settings_from_recipe
 
-        settings = settings_from_recipe(load_recipe(recipe), out=out)
+        settings = settings_from_recipe(load_recipe(recipe), out=out, given={**given, **runtime})
     else:
-        given = (("MODEL", model), ("--target-length", target_length), ("--out", out))
-        missing = [name for name, v in given if v is None]
+        named = (("MODEL", model), ("--target-length", target_length), ("--out", out))
+        missing = [name for name, v in named if v is None]
         if missing:
             raise InputError(f"missing {', '.join(missing)} (or give --recipe)")
-        settings = SearchSettings(
-            model=str(model),
-            target_length=int(target_length),  # type: ignore[arg-type]
-            out=Path(out),  # type: ignore[arg-type]
-            objective=objective,
-            budget_seconds=budget,  # type: ignore[arg-type]
-            population=population,
-            generations=generations,
-            seed=seed,
-            samples=samples,
-            data=data,
-            original_length=original_length,
-            attention_factor=attention_factor,
-            window_tolerance=window_tolerance / 100,
-            min_form_accuracy=min_form_accuracy / 100,
-            report=report,
-        )
-    settings.device = device
-    settings.resume, settings.overwrite = resume, overwrite
-    settings.budget_seconds = parse_budget(settings.budget_seconds)
+        run = {"model": model, "target_length": target_length, "out": out}
+        settings = build_settings(SearchSettings, given, {**run, **runtime})
     result = run_search(settings, log=lambda line: console.print(line, markup=False, highlight=False))
     console.print(
         f"[green]✓[/] wrote {result.out}: longrope, {result.evaluations} candidates in {result.seconds:.0f} s "
@@ -678,6 +643,7 @@ def demo(
     ] = False,
 ) -> None:
     """Grown model → evaluate unpatched at 4× → extend (YaRN, llama3) → nf4 QLoRA → evaluate all, compared."""
+    from ctxext.artifacts.lock import folder_lock
     from ctxext.cli.demo import DemoSettings, run_demo
 
     settings = DemoSettings.quick(out) if quick else DemoSettings(out=out)
@@ -686,7 +652,8 @@ def demo(
         settings.method = method
     if steps is not None:
         settings.train_steps = steps
-    run_demo(settings, console)
+    with folder_lock(out):  # one demo per folder: --fresh deletes what a running demo is writing
+        run_demo(settings, console)
 
 
 def main() -> None:

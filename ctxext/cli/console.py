@@ -7,8 +7,11 @@ and the workflows that print warnings — shares one console without importing t
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -19,9 +22,35 @@ err_console = Console(stderr=True)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Exit codes: 2 for bad input (recipe, options, paths), 1 for a failure while working.
+# Exit codes (docs/reliability.md): 2 for bad input (recipe, options, paths, a folder another command is writing,
+# a full disk), 1 for a failure while working or a problem found (`inspect`), 128 + signal when stopped
+# (130 Ctrl-C, 143 SIGTERM).
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler stopping the job) raises like Ctrl-C, so temporary folders and locks are cleaned up.
+
+    Only where SIGTERM still has its default action and in the main thread (signal handlers live there);
+    ``ctxext train`` sets its own handlers inside (it stops at a step boundary, with a checkpoint).
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        from ctxext.errors import Terminated
+
+        raise Terminated(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _print_error(exc: BaseException) -> None:
@@ -40,7 +69,8 @@ def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
         from ctxext.recipe.schema import RecipeError
 
         try:
-            return fn(*args, **kwargs)
+            with _sigterm_as_interrupt():
+                return fn(*args, **kwargs)
         except RecipeError as exc:
             err_console.print(f"[bold red]invalid recipe[/] {exc.source}: {len(exc.problems)} problem(s)")
             for key, msg in exc.problems:
@@ -52,8 +82,19 @@ def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
         except (FileExistsError, FileNotFoundError) as exc:
             _print_error(exc)
             raise typer.Exit(EXIT_BAD_INPUT) from None
-        except KeyboardInterrupt:
-            err_console.print("[bold red]interrupted[/]")
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as exc:
+            # Ctrl-C, or SIGTERM raised as ctxext.errors.Terminated: 128 + the signal (130, 143).
+            code = getattr(exc, "exit_code", EXIT_INTERRUPTED)
+            err_console.print(
+                "[bold red]interrupted[/]" if code == EXIT_INTERRUPTED else f"[bold red]stopped by {exc}[/]"
+            )
+            raise typer.Exit(code) from None
+        except Exception as exc:
+            from ctxext.atomic import is_disk_full
+
+            if is_disk_full(exc):  # a write no writer wrapped: still one message, not a traceback
+                _print_error(RuntimeError(f"the disk filled up ({exc}); free some space and run the command again"))
+                raise typer.Exit(EXIT_BAD_INPUT) from None
+            raise
 
     return wrapper

@@ -101,10 +101,11 @@ def training_mixture(settings: DemoSettings, original: int) -> list[dict[str, An
     """The demo's training mixture: training-split stdlib code and key/value retrieval tasks on it.
 
     The tasks use the registry's training templates (template 4, ``{name}_id = {key}``, is held out
-    for evaluation); sample lengths run from the original window to the row length, needle depths are
-    uniform, so needle distances cover the whole target. ``multikey`` rows are off by default (see
-    :class:`DemoSettings`); a model that retrieves one of several keys inside its window should keep a
-    share of them, so that the fine-tune carries that skill to the new length too.
+    for evaluation); samples are at least the original window long and their needle-to-question
+    distances are uniform over the whole target (``data.task_distance``, docs/training.md). ``multikey``
+    rows are off by default (see :class:`DemoSettings`); a model that retrieves one of several keys
+    inside its window should keep a share of them, so that the fine-tune carries that skill to the new
+    length too.
     """
     tasks, multikey = settings.task_weight, settings.task_weight * settings.multikey_share
     # Templates 0-2 (code and comment forms) fit a 64-token window; the prose template 3 needs more.

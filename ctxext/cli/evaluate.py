@@ -14,6 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
+from ctxext.recipe.flags import SETTINGS, build_settings, settings_command
+
 eval_app = typer.Typer(
     help="Evaluate long-context quality: perplexity by length / position, passkey and needle grids, QA, suites.",
     no_args_is_help=True,
@@ -39,13 +41,6 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bars"
 OverwriteOpt = Annotated[
     bool,
     typer.Option("--overwrite", help="replace a previous report folder at --out (never a folder holding other files)"),
-]
-ScoringOpt = Annotated[
-    str,
-    typer.Option(
-        help="teacher-forced: one forward pass over prompt + answer (exact for greedy decoding, no KV cache); "
-        "generate: greedy decoding with an explicit greedy config (cross-check)"
-    ),
 ]
 ReferenceOpt = Annotated[
     str | None,
@@ -102,15 +97,6 @@ def _check_reference(specs: list[Any], reference: str | None) -> None:
     choose_reference([{"name": s.label()} for s in specs], reference)
 
 
-def _ints(text: str, what: str) -> list[int]:
-    from ctxext.errors import InputError
-
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise InputError(f"{what}: expected comma-separated integers, got {text!r}") from None
-
-
 def _floats(text: str, what: str) -> list[float]:
     from ctxext.errors import InputError
 
@@ -120,26 +106,11 @@ def _floats(text: str, what: str) -> list[float]:
         raise InputError(f"{what}: expected comma-separated numbers, got {text!r}") from None
 
 
-def _grid(lengths: str, depths: str, trials: int, seed: int, allow_beyond: bool, scoring: str) -> Any:
-    """The validated grid settings shared by the passkey and needle commands."""
-    from ctxext.evaluation.grid import GridSettings
-
-    grid = GridSettings(
-        lengths=_ints(lengths, "--lengths"),
-        depths=_floats(depths, "--depths"),
-        trials=trials,
-        seed=seed,
-        allow_beyond_context=allow_beyond,
-        scoring=scoring,
-    )
-    grid.validate()
-    return grid
-
-
 def _run(
     models: list[str], out: Path, shared: Shared, task: str, fn: Callable[[Any], dict[str, Any]], data: dict[str, Any]
 ) -> dict[str, Any]:
     """Evaluate every model with ``fn``, write one report with the results under ``task``, print its summary."""
+    from ctxext.artifacts.lock import folder_lock
     from ctxext.atomic import check_inputs_outside, check_output
     from ctxext.cli.console import console
     from ctxext.evaluation.loading import load_model, parse_model_specs
@@ -148,27 +119,28 @@ def _run(
     device, overwrite, reference = shared.device, shared.overwrite, shared.reference
     specs = parse_model_specs(models, shared.adapter, shared.name)
     # Before any work: an output that cannot be written must not cost an evaluation.
-    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
+    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p], report=True)
     check_output(out, REPORT_KIND, overwrite)
-    _check_reference(specs, reference)
-    entries = []
-    for spec in specs:
-        with console.status(f"loading {spec.label()}"):
-            loaded = load_model(spec, device=device)
-        console.print(
-            f"[green]✓[/] {loaded.name}: rope {loaded.rope.rope_type} ×{loaded.rope.factor:g}, context "
-            f"{loaded.context_length} (original {loaded.original_length}), runtime RoPE verified"
-        )
-        entry = model_entry(loaded)
-        entry[task] = fn(loaded)
-        entries.append(entry)
-        del loaded
-        gc.collect()
-    command = " ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]])
-    report = build_report(entries, data=data, command=command, reference=reference)
-    write_report(report, out, overwrite=overwrite)
-    _print_summary(report, out)
-    return report
+    with folder_lock(out):  # one writer per folder, from the first check to the last write
+        _check_reference(specs, reference)
+        entries = []
+        for spec in specs:
+            with console.status(f"loading {spec.label()}"):
+                loaded = load_model(spec, device=device)
+            console.print(
+                f"[green]✓[/] {loaded.name}: rope {loaded.rope.rope_type} ×{loaded.rope.factor:g}, context "
+                f"{loaded.context_length} (original {loaded.original_length}), runtime RoPE verified"
+            )
+            entry = model_entry(loaded)
+            entry[task] = fn(loaded)
+            entries.append(entry)
+            del loaded
+            gc.collect()
+        command = " ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]])
+        report = build_report(entries, data=data, command=command, reference=reference)
+        write_report(report, out, overwrite=overwrite)
+        _print_summary(report, out)
+        return report
 
 
 def _print_summary(report: dict[str, Any], out: Path) -> None:
@@ -209,6 +181,11 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                     f"{task} — {m['name']}: {ov['accuracy'] * 100:.1f} % [{ov['ci_low'] * 100:.1f}, "
                     f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials "
                     f"({m[task].get('scoring', 'generate')})"
+                    + (
+                        f"; generated {ov['generated']['score'] * 100:.1f} (string match)"
+                        if ov.get("generated")
+                        else ""
+                    )
                 )
         if m.get("ruler"):
             eff = m["ruler"]["effective_length"]
@@ -216,6 +193,9 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                 f"{t} {e['effective_length']['length'] or 'n/a'}" for t, e in m["ruler"]["tasks"].items()
             )
             console.print(f"ruler — {m['name']}: effective length {eff['length'] or 'n/a'} ({per_task})")
+            for scoring, named in (m["ruler"].get("effective_lengths") or {}).items():
+                both = "; ".join(f"{e['name']} {e['length'] or 'n/a'}" for e in named.values())
+                console.print(f"ruler — {m['name']} ({scoring.replace('_', '-')}): {both}")
         if m.get("attention"):
             a = m["attention"]
             console.print(
@@ -260,172 +240,79 @@ def _print_comparisons(comp: dict[str, Any] | None) -> None:
     console.print(f"({comp['comparisons']} paired comparisons; p Holm is adjusted over all of them)")
 
 
+def _settings(model: str, section: str) -> type[Any]:
+    """The command class whose flags are generated from a model of ctxext/evaluation/settings.py (a suite section)."""
+    return settings_command(f"ctxext.evaluation.settings:{model}", panel=f"Settings (a suite's {section}: keys)")
+
+
 def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     from ctxext.cli.console import friendly_errors
 
     return friendly_errors(fn)
 
 
-@eval_app.command("ppl")
+@eval_app.command("ppl", cls=_settings("PerplexitySettings", "perplexity"))
 @_friendly
 @_shared
-def ppl_cmd(
-    shared: Shared,
-    model: ModelOpt,
-    data: Annotated[str, typer.Option(help="text file, folder, jsonl/parquet/csv, Hub data set, or builtin:stdlib")],
-    lengths: Annotated[str, typer.Option(help="evaluation lengths, e.g. 2048,4096,8192")],
-    out: OutOpt,
-    bucket_size: Annotated[int | None, typer.Option(help="position bucket width (divides the longest length)")] = None,
-    text_field: Annotated[str, typer.Option(help="text column of table-like data")] = "text",
-    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
-    max_docs: Annotated[
-        int | None, typer.Option(help="at most this many documents reaching the longest length (the common set)")
-    ] = None,
-    min_docs: Annotated[int, typer.Option(help="fewest documents a perplexity may average (error below)")] = 3,
-    stride: Annotated[
-        int | None, typer.Option(help="sliding-window mode: score whole documents, windows moved by this")
-    ] = None,
-    max_doc_tokens: Annotated[int | None, typer.Option(help="sliding-window mode: cut documents to this")] = None,
-    context_limits: Annotated[str | None, typer.Option(help="context-use curve: limits k, e.g. 32,128,512")] = None,
-    mode: Annotated[str, typer.Option(help="auto, one-pass or per-length")] = "auto",
-    short_context: Annotated[bool, typer.Option(help="also report ppl at the original context")] = True,
-    chunk_size: Annotated[
-        int | None, typer.Option(help="positions projected onto the vocabulary at once (default 256 CPU, 2048 GPU)")
-    ] = None,
-    resamples: Annotated[int, typer.Option(help="bootstrap resamples for the 95% CIs")] = 1000,
-    allow_beyond_context: BeyondOpt = False,
-) -> None:
-    """Perplexity by evaluation length and token-position bucket (truncated documents), with 95% CIs."""
-    from ctxext.evaluation.data import describe_source, iter_texts
-    from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+def ppl_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
+    """Perplexity by evaluation length and token-position bucket (truncated documents), with 95% CIs.
 
-    settings = PerplexitySettings(
-        lengths=_ints(lengths, "--lengths"),
-        bucket_size=bucket_size,
-        stride=stride,
-        context_limits=_ints(context_limits, "--context-limits") if context_limits else [],
-        max_docs=max_docs,
-        min_docs=min_docs,
-        max_doc_tokens=max_doc_tokens,
-        chunk_size=chunk_size,
-        resamples=resamples,
-        short_context=short_context,
-        allow_beyond_context=allow_beyond_context,
-        mode=mode,
-    )
-    settings.validate()
+    The same evaluation as a suite holding only a perplexity: section (ctxext eval run): the flags are that
+    section's keys, generated from their declaration, with the same defaults (the same documents).
+    """
+    from ctxext.evaluation.settings import PerplexitySettings
+    from ctxext.evaluation.suite import Suite
 
-    def task(loaded: Any) -> dict[str, Any]:
-        return evaluate_perplexity(loaded, iter_texts(data, text_field, split), settings, not shared.quiet)
-
-    _run(model, out, shared, "perplexity", task, {"perplexity": describe_source(data, text_field, split)})
+    settings = build_settings(PerplexitySettings, ctx.meta.get(SETTINGS, {}))
+    suite = Suite(name="eval ppl", allow_beyond_context=settings.allow_beyond_context, perplexity=settings)
+    _run_suite(suite, None, model, out, shared)
 
 
-@eval_app.command("passkey")
+@eval_app.command("passkey", cls=_settings("PasskeySettings", "passkey"))
 @_friendly
 @_shared
-def passkey_cmd(
-    shared: Shared,
-    model: ModelOpt,
-    lengths: Annotated[str, typer.Option(help="prompt lengths in tokens, e.g. 4096,8192")],
-    out: OutOpt,
-    depths: Annotated[str, typer.Option(help="needle depths in percent")] = "0,25,50,75,100",
-    trials: Annotated[int, typer.Option(help="prompts (keys) per cell")] = 5,
-    seed: Annotated[int, typer.Option(help="seed of the keys")] = 0,
-    scoring: ScoringOpt = "teacher-forced",
-    allow_beyond_context: BeyondOpt = False,
-) -> None:
-    """Passkey retrieval (Landmark Attention prompt) over lengths × depths, k seeded keys per cell, teacher-forced."""
-    from ctxext.evaluation.grid import evaluate_passkey
+def passkey_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
+    """Passkey retrieval (Landmark Attention prompt) over lengths × depths, k seeded keys per cell, teacher-forced.
 
-    grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring)
-    _run(model, out, shared, "passkey", lambda lm: evaluate_passkey(lm, grid, not shared.quiet), {})
+    A suite holding only a passkey: section (ctxext eval run), its keys as flags with the same defaults.
+    """
+    from ctxext.evaluation.settings import PasskeySettings
+    from ctxext.evaluation.suite import Suite
+
+    settings = build_settings(PasskeySettings, ctx.meta.get(SETTINGS, {}))
+    suite = Suite(name="eval passkey", allow_beyond_context=settings.allow_beyond_context, passkey=settings)
+    _run_suite(suite, None, model, out, shared)
 
 
-@eval_app.command("needle")
+@eval_app.command("needle", cls=_settings("NeedleSettings", "needle"))
 @_friendly
 @_shared
-def needle_cmd(
-    shared: Shared,
-    model: ModelOpt,
-    lengths: Annotated[str, typer.Option(help="prompt lengths in tokens")],
-    out: OutOpt,
-    haystack: Annotated[
-        str, typer.Option(help="haystack text: file, folder, jsonl, Hub data set, builtin:stdlib")
-    ] = "builtin:stdlib",
-    needle: Annotated[str | None, typer.Option(help="the sentence to hide")] = None,
-    question: Annotated[str | None, typer.Option(help="the text that ends the prompt and asks for it")] = None,
-    answer: Annotated[
-        str | None, typer.Option(help="expected continuation of the question (scored token by token)")
-    ] = None,
-    text_field: Annotated[str, typer.Option(help="text column of a table-like haystack")] = "text",
-    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
-    depths: Annotated[str, typer.Option(help="needle depths in percent")] = "0,25,50,75,100",
-    trials: Annotated[int, typer.Option(help="haystack offsets per cell")] = 3,
-    seed: Annotated[int, typer.Option(help="seed of the haystack offsets")] = 0,
-    scoring: ScoringOpt = "teacher-forced",
-    allow_beyond_context: BeyondOpt = False,
-) -> None:
-    """Needle in a haystack over lengths × depths with a configurable haystack, needle, question and answer."""
-    from ctxext.evaluation.data import describe_source
-    from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
+def needle_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
+    """Needle in a haystack over lengths × depths with a configurable haystack, needle, question and answer.
 
-    task = NeedleTask(haystack=haystack, text_field=text_field, split=split)
-    for key, value in (("needle", needle), ("question", question), ("answer", answer)):
-        if value:
-            setattr(task, key, value)
-    grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring)
-    data_info = {"needle": describe_source(haystack, text_field, split)}
-    _run(
-        model,
-        out,
-        shared,
-        "needle",
-        lambda lm: evaluate_needle(lm, GridSettings(**vars(grid)), task, not shared.quiet),
-        data_info,
-    )
+    A suite holding only a needle: section (ctxext eval run), its keys as flags with the same defaults.
+    """
+    from ctxext.evaluation.settings import NeedleSettings
+    from ctxext.evaluation.suite import Suite
+
+    settings = build_settings(NeedleSettings, ctx.meta.get(SETTINGS, {}))
+    suite = Suite(name="eval needle", allow_beyond_context=settings.allow_beyond_context, needle=settings)
+    _run_suite(suite, None, model, out, shared)
 
 
-@eval_app.command("qa")
+@eval_app.command("qa", cls=_settings("QASettings", "qa"))
 @_friendly
 @_shared
-def qa_cmd(
-    shared: Shared,
-    model: ModelOpt,
-    data: Annotated[str, typer.Option(help="jsonl / json / parquet / csv file or Hub data set")],
-    out: OutOpt,
-    context_field: Annotated[str, typer.Option(help="column with the document")] = "context",
-    question_field: Annotated[str, typer.Option(help="column with the question")] = "question",
-    answers_field: Annotated[str, typer.Option(help="column with the answer(s)")] = "answers",
-    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
-    max_examples: Annotated[int | None, typer.Option(help="at most this many examples")] = None,
-    max_length: Annotated[int | None, typer.Option(help="prompt budget in tokens (default: model context)")] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="answer budget in tokens")] = 32,
-    length_edges: Annotated[str, typer.Option(help="context-length bucket edges in tokens")] = "4000,8000",
-) -> None:
-    """Long-document QA: greedy answers, SQuAD EM / F1 by answer position and context length."""
-    from ctxext.evaluation.data import describe_source
-    from ctxext.evaluation.qa import QASettings, evaluate_qa
+def qa_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
+    """Long-document QA: greedy answers, SQuAD EM / F1 by answer position and context length.
 
-    settings = QASettings(
-        data=data,
-        context_field=context_field,
-        question_field=question_field,
-        answers_field=answers_field,
-        split=split,
-        max_examples=max_examples,
-        max_length=max_length,
-        max_new_tokens=max_new_tokens,
-        length_edges=_ints(length_edges, "--length-edges"),
-    )
-    _run(
-        model,
-        out,
-        shared,
-        "qa",
-        lambda lm: evaluate_qa(lm, settings, not shared.quiet),
-        {"qa": describe_source(data, split=split)},
-    )
+    A suite holding only a qa: section (ctxext eval run), its keys as flags with the same defaults.
+    """
+    from ctxext.evaluation.settings import QASettings
+    from ctxext.evaluation.suite import Suite
+
+    settings = build_settings(QASettings, ctx.meta.get(SETTINGS, {}))
+    _run_suite(Suite(name="eval qa", qa=settings), None, model, out, shared)
 
 
 @eval_app.command("attention")
@@ -477,17 +364,25 @@ def run_cmd(
     overrides: Annotated[list[str] | None, typer.Option("--set", help="suite override key=value (repeatable)")] = None,
 ) -> None:
     """Run an evaluation suite on one or several models and write one side-by-side report."""
-    from ctxext.evaluation.loading import parse_model_specs
-    from ctxext.evaluation.suite import load_suite, run_suite
+    from ctxext.evaluation.suite import load_suite
 
     parsed, _ = load_suite(suite, overrides or [])
+    _run_suite(parsed, str(suite), model, out, shared)
+
+
+def _run_suite(suite: Any, suite_path: str | None, model: list[str], out: Path, shared: Shared) -> None:
+    """Run a suite on the models, print its notes and the summary (``eval run``, and ``eval ppl`` as a suite)."""
+    from ctxext.cli.console import console
+    from ctxext.evaluation.loading import parse_model_specs
+    from ctxext.evaluation.suite import run_suite
+
     specs = parse_model_specs(model, shared.adapter, shared.name)
     _check_reference(specs, shared.reference)
     report = run_suite(
-        parsed,
+        suite,
         specs,
         out,
-        str(suite),
+        suite_path,
         not shared.quiet,
         command=" ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]]),
         device=shared.device,
@@ -495,8 +390,6 @@ def run_cmd(
         reference=shared.reference,
     )
     for note in report["suite"]["notes"]:
-        from ctxext.cli.console import console
-
         console.print(f"[yellow]note:[/] {note}")
     _print_summary(report, out)
 

@@ -127,3 +127,40 @@ def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list
             f"fine-tune never sees a position beyond the original window, so it cannot teach the {plan.method} "
             f"extension to {plan.target_length}; raise train.seq_len (default: rope.target_length)"
         )
+
+
+def distance_lines(recipe: Recipe, source: str = "recipe") -> list[str]:
+    """One line per task source of a mixture: its needle-distance histogram (eighths of the span, percent).
+
+    Built from the first rows of each task source on a noise haystack with the model's tokenizer; nothing is
+    downloaded (a Hub model gives no lines).
+
+    Raises:
+        RecipeError: a distance span the rows cannot meet, or a task that cannot fit, naming the key.
+    """
+    from ctxext.errors import InputError
+
+    if not any(s.task for s in recipe.data.mixture or []):
+        return []
+    from ctxext.models.builtin import BUILTIN_PREFIX
+
+    path = recipe.model.path
+    if not path.startswith(BUILTIN_PREFIX) and not Path(path).expanduser().is_dir():
+        return []
+    from transformers import AutoTokenizer
+
+    from ctxext.models.sources import load_config
+    from ctxext.training.data.mixture import preview_task_distances
+
+    _, folder = load_config(path, recipe.model.revision)
+    try:
+        previews = preview_task_distances(recipe, AutoTokenizer.from_pretrained(folder))
+    except InputError as exc:
+        key, _, message = str(exc).partition(": ")
+        raise RecipeError(source, [(key, message)]) from None
+    return [
+        f"{key} needle distances ({d['distribution']}, 0–{d['span']} {d['unit']}, {d['samples']} samples), percent per "
+        f"eighth: {' '.join(f'{p:.1f}' for p in d['eighths_percent'])} (expected "
+        f"{' '.join(f'{p:.1f}' for p in d['expected_percent'])})"
+        for key, d in previews.items()
+    ]

@@ -16,9 +16,17 @@ Scoring (``GridSettings.scoring``, recorded in the report):
   cache (which is wrong for ``dynamic`` / ``longrope``, transformers#25104) and no
   ``generation_config`` (a checkpoint's repetition penalty cannot change a number);
 * ``generate``: greedy decoding with an explicit :func:`greedy_config` (the checkpoint's
-  ``generation_config.json`` is ignored) and no KV cache for length-dependent RoPE; correct iff the
-  generated tokens start with the answer's tokens (the same criterion, for a cross-check and for the
-  speed benchmark).
+  ``generation_config.json`` is ignored) and no KV cache for length-dependent RoPE, for the answer's
+  length plus ``answer_margin`` tokens (at least ``max_new_tokens``). A trial is correct iff the
+  generated tokens start with the answer's tokens (the teacher-forced criterion, as a cross-check), and
+  every cell also gets RULER's string-match score of the generated text
+  (:mod:`ctxext.evaluation.string_match`: the task's references found in it, ``all`` or ``part``);
+* ``both``: the two on the same trials; the cell's accuracy and outcomes are the teacher-forced ones.
+
+Cells, lengths, depths and the overall entry carry ``teacher_forced`` (correct, trials, accuracy) and
+``generated`` (metric, score, trials; cells also the per-trial scores) for what ran. Prompts are
+wrapped in a chat template by ``chat_template`` (``auto``: the tokenizer's own where it has one;
+:mod:`ctxext.tasks.chat`); the report's ``chat_template`` says which was used.
 
 Accuracies carry 95 % Wilson intervals (exact enough for a handful of trials, and sound at 0 % / 100 %);
 every cell lists its per-trial outcomes, for paired tests between models.
@@ -38,16 +46,18 @@ import torch
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel, base_model
 from ctxext.evaluation.perplexity import check_lengths
+from ctxext.evaluation.settings import NeedleSettings, PasskeySettings
 from ctxext.evaluation.stats import wilson_interval
 from ctxext.progress import progress
 from ctxext.rope.core import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
 from ctxext.tasks import Haystack, TaskSample, Template, get_task
-from ctxext.tasks.base import NOISE_TEXT
+from ctxext.tasks.base import NOISE_TEXT, ChatWrap
+from ctxext.tasks.chat import chat_wrap, check_chat_template, describe_chat
 
 if TYPE_CHECKING:
     from transformers import GenerationMixin
 
-SCORINGS = ("teacher-forced", "generate")
+SCORINGS = ("teacher-forced", "generate", "both")
 # Prompt + new tokens per generate call (generation's per-step overhead favours large batches).
 GENERATE_BATCH_TOKENS = 32768
 
@@ -154,21 +164,42 @@ class GridSettings:
         depths: needle depths in percent.
         trials: samples per cell.
         seed: seed of the samples (keys, names, haystack offsets).
-        max_new_tokens: ``generate`` scoring: tokens generated at least (more if the answer is longer).
+        max_new_tokens: generation: tokens generated at least.
+        answer_margin: generation: tokens generated beyond the longest answer of a batch (the budget is
+            the answer's length plus this, at least ``max_new_tokens``; RULER's fixed budgets are larger).
         batch_tokens: tokens per forward pass / generate call (default: teacher-forced, the scorer's device
             default, :data:`ctxext.evaluation.answer_scoring.BATCH_TOKENS_CPU` / ``_GPU``; generate, 32768).
         allow_beyond_context: accept lengths above the model's context (marked).
-        scoring: ``teacher-forced`` (default) or ``generate``.
+        scoring: ``teacher-forced`` (default), ``generate`` or ``both``.
+        chat_template: ``auto`` (the tokenizer's chat template where it has one), ``none`` or a Jinja file.
     """
 
+    # The defaults are the declared ones (ctxext.evaluation.settings.PasskeySettings): one default each.
     lengths: list[int]
-    depths: list[float] = field(default_factory=lambda: [0, 25, 50, 75, 100])
-    trials: int = 5
-    seed: int = 0
-    max_new_tokens: int = 12
+    depths: list[float] = field(default_factory=lambda: _declared("depths"))
+    trials: int = field(default_factory=lambda: _declared("trials"))
+    seed: int = field(default_factory=lambda: _declared("seed"))
+    max_new_tokens: int = field(default_factory=lambda: _declared("max_new_tokens"))
+    answer_margin: int = field(default_factory=lambda: _declared("answer_margin"))
     batch_tokens: int | None = None
-    allow_beyond_context: bool = False
-    scoring: str = "teacher-forced"
+    allow_beyond_context: bool = field(default_factory=lambda: _declared("allow_beyond_context"))
+    scoring: str = field(default_factory=lambda: _declared("scoring"))
+    chat_template: str = field(default_factory=lambda: _declared("chat_template"))
+
+    @classmethod
+    def from_settings(cls, settings: PasskeySettings, lengths: list[int], allow_beyond_context: bool) -> GridSettings:
+        """The grid of a suite's (or a command's) passkey / needle settings, at lengths resolved in tokens."""
+        return cls(
+            lengths=lengths,
+            depths=list(settings.depths),
+            trials=settings.trials,
+            seed=settings.seed,
+            max_new_tokens=settings.max_new_tokens,
+            answer_margin=settings.answer_margin,
+            allow_beyond_context=allow_beyond_context or settings.allow_beyond_context,
+            scoring=settings.scoring,
+            chat_template=settings.chat_template,
+        )
 
     def validate(self) -> None:
         """Raise :class:`InputError` for an empty or malformed grid."""
@@ -182,7 +213,28 @@ class GridSettings:
         if self.trials < 1:
             raise InputError("trials must be at least 1")
         if self.scoring not in SCORINGS:
-            raise InputError(f"scoring {self.scoring!r}: use {' or '.join(SCORINGS)}")
+            raise InputError(f"scoring {self.scoring!r}: use {', '.join(SCORINGS)}")
+        if self.answer_margin < 0 or self.max_new_tokens < 1:
+            raise InputError("answer_margin must be ≥ 0 and max_new_tokens ≥ 1 (generated tokens)")
+        check_chat_template(self.chat_template, "chat_template")
+
+    @property
+    def teacher_forced(self) -> bool:
+        """Whether trials are scored teacher-forced (``teacher-forced`` or ``both``)."""
+        return self.scoring in ("teacher-forced", "both")
+
+    @property
+    def generates(self) -> bool:
+        """Whether trials are generated (``generate`` or ``both``)."""
+        return self.scoring in ("generate", "both")
+
+
+def _declared(name: str) -> Any:
+    return PasskeySettings.model_fields[name].get_default(call_default_factory=True)
+
+
+def _needle_default(name: str) -> Any:
+    return NeedleSettings.model_fields[name].get_default(call_default_factory=True)
 
 
 def make_samples(
@@ -194,12 +246,14 @@ def make_samples(
     settings: GridSettings,
     template: int | Template | list[int] = 0,
     options: dict[str, int] | None = None,
+    chat: ChatWrap | None = None,
 ) -> list[TaskSample]:
     """The ``trials`` samples of one cell (depth in percent), seeded by the cell alone.
 
-    A list of template indices is cycled over the trials (trial ``t`` uses ``template[t % n]``).
+    A list of template indices is cycled over the trials (trial ``t`` uses ``template[t % n]``); ``chat``
+    wraps each prompt in a chat template.
     """
-    return cell_samples(loaded.tokenizer, task, haystack, length, depth, settings, template, options)
+    return cell_samples(loaded.tokenizer, task, haystack, length, depth, settings, template, options, chat)
 
 
 def cell_samples(
@@ -211,6 +265,7 @@ def cell_samples(
     settings: GridSettings,
     template: int | Template | list[int] = 0,
     options: dict[str, int] | None = None,
+    chat: ChatWrap | None = None,
 ) -> list[TaskSample]:
     """:func:`make_samples` for a tokenizer alone (exports build a grid's prompts without loading weights)."""
     t = get_task(task)
@@ -219,29 +274,49 @@ def cell_samples(
         tpl = template[trial % len(template)] if isinstance(template, list) else template
         tag = tpl if isinstance(tpl, int) else "custom"
         rng = random.Random(f"{settings.seed}-{task}-{tag}-{length}-{depth:g}-{trial}")
-        out.append(t.generate(tokenizer, haystack, length, depth / 100, rng, template=tpl, **(options or {})))
+        out.append(
+            t.generate(tokenizer, haystack, length, depth / 100, rng, template=tpl, chat=chat, **(options or {}))
+        )
     return out
 
 
 def _score_generate(loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings) -> list[dict[str, Any]]:
+    from ctxext.evaluation.string_match import postprocess_prediction, sample_metric
+
     # Prompts of one length run batched (answers of different token lengths give different prompt lengths).
     out: list[dict[str, Any] | None] = [None] * len(samples)
     groups: dict[int, list[int]] = {}
     for i, s in enumerate(samples):
         groups.setdefault(len(s.prompt), []).append(i)
     for plen, members in groups.items():
-        n_new = max(settings.max_new_tokens, *(len(samples[i].answer_ids) for i in members))
+        longest = max(len(samples[i].answer_ids) for i in members)
+        n_new = max(settings.max_new_tokens, longest + settings.answer_margin)
         per_batch = max(1, (settings.batch_tokens or GENERATE_BATCH_TOKENS) // (plen + n_new))
         for b in range(0, len(members), per_batch):
             batch = members[b : b + per_batch]
             gens = greedy_generate_ids(loaded, [samples[i].prompt for i in batch], n_new)
             for i, gen in zip(batch, gens, strict=True):
-                want = samples[i].answer_ids
-                out[i] = {
-                    "correct": gen[: len(want)] == want,
-                    "output": loaded.tokenizer.decode(gen, skip_special_tokens=True),
-                }
+                sample, want = samples[i], samples[i].answer_ids
+                task = get_task(sample.task)
+                text = loaded.tokenizer.decode(gen, skip_special_tokens=True)
+                match = sample_metric(task.metric)(postprocess_prediction(text), task.references(sample))
+                out[i] = {"correct": gen[: len(want)] == want, "output": text, "string_match": match}
     return [o for o in out if o is not None]
+
+
+def _score(loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings) -> list[dict[str, Any]]:
+    """Each trial's result: ``correct`` (the primary outcome) and what each scoring that ran measured."""
+    tf = _score_teacher_forced(loaded, samples, settings) if settings.teacher_forced else None
+    gen = _score_generate(loaded, samples, settings) if settings.generates else None
+    out = []
+    for i in range(len(samples)):
+        row: dict[str, Any] = {}
+        if gen is not None:
+            row.update(gen[i], generated_correct=gen[i]["correct"])
+        if tf is not None:
+            row.update(tf[i], teacher_forced_correct=tf[i]["correct"])  # the primary outcome where it ran
+        out.append(row)
+    return out
 
 
 def _score_teacher_forced(
@@ -288,23 +363,24 @@ def evaluate_task_grid(
     started = time.perf_counter()
     lengths = sorted({int(x) for x in settings.lengths})
     beyond = check_lengths(loaded, lengths, settings.allow_beyond_context)
-    scorer = _score_teacher_forced if settings.scoring == "teacher-forced" else _score_generate
+    chat = chat_wrap(loaded.tokenizer, settings.chat_template, "chat_template")
+    metric = get_task(task).metric
     cells: list[dict[str, Any]] = []
     total = len(lengths) * len(settings.depths) * settings.trials
     with progress(f"{label or task} {loaded.name}", total, enabled=show_progress) as advance:
         for L in lengths:
             # Every sample of a length is built first, so the scorer batches across depths too.
             built = [
-                (float(d), make_samples(loaded, task, haystack, L, float(d), settings, template, options))
+                (float(d), make_samples(loaded, task, haystack, L, float(d), settings, template, options, chat))
                 for d in settings.depths
             ]
             flat = [s for _, samples in built for s in samples]
-            results = scorer(loaded, flat, settings)
+            results = _score(loaded, flat, settings)
             at = 0
             for depth, samples in built:
                 res = results[at : at + len(samples)]
                 at += len(samples)
-                cells.append(_cell(L, depth, samples, res, L in beyond))
+                cells.append(_cell(L, depth, samples, res, L in beyond, metric))
                 advance(len(samples))
     return {
         "task": label or task,
@@ -313,6 +389,7 @@ def evaluate_task_grid(
         "options": dict(options or {}),
         "haystack": haystack.name,
         "scoring": settings.scoring,
+        "chat_template": describe_chat(chat),
         "settings": asdict(settings),
         "cells": cells,
         "by_length": _aggregate(cells, "length"),
@@ -323,12 +400,12 @@ def evaluate_task_grid(
 
 
 def _cell(
-    length: int, depth: float, samples: list[TaskSample], results: list[dict[str, Any]], beyond: bool
+    length: int, depth: float, samples: list[TaskSample], results: list[dict[str, Any]], beyond: bool, metric: str
 ) -> dict[str, Any]:
     outcomes = [int(r["correct"]) for r in results]
     correct = sum(outcomes)
     low, high = wilson_interval(correct, len(outcomes))
-    return {
+    cell: dict[str, Any] = {
         "length": length,
         "depth": depth,
         "trials": len(outcomes),
@@ -339,8 +416,33 @@ def _cell(
         "ci_high": high,
         "beyond_context": beyond,
         "outcomes": outcomes,
-        "examples": [{**s.fields, "answer": s.answer, **r} for s, r in list(zip(samples, results, strict=True))[:2]],
     }
+    if "teacher_forced_correct" in results[0]:
+        cell["teacher_forced"] = _tf_summary([int(r["teacher_forced_correct"]) for r in results])
+    if "string_match" in results[0]:
+        cell["generated"] = _generated_summary([r["string_match"] for r in results], metric, keep=True)
+    hidden = ("teacher_forced_correct", "generated_correct")
+    cell["examples"] = [
+        {**s.fields, "answer": s.answer, **{k: v for k, v in r.items() if k not in hidden}}
+        for s, r in list(zip(samples, results, strict=True))[:2]
+    ]
+    return cell
+
+
+def _tf_summary(outcomes: list[int]) -> dict[str, Any]:
+    return {"correct": sum(outcomes), "trials": len(outcomes), "accuracy": sum(outcomes) / len(outcomes)}
+
+
+def _generated_summary(scores: list[float], metric: str, keep: bool = False) -> dict[str, Any]:
+    # RULER's number for these trials: the mean per-trial string match (a fraction here, ×100 in RULER).
+    out: dict[str, Any] = {
+        "metric": f"string_match_{metric}",
+        "score": sum(scores) / len(scores),
+        "trials": len(scores),
+    }
+    if keep:
+        out["scores"] = [round(x, 6) for x in scores]
+    return out
 
 
 def _aggregate(cells: list[dict[str, Any]], key: str | None) -> dict[str, Any]:
@@ -353,8 +455,19 @@ def _aggregate(cells: list[dict[str, Any]], key: str | None) -> dict[str, Any]:
         correct = sum(c["correct"] for c in cs)
         trials = sum(c["trials"] for c in cs)
         low, high = wilson_interval(correct, trials)
-        out[k] = {"correct": correct, "trials": trials, "accuracy": correct / trials, "ci_low": low, "ci_high": high}
+        agg = {"correct": correct, "trials": trials, "accuracy": correct / trials, "ci_low": low, "ci_high": high}
+        if "teacher_forced" in cs[0]:
+            agg["teacher_forced"] = _tf_summary([o for c in cs for o in _tf_outcomes(c)])
+        if "generated" in cs[0]:
+            metric = cs[0]["generated"]["metric"].removeprefix("string_match_")
+            agg["generated"] = _generated_summary([x for c in cs for x in c["generated"]["scores"]], metric)
+        out[k] = agg
     return out
+
+
+def _tf_outcomes(cell: dict[str, Any]) -> list[int]:
+    tf = cell["teacher_forced"]
+    return [1] * tf["correct"] + [0] * (tf["trials"] - tf["correct"])
 
 
 def evaluate_passkey(
@@ -397,14 +510,23 @@ class NeedleTask:
             question / answer.
     """
 
-    haystack: str = "builtin:stdlib"
+    haystack: str = field(default_factory=lambda: _needle_default("haystack"))
     needle: str = NEEDLE_TEXT
     question: str = NEEDLE_QUESTION
     answer: str = NEEDLE_ANSWER
-    text_field: str = "text"
-    split: str = "train"
+    text_field: str = field(default_factory=lambda: _needle_default("text_field"))
+    split: str = field(default_factory=lambda: _needle_default("split"))
     haystack_tokens: int | None = None
     template: int | None = None
+
+    @classmethod
+    def from_settings(cls, settings: NeedleSettings) -> NeedleTask:
+        """The needle of a suite's (or a command's) needle settings (``None``: the built-in needle's)."""
+        task = cls(haystack=settings.haystack, text_field=settings.text_field, split=settings.split)
+        for name in ("needle", "question", "answer"):
+            if getattr(settings, name):
+                setattr(task, name, getattr(settings, name))
+        return task
 
     def to_template(self) -> int | Template:
         """The registry template (an index) or a custom one built from needle / question / answer."""

@@ -91,10 +91,10 @@ class LoadedModel:
 
 
 def pick_device(device: str | None = None) -> torch.device:
-    """``cuda`` when available (unless told otherwise), else the CPU."""
-    if device:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """``cuda`` when available (unless told otherwise), else the CPU (:func:`ctxext.models.devices.resolve_device`)."""
+    from ctxext.models.devices import resolve_device
+
+    return resolve_device(device)
 
 
 def load_model(

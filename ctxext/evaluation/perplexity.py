@@ -32,7 +32,7 @@ import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,13 +41,11 @@ import torch.nn.functional as F
 
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel, base_model
-from ctxext.evaluation.stats import DEFAULT_RESAMPLES, bootstrap_mean_diff, ppl_entry
+from ctxext.evaluation.settings import PerplexitySettings
+from ctxext.evaluation.stats import bootstrap_mean_diff, ppl_entry
 from ctxext.progress import progress
 from ctxext.rope.core import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
 
-MAX_BUCKETS = 1024
-# A bootstrap interval over one or two documents has (almost) zero width and means nothing.
-MIN_DOCS = 3
 # Positions projected onto the vocabulary at once. On the CPU a 256-row chunk of logits (32 MB at a 32k
 # vocabulary) stays in cache and scores ~15 % faster than 1024 rows (measured, benchmarks/eval_speed.py);
 # a GPU wants bigger matmuls.
@@ -205,92 +203,8 @@ def sliding_nll(
 
 
 # ---------------------------------------------------------------------------------------------
-# Settings and checks
+# Checks (the settings are declared in ctxext.evaluation.settings)
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PerplexitySettings:
-    """How perplexity is evaluated (the ``protocol`` section of a report).
-
-    Attributes:
-        lengths: evaluation lengths in tokens.
-        bucket_size: width of the position buckets (must divide the longest length); None: no buckets.
-        stride: sliding-window mode: score whole documents with windows of each length moved by this.
-        context_limits: context-use curve: context limits ``k`` (each below the longest length); the
-            model's original window is added to a non-empty list.
-        max_docs: evaluate at most this many documents of the common set (those reaching the longest length);
-            shorter documents read on the way count only in the secondary "all documents ≥ L" view.
-        min_docs: the fewest documents a perplexity may average (an interval over fewer is meaningless).
-        max_doc_tokens: in stride mode, cut documents to this many tokens.
-        chunk_size: positions projected onto the vocabulary at once (default: 256 on the CPU, 2048 on a GPU).
-        batch_tokens: tokens per batched forward pass of short windows.
-        resamples: bootstrap resamples for the 95 % intervals.
-        seed: bootstrap seed.
-        short_context: also report perplexity at the model's original (pretraining) length.
-        allow_beyond_context: evaluate lengths above the model's configured context (marked in the report).
-        mode: ``auto`` (one pass for static rope types, per length for dynamic/longrope), ``one-pass`` or
-            ``per-length``; ``one-pass`` is refused for length-dependent rope types.
-    """
-
-    lengths: list[int]
-    bucket_size: int | None = None
-    stride: int | None = None
-    context_limits: list[int] = field(default_factory=list)
-    max_docs: int | None = None
-    min_docs: int = MIN_DOCS
-    max_doc_tokens: int | None = None
-    chunk_size: int | None = None
-    batch_tokens: int = 16384
-    resamples: int = DEFAULT_RESAMPLES
-    seed: int = 0
-    short_context: bool = True
-    allow_beyond_context: bool = False
-    mode: str = "auto"
-
-    def __post_init__(self) -> None:
-        self.lengths = sorted({int(x) for x in self.lengths})
-        self.context_limits = sorted({int(x) for x in self.context_limits})
-
-    def validate(self) -> None:
-        """Raise :class:`InputError` for settings that cannot give sensible numbers."""
-        if not self.lengths:
-            raise InputError("give at least one evaluation length (--lengths 2048,4096)")
-        if self.lengths[0] < 2:
-            raise InputError(f"evaluation lengths must be at least 2 tokens (got {self.lengths[0]})")
-        longest = self.lengths[-1]
-        if self.bucket_size is not None:
-            b = self.bucket_size
-            if b < 1 or b > longest:
-                raise InputError(f"bucket size {b} must be between 1 and the longest length {longest}")
-            if longest % b:
-                divisors = [d for d in (64, 128, 256, 512, 1024, 2048, 4096) if longest % d == 0 and d < longest]
-                raise InputError(
-                    f"bucket size {b} does not divide the longest length {longest}: the last bucket would be "
-                    f"partial; use a divisor of {longest}"
-                    + (f" such as {', '.join(map(str, divisors))}" if divisors else "")
-                )
-            if longest // b > MAX_BUCKETS:
-                raise InputError(
-                    f"bucket size {b} gives {longest // b} buckets over {longest} tokens (at most {MAX_BUCKETS}); "
-                    f"use a bucket size of at least {math.ceil(longest / MAX_BUCKETS)}"
-                )
-        if self.stride is not None and not 1 <= self.stride < self.lengths[0]:
-            raise InputError(
-                f"--stride {self.stride} must be at least 1 and below the shortest length {self.lengths[0]}"
-            )
-        for k in self.context_limits:
-            if not 2 <= k < longest:
-                raise InputError(
-                    f"context limit {k} must be between 2 and the longest length {longest} (exclusive): the curve "
-                    "compares limited context with the full context"
-                )
-        if self.mode not in ("auto", "one-pass", "per-length"):
-            raise InputError(f"mode {self.mode!r}: use auto, one-pass or per-length")
-        if self.min_docs < 1:
-            raise InputError(f"min docs must be at least 1 (got {self.min_docs})")
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise InputError("chunk size must be positive")
 
 
 def check_lengths(loaded: LoadedModel, lengths: Sequence[int], allow_beyond: bool) -> list[int]:
@@ -431,14 +345,18 @@ def choose_mode(loaded: LoadedModel, settings: PerplexitySettings) -> str:
 
 
 def evaluate_perplexity(
-    loaded: LoadedModel, texts: Sequence[str] | Any, settings: PerplexitySettings, show_progress: bool = True
+    loaded: LoadedModel,
+    texts: Sequence[str] | Any | None = None,
+    settings: PerplexitySettings | None = None,
+    show_progress: bool = True,
 ) -> dict[str, Any]:
     """Perplexity of one model by length, by position bucket, and by context limit.
 
     Args:
         loaded: the model.
-        texts: document texts.
-        settings: lengths, buckets, stride, context limits …
+        texts: document texts (default: read from ``settings.data``).
+        settings: lengths, buckets, stride, context limits … (default: the declared defaults); relative
+            lengths (``"2x"``, ``"target"``) are resolved against this model's contexts.
         show_progress: draw a progress bar with ETA.
 
     Returns:
@@ -447,9 +365,14 @@ def evaluate_perplexity(
     Raises:
         InputError: bad settings, lengths beyond the model's context, or no document long enough.
     """
-    settings.validate()
+    settings = (settings or PerplexitySettings()).resolved(loaded.original_length, loaded.context_length)
+    settings.check()
+    if texts is None:
+        from ctxext.evaluation.data import iter_texts
+
+        texts = iter_texts(settings.data, settings.text_field, settings.split)
     started = time.perf_counter()
-    requested = list(settings.lengths)
+    requested = settings.token_lengths()
     short_len = loaded.original_length if settings.short_context else None
     lengths = sorted(set(requested) | ({short_len} if short_len else set()))
     beyond = check_lengths(loaded, requested, settings.allow_beyond_context)
@@ -510,9 +433,10 @@ def evaluate_perplexity(
             "length": short_len,
             **ppl_entry(np.array(sums)[keep], np.array(counts)[keep], res, settings.seed),
         }
-    if settings.bucket_size and mode != "sliding":
-        result["by_bucket"] = _buckets(scores.full, longest, settings.bucket_size, res, settings.seed)
-    result["per_document"] = _per_document(docs, scores, longest, settings.bucket_size, mode)
+    bucket = settings.bucket_size if isinstance(settings.bucket_size, int) else None  # resolved: never "auto"
+    if bucket and mode != "sliding":
+        result["by_bucket"] = _buckets(scores.full, longest, bucket, res, settings.seed)
+    result["per_document"] = _per_document(docs, scores, longest, bucket, mode)
     if settings.context_limits:
         # k = the original window is always on the curve: its paired gain answers "does the model use
         # context beyond its original window?".
@@ -527,7 +451,7 @@ def evaluate_perplexity(
 
 
 def _settings_dict(settings: PerplexitySettings) -> dict[str, Any]:
-    return asdict(settings)
+    return settings.model_dump()
 
 
 def _record(scores: _Scores, L: int, nll: torch.Tensor, doc: int) -> None:

@@ -16,7 +16,6 @@ shipped in ctxext (``metrics/squad_offline``), which loads without a network.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +23,14 @@ import torch
 
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel
+from ctxext.evaluation.settings import QASettings
 from ctxext.evaluation.stats import bootstrap_nll
 from ctxext.progress import progress
 from ctxext.rope.core import reset_dynamic_rope
+from ctxext.tasks.base import ChatWrap, encode
+from ctxext.tasks.chat import chat_wrap, describe_chat
 
 METRIC_PATH = Path(__file__).parent / "metrics" / "squad_offline" / "squad_offline.py"
-QA_TEMPLATE = "{context}\n\nQuestion: {question}\nAnswer:"
 POSITION_BUCKETS = 5
 TRUNCATED_AWAY = "answer truncated away"
 NOT_FOUND = "not found"
@@ -47,35 +48,6 @@ def load_metric() -> Any:
     import evaluate
 
     return evaluate.load(str(METRIC_PATH))
-
-
-@dataclass
-class QASettings:
-    """A QA evaluation.
-
-    Attributes:
-        data: the data source (file or ``datasets`` id).
-        context_field: column with the document.
-        question_field: column with the question.
-        answers_field: column with the answer(s).
-        split: split of a Hub data set.
-        max_examples: evaluate at most this many examples.
-        max_length: prompt budget in tokens (default: the model's context).
-        max_new_tokens: answer budget.
-        template: prompt template with ``{context}`` and ``{question}``.
-        length_edges: context-length bucket edges in tokens (LongBench-E: 4k, 8k).
-    """
-
-    data: str
-    context_field: str = "context"
-    question_field: str = "question"
-    answers_field: str = "answers"
-    split: str = "train"
-    max_examples: int | None = None
-    max_length: int | None = None
-    max_new_tokens: int = 32
-    template: str = QA_TEMPLATE
-    length_edges: list[int] = field(default_factory=lambda: [4000, 8000])
 
 
 def _answers(value: Any) -> list[str]:
@@ -210,14 +182,17 @@ def _kept_bucket(first: int, last: int, n_tokens: int, budget: int) -> tuple[str
     return f"{k * width}-{(k + 1) * width}%", a
 
 
-def build_qa_prompt(tokenizer: Any, example: dict[str, Any], template: str, budget: int) -> tuple[list[int], dict]:
+def build_qa_prompt(
+    tokenizer: Any, example: dict[str, Any], template: str, budget: int, chat: ChatWrap | None = None
+) -> tuple[list[int], dict]:
     """The prompt's tokens for one example, the context truncated in the middle to fit ``budget``.
 
     Args:
         tokenizer: the model's tokenizer.
         example: ``context``, ``question``.
         template: with ``{context}`` and ``{question}``.
-        budget: total prompt tokens allowed.
+        budget: total prompt tokens allowed (a chat template's tokens included).
+        chat: a chat template's tokens around the prompt (None: a plain prompt).
 
     Returns:
         ``(ids, info)`` with ``context_tokens``, ``kept_tokens``, ``truncated``, ``position_bucket`` (from
@@ -230,8 +205,12 @@ def build_qa_prompt(tokenizer: Any, example: dict[str, Any], template: str, budg
     if "{context}" not in template:
         raise InputError("the QA template needs a {context} placeholder")
     pre, post = template.split("{context}", 1)
-    pre_ids = list(tokenizer(pre.format(question=example["question"]), verbose=False)["input_ids"])
-    post_ids = list(tokenizer(post.format(question=example["question"]), add_special_tokens=False)["input_ids"])
+    pre_text, post_text = pre.format(question=example["question"]), post.format(question=example["question"])
+    if chat is None:
+        pre_ids = list(tokenizer(pre_text, verbose=False)["input_ids"])
+        post_ids = encode(tokenizer, post_text)
+    else:  # the template writes its own BOS
+        pre_ids, post_ids = chat.head + encode(tokenizer, pre_text), encode(tokenizer, post_text) + chat.tail
     ctx = list(tokenizer(example["context"], add_special_tokens=False, verbose=False)["input_ids"])
     room = budget - len(pre_ids) - len(post_ids)
     if room < 1:
@@ -284,13 +263,15 @@ def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool =
     """
     started = time.perf_counter()
     examples = load_examples(settings)
-    budget = (settings.max_length or loaded.context_length) - settings.max_new_tokens
+    max_length = settings.prompt_length(loaded.original_length, loaded.context_length)
+    budget = max_length - settings.max_new_tokens
     if budget < 8:
-        raise InputError(f"a max length of {settings.max_length} leaves no room for a prompt")
+        raise InputError(f"a max length of {max_length} leaves no room for a prompt")
+    chat = chat_wrap(loaded.tokenizer, settings.chat_template, "chat_template")
     preds, refs, rows = [], [], []
     with progress(f"qa {loaded.name}", len(examples), enabled=show_progress) as advance:
         for ex in examples:
-            ids, info = build_qa_prompt(loaded.tokenizer, ex, settings.template, budget)
+            ids, info = build_qa_prompt(loaded.tokenizer, ex, settings.template, budget, chat)
             pred = _answer(loaded, ids, settings.max_new_tokens)
             preds.append(pred)
             refs.append(ex["answers"])
@@ -315,7 +296,8 @@ def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool =
 
     return {
         "task": "qa",
-        "settings": asdict(settings),
+        "settings": settings.model_dump(),
+        "chat_template": describe_chat(chat),
         "examples": len(examples),
         "truncated": sum(r["truncated"] for r in rows),
         "prompt_budget": budget,

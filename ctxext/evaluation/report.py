@@ -292,7 +292,7 @@ def _grid_markdown(grids: list[tuple[str, Grid]], task: str, title: str, plots: 
     lines = [f"## {title}", ""]
     if task in plots:
         lines += [f"![{task}]({plots[task]})", ""]
-    lines += [scoring_note({g.scoring for _, g in grids}), ""]
+    lines += [scoring_note({g.scoring for _, g in grids}) + chat_note({g.chat_template for _, g in grids}), ""]
     for name, g in grids:
         lines += grid_table(name, g)
     return lines
@@ -302,7 +302,9 @@ SCORING_NOTES = {
     "teacher-forced": "teacher-forced (one forward pass over prompt + answer; correct iff every answer token is the "
     "argmax — exact for greedy decoding; no KV cache, no generation config)",
     "generate": "generation (explicit greedy config; KV cache off for dynamic / longrope; correct iff the generated "
-    "tokens start with the answer's)",
+    "tokens start with the answer's; RULER's string-match score beside it)",
+    "both": "teacher-forced and generated on the same trials (accuracy: teacher-forced; generated: RULER's "
+    "string-match score of greedy generations)",
 }
 
 
@@ -310,6 +312,14 @@ def scoring_note(kinds: set[str | None]) -> str:
     """One line naming how a retrieval section was scored (reports before scoring modes: generation)."""
     names = sorted(k or "generate (legacy: first number / word recall)" for k in kinds)
     return "Scoring: " + "; ".join(SCORING_NOTES.get(k, k) for k in names) + ". Prompt + answer fit the length."
+
+
+def chat_note(used: set[str | None]) -> str:
+    """One sentence naming the chat template prompts were wrapped in (nothing for reports before the setting)."""
+    named = sorted(u for u in used if u)
+    if not named:
+        return ""
+    return " Chat template: " + ", ".join("none (plain prompts)" if u == "none" else f"`{u}`" for u in named) + "."
 
 
 def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
@@ -326,8 +336,10 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
         lines += [f"![ruler]({plots['ruler']})", ""]
     lines += [
         f"Haystack: `{first['haystack']}`; depths {', '.join(f'{d:g}' for d in st['depths'])} %; {st['trials']} trials "
-        f"per cell; templates: {st['templates']}. {scoring_note({first.get('scoring')})} Effective length: the longest "
-        f"length up to which every evaluated length scores ≥ {ref} (RULER); n/a: the task scores below "
+        f"per cell; templates: {st['templates']}. {scoring_note({first.get('scoring')})}"
+        f"{chat_note({m['ruler'].get('chat_template') for m in models})} Effective length: the longest "
+        f"length up to which every evaluated length scores ≥ {ref} (the section's threshold setting; RULER's and "
+        "NoLiMa's named definitions follow); n/a: the task scores below "
         f"{st.get('min_reference', 0) * 100:g} % at the original length, so it has no relative threshold. Cells: "
         "accuracy % over all depths (trials); ✱ the model was fine-tuned on this task; † beyond the model's context.",
         "",
@@ -349,20 +361,26 @@ def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list
     )
     lines += ["### Effective length", ""]
     lines += table(["task"] + names, rows)
+    from ctxext.evaluation.ruler import named_effective_markdown
+
+    lines += named_effective_markdown(models)
     for m in models:
         r = m["ruler"]
         lengths = [str(L) for L in r["settings"]["lengths"]]
+        both = r.get("scoring") == "both"
         lines += [f"### {m['name']}", ""]
+        lines += ["Cells: teacher-forced accuracy / generated string-match score (trials).", ""] if both else []
         body = []
         for t, res in r["tasks"].items():
             row = [t + (" ✱" if res.get("registry_task") in (r.get("trained_tasks") or []) else "")]
             for L in lengths:
                 bl = res["by_length"].get(L)
                 cell: dict[str, Any] = next((c for c in res["cells"] if str(c["length"]) == L), {})
+                gen = f" / {bl['generated']['score'] * 100:.0f}" if bl and both and bl.get("generated") else ""
                 row.append(
                     "–"
                     if bl is None
-                    else f"{bl['accuracy'] * 100:.0f} ({bl['trials']}){' †' if cell.get('beyond_context') else ''}"
+                    else f"{bl['accuracy'] * 100:.0f}{gen} ({bl['trials']}){' †' if cell.get('beyond_context') else ''}"
                 )
             body.append(row)
         counted = ", ".join(r["effective_length"].get("tasks") or []) or "none"

@@ -11,6 +11,15 @@ own score at its original (pretraining) length (``threshold_reference: original`
 accuracy (``threshold_reference: absolute``). A relative threshold needs a task the model can do at its
 original length: a task scoring below ``min_reference`` there has no effective length (n/a; 85 % of 2 %
 would pass anything) and is left out of the overall one, which uses the mean score over the other tasks.
+
+Both named definitions are reported beside it, for every scoring that ran (``effective_lengths``):
+
+* ``ruler`` — "RULER (≥ 85.6)": the absolute threshold of Hsieh et al. (Llama-2-7B's score at 4k);
+* ``nolima`` — "NoLiMa (≥ 85 % of own short score)": 85 % of the model's own score at its original
+  length (Modarressi et al. 2025), with the same ``min_reference`` floor.
+
+Scorings: ``teacher_forced`` (accuracy) and ``generated`` (RULER's string-match score of greedy
+generations, :mod:`ctxext.evaluation.string_match`), as the section's ``scoring`` ran them.
 """
 
 from __future__ import annotations
@@ -26,6 +35,12 @@ from ctxext.evaluation.loading import LoadedModel
 from ctxext.tasks import get_task
 
 THRESHOLD_REFERENCES = ("original", "absolute")
+
+# The two named effective-length definitions every RULER section reports: key → (label, threshold, reference).
+NAMED_THRESHOLDS = {
+    "ruler": ("RULER (≥ 85.6)", 0.856, "absolute"),
+    "nolima": ("NoLiMa (≥ 85 % of own short score)", 0.85, "original"),
+}
 
 
 @dataclass
@@ -69,7 +84,10 @@ class RulerSettings:
             ``absolute``.
         min_reference: with ``original``: the least score at the original length for a task to get an
             effective length (and count in the overall one).
-        scoring: ``teacher-forced`` or ``generate``.
+        scoring: ``teacher-forced``, ``generate`` or ``both`` (:class:`~ctxext.evaluation.grid.GridSettings`).
+        answer_margin: generation: tokens generated beyond the answer's length.
+        max_new_tokens: generation: tokens generated at least.
+        chat_template: ``auto``, ``none`` or a Jinja chat template file (:mod:`ctxext.tasks.chat`).
         allow_beyond_context: evaluate lengths above the model's context (marked).
     """
 
@@ -86,6 +104,9 @@ class RulerSettings:
     threshold_reference: str = "original"
     min_reference: float = 0.25
     scoring: str = "teacher-forced"
+    answer_margin: int = 8
+    max_new_tokens: int = 12
+    chat_template: str = "auto"
     allow_beyond_context: bool = False
 
     def validate(self) -> None:
@@ -106,6 +127,21 @@ class RulerSettings:
             raise InputError(f"ruler.threshold {self.threshold} must be a fraction in (0, 1]")
         if self.threshold_reference not in THRESHOLD_REFERENCES:
             raise InputError(f"ruler.threshold_reference {self.threshold_reference!r}: use original or absolute")
+        self.grid([1], False).validate()
+
+    def grid(self, lengths: list[int], allow_beyond: bool) -> GridSettings:
+        """The retrieval-grid settings every task of the section runs with."""
+        return GridSettings(
+            lengths=lengths,
+            depths=list(self.depths),
+            trials=self.trials,
+            seed=self.seed,
+            scoring=self.scoring,
+            answer_margin=self.answer_margin,
+            max_new_tokens=self.max_new_tokens,
+            chat_template=self.chat_template,
+            allow_beyond_context=allow_beyond,
+        )
 
 
 def template_indices(task: str, choice: str | list[int]) -> list[int]:
@@ -173,6 +209,68 @@ def effective_length(
     return {"length": best, "threshold": bar, "reference_score": ref_score, "note": note}
 
 
+def scores_by_scoring(grid: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """A task grid's score by length for each scoring that ran: ``teacher_forced`` accuracy, ``generated`` score."""
+    out: dict[str, dict[int, float]] = {}
+    for L, agg in grid["by_length"].items():
+        if "teacher_forced" in agg:
+            out.setdefault("teacher_forced", {})[int(L)] = agg["teacher_forced"]["accuracy"]
+        if "generated" in agg:
+            out.setdefault("generated", {})[int(L)] = agg["generated"]["score"]
+    return out
+
+
+def named_effective_lengths(scores: dict[int, float], original: int, min_reference: float) -> dict[str, Any]:
+    """The effective length by each named definition (:data:`NAMED_THRESHOLDS`), each with its ``name``.
+
+    Args:
+        scores: score (0–1) by length; must include ``original``.
+        original: the model's original context.
+        min_reference: NoLiMa: the least score at the original length that gives a threshold.
+    """
+    out = {}
+    for key, (label, bar, reference) in NAMED_THRESHOLDS.items():
+        out[key] = {"name": label, **effective_length(scores, original, bar, reference, min_reference)}
+    return out
+
+
+def _overall_by_scoring(
+    by_scoring: dict[str, dict[str, dict[str, float]]],
+    tasks: dict[str, Any],
+    lengths: list[int],
+    original: int,
+    min_reference: float,
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, Any]]]:
+    """Per scoring: the mean score by length over the tasks, and the named effective lengths of that mean.
+
+    RULER averages every task; NoLiMa's relative threshold needs a reference, so its overall mean takes the
+    tasks that have one (as the section's own overall does).
+    """
+    means: dict[str, dict[str, float]] = {}
+    overall: dict[str, dict[str, Any]] = {}
+    for scoring, table in by_scoring.items():
+        names = list(table)
+        mean = {L: sum(table[t][str(L)] for t in names) / len(names) for L in lengths}
+        means[scoring] = {str(L): v for L, v in mean.items()}
+        named = named_effective_lengths(mean, original, min_reference)
+        _, bar, reference = NAMED_THRESHOLDS["nolima"]
+        counted = [t for t in names if tasks[t]["effective_lengths"][scoring]["nolima"]["threshold"] is not None]
+        if counted:
+            ref = {L: sum(table[t][str(L)] for t in counted) / len(counted) for L in lengths}
+            named["nolima"] = {"name": named["nolima"]["name"], **effective_length(ref, original, bar, reference)}
+        else:
+            named["nolima"] = {
+                "name": named["nolima"]["name"],
+                "length": None,
+                "threshold": None,
+                "reference_score": None,
+                "note": "no task scores at the original length",
+            }
+        named["ruler"]["tasks"], named["nolima"]["tasks"] = names, counted
+        overall[scoring] = named
+    return means, overall
+
+
 def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: bool = True) -> dict[str, Any]:
     """Every task of a RULER-style suite on one model, with effective lengths.
 
@@ -187,18 +285,13 @@ def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: 
     settings.validate()
     started = time.perf_counter()
     original = loaded.original_length
-    lengths = sorted(set(settings.lengths) | ({original} if settings.threshold_reference == "original" else set()))
+    # The original length is always evaluated: NoLiMa's threshold is relative to the score there.
+    lengths = sorted(set(settings.lengths) | {original})
     hay = load_haystack(loaded, settings.haystack, settings.text_field, settings.split, 2 * max(lengths))
-    grid = GridSettings(
-        lengths=lengths,
-        depths=list(settings.depths),
-        trials=settings.trials,
-        seed=settings.seed,
-        scoring=settings.scoring,
-        allow_beyond_context=settings.allow_beyond_context,
-    )
+    grid = settings.grid(lengths, settings.allow_beyond_context)
     tasks: dict[str, Any] = {}
     table: dict[str, dict[str, float]] = {}
+    by_scoring: dict[str, dict[str, dict[str, float]]] = {}
     for spec in settings.tasks:
         templates = template_indices(spec.task, spec.templates or settings.templates)
         res = evaluate_task_grid(loaded, grid, spec.task, hay, templates, spec.options, show_progress, spec.label)
@@ -206,6 +299,10 @@ def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: 
         res["effective_length"] = effective_length(
             scores, original, settings.threshold, settings.threshold_reference, settings.min_reference
         )
+        res["effective_lengths"] = {}
+        for scoring, named in scores_by_scoring(res).items():
+            by_scoring.setdefault(scoring, {})[spec.label] = {str(L): v for L, v in named.items()}
+            res["effective_lengths"][scoring] = named_effective_lengths(named, original, settings.min_reference)
         tasks[spec.label] = res
         table[spec.label] = {str(L): s for L, s in scores.items()}
     # The overall effective length averages the tasks that have a reference (all of them when absolute).
@@ -222,6 +319,7 @@ def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: 
         else {"length": None, "threshold": None, "reference_score": None, "note": none}
     )
     overall["tasks"] = counted
+    mean_by, overall_by = _overall_by_scoring(by_scoring, tasks, lengths, original, settings.min_reference)
     return {
         "settings": {
             **{k: v for k, v in settings.__dict__.items() if k != "tasks"},
@@ -231,10 +329,14 @@ def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: 
         "original_length": original,
         "haystack": hay.name,
         "scoring": settings.scoring,
+        "chat_template": next(iter(tasks.values()))["chat_template"],
         "tasks": tasks,
         "scores": table,
         "mean_by_length": {str(L): v for L, v in mean.items()},
         "effective_length": overall,
+        "scores_by": by_scoring,
+        "mean_by_length_by": mean_by,
+        "effective_lengths": overall_by,
         "seconds": round(time.perf_counter() - started, 3),
     }
 
@@ -270,3 +372,50 @@ def trained_tasks(run_ref: str | None) -> list[str] | None:
         if isinstance(name, str) and name and name not in names:
             names.append(name)
     return names
+
+
+SCORING_LABELS = {"teacher_forced": "teacher-forced accuracy", "generated": "generated, RULER string match"}
+
+
+def named_effective_markdown(models: list[dict[str, Any]]) -> list[str]:
+    """``report.md`` lines: effective lengths by RULER's and NoLiMa's definitions, per scoring, side by side.
+
+    Args:
+        models: report model entries (JSON form) with a ``ruler`` section.
+
+    Returns:
+        Markdown lines (none for reports written before the named definitions).
+    """
+    from ctxext.artifacts.tables import table
+
+    scorings = [k for k in SCORING_LABELS if any(k in (m["ruler"].get("effective_lengths") or {}) for m in models)]
+    if not scorings:
+        return []
+    lines = ["### Effective length: RULER and NoLiMa", ""]
+    for scoring in scorings:
+        header = ["task"]
+        for m in models:
+            header += [f"{m['name']}: {label}" for label, _, _ in NAMED_THRESHOLDS.values()]
+        rows = []
+        for t in models[0]["ruler"]["tasks"]:
+            row = [t]
+            for m in models:
+                named = m["ruler"]["tasks"].get(t, {}).get("effective_lengths", {}).get(scoring, {})
+                row += [_named_cell(named.get(k)) for k in NAMED_THRESHOLDS]
+            rows.append(row)
+        overall = ["**overall** (mean over tasks)"]
+        for m in models:
+            named = (m["ruler"].get("effective_lengths") or {}).get(scoring, {})
+            overall += [_named_cell(named.get(k)) for k in NAMED_THRESHOLDS]
+        lines += [f"Scoring: {SCORING_LABELS[scoring]}.", "", *table(header, rows + [overall])]
+    return lines
+
+
+def _named_cell(e: dict[str, Any] | None) -> str:
+    if not e:
+        return "–"
+    if e.get("length") is not None:
+        return str(e["length"])
+    if e.get("threshold") is None:
+        return "n/a (no reference)"
+    return f"< shortest (≥ {e['threshold'] * 100:.1f} %)"

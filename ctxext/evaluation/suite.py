@@ -24,64 +24,41 @@ Example (``eval/tiny-cpu.yaml``)::
 from __future__ import annotations
 
 import gc
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from ctxext.errors import InputError
 
-Length = int | str
+# The perplexity, passkey, needle and qa sections are the workflows' own settings models (the flags of
+# ctxext eval ppl / passkey / needle / qa are generated from them); lengths resolve the same way everywhere.
+from ctxext.evaluation.settings import (
+    CHAT_HELP,
+    DEFAULT_LENGTHS,
+    Length,
+    NeedleSettings,
+    PasskeySettings,
+    PerplexitySettings,
+    QASettings,
+    Scoring,
+    auto_bucket,
+    check_chat_choice,
+    is_beyond_target,
+    resolve_length,
+)
+
 # Typed defaults (a bare lambda's list literal would be inferred as list[str] / list[int]).
-_SCALES: list[Length] = ["1x", "2x", "4x"]
-_GRID_DEPTHS: list[float] = [0, 25, 50, 75, 100]
 _RULER_DEPTHS: list[float] = [10, 50, 90]
+
+
+# The sections whose prompts a chat template can wrap (their ``chat_template`` key).
+CHAT_SECTIONS = ("passkey", "needle", "ruler", "qa")
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class PerplexityTask(_Section):
-    """The perplexity task of a suite."""
-
-    data: str = Field(default="builtin:stdlib", description="text file, folder, jsonl/parquet, Hub id, builtin:stdlib")
-    text_field: str = "text"
-    split: str = "test"
-    lengths: list[Length] = Field(default_factory=_SCALES.copy)
-    bucket_size: int | str | None = Field(default="auto", description="tokens per bucket, 'auto' (longest/8) or null")
-    context_limits: list[Length] = Field(default_factory=list)
-    stride: int | None = None
-    max_docs: int | None = Field(default=20, gt=0, description="documents reaching the longest length")
-    min_docs: int = Field(default=3, gt=0, description="fewest documents a perplexity may average")
-    short_context: bool = True
-    resamples: int = Field(default=1000, gt=0)
-
-
-class GridTask(_Section):
-    """A passkey or needle grid."""
-
-    lengths: list[Length] = Field(default_factory=_SCALES.copy)
-    depths: list[float] = Field(default_factory=_GRID_DEPTHS.copy)
-    trials: int = Field(default=5, gt=0)
-    seed: int = 0
-    max_new_tokens: int = Field(default=12, gt=0)
-    scoring: Literal["teacher-forced", "generate"] = Field(
-        default="teacher-forced", description="teacher-forced (exact for greedy decoding) or generate"
-    )
-
-
-class NeedleSuiteTask(GridTask):
-    """A needle-in-a-haystack grid with its haystack and needle."""
-
-    haystack: str = "builtin:stdlib"
-    text_field: str = "text"
-    split: str = "test"
-    needle: str | None = None
-    question: str | None = None
-    answer: str | None = None
 
 
 TemplateChoice = Literal["heldout", "training", "all"] | list[int]
@@ -99,8 +76,13 @@ class RulerTaskEntry(_Section):
 class RulerSection(_Section):
     """RULER-style synthetic tasks × lengths × depths, with effective length."""
 
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, value: str, info: ValidationInfo) -> str:
+        return check_chat_choice(value, info)
+
     tasks: list[RulerTaskEntry]
-    lengths: list[Length] = Field(default_factory=_SCALES.copy)
+    lengths: list[Length] = Field(default_factory=DEFAULT_LENGTHS.copy)
     depths: list[float] = Field(default_factory=_RULER_DEPTHS.copy)
     trials: int = Field(default=10, gt=0)
     seed: int = 0
@@ -111,22 +93,10 @@ class RulerSection(_Section):
     threshold: float = Field(default=0.85, gt=0, le=1)
     threshold_reference: Literal["original", "absolute"] = "original"
     min_reference: float = Field(default=0.25, ge=0, le=1)
-    scoring: Literal["teacher-forced", "generate"] = "teacher-forced"
-
-
-class QATask(_Section):
-    """A long-document QA task."""
-
-    data: str
-    context_field: str = "context"
-    question_field: str = "question"
-    answers_field: str = "answers"
-    split: str = "test"
-    max_examples: int | None = Field(default=None, gt=0)
-    max_length: Length | None = None
-    max_new_tokens: int = Field(default=32, gt=0)
-    template: str | None = None
-    length_edges: list[int] = Field(default_factory=lambda: [4000, 8000])
+    scoring: Scoring = "teacher-forced"
+    max_new_tokens: int = Field(default=12, gt=0, description="generation: tokens generated at least")
+    answer_margin: int = Field(default=8, ge=0, description="generation: tokens generated beyond the answer's length")
+    chat_template: str = Field(default="auto", description=CHAT_HELP)
 
 
 class AttentionTask(_Section):
@@ -149,10 +119,10 @@ class Suite(_Section):
     name: str
     description: str = ""
     allow_beyond_context: bool = False
-    perplexity: PerplexityTask | None = None
-    passkey: GridTask | None = None
-    needle: NeedleSuiteTask | None = None
-    qa: QATask | None = None
+    perplexity: PerplexitySettings | None = None
+    passkey: PasskeySettings | None = None
+    needle: NeedleSettings | None = None
+    qa: QASettings | None = None
     ruler: RulerSection | None = None
     attention: AttentionTask | None = None
 
@@ -227,7 +197,9 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     except RecipeError as exc:
         raise InputError("suite overrides: " + "; ".join(f"{k}: {m}" for k, m in exc.problems)) from None
     try:
-        suite = Suite.model_validate(raw)
+        # Paths may be relative to the suite's folder or its parent (_resolve_paths): validators check them there.
+        folder = p.resolve().parent
+        suite = Suite.model_validate(raw, context={"folders": [folder, folder.parent]})
     except ValidationError as exc:
         problems = "\n".join(f"  {'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise InputError(f"invalid suite {path}:\n{problems}") from None
@@ -263,6 +235,9 @@ def ruler_settings(section: RulerSection, lengths: list[int], allow_beyond: bool
         threshold_reference=section.threshold_reference,
         min_reference=section.min_reference,
         scoring=section.scoring,
+        max_new_tokens=section.max_new_tokens,
+        answer_margin=section.answer_margin,
+        chat_template=section.chat_template,
         allow_beyond_context=allow_beyond,
     )
 
@@ -277,6 +252,7 @@ def _resolve_paths(suite: Suite, folder: Path) -> None:
         ("qa", "data"),
         ("ruler", "haystack"),
         ("attention", "data"),
+        *((task, "chat_template") for task in CHAT_SECTIONS),
         *((registered.name, key) for registered, _ in sections_in(suite) for key in registered.data_keys),
     ):
         section = getattr(suite, task)
@@ -291,27 +267,6 @@ def _resolve_paths(suite: Suite, folder: Path) -> None:
                 break
 
 
-def resolve_length(value: Length, original: int, context: int) -> int:
-    """A suite length: an int, ``"Nx"`` (N × original context) or ``"target"`` (configured context)."""
-    if isinstance(value, int):
-        return value
-    text = str(value).strip().lower()
-    if text == "target":
-        return context
-    beyond = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x\s*target", text)
-    if beyond:
-        return int(round(float(beyond.group(1)) * context))
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*x", text)
-    if m:
-        return int(round(float(m.group(1)) * original))
-    if text.isdigit():
-        return int(text)
-    raise InputError(
-        f"length {value!r}: use a token count, 'Nx' (N × the original context), 'target' or 'Nx target' "
-        "(N × the target, to evaluate beyond it)"
-    )
-
-
 def resolve_lengths(
     values: list[Length], original: int, context: int, allow_beyond: bool
 ) -> tuple[list[int], list[int]]:
@@ -324,18 +279,6 @@ def resolve_lengths(
         else:
             out.append(L)
     return sorted(set(out)), sorted(set(dropped))
-
-
-def is_beyond_target(value: Length) -> bool:
-    """Whether a suite length asks for a multiple of the target (``"2x target"``): kept past the context."""
-    return isinstance(value, str) and re.fullmatch(r"\s*\d+(?:\.\d+)?\s*x\s*target\s*", value.lower()) is not None
-
-
-def _auto_bucket(longest: int) -> int:
-    for parts in (8, 4, 2, 1):
-        if longest % parts == 0:
-            return longest // parts
-    return longest
 
 
 def run_suite(
@@ -367,49 +310,53 @@ def run_suite(
     Returns:
         The report dict (also written to ``out``).
     """
+    from ctxext.artifacts.lock import folder_lock
     from ctxext.atomic import check_inputs_outside, check_output
     from ctxext.evaluation.loading import load_model
     from ctxext.evaluation.report import REPORT_KIND, build_report, write_report
 
     # Before any work: an output that cannot be written must not cost an evaluation.
-    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p])
+    check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p], report=True)
     check_output(out, REPORT_KIND, overwrite)
-    original, context = _reference_context(specs)
-    allow = suite.allow_beyond_context
-    plan, notes = _length_plan(suite, original, context)
+    with folder_lock(out):  # one writer per folder, from the first check to the last write
+        original, context = _reference_context(specs)
+        allow = suite.allow_beyond_context
+        plan, notes = _length_plan(suite, original, context)
 
-    # Lengths past the reference's context were asked for explicitly ("2x target"): every model goes there.
-    beyond_target = sorted({L for v in plan.values() for L in (v[0] if isinstance(v, tuple) else v) if L > context})
-    entries = []
-    for i, spec in enumerate(specs):
-        loaded = load_model(spec, device=device)
-        beyond_ok = (
-            allow
-            or bool(beyond_target)
-            or (allow_beyond_for is not None and i in allow_beyond_for)
-            or loaded.context_length < context
+        # Lengths past the reference's context were asked for explicitly ("2x target"): every model goes there.
+        beyond_target = sorted({L for v in plan.values() for L in (v[0] if isinstance(v, tuple) else v) if L > context})
+        entries = []
+        for i, spec in enumerate(specs):
+            loaded = load_model(spec, device=device)
+            beyond_ok = (
+                allow
+                or bool(beyond_target)
+                or (allow_beyond_for is not None and i in allow_beyond_for)
+                or loaded.context_length < context
+            )
+            entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
+            if "ruler" in entry:
+                from ctxext.evaluation.ruler import trained_tasks
+
+                # Marks the tasks this model was fine-tuned on (from a run folder's recipe data.mixture).
+                entry["ruler"]["trained_tasks"] = trained_tasks(spec.adapter or spec.ref)
+            entries.append(entry)
+            del loaded
+            gc.collect()
+        suite_info = {
+            "name": suite.name,
+            "path": suite_path,
+            "reference_context": context,
+            "reference_original_context": original,
+            "beyond_target": beyond_target,
+            "notes": notes,
+            "definition": suite.model_dump(),
+        }
+        report = build_report(
+            entries, data=_data_sources(suite), suite=suite_info, command=command, reference=reference
         )
-        entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
-        if "ruler" in entry:
-            from ctxext.evaluation.ruler import trained_tasks
-
-            # Marks the tasks this model was fine-tuned on (from a run folder's recipe data.mixture).
-            entry["ruler"]["trained_tasks"] = trained_tasks(spec.adapter or spec.ref)
-        entries.append(entry)
-        del loaded
-        gc.collect()
-    suite_info = {
-        "name": suite.name,
-        "path": suite_path,
-        "reference_context": context,
-        "reference_original_context": original,
-        "beyond_target": beyond_target,
-        "notes": notes,
-        "definition": suite.model_dump(),
-    }
-    report = build_report(entries, data=_data_sources(suite), suite=suite_info, command=command, reference=reference)
-    write_report(report, out, overwrite=overwrite)
-    return report
+        write_report(report, out, overwrite=overwrite)
+        return report
 
 
 def _reference_context(specs: list[Any]) -> tuple[int, int]:
@@ -457,7 +404,7 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
         lengths = lengths_of(t.lengths, "perplexity")
         limits = [resolve_length(k, original, context) for k in t.context_limits]
         limits = [k for k in limits if k < lengths[-1]]
-        bucket = _auto_bucket(lengths[-1]) if t.bucket_size == "auto" else t.bucket_size
+        bucket = auto_bucket(lengths[-1]) if t.bucket_size == "auto" else t.bucket_size
         plan["perplexity"] = (lengths, limits, bucket)
     if suite.passkey:
         plan["passkey"] = lengths_of(suite.passkey.lengths, "passkey")
@@ -505,73 +452,34 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
 
     entry = model_entry(loaded)
     if suite.perplexity:
-        from ctxext.evaluation.data import iter_texts
-        from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+        from ctxext.evaluation.perplexity import evaluate_perplexity
 
         t = suite.perplexity
         lengths, limits, bucket = plan["perplexity"]
-        settings = PerplexitySettings(
-            lengths=lengths,
-            bucket_size=bucket,
-            stride=t.stride,
-            context_limits=limits,
-            max_docs=t.max_docs,
-            min_docs=t.min_docs,
-            resamples=t.resamples,
-            short_context=t.short_context,
-            allow_beyond_context=beyond_ok,
-        )
-        entry["perplexity"] = evaluate_perplexity(loaded, iter_texts(t.data, t.text_field, t.split), settings, show)
+        # The section's own settings, with the lengths resolved against the reference model.
+        resolved = {"lengths": lengths, "context_limits": limits, "bucket_size": bucket}
+        settings = t.model_copy(update={**resolved, "allow_beyond_context": beyond_ok or t.allow_beyond_context})
+        entry["perplexity"] = evaluate_perplexity(loaded, None, settings, show)
     for task in ("passkey", "needle"):
         t = getattr(suite, task)
         if t is None:
             continue
         from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle, evaluate_passkey
 
-        grid = GridSettings(
-            lengths=plan[task],
-            depths=list(t.depths),
-            trials=t.trials,
-            seed=t.seed,
-            max_new_tokens=t.max_new_tokens,
-            allow_beyond_context=beyond_ok,
-            scoring=t.scoring,
-        )
+        grid = GridSettings.from_settings(t, plan[task], beyond_ok)
         if task == "passkey":
             entry[task] = evaluate_passkey(loaded, grid, show)
         else:
-            needle = NeedleTask(haystack=t.haystack, text_field=t.text_field, split=t.split)
-            for name in ("needle", "question", "answer"):
-                if getattr(t, name):
-                    setattr(needle, name, getattr(t, name))
-            entry[task] = evaluate_needle(loaded, grid, needle, show)
+            entry[task] = evaluate_needle(loaded, grid, NeedleTask.from_settings(t), show)
     if suite.ruler:
         from ctxext.evaluation.ruler import evaluate_ruler
 
         entry["ruler"] = evaluate_ruler(loaded, ruler_settings(suite.ruler, plan["ruler"], beyond_ok), show)
     if suite.qa:
-        from ctxext.evaluation.qa import QA_TEMPLATE, QASettings, evaluate_qa
+        from ctxext.evaluation.qa import evaluate_qa
 
-        q = suite.qa
-        max_len = None
-        if q.max_length is not None:
-            max_len = resolve_length(q.max_length, loaded.original_length, loaded.context_length)
-        entry["qa"] = evaluate_qa(
-            loaded,
-            QASettings(
-                data=q.data,
-                context_field=q.context_field,
-                question_field=q.question_field,
-                answers_field=q.answers_field,
-                split=q.split,
-                max_examples=q.max_examples,
-                max_length=max_len,
-                max_new_tokens=q.max_new_tokens,
-                template=q.template or QA_TEMPLATE,
-                length_edges=list(q.length_edges),
-            ),
-            show,
-        )
+        # The section is the QA settings; its max_length resolves against each model's contexts.
+        entry["qa"] = evaluate_qa(loaded, suite.qa, show)
     if suite.attention:
         entry["attention"] = _run_attention(suite.attention, loaded, plan["attention"][0], beyond_ok, show)
     from ctxext.evaluation.sections import sections_in

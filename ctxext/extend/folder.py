@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ctxext.artifacts.lock import folder_lock
 from ctxext.atomic import atomic_folder, check_inputs_outside, check_output
 from ctxext.models.sources import load_config, resolve_model_path
 from ctxext.models.weights import check_weights_readable
@@ -76,23 +77,24 @@ def extend_folder(
     """
     out = Path(out)
     check_output(out, MODEL_KIND, overwrite)
-    config, folder = load_config(model)
-    if not folder.is_dir():
-        folder = resolve_model_path(model)
-    check_inputs_outside(out, [folder])
-    plan = plan_extension(config, method, target_length, options, original_length, relative_to)
-    apply_plan(config, plan)
-    check_weights_readable(folder)
+    with folder_lock(out):  # one writer per folder, from the first check to the last write
+        config, folder = load_config(model)
+        if not folder.is_dir():
+            folder = resolve_model_path(model)
+        check_inputs_outside(out, [folder])
+        plan = plan_extension(config, method, target_length, options, original_length, relative_to)
+        apply_plan(config, plan)
+        check_weights_readable(folder)
 
-    with atomic_folder(out, kind=MODEL_KIND, overwrite=overwrite) as tmp:
-        for src in sorted(folder.iterdir()):
-            if src.is_file() and src.name != "config.json" and src.suffix in _COPY_SUFFIXES:
-                _place(src.resolve(), tmp / src.name)
-        config.save_pretrained(tmp)
-        cfg_path = tmp / "config.json"
-        data = json.loads(cfg_path.read_text())
-        if write_legacy:
-            data.update(legacy_fields(plan.rope_parameters))
-        cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        plan.notes.append(verify_folder(tmp, plan))
-    return plan
+        with atomic_folder(out, kind=MODEL_KIND, overwrite=overwrite) as tmp:
+            for src in sorted(folder.iterdir()):
+                if src.is_file() and src.name != "config.json" and src.suffix in _COPY_SUFFIXES:
+                    _place(src.resolve(), tmp / src.name)
+            config.save_pretrained(tmp)
+            cfg_path = tmp / "config.json"
+            data = json.loads(cfg_path.read_text())
+            if write_legacy:
+                data.update(legacy_fields(plan.rope_parameters))
+            cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+            plan.notes.append(verify_folder(tmp, plan))
+        return plan

@@ -8,6 +8,7 @@ built-in long documents. Built models are cached under ``$CTXEXT_CACHE`` (defaul
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -68,19 +69,26 @@ def stdlib_files(min_bytes: int = 0) -> list[Path]:
     Returns:
         Paths of real source files present on every machine with Python.
     """
+    return [path for path, size in _stdlib_scan() if size >= min_bytes]
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_scan() -> tuple[tuple[Path, int], ...]:
+    # One walk per process (training, evaluation and validation each ask several times), pruning the skipped
+    # folders instead of walking into them (site-packages can hold more files than the standard library).
     root = Path(sysconfig.get_paths()["stdlib"])
-    skip = ("test", "tests", "idle_test", "site-packages", "lib2to3", "__pycache__", "turtledemo")
-    files = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).parts
-        if any(part in skip for part in rel):
-            continue
-        try:
-            if path.stat().st_size >= min_bytes:
-                files.append(path)
-        except OSError:
-            continue
-    return files
+    skip = {"test", "tests", "idle_test", "site-packages", "lib2to3", "__pycache__", "turtledemo"}
+    found: list[tuple[Path, int]] = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in skip]
+        for name in names:
+            if name.endswith(".py"):
+                path = Path(folder) / name
+                try:
+                    found.append((path, path.stat().st_size))
+                except OSError:
+                    continue
+    return tuple(sorted(found))
 
 
 # The standard library splits: ``heldout`` is every file whose SHA-1 of its path relative to the

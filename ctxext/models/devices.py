@@ -13,11 +13,16 @@ accumulate), Ada Lovelace whitepaper (RTX 4090: 165), V100 datasheet (SXM2 fp16 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ctxext.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 GIB = 2**30
 
@@ -113,6 +118,8 @@ def parse_memory(text: str) -> int:
 def custom_gpu(memory: str, tflops: float | None = None) -> Device:
     """A GPU described only by its memory (``--gpu-memory``), optionally its bf16 TFLOP/s."""
     size = parse_memory(memory)
+    if tflops is not None and not (math.isfinite(tflops) and tflops > 0):
+        raise InputError(f"--tflops {tflops}: must be a positive number (the GPU's dense bf16 TFLOP/s)")
     return Device(name=f"GPU with {size / GIB:.1f} GiB", memory=size, tflops=tflops, note="--gpu-memory")
 
 
@@ -140,3 +147,37 @@ def cpu_device() -> Device:
         kind="cpu",
         note="no GPU: planned against this machine's RAM",
     )
+
+
+def resolve_device(device: str | None = None, flag: str = "--device") -> torch.device:
+    """The torch device a command runs on: ``cuda`` when available for ``None`` / ``auto``, else what was asked.
+
+    Args:
+        device: ``None`` / ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        flag: the option that named it, for messages.
+
+    Returns:
+        The device.
+
+    Raises:
+        InputError: not a device name, a device type ctxext does not run on, or CUDA asked for where torch has
+            none (a CPU build, no driver) or has fewer GPUs.
+    """
+    import torch
+
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(str(device))
+    except (RuntimeError, ValueError):
+        raise InputError(f"{flag} {device}: not a device name; use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type != "cuda":
+        raise InputError(f"{flag} {device}: ctxext runs on cpu or cuda (cuda:N), not {dev.type}")
+    if not torch.cuda.is_available():
+        why = "this torch is a CPU build" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise InputError(f"{flag} {device}: {why}; use --device cpu (or omit it)")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise InputError(f"{flag} {device}: only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return dev

@@ -120,7 +120,8 @@ class Setup:
         loss: ``chunked`` (ctxext) or ``full`` (full-length logits, transformers' own loss).
         loss_chunk: tokens per chunk of the chunked loss.
         world: processes (GPUs) in the job.
-        context_parallel: processes a sequence is split over.
+        context_parallel: processes a sequence is split over (ring attention, FSDP2).
+        sequence_parallel: processes a sequence is split over (Ulysses: ``train.sequence_parallel_size``).
         sharding: ``none`` (one process or DDP), ``fsdp2`` or ``zero3``.
         residual_bytes: bytes of the residual stream (``train.memory.residual_dtype``); 0: what the weights give
             (fp32 after peft's k-bit preparation, else the compute dtype).
@@ -146,6 +147,7 @@ class Setup:
     loss_chunk: int = 1024
     world: int = 1
     context_parallel: int = 1
+    sequence_parallel: int = 1
     sharding: str = "none"
     residual_bytes: int = 0
     offload_checkpoints: bool = False
@@ -171,8 +173,13 @@ class Setup:
 
     @property
     def local_tokens(self) -> int:
-        """Tokens one process holds activations for (a sequence is split over context-parallel ranks)."""
-        return -(-self.seq_len // self.context_parallel) * self.micro_batch
+        """Tokens one process holds activations for (a sequence is split over context- or sequence-parallel ranks)."""
+        return -(-self.seq_len // self.split) * self.micro_batch
+
+    @property
+    def split(self) -> int:
+        """Processes one sequence is split over."""
+        return self.context_parallel * self.sequence_parallel
 
     @property
     def shards(self) -> int:
@@ -206,10 +213,11 @@ class Component:
 
 @dataclass
 class Footprint:
-    """Peak memory of one process, by component."""
+    """Peak memory of one process, by component (and the bytes it sends per micro-batch under Ulysses)."""
 
     components: list[Component] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    all_to_all: int = 0
 
     def add(self, group: str, name: str, size: float, detail: str = "", phases: tuple[str, ...] = PHASES) -> None:
         """Append a component (sizes in bytes; zero-size lines are kept out)."""
@@ -374,7 +382,8 @@ def layer_activation_elems(shape: ModelShape) -> int:
 
 def attention_extra_bytes(shape: ModelShape, s: Setup, tokens: int) -> float:
     """Per-layer attention memory beyond q/k/v/output, by implementation, for ``tokens`` local tokens."""
-    t = -(-s.seq_len // s.context_parallel)
+    # Ulysses attends over the whole sequence with heads/N heads: the same log-sum-exp as T/N tokens × all heads.
+    t = -(-s.seq_len // s.split)
     b = s.micro_batch
     if s.attention == "eager":
         # Scores (compute dtype), their float32 softmax and its cast back, per head: quadratic in T.
@@ -444,8 +453,47 @@ def activations(shape: ModelShape, s: Setup, fp: Footprint) -> None:
     if s.row_mask and s.attention != "flash_attention_2":
         # Rows with segments (document mask, short rows, task rows) reach SDPA as a (B, 1, T, T) bool mask, which
         # SDPA turns into an additive mask in the activations' dtype: quadratic in T.
-        mask = s.micro_batch * (-(-s.seq_len // s.context_parallel)) ** 2 * (1 + a)
+        # Local queries × all keys: Ulysses attends over the whole sequence on every rank.
+        mask = s.micro_batch * -(-s.seq_len // s.context_parallel) * s.seq_len * (1 + a)
         fp.add("activations", "T×T attention mask (rows with segments)", mask, f"bool + a {a}-byte copy", FWD_BWD)
+
+
+def all_to_all_elems(shape: ModelShape, s: Setup) -> int:
+    """Elements one process sends per attention layer and pass under Ulysses (q, k, v in; the output back).
+
+    Each process keeps 1/N of what it exchanges; the rest crosses the link. 0 without the split.
+    """
+    if s.sequence_parallel == 1:
+        return 0
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    return s.local_tokens * (2 * q + 2 * kv) * (s.sequence_parallel - 1) // s.sequence_parallel
+
+
+def all_to_all_bytes(shape: ModelShape, s: Setup) -> int:
+    """Bytes one process sends per micro-batch: every layer, forward and backward (and the recomputed forward)."""
+    passes = 3 if s.checkpointing else 2
+    return shape.layers * passes * all_to_all_elems(shape, s) * s.residual
+
+
+def all_to_all(shape: ModelShape, s: Setup, fp: Footprint) -> None:
+    """Ulysses' exchange buffers: the one tensor class the split does not divide by N (it reshapes, not shrinks).
+
+    Per layer, the gathered q, k, v and the attention output (whole sequence, heads/N: as many elements as the
+    local tokens × all heads) are kept for the backward pass, and as much again is in flight as send buffers.
+    """
+    if s.sequence_parallel == 1:
+        return
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    per_layer = s.local_tokens * (2 * q + 2 * kv) * s.residual  # q/k/v/out in the residual stream's dtype
+    kept = 1 if s.checkpointing else shape.layers
+    fp.all_to_all = all_to_all_bytes(shape, s)
+    fp.add(
+        "activations",
+        "Ulysses all-to-all buffers",
+        (kept + 1) * per_layer,
+        f"gathered q/k/v/out of {kept} layer(s) + send buffers, heads/{s.sequence_parallel}",
+        FWD_BWD,
+    )
 
 
 def loss(shape: ModelShape, s: Setup, fp: Footprint) -> None:
@@ -479,5 +527,6 @@ def footprint(shape: ModelShape, s: Setup) -> Footprint:
     weights(shape, s, fp)
     trainable(shape, s, fp)
     activations(shape, s, fp)
+    all_to_all(shape, s, fp)
     loss(shape, s, fp)
     return fp

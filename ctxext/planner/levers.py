@@ -44,6 +44,35 @@ class LeverEffect:
         """Tokens of longest seq_len the lever adds."""
         return (self.longest_on or 0) - (self.longest_off or 0)
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready record (``ctxext plan --json``)."""
+        gib = 2**30
+        return dataclasses.asdict(self) | {
+            "buys": self.buys,
+            "total_on_gib": self.total_on / gib,
+            "total_off_gib": self.total_off / gib,
+        }
+
+
+def lever_fields(recipe: Any, device_kind: str, compute_bytes: int) -> dict[str, Any]:
+    """The :class:`Setup` fields of a recipe's memory levers on a device, resolved as the training path does."""
+    from ctxext.recipe.memory import recipe_levers
+
+    dtype = recipe.quantization.compute_dtype
+    dtype = ("bfloat16" if compute_bytes == 2 else "float32") if dtype == "auto" else dtype
+    levers = recipe_levers(recipe, device_kind, dtype)
+    quantized = recipe.quantization.mode != "none"
+    # Rows with segments (document mask, short rows, task rows) reach SDPA as a T×T mask (training/data/rows.py).
+    tasks = any(s.task and s.weight > 0 for s in recipe.data.mixture or [])
+    return {
+        "residual_bytes": 2 if levers.residual_dtype == "bf16" else 4 if quantized else 0,
+        "offload_checkpoints": levers.offload_checkpoints,
+        "tiled_mlp": levers.tiled_mlp,
+        "expandable_segments": levers.expandable_segments,
+        "lora_dropout": recipe.lora.dropout,
+        "row_mask": bool(recipe.data.document_mask or recipe.data.short_fraction > 0 or tasks),
+    }
+
 
 def lever_candidates(s: Setup, device: Device) -> list[tuple[str, str, dict[str, Any], dict[str, Any], bool]]:
     """(name, key, setup fields when on, when off, on in this setup) of the levers that apply here."""
@@ -105,6 +134,15 @@ def lever_candidates(s: Setup, device: Device) -> list[tuple[str, str, dict[str,
             )
         )
     return rep
+
+
+def lever_advice(setup: Setup, device: Device) -> list[tuple[str, list[str], str, Setup]]:
+    """Advice items (summary, overrides, launch, new setup) for the levers a recipe has off."""
+    return [
+        (name, [key], "", dataclasses.replace(setup, **on))
+        for name, key, on, _, used in lever_candidates(setup, device)
+        if key and not used
+    ]
 
 
 def lever_effects(

@@ -17,7 +17,7 @@ from typing import Any
 from ctxext.errors import InputError
 from ctxext.models.devices import GIB, Device
 from ctxext.planner.footprint import FWD_BWD, PHASES, Footprint, ModelShape, Setup, footprint, layer_bytes
-from ctxext.planner.levers import lever_candidates, lever_effects
+from ctxext.planner.levers import lever_advice, lever_effects, lever_fields
 from ctxext.resources import RESOURCES
 
 BUNDLED_CONFIGS = RESOURCES / "hub-configs"
@@ -83,6 +83,7 @@ class Plan:
     tokens_per_second: float | None = None
     utilization: float = DEFAULT_UTILIZATION
     tokens_per_step: int = 0
+    all_to_all_per_step: int = 0
     max_steps: int = 0
     notes: list[str] = field(default_factory=list)
     what_if: dict[str, int] = field(default_factory=dict)
@@ -120,14 +121,11 @@ class Plan:
             "utilization": self.utilization,
             "tokens_per_second": self.tokens_per_second,
             "tokens_per_step": self.tokens_per_step,
+            "all_to_all_gib_per_step": self.all_to_all_per_step / GIB,
             "max_steps": self.max_steps,
             "wall_seconds": self.wall_seconds,
             "what_if_gib": {k: v / GIB for k, v in self.what_if.items()},
-            "levers": [
-                dataclasses.asdict(e)
-                | {"buys": e.buys, "total_on_gib": e.total_on / GIB, "total_off_gib": e.total_off / GIB}
-                for e in self.levers
-            ],
+            "levers": [e.to_dict() for e in self.levers],
             "notes": self.notes + self.memory.notes,
         }
 
@@ -197,6 +195,9 @@ def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, los
         )
     if world % cp:
         raise InputError(f"train.context_parallel_size: {cp} does not divide the {world} GPU(s) of the job")
+    sp = train.sequence_parallel_size
+    if world % sp:
+        raise InputError(f"train.sequence_parallel_size: {sp} does not divide the {world} GPU(s) of the job")
     if recipe.quantization.compute_dtype == "auto":
         compute_bytes = 2 if device.kind == "cuda" else 4
     else:
@@ -207,11 +208,6 @@ def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, los
     attention = recipe.model.attn_implementation
     if attention == "auto":
         attention = "sdpa"  # flash-attn when installed: the same (linear) memory order
-    from ctxext.recipe.memory import recipe_levers
-
-    dtype = recipe.quantization.compute_dtype
-    dtype = ("bfloat16" if compute_bytes == 2 else "float32") if dtype == "auto" else dtype
-    levers = recipe_levers(recipe, device.kind, dtype)
     return Setup(
         seq_len=recipe.seq_len,
         micro_batch=train.micro_batch_size,
@@ -228,20 +224,10 @@ def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, los
         loss_chunk=train.loss_chunk_size,
         world=world,
         context_parallel=cp,
+        sequence_parallel=sp,
         sharding="none" if sharding == "ddp" else sharding,
-        residual_bytes=2 if levers.residual_dtype == "bf16" else 4 if recipe.quantization.mode != "none" else 0,
-        offload_checkpoints=levers.offload_checkpoints,
-        tiled_mlp=levers.tiled_mlp,
-        expandable_segments=levers.expandable_segments,
-        lora_dropout=recipe.lora.dropout,
-        row_mask=_rows_have_segments(recipe.data),
+        **lever_fields(recipe, device.kind, compute_bytes),
     )
-
-
-def _rows_have_segments(data: Any) -> bool:
-    """Whether training rows carry segments, which reach SDPA as a T×T mask (``ctxext/training/data/rows.py``)."""
-    tasks = any(s.task and s.weight > 0 for s in data.mixture or [])
-    return bool(data.document_mask or data.short_fraction > 0 or tasks)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -287,7 +273,7 @@ def longest_fit(shape: ModelShape, setup: Setup, device: Device, step: int = 102
 
     Memory grows with the length, so a binary search over multiples of ``step`` finds the boundary.
     """
-    unit = step * setup.context_parallel
+    unit = step * setup.split
 
     def ok(n: int) -> bool:
         return fits(shape, dataclasses.replace(setup, seq_len=n * unit), device)
@@ -331,10 +317,7 @@ def _advice_candidates(setup: Setup, device: Device, gpus: int) -> list[tuple[st
         out.append(("use ctxext's chunked loss", [], "", rep(setup, loss="chunked")))
     if setup.loss == "chunked" and setup.loss_chunk > 256:
         out.append(("smaller loss chunk", ["train.loss_chunk_size=256"], "", rep(setup, loss_chunk=256)))
-    # The memory levers the recipe has off (train.memory, a mask-free attention, no LoRA dropout).
-    for name, key, on, _, used in lever_candidates(setup, device):
-        if key and not used:
-            out.append((name, [key], "", rep(setup, **on)))
+    out += lever_advice(setup, device)
     if setup.optimizer == "adamw" and device.kind == "cuda":
         out.append(
             ("paged 8-bit AdamW", ["train.optimizer=paged_adamw_8bit"], "", rep(setup, optimizer="paged_adamw_8bit"))
@@ -369,11 +352,31 @@ def _with_cp(setup: Setup, k: int) -> Setup:
     return dataclasses.replace(setup, context_parallel=k, world=world, sharding="fsdp2")
 
 
+def _with_sp(setup: Setup, k: int) -> Setup:
+    return dataclasses.replace(setup, sequence_parallel=k, world=-(-max(setup.world, k) // k) * k)
+
+
+def _split_advice(shape: ModelShape, setup: Setup, device: Device, max_cp: int) -> list[tuple[str, str, int, Setup]]:
+    """The smallest split of each kind that fits: Ulysses (under DDP; N divides the heads), context parallelism."""
+    found = []
+    for k in range(2 * setup.sequence_parallel, min(shape.heads, shape.kv_heads) + 1):
+        if shape.heads % k == 0 and shape.kv_heads % k == 0 and fits(shape, _with_sp(setup, k), device):
+            found.append(("sequence parallelism (Ulysses)", "sequence_parallel_size", k, _with_sp(setup, k)))
+            break
+    k = 2 * setup.context_parallel
+    while k <= max_cp and not fits(shape, _with_cp(setup, k), device):
+        k *= 2
+    if k <= max_cp:
+        found.append(("context parallelism", "context_parallel_size", k, _with_cp(setup, k)))
+    return found
+
+
 def advise(shape: ModelShape, setup: Setup, device: Device, max_cp: int = 64) -> list[Advice]:
-    """Changes that make a non-fitting setup fit, each re-planned; the combination and context parallelism last.
+    """Changes that make a non-fitting setup fit, each re-planned; the combination and a sequence split last.
 
     Every single change is listed with its re-planned peak (whether or not it alone fits); then all the
-    single-GPU changes together; then the smallest context-parallel size K that fits on top of them.
+    single-GPU changes together; then the smallest split of each sequence over GPUs that fits on top of them:
+    Ulysses sequence parallelism when the heads allow it, else context parallelism.
     """
     result: list[Advice] = []
     combined = setup
@@ -402,23 +405,24 @@ def advise(shape: ModelShape, setup: Setup, device: Device, max_cp: int = 64) ->
     if len(result) > 1:
         result.append(plan_one("all of the above together", overrides_all, launch_all, combined))
     if not fits(shape, combined, device):
-        # Context parallelism on the recipe as it is; with the other changes only if it alone does not get there.
+        # A split of the recipe as it is; with the other changes only if it alone does not get there.
         for start, extra in ((setup, []), (combined, overrides_all)):
-            k = 2 * start.context_parallel
-            while k <= max_cp and not fits(shape, _with_cp(start, k), device):
-                k *= 2
-            if k <= max_cp:
-                candidate = _with_cp(start, k)
+            found = _split_advice(shape, start, device, max_cp)
+            for name, key, k, candidate in found:
+                ulysses = key == "sequence_parallel_size"
+                config = "multi_gpu_ddp.yaml" if ulysses else "fsdp2.yaml"
                 result.append(
                     plan_one(
-                        f"context parallelism over {k} GPUs (each holds {setup.seq_len // k:,} tokens of a sequence)"
+                        f"{name} over {k} GPUs (each holds {setup.seq_len // k:,} tokens of a sequence)"
                         + (" with the changes above" if extra else ""),
-                        [*extra, f"train.context_parallel_size={k}"],
-                        f"{candidate.world} GPUs: accelerate launch --config_file configs/accelerate/fsdp2.yaml "
-                        f"--num_processes {candidate.world}",
+                        [*extra, f"train.{key}={k}"],
+                        f"{candidate.world} GPUs: accelerate launch --config_file configs/accelerate/{config} "
+                        f"--num_processes {candidate.world}"
+                        + (" (pip install 'ctxext[deepspeed]')" if ulysses else ""),
                         candidate,
                     )
                 )
+            if found:
                 break
     return result
 
@@ -495,6 +499,9 @@ def plan_recipe(
     shape = ModelShape.from_config(config)
     world = num_gpus * nodes
     setup = setup_for(recipe, device, world, sharding, loss)
+    if shape.heads % setup.sequence_parallel or shape.kv_heads % setup.sequence_parallel:
+        heads = f"attention heads ({shape.heads}) and key/value heads ({shape.kv_heads})"
+        raise InputError(f"train.sequence_parallel_size: {setup.sequence_parallel} must divide the model's {heads}")
     memory = device_footprint(shape, setup, device)
     ok = memory.total <= usable(device)
     plan = Plan(
@@ -523,8 +530,13 @@ def plan_recipe(
     for label, change in flips.items():
         plan.what_if[label] = device_footprint(shape, dataclasses.replace(setup, **change), device).total
     plan.flops_per_token = flops_per_token(shape, setup)
-    data_parallel = world // setup.context_parallel
-    plan.tokens_per_step = recipe.train.gradient_accumulation_steps * setup.micro_batch * setup.seq_len * data_parallel
+    data_parallel = world // setup.split
+    ga = recipe.train.gradient_accumulation_steps
+    plan.tokens_per_step = ga * setup.micro_batch * setup.seq_len * data_parallel
+    plan.all_to_all_per_step = ga * memory.all_to_all
+    if plan.all_to_all_per_step:
+        gib = plan.all_to_all_per_step / GIB
+        plan.notes.append(f"Ulysses all-to-all: {gib:.2f} GiB sent per GPU per step (q, k, v, output; all passes)")
     if device.tflops:
         plan.tokens_per_second = utilization * device.tflops * 1e12 * world / plan.flops_per_token
     if device.kind == "cpu":

@@ -197,6 +197,12 @@ def _resolve_source(
     target = run_or_dir / "merged"
     if is_merged_folder(target):
         log(f"using the merged model in {target} (delete it to merge again)")
+    elif target.exists() and (not target.is_dir() or any(target.iterdir())):
+        # merge_run's own advice (--overwrite, another --out) names options push does not have.
+        raise InputError(
+            f"--merged: {target} exists and is not a model `ctxext merge` wrote, so push will not merge into it. "
+            f"Move it away, or merge elsewhere (`ctxext merge {run_or_dir} --out DIR`) and push DIR."
+        )
     else:
         from ctxext.publish.merge import merge_run
 

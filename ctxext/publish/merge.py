@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ctxext.artifacts.lock import folder_lock
 from ctxext.artifacts.run import MERGE_FILE, find_reports, plan_from_run, read_run
 from ctxext.atomic import atomic_folder, check_inputs_outside, check_output
 from ctxext.errors import CtxextError, InputError
@@ -100,10 +101,22 @@ class SmokeResult:
         return asdict(self)
 
 
+def _check_settings(tolerance: float | None, smoke_length: int | None, sequences: int, positions: int) -> None:
+    """Refuse settings that would make the smoke test check nothing (before the run is read)."""
+    if sequences < 1:
+        raise InputError(f"--sequences {sequences}: must be at least 1 (random sequences whose logits are compared)")
+    if positions < 1:
+        raise InputError(f"positions {positions}: must be at least 1 (logit positions compared per sequence)")
+    if smoke_length is not None and smoke_length < 2:
+        raise InputError(f"--smoke-length {smoke_length}: must be at least 2 tokens")
+    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
+        raise InputError(f"--tolerance {tolerance}: must be a finite number >= 0")
+
+
 def _device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    from ctxext.models.devices import resolve_device
+
+    return resolve_device(device)
 
 
 def _dtype(dtype: str, device: torch.device, config: Any) -> torch.dtype:
@@ -345,54 +358,56 @@ def merge_run(
         MergeCheckError: the smoke test failed; nothing is left at ``out``.
     """
     started = time.time()
+    _check_settings(tolerance, smoke_length, sequences, positions)
+    dev = _device(device)  # a device that does not exist is refused before the run is read
     run_dir, out = Path(run_dir), Path(out)
     run = read_run(run_dir, allow_incomplete=allow_incomplete)
     if not (run_dir / "adapter_config.json").is_file():
         raise InputError(f"run {run_dir} has no adapter_config.json: there is no adapter to merge")
     check_inputs_outside(out, [run_dir])
     check_output(out, MERGED_KIND, overwrite)
-    # The run's reports travel with the merged model for its card: one that does not read fails now, not at push.
-    find_reports(run_dir)
-    base_dir = _base_folder(run)
-    check_inputs_outside(out, [base_dir])
-    check_weights_readable(base_dir)
-    check_fingerprint(base_dir, run.get("base_fingerprint"), "merge")
-    config, resized = _patched_config(base_dir, run_dir, run)
-    plan = plan_from_run(run, config)
-    dev = _device(device)
-    torch_dtype = _dtype(dtype, dev, config)
-    tol = float(tolerance if tolerance is not None else DEFAULT_TOLERANCE[torch_dtype])
-    # A run without a RoPE change (method none) has no target length: check at the configured context.
-    length = int(smoke_length or run.get("target_length") or config.max_position_embeddings)
+    with folder_lock(out):  # one writer per folder, from the first check to the last write
+        # The run's reports travel with the merged model for its card: one that does not read fails now, not at push.
+        find_reports(run_dir)
+        base_dir = _base_folder(run)
+        check_inputs_outside(out, [base_dir])
+        check_weights_readable(base_dir)
+        check_fingerprint(base_dir, run.get("base_fingerprint"), "merge")
+        config, resized = _patched_config(base_dir, run_dir, run)
+        plan = plan_from_run(run, config)
+        torch_dtype = _dtype(dtype, dev, config)
+        tol = float(tolerance if tolerance is not None else DEFAULT_TOLERANCE[torch_dtype])
+        # A run without a RoPE change (method none) has no target length: check at the configured context.
+        length = int(smoke_length or run.get("target_length") or config.max_position_embeddings)
 
-    model = _base_with_adapter(base_dir, run_dir, config, resized, dev, torch_dtype, log)
-    tokenizer = _tokenizer(run_dir, base_dir)
-    probe = _Probe.measure(model, tokenizer, length, sequences, positions, dev, log)
-    merged = model.merge_and_unload()
-    if _untie_if_trained(merged):
-        log("  untied lm_head from the trained embeddings (tie_word_embeddings=false)")
-    with atomic_folder(out, kind=MERGED_KIND, overwrite=overwrite) as tmp:
-        merged.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        for name in _COPY_FILES:
-            if (run_dir / name).is_file():
-                shutil.copy2(run_dir / name, tmp / name)
-        _copy_reports(run_dir, tmp)
-        del model, merged
-        gc.collect()
-        result = _check_written(tmp, probe, plan, tokenizer, tol, torch_dtype, dev, log)
-        result.seconds = round(time.time() - started, 2)
-        if not result.ok:
-            raise MergeCheckError(
-                f"merge check failed: the merged model differs from base + adapter by up to {result.max_abs_diff:.3g} "
-                f"in the logits (tolerance {tol:g}) or its perplexity is not finite ({result.ppl:.4g}). Nothing was "
-                f"written to {out}. A tied-embedding or custom-code model may need attention; a 16-bit dtype may "
-                "need a larger --tolerance."
-            )
-        meta = {"source_run": str(run_dir.resolve()), "run": run, "smoke": result.to_dict()}
-        (tmp / MERGE_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
-    log(f"merged model written to {out} ({result.seconds:.1f} s)")
-    return result
+        model = _base_with_adapter(base_dir, run_dir, config, resized, dev, torch_dtype, log)
+        tokenizer = _tokenizer(run_dir, base_dir)
+        probe = _Probe.measure(model, tokenizer, length, sequences, positions, dev, log)
+        merged = model.merge_and_unload()
+        if _untie_if_trained(merged):
+            log("  untied lm_head from the trained embeddings (tie_word_embeddings=false)")
+        with atomic_folder(out, kind=MERGED_KIND, overwrite=overwrite) as tmp:
+            merged.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            for name in _COPY_FILES:
+                if (run_dir / name).is_file():
+                    shutil.copy2(run_dir / name, tmp / name)
+            _copy_reports(run_dir, tmp)
+            del model, merged
+            gc.collect()
+            result = _check_written(tmp, probe, plan, tokenizer, tol, torch_dtype, dev, log)
+            result.seconds = round(time.time() - started, 2)
+            if not result.ok:
+                raise MergeCheckError(
+                    "merge check failed: the merged model differs from base + adapter by up to "
+                    f"{result.max_abs_diff:.3g} in the logits (tolerance {tol:g}) or its perplexity is not finite "
+                    f"({result.ppl:.4g}). Nothing was written to {out}. A tied-embedding or custom-code model may "
+                    "need attention; a 16-bit dtype may need a larger --tolerance."
+                )
+            meta = {"source_run": str(run_dir.resolve()), "run": run, "smoke": result.to_dict()}
+            (tmp / MERGE_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        log(f"merged model written to {out} ({result.seconds:.1f} s)")
+        return result
 
 
 def _base_with_adapter(

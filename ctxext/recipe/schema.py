@@ -18,6 +18,8 @@ from pydantic_core import InitErrorDetails
 
 from ctxext.errors import InputError
 from ctxext.recipe.memory import MemorySection
+from ctxext.recipe.parallel import LENGTH_DEPENDENT_METHODS, sequence_parallel_refusal
+from ctxext.recipe.search import SearchOptions
 from ctxext.rope.methods import METHODS, declared_options
 
 # A Hub repository id: namespace/name, each of letters, digits, '-', '_', '.'.
@@ -34,9 +36,8 @@ def repo_id_problem(repo_id: str | None) -> str | None:
     return None
 
 
-# RoPE types whose frequencies depend on the processed length (rope.LENGTH_DEPENDENT_TYPES holds the
-# transformers rope types; these are the ctxext method names that produce them).
-POSE_REFUSED_METHODS = frozenset({"dynamic", "longrope"})
+# PoSE cannot train the methods whose frequencies depend on the processed length.
+POSE_REFUSED_METHODS = LENGTH_DEPENDENT_METHODS
 
 
 def pose_refusal(method: str) -> str | None:
@@ -220,11 +221,12 @@ class MixtureSource(_Section):
     """One source of a training mixture: a real corpus (``path``) or a synthetic task (``task``).
 
     A corpus is anything the data reader reads (a local json/jsonl/parquet/txt file or folder, a Hub
-    data set, ``builtin:stdlib``); a task is a name in the ``ctxext.tasks`` registry, generated at
-    ``train.seq_len`` tokens with its needle depth uniform in [0, 1] on a haystack from ``haystack``.
+    data set, ``builtin:stdlib``); a task is a name in the ``ctxext.tasks`` registry, generated in
+    samples of ``min_length``–``max_length`` tokens whose needle distances follow ``data.task_distance``, on
+    the training documents of ``haystack``.
     """
 
-    weight: float = Field(description="share of the training rows (normalised over all sources)")
+    weight: float = Field(allow_inf_nan=False, description="share of the training rows (normalised over all sources)")
     path: str | None = Field(default=None, description="a corpus, read like data.path")
     text_field: str = "text"
     max_documents: int | None = Field(default=None, gt=0)
@@ -237,16 +239,22 @@ class MixtureSource(_Section):
     )
     task: str | None = Field(default=None, description="a synthetic task name (ctxext.tasks registry)")
     templates: list[int] | None = Field(
-        default=None, description="task: template indices used for training (null: all the task's templates)"
+        default=None,
+        description="task: template indices used for training (null: the task's training templates, i.e. all but "
+        "those it holds out for evaluation)",
     )
     distractors: int | None = Field(default=None, ge=0, description="task: distractor keys (tasks that take them)")
     min_length: int | None = Field(
-        default=None, gt=0, description="task: shortest sample (lengths uniform up to train.seq_len; null: seq_len)"
+        default=None,
+        gt=0,
+        description="task: shortest sample (null: seq_len); without PoSE a sample is as long as its needle distance "
+        "needs, at least this",
     )
     max_length: int | None = Field(
         default=None,
         gt=0,
-        description="task: longest sample (null: train.seq_len); the last sample of a row takes what is left",
+        description="task: longest sample (null: train.seq_len; without PoSE also the distance span); the last "
+        "sample of a row takes what the others cannot",
     )
     answer_only: bool = Field(default=False, description="task: loss only on the answer tokens (default: all tokens)")
     haystack: str | None = Field(
@@ -259,6 +267,8 @@ class MixtureSource(_Section):
             raise ValueError("path: give exactly one of path (a corpus) or task (a synthetic task)")
         if self.weight < 0:
             raise ValueError(f"weight: {self.weight} is negative; weights are shares, use a value >= 0")
+        if self.templates is not None and not self.templates:
+            raise ValueError("templates: empty; list template indices, or drop the key to train on all the task's")
         if self.task is not None:
             from ctxext.tasks import task_names
 
@@ -305,9 +315,21 @@ class DataSection(_Section):
         lt=1,
         description="share of rows made of blocks at the model's original length (unscaled positions; ProLong ~0.4)",
     )
+    task_distance: str = Field(
+        default="uniform",
+        description="task rows: how needle-to-question distances (in positions, PoSE included) are drawn over the "
+        "span (rope.target_length with PoSE, else the longest sample): uniform, or far (density rising with the "
+        "distance; the last quarter holds 44 %)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DataSection:
+        from ctxext.tasks.distance import DISTRIBUTIONS
+
+        if self.task_distance not in DISTRIBUTIONS:
+            raise ValueError(
+                f"task_distance: unknown distribution {self.task_distance!r}; choose one of: {', '.join(DISTRIBUTIONS)}"
+            )
         if self.mixture is None:
             if self.path is None:
                 raise ValueError("path: required (or give data.mixture)")
@@ -352,6 +374,11 @@ class TrainSection(_Section):
     keep_checkpoints: int = Field(default=2, gt=0, description="how many of the latest checkpoints to keep")
     tracker: Literal["none", "tensorboard", "wandb"] = "none"
     context_parallel_size: int = Field(default=1, gt=0, description="accelerate context parallelism (CUDA + FSDP2)")
+    sequence_parallel_size: int = Field(
+        default=1,
+        gt=0,
+        description="split each sequence over N processes (DeepSpeed Ulysses, docs/sequence-parallel.md)",
+    )
     pose: PoseSection | None = Field(
         default=None, description="PoSE: train positions up to rope.target_length with train.seq_len-token rows"
     )
@@ -386,44 +413,10 @@ class HubSection(_Section):
         return self
 
 
-class SearchSection(_Section):
+class SearchSection(SearchOptions):
     """A RoPE factor search (``ctxext search``) run before training; needs ``rope.method: longrope``."""
 
-    objective: Literal["needle", "needle-worst", "far-ppl"] = "needle"
-    budget: str = Field(default="10m", description="time budget of the search: 90s, 10m, 1h")
-    population: int = Field(default=64, ge=4)
-    generations: int = Field(default=40, ge=0)
-    seed: int = 0
-    samples: int = Field(default=32, gt=0, description="needle samples (or documents) scored per candidate")
-    data: str = Field(default="builtin:stdlib-train", description="data of the fitness set (a training split)")
-    report: bool = True
-    attention_factor: str | float = Field(
-        default=1.0,
-        description="1 (unchanged inside the window), auto (√(1 + ln s / ln L)), a number, or search (searched "
-        "with the factors within window_tolerance)",
-    )
-    window_tolerance: float = Field(
-        default=0.0, ge=0, lt=100, description="attention_factor search: in-window ppl increase allowed, percent"
-    )
-    min_form_accuracy: float = Field(
-        default=50.0,
-        ge=0,
-        le=100,
-        description="needle objectives: a needle form is used only if the base retrieves at least this share of it "
-        "inside its window, percent",
-    )
     out: str | None = Field(default=None, description="the search's model folder (default: <output.dir>-search)")
-
-    @model_validator(mode="after")
-    def _check(self) -> SearchSection:
-        from ctxext.errors import InputError
-        from ctxext.recipe.budget import parse_budget
-
-        try:
-            parse_budget(self.budget)
-        except InputError as exc:
-            raise ValueError(f"budget: {exc}") from None
-        return self
 
 
 class OutputSection(_Section):
@@ -479,6 +472,9 @@ class Recipe(_Section):
                 )
             if pose.chunks > seq:
                 raise ValueError(f"train.pose.chunks: {pose.chunks} chunks cannot split a row of {seq} tokens")
+        refusal = sequence_parallel_refusal(self)
+        if refusal:
+            raise ValueError(refusal)
         return self
 
     @property
@@ -605,7 +601,9 @@ def schema_lines() -> list[str]:
     """Every recipe key, one line each: ``section.key: type = default  — meaning`` (``ctxext validate --schema``)."""
     lines = []
     for section_name, section_field in Recipe.model_fields.items():
-        section = section_field.annotation
+        # An optional section (search: SearchSection | None) is listed by its model.
+        options = [a for a in getattr(section_field.annotation, "__args__", ()) if a is not type(None)]
+        section = options[0] if len(options) == 1 else section_field.annotation
         if not (isinstance(section, type) and issubclass(section, BaseModel)):
             continue
         lines.append(f"{section_name}:  {(section.__doc__ or '').strip().splitlines()[0]}")

@@ -12,6 +12,7 @@ from ctxext.rope.methods.longrope import load_factors_file as load_factors_file
 from ctxext.rope.plan import RELATIVE_TO as RELATIVE_TO
 from ctxext.rope.plan import apply_plan as apply_plan
 from ctxext.rope.plan import check_plan_intent as check_plan_intent
+from ctxext.rope.plan import describe_extension as describe_extension
 from ctxext.rope.plan import legacy_fields as legacy_fields
 from ctxext.rope.plan import plan_extension as plan_extension
 from ctxext.rope.read import normalize_rope_parameters as normalize_rope_parameters

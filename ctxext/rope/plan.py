@@ -19,8 +19,8 @@ from ctxext.rope.types import RopeConfigError, RopeError, RopeMismatchError, Rop
 RELATIVE_TO = ("original", "current")
 
 
-def _describe_extension(state: RopeState) -> str | None:
-    # What the model already is, if it is extended: a ctxext extension, or a scaled rope type.
+def describe_extension(state: RopeState) -> str | None:
+    """What the model already is, if it is extended (a ctxext extension, or a scaled rope type); else ``None``."""
     meta = state.extension
     if meta.get("method"):
         base_theta = (meta.get("base_rope_parameters") or {}).get("rope_theta")
@@ -120,16 +120,17 @@ def plan_extension(
             f"choose a target longer than {current.current_length} (the model's original length is "
             f"{current.original_length})."
         )
-    existing = _describe_extension(current)
+    existing = describe_extension(current)
     state, composed_on = current, {}
     if existing and relative_to is None:
         raise RopeError(
-            f"this model is {existing}. Extending it again must not scale it twice by accident; say how to compose:\n"
-            f"  --relative-to original: replace that extension: {method} from the unscaled base RoPE, "
+            f"this model is {existing}. Extending it again must not scale it twice by accident; say how to compose "
+            "(`ctxext extend --relative-to original|current`; in a recipe, rope.relative_to: original|current):\n"
+            f"  original: replace that extension: {method} from the unscaled base RoPE, "
             f"{current.original_length} → {target_length} (×{target_length / current.original_length:g});\n"
-            f"  --relative-to current: keep it and stack {method} on top, {current.current_length} → {target_length} "
+            f"  current: keep it and stack {method} on top, {current.current_length} → {target_length} "
             f"(×{target_length / current.current_length:g}); possible for NTK/theta-extended models and linear on "
-            "linear only.\n(recipes: rope.relative_to)"
+            "linear only."
         )
     if existing and relative_to == "original":
         state = _base_state(current)
@@ -137,8 +138,9 @@ def plan_extension(
         composable = current.rope_type == "default" or (current.rope_type == method == "linear")
         if not composable:
             raise RopeError(
-                f"--relative-to current: {method} cannot be stacked on {current.rope_type} scaling; transformers "
-                "holds one RoPE scaling per model. Use --relative-to original to replace it."
+                f"relative_to current: {method} cannot be stacked on {current.rope_type} scaling; transformers "
+                "holds one RoPE scaling per model. Replace it instead (`ctxext extend --relative-to original`; in a "
+                "recipe, rope.relative_to: original)."
             )
         composed_on = dict(current.extension) or {"rope_parameters": dict(current.parameters)}
         if current.rope_type == "linear":

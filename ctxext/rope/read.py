@@ -105,6 +105,10 @@ def read_rope(config: Any, original_length: int | None = None) -> RopeState:
     Returns:
         The :class:`RopeState`.
     """
+    if original_length is not None and (isinstance(original_length, bool) or int(original_length) <= 0):
+        raise RopeError(
+            f"--original-length {original_length}: must be a positive number of tokens (the pretraining context)"
+        )
     text = text_config(config)
     params = normalize_rope_parameters(text)
     rope_type = params["rope_type"]

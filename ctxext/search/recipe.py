@@ -10,7 +10,7 @@ an interrupted one is resumed.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,40 +25,33 @@ def _search_out(recipe: Any, out: Path | None) -> Path:
     return Path(f"{recipe.output.dir.rstrip('/')}-search")
 
 
-def settings_from_recipe(recipe: Any, out: Path | None = None) -> Any:
+def settings_from_recipe(recipe: Any, out: Path | None = None, given: Mapping[str, Any] | None = None) -> Any:
     """The :class:`~ctxext.search.run.SearchSettings` of a recipe's ``model`` / ``rope`` / ``search`` sections.
 
     Args:
         recipe: a validated :class:`ctxext.recipe.schema.Recipe`.
         out: overrides ``search.out``.
+        given: search settings that override the section's (the flags of ``ctxext search --recipe``).
 
     Raises:
-        InputError: the recipe has no ``search`` section or no target length.
+        InputError: the recipe has no ``search`` section or no target length, or a given value is invalid.
     """
+    from ctxext.recipe.flags import build_settings
     from ctxext.search.run import SearchSettings
 
     if recipe.search is None:
         raise InputError("the recipe has no search: section (see docs/search.md for its keys)")
     if recipe.rope.target_length is None:
         raise InputError("rope.target_length: the search needs a target length")
-    s = recipe.search
-    return SearchSettings(
-        model=recipe.model.path,
-        target_length=int(recipe.rope.target_length),
-        out=_search_out(recipe, out),
-        objective=s.objective,
-        budget_seconds=s.budget,
-        population=s.population,
-        generations=s.generations,
-        seed=s.seed,
-        samples=s.samples,
-        data=s.data,
-        original_length=recipe.model.original_length,
-        report=s.report,
-        attention_factor=s.attention_factor,
-        window_tolerance=s.window_tolerance / 100,
-        min_form_accuracy=s.min_form_accuracy / 100,
-    )
+    run = {
+        "model": recipe.model.path,
+        "target_length": int(recipe.rope.target_length),
+        "out": _search_out(recipe, out),
+        "original_length": recipe.model.original_length,
+    }
+    # The section's keys are the declared search options (SearchSection = SearchOptions + out).
+    section = recipe.search.model_dump(exclude={"out"})
+    return build_settings(SearchSettings, dict(given or {}), {**section, **run})
 
 
 def search_before_training(recipe: Any, log: Callable[[str], None] = print) -> Any:

@@ -32,45 +32,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
-from ctxext.errors import InputError
+from ctxext.errors import CtxextError, InputError
 from ctxext.progress import progress
-from ctxext.recipe.budget import parse_budget
+from ctxext.recipe.search import SearchOptions
 from ctxext.search.evolution import Candidate, Evolution, EvolutionSettings, StopSearch, best, run_evolution
 from ctxext.search.log import LOG_NAME, SearchLog, check_resume, model_fingerprint, read_log
 
 
-@dataclass
-class SearchSettings:
-    """What to search and how.
+class SearchSettings(SearchOptions):
+    """What to search and how: the declared :class:`~ctxext.recipe.search.SearchOptions` and this run's names.
+
+    Every search default is declared in ``SearchOptions``; these fields name the run.
 
     Attributes:
         model: model folder, Hub id or ``builtin:NAME``.
         target_length: the context to extend to.
         out: output folder (the model folder, with the log and the report).
-        objective: ``needle`` (default), ``needle-worst`` or ``far-ppl``.
-        budget_seconds: wall-clock budget of the search phase.
-        population: candidates per generation.
-        generations: generations after the initial population.
-        seed: seeds the search and the fitness set.
-        samples: needle samples (or documents for far-ppl) in the fitness set.
-        data: data source of the fitness set (training split by default).
         original_length: overrides the pretraining length.
-        mutation_rate: probability that a mutation redraws a dimension.
-        step: grid of mutated factor values.
-        attention_factor: ``1`` (default: the model is unchanged inside its window), ``auto`` (LongRoPE's
-            ``√(1 + ln s / ln L)``), a number (all fixed during the search), or ``search``: searched with
-            the factors, between 1 and the largest value whose in-window cost is within ``window_tolerance``
-            (:mod:`ctxext.search.window`). Written into the folder.
-        window_tolerance: for ``attention_factor="search"``: the in-window perplexity increase allowed
-            (0.005 = 0.5 %) on the upper end of the paired 95 % interval against the base; 0 (default)
-            admits only factors whose change is not detectable (the interval includes 1).
-        window_docs: windows of ``L`` tokens for the in-window statistics (the scan and the report).
-        min_form_accuracy: needle objectives: a training form is used only if the base retrieves at least
-            this share of it inside its own window (:mod:`ctxext.search.forms`).
-        report: compare with the named methods on held-out files and write the report.
-        report_trials: retrieval trials per depth in the report.
-        report_docs: held-out documents for perplexity in the report.
         device: ``cpu`` / ``cuda`` (default: CUDA when available).
         resume: continue the search logged in ``out``.
         overwrite: replace an existing ``out``.
@@ -78,66 +58,26 @@ class SearchSettings:
     """
 
     model: str
-    target_length: int
+    target_length: int = Field(gt=0)
     out: Path
-    objective: str = "needle"
-    budget_seconds: float = 600.0
-    population: int = 64
-    generations: int = 40
-    seed: int = 0
-    samples: int = 32
-    data: str = "builtin:stdlib-train"
-    original_length: int | None = None
-    mutation_rate: float = 0.3
-    step: float = 0.01
-    attention_factor: str | float = 1.0
-    window_tolerance: float = 0.0
-    window_docs: int = 256
-    min_form_accuracy: float = 0.5
-    report: bool = True
-    report_trials: int = 20
-    report_docs: int = 24
+    original_length: int | None = Field(default=None, gt=0)
     device: str | None = None
     resume: bool = False
     overwrite: bool = False
     show_progress: bool = True
 
-    def validate(self) -> None:
-        """Raise :class:`InputError` for settings that cannot run."""
+    def validate_run(self) -> None:
+        """Raise :class:`InputError` for settings that cannot run together (each value is checked on assignment)."""
         from ctxext.search.objective import OBJECTIVES
 
-        self.out = Path(self.out)
         if self.objective not in OBJECTIVES:
             raise InputError(f"unknown objective {self.objective!r}; choose one of: {', '.join(OBJECTIVES)}")
-        parse_budget(self.budget_seconds)
-        if self.population < 4:
-            raise InputError(f"population must be at least 4 (got {self.population})")
-        if self.generations < 0:
-            raise InputError(f"generations must be 0 or more (got {self.generations})")
-        if self.samples < 1:
-            raise InputError(f"samples must be at least 1 (got {self.samples})")
-        if not 0 < self.mutation_rate <= 1:
-            raise InputError(f"mutation rate must be in (0, 1] (got {self.mutation_rate})")
-        if self.step <= 0:
-            raise InputError(f"step must be positive (got {self.step})")
-        from ctxext.search.apply import resolve_attention_factor
-
-        if not self.searches_attention():
-            resolve_attention_factor(self.attention_factor, 2.0, 2)
-        if not (isinstance(self.min_form_accuracy, int | float) and 0 <= self.min_form_accuracy <= 1):
-            raise InputError(
-                f"--min-form-accuracy must be between 0 and 100 percent (got {100 * self.min_form_accuracy:g})"
-            )
-        if not (isinstance(self.window_tolerance, int | float) and 0 <= self.window_tolerance < 1):
-            raise InputError(
-                f"--window-tolerance must be at least 0 and below 100 percent (got {100 * self.window_tolerance:g})"
-            )
         if self.resume and self.overwrite:
             raise InputError("--resume and --overwrite contradict each other: choose one")
+        if self.report:
+            from ctxext.search.report import check_fitness_data
 
-    def searches_attention(self) -> bool:
-        """Whether the attention factor is searched (``attention_factor="search"``)."""
-        return isinstance(self.attention_factor, str) and self.attention_factor.strip().lower() == "search"
+            check_fitness_data(self.data)
 
     def logged(self, original_length: int, rotary_dim: int) -> dict[str, Any]:
         """The settings recorded in the log's header (everything that defines the search)."""
@@ -151,9 +91,9 @@ class SearchSettings:
         # Settings that only define some searches are recorded only for those.
         conditional: dict[str, Any] = {}
         if self.searches_attention():
-            conditional |= {"window_tolerance": self.window_tolerance, "window_docs": self.window_docs}
+            conditional |= {"window_tolerance": self.window_tolerance_fraction, "window_docs": self.window_docs}
         if self.objective != "far-ppl":
-            conditional["min_form_accuracy"] = self.min_form_accuracy
+            conditional["min_form_accuracy"] = self.min_form_accuracy_fraction
         return {
             "model": self.model,
             "target_length": self.target_length,
@@ -168,7 +108,7 @@ class SearchSettings:
             "mutation_rate": self.mutation_rate,
             "step": self.step,
             "attention_factor": attention,
-            "budget_seconds": parse_budget(self.budget_seconds),
+            "budget_seconds": self.budget_seconds,
             **conditional,
         }
 
@@ -244,19 +184,47 @@ def run_search(
         The :class:`SearchResult`.
 
     Raises:
-        InputError: bad settings, or a log that belongs to another search.
+        InputError: bad settings, a log that belongs to another search, or another process writing ``out``.
         FileExistsError: ``out`` exists without ``--resume`` / ``--overwrite``.
         ctxext.rope.core.RopeError: a model without RoPE, or a target not above its context.
     """
+    from ctxext.artifacts.lock import folder_lock
+
+    # One search per folder: its log is appended to during the search, so the lock covers all of it.
+    with folder_lock(settings.out):
+        try:
+            return _search(settings, log, on_candidate)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (ctxext.errors.Terminated)
+            log_path = settings.out / LOG_NAME
+            if not log_path.is_file():
+                raise
+            how = "interrupted" if getattr(exc, "exit_code", 130) == 130 else f"stopped by {exc}"
+            raise CtxextError(
+                f"search {how}; every candidate scored so far is in {log_path}. Run the same command again to "
+                "continue from it (with --resume for ctxext search; ctxext train resumes its recipe's search itself).",
+                exit_code=getattr(exc, "exit_code", 130),
+            ) from None
+
+
+def _search(
+    settings: SearchSettings, log: Callable[[str], None], on_candidate: Callable[[Candidate], None] | None
+) -> SearchResult:
+    """:func:`run_search` with the output folder's lock held."""
     from ctxext.evaluation.loading import ModelSpec, load_model
     from ctxext.models.sources import load_config
-    from ctxext.rope.core import plan_extension, read_rope
+    from ctxext.rope.core import describe_extension, plan_extension, read_rope
     from ctxext.search.apply import RopeSwitch, longrope_options
 
-    settings.validate()
+    settings.validate_run()
     # Everything that can be checked from the config is checked before a weight is loaded or a file written.
     config, _ = load_config(settings.model)
     state = read_rope(config, original_length=settings.original_length)
+    existing = describe_extension(state)
+    if existing:  # plan_extension's advice (--relative-to) is extend's; search has no such choice
+        raise InputError(
+            f"{settings.model}: this model is {existing}. ctxext search finds long factors for an unscaled base "
+            "model; search the model it was extended from instead."
+        )
     plan_extension(config, "linear", settings.target_length, None, settings.original_length)
     log_path = _prepare_out(settings)
 
@@ -347,9 +315,8 @@ class _Session:
             check_resume(records[0], header_settings, fingerprint, log_path)
             logged = [r for r in records if r.get("type") == "candidate"]
         forms = _needle_forms(settings, switch, tokenizer, state, log)
-        templates = (
-            None if forms is None else usable_templates(forms, state.original_length, settings.min_form_accuracy)
-        )
+        share = settings.min_form_accuracy_fraction
+        templates = None if forms is None else usable_templates(forms, state.original_length, share)
         objective = build_objective(
             settings.objective,
             tokenizer,
@@ -436,7 +403,7 @@ class _Session:
         return float(record["score"])
 
     def _scored(self, cand: Candidate, key: tuple[float, ...]) -> float:
-        if self.wall() >= parse_budget(self.settings.budget_seconds):
+        if self.wall() >= self.settings.budget_seconds:
             raise StopSearch
         factors, attention = self.split(cand.factors)
         if key in self.cache:
@@ -548,7 +515,7 @@ def _needle_forms(settings: SearchSettings, switch: Any, tokenizer: Any, state: 
         state.original_length,
         templates,
         settings.seed,
-        min_accuracy=settings.min_form_accuracy,
+        min_accuracy=settings.min_form_accuracy_fraction,
     )
     log(
         f"needle forms retrieved by the base inside its {state.original_length}-token window ({summarize(checks)}); "
@@ -574,14 +541,14 @@ def _attention_limit(
         settings.target_length,
         ceiling,
         settings.step,
-        settings.window_tolerance,
+        settings.window_tolerance_fraction,
         any_factors,
         settings.window_docs,
     )
     log(
         f"attention factor searched in [1, {limit.high:.4g}]: the largest on the grid up to {ceiling:.4g} whose "
         "in-window ppl ratio to the base (paired 95% CI, training-split windows) includes 1 or stays within "
-        f"+{100 * settings.window_tolerance:g}%"
+        f"+{settings.window_tolerance:g}%"
     )
     return limit
 

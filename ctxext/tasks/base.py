@@ -70,6 +70,8 @@ class TaskSample:
         template: the template index, or None for a custom template.
         fields: what was drawn (keys, names, …), JSON-ready.
         needle_spans: ``(start, end)`` of every insert in ``ids``, in order of position.
+        needle_span: ``(start, end)`` of the insert placed at ``depth`` (the task's first insert: the needle
+            the question asks for), or ``None`` without inserts.
         filler_tokens: haystack tokens in the sample (``F``).
         haystack_offset: where in the haystack the filler starts.
     """
@@ -82,6 +84,7 @@ class TaskSample:
     template: int | None
     fields: dict[str, Any] = field(default_factory=dict)
     needle_spans: list[tuple[int, int]] = field(default_factory=list)
+    needle_span: tuple[int, int] | None = None
     filler_tokens: int = 0
     haystack_offset: int = 0
 
@@ -94,6 +97,25 @@ class TaskSample:
     def answer_ids(self) -> list[int]:
         """The answer's token ids."""
         return self.ids[self.answer_span[0] : self.answer_span[1]]
+
+
+@dataclass(frozen=True)
+class ChatWrap:
+    """A chat template's tokens around the user turn: ``head + [prompt] + tail + [answer]``.
+
+    The whole prompt (task description, haystack, question) is the user's message; ``tail`` ends the turn
+    and opens the assistant's (the generation prompt), so the answer is the assistant's first words.
+    Built by :func:`ctxext.tasks.chat.chat_wrap`.
+
+    Attributes:
+        head: tokens before the user's message (BOS, system turn, user header), as the template renders them.
+        tail: tokens after it (end of turn, assistant header).
+        source: where the template came from: ``tokenizer`` or the template file's path.
+    """
+
+    head: list[int]
+    tail: list[int]
+    source: str
 
 
 @dataclass
@@ -234,8 +256,12 @@ def assemble(
     answer_text: str,
     template: int | None,
     fields: dict[str, Any],
+    chat: ChatWrap | None = None,
 ) -> TaskSample:
     """The one prompt builder: prefix, haystack with inserts at their depths, question, answer.
+
+    With a chat template (``chat``) the prompt is the user's message: ``chat.head`` replaces the
+    tokenizer's default start (the template renders its own BOS) and ``chat.tail`` follows the question.
 
     Args:
         tokenizer: the tokenizer (for the prefix).
@@ -251,6 +277,7 @@ def assemble(
         answer_text: the answer's text.
         template: the template index.
         fields: what was drawn.
+        chat: a chat template's tokens around the prompt (None: a plain prompt).
 
     Returns:
         The :class:`TaskSample`.
@@ -258,7 +285,11 @@ def assemble(
     Raises:
         InputError: the length cannot hold the prefix, inserts, question and answer.
     """
-    head = encode_prefix(tokenizer, prefix)
+    if chat is None:
+        head = encode_prefix(tokenizer, prefix)
+    else:
+        head = chat.head + encode(tokenizer, prefix)
+        question = list(question) + chat.tail
     fixed = len(head) + sum(len(ids) for _, ids in inserts) + len(question) + len(answer)
     n_fill = length - fixed
     if n_fill < 0:
@@ -276,11 +307,13 @@ def assemble(
     )
     ids = list(head)
     spans: list[tuple[int, int]] = []
+    first: tuple[int, int] | None = None
     cursor = 0
-    for pos, _, piece in placed:
+    for pos, i, piece in placed:
         ids += stream[cursor:pos]
         cursor = pos
         spans.append((len(ids), len(ids) + len(piece)))
+        first = spans[-1] if i == 0 else first
         ids += piece
     ids += stream[cursor:]
     ids += question
@@ -295,6 +328,7 @@ def assemble(
         template=template,
         fields=fields,
         needle_spans=spans,
+        needle_span=first,
         filler_tokens=n_fill,
         haystack_offset=offset,
     )
@@ -313,6 +347,8 @@ class Task:
         heldout: template indices reserved for evaluation by default (training uses the others).
         options: option name → default (e.g. ``distractors``), each a non-negative int.
         haystack: ``text`` (real text) or ``noise`` — the haystack the task is meant for by default.
+        metric: how a generated answer is string-matched against :meth:`references` — ``all`` (RULER's
+            ``string_match_all``: the fraction found) or ``part`` (``string_match_part``: any found).
     """
 
     name: ClassVar[str] = ""
@@ -321,6 +357,15 @@ class Task:
     heldout: ClassVar[tuple[int, ...]] = ()
     options: ClassVar[dict[str, int]] = {}
     haystack: ClassVar[str] = "text"
+    metric: ClassVar[str] = "all"
+
+    def references(self, sample: TaskSample) -> list[str]:
+        """The strings a generated answer must contain (RULER's ``outputs``); default: the answer text.
+
+        Tasks whose answer lists several items (values, words) return the items, so ``all`` scores the
+        fraction of them found, in any order and format.
+        """
+        return [sample.answer]
 
     def training_templates(self) -> list[int]:
         """The template indices training uses by default (all but the held-out ones)."""
@@ -358,6 +403,7 @@ class Task:
         rng: random.Random,
         *,
         template: int | Template = 0,
+        chat: ChatWrap | None = None,
         **options: Any,
     ) -> TaskSample:
         """One sample of exactly ``length`` tokens, its answer last.
@@ -369,6 +415,8 @@ class Task:
             depth: where the (first) needle goes, 0 (start) to 1 (end).
             rng: the only source of randomness (seed it per sample for reproducible sets).
             template: a template index or a custom :class:`Template`.
+            chat: a chat template's tokens around the prompt (:func:`ctxext.tasks.chat.chat_wrap`); the
+                answer then opens the assistant's turn, without the leading space a plain prompt needs.
             **options: task options (see :attr:`options`).
 
         Returns:
@@ -382,10 +430,20 @@ class Task:
         tpl, index = self.template(template)
         opts = self.resolve_options(options)
         length, depth = int(length), float(depth)
-        built = self.build(tokenizer, haystack, length, depth, rng, tpl, index, opts)
+        # A chat template's tokens are part of the length: tasks that fill it (lists, objects) leave them room.
+        room = length - (len(chat.head) + len(chat.tail) if chat is not None else 0)
+        built = self.build(tokenizer, haystack, room, depth, rng, tpl, index, opts)
         if isinstance(built, TaskSample):
+            if chat is not None:
+                raise InputError(
+                    f"task {self.name} builds its samples itself and cannot be wrapped in a chat template: "
+                    "evaluate it with chat_template none (--chat-template none), or make its build return a Prompt"
+                )
             return built
-        answer = encode(tokenizer, built.answer) if isinstance(built.answer, str) else list(built.answer)
+        text = built.answer
+        if isinstance(text, str) and chat is not None:
+            text = text.lstrip()  # the assistant's turn starts the answer; no word before it to space from
+        answer = encode(tokenizer, text) if isinstance(text, str) else list(text)
         return assemble(
             tokenizer,
             task=self.name,
@@ -400,6 +458,7 @@ class Task:
             answer_text=built.answer.strip() if isinstance(built.answer, str) else tokenizer.decode(answer),
             template=index,
             fields=built.fields,
+            chat=chat,
         )
 
     def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt | TaskSample:

@@ -10,7 +10,7 @@ answer ``{words}`` (the common words as items, joined by ``join``). Option ``top
 from __future__ import annotations
 
 from ctxext.errors import InputError
-from ctxext.tasks.base import Prompt, Task, Template, draw_words, encode, encode_prefix, fill
+from ctxext.tasks.base import Prompt, Task, TaskSample, Template, draw_words, encode, encode_prefix, fill
 from ctxext.tasks.registry import register_task
 
 COMMON_WORDS_TEMPLATES = (
@@ -55,6 +55,10 @@ class CommonWords(Task):
     templates = COMMON_WORDS_TEMPLATES
     heldout = (4,)
     options = {"top": 3}
+
+    def references(self, sample: TaskSample) -> list[str]:
+        """The common words: a generated answer scores the fraction of them it names (RULER's CWE)."""
+        return list(sample.fields["common"])
 
     def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt:  # noqa: D102
         top = max(1, opts["top"])

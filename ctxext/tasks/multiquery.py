@@ -8,7 +8,7 @@ order asked). The first pair sits at the depth asked for, the others at random d
 
 from __future__ import annotations
 
-from ctxext.tasks.base import Prompt, Task, Template, draw_keys, draw_names, encode, fill
+from ctxext.tasks.base import Prompt, Task, TaskSample, Template, draw_keys, draw_names, encode, fill
 from ctxext.tasks.registry import register_task
 
 MULTIQUERY_TEMPLATES = (
@@ -43,6 +43,10 @@ class MultiQuery(Task):
     templates = MULTIQUERY_TEMPLATES
     heldout = (4,)
     options = {"queries": 2}
+
+    def references(self, sample: TaskSample) -> list[str]:
+        """Every queried value: a generated answer scores the fraction of them it names (RULER's MQ-NIAH)."""
+        return [str(k) for k in sample.fields["keys"]]
 
     def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt:  # noqa: D102
         n = max(1, opts["queries"])

@@ -7,7 +7,7 @@ uniformly random depths. Option ``values`` (default 4).
 
 from __future__ import annotations
 
-from ctxext.tasks.base import Prompt, Task, Template, draw_keys, draw_names, encode, fill
+from ctxext.tasks.base import Prompt, Task, TaskSample, Template, draw_keys, draw_names, encode, fill
 from ctxext.tasks.registry import register_task
 
 MULTIVALUE_TEMPLATES = (
@@ -37,6 +37,10 @@ class MultiValue(Task):
     templates = MULTIVALUE_TEMPLATES
     heldout = (4,)
     options = {"values": 4}
+
+    def references(self, sample: TaskSample) -> list[str]:
+        """Every value: a generated answer scores the fraction of them it names (RULER's MV-NIAH)."""
+        return [str(k) for k in sample.fields["keys"]]
 
     def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt:  # noqa: D102
         n = max(1, opts["values"])

@@ -19,6 +19,8 @@ BUILTIN_MODULES = (
     "variable_tracking",
     "common_words",
     "copy_span",
+    "json_kv",
+    "doc_qa",
 )
 
 

@@ -7,9 +7,12 @@ checkpoint folder that exists is whole; only the last ``train.keep_checkpoints``
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 from typing import Any
 
+from ctxext.atomic import is_disk_full
 from ctxext.errors import InputError
 
 
@@ -57,7 +60,10 @@ class Checkpoints:
         """Make the scheduler and the counters part of every checkpoint, and keep the frozen base out of it."""
         # The scheduler is stepped by hand once per optimizer step (accelerate would step it once per process).
         self.accelerator.register_for_checkpointing(scheduler, counters)
-        trainable_keys = {n for n, p in model.named_parameters() if p.requires_grad}
+        # Named as in the state dicts accelerate saves: the unwrapped model's names (DDP would add "module.", and
+        # the filter below would then keep nothing: an empty checkpoint that resumes from the initial weights).
+        unwrapped = self.accelerator.unwrap_model(model)
+        trainable_keys = {n for n, p in unwrapped.named_parameters() if p.requires_grad}
 
         def keep_trainable(models: list, weights: list, output_dir: str) -> None:
             # Checkpoints hold only the trained weights: the frozen (4-bit) base is the same at every step.
@@ -97,7 +103,16 @@ class Checkpoints:
         if main and tmp.exists():
             shutil.rmtree(tmp)
         accelerator.wait_for_everyone()
-        accelerator.save_state(str(tmp))
+        try:
+            accelerator.save_state(str(tmp))
+        except BaseException as exc:
+            # A full disk (or a stop) mid-save: no half checkpoint is left to look like the newest one.
+            full = isinstance(exc, Exception) and is_disk_full(exc, self.root)
+            if main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if full:  # torch's writer says "iostream error": name the cause, so the run ends resumable
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp)) from exc
+            raise
         accelerator.wait_for_everyone()
         if main:
             if final.exists():

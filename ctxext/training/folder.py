@@ -12,11 +12,14 @@ import json
 import os
 import platform
 import shutil
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from ctxext.artifacts.run import RUN_FILE, read_run
-from ctxext.atomic import check_output
+from ctxext.artifacts.lock import folder_lock
+from ctxext.artifacts.run import RUN_FILE, read_run, resume_command
+from ctxext.atomic import check_output, is_disk_full
 from ctxext.errors import InputError
 from ctxext.recipe.schema import Recipe
 
@@ -52,8 +55,7 @@ def check_output_dir(out: Path, recipe_text: str, resume: bool) -> dict[str, Any
             if diffs:
                 raise InputError(
                     "--resume: the recipe differs from the run's recipe.yaml (" + "; ".join(diffs) + "); "
-                    f"resume with the same recipe and overrides: `ctxext train {out}/recipe.yaml output.dir={out} "
-                    "--resume`"
+                    f"resume with the same recipe and overrides: `{resume_command(out)}`"
                 )
         return previous
     if out.exists() and out.is_dir() and any(out.iterdir()):
@@ -61,6 +63,34 @@ def check_output_dir(out: Path, recipe_text: str, resume: bool) -> dict[str, Any
         raise InputError(f"output.dir: {out} already exists and is not empty; {hint}choose another output.dir")
     check_output(out, "run", overwrite=False, flag="output.dir")
     return None
+
+
+@contextmanager
+def run_folder_lock(out: Path, launch: Any) -> Iterator[None]:
+    """Hold the lock of the run folder for the whole run (the main process takes it; all processes agree).
+
+    Args:
+        out: the run folder (``output.dir``).
+        launch: the job (:class:`ctxext.training.launch.Launch`).
+
+    Raises:
+        InputError: another process is writing ``out`` (a second ``train``, or a ``--resume`` of a run in
+            progress), raised on every process of the job.
+    """
+    with ExitStack() as stack:
+        refused: list[str | None] = [None]
+        if launch.main:
+            try:
+                stack.enter_context(folder_lock(out, flag="output.dir"))
+            except InputError as exc:
+                refused = [str(exc)]
+        if launch.accelerator.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            broadcast_object_list(refused)  # the other processes must not start loading alone
+        if refused[0]:
+            raise InputError(refused[0])
+        yield
 
 
 def _recipe_diffs(saved: str, new: str) -> list[str]:
@@ -94,10 +124,20 @@ def flat_config(recipe: Recipe) -> dict[str, Any]:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write a JSON file through a temporary file, so a reader never sees half of it."""
+    """Write a JSON file through a temporary file, so a reader never sees half of it (nor a full disk's half)."""
+    text = json.dumps(data, indent=2, default=str) + "\n"
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if not is_disk_full(exc) or not path.is_file():
+            raise
+        # A full disk has no room for a second copy: rewrite in place (the blocks it frees are the ones it needs),
+        # so run.json can still say "interrupted" and how to resume.
+        path.write_text(text)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def versions(recipe: Recipe, command: list[str]) -> dict[str, Any]:
@@ -204,13 +244,35 @@ class RunWriter:
             path.write_text("".join(ln + "\n" for ln in kept))
 
     def write_outputs(self, peft_model: Any, state_dict: dict, loaded: Any) -> None:
-        """Adapter, patched config, tokenizer: staged in a hidden folder, then moved in."""
+        """Adapter, patched config, tokenizer: staged in a hidden folder, then moved in.
+
+        Raises:
+            InputError: the disk filled up; the stage is removed and ``run.json`` says ``interrupted``.
+        """
+        stage = self.out / ".final-tmp"
+        try:
+            self._write_outputs(stage, peft_model, state_dict, loaded)
+        except Exception as exc:
+            full = is_disk_full(exc, self.out)
+            shutil.rmtree(stage, ignore_errors=True)
+            if not full:
+                raise
+            try:
+                self.update(status="interrupted", error="disk full")
+            except OSError:
+                pass  # the message below still says how to resume
+            raise InputError(
+                f"output.dir {self.out}: the disk filled up while writing the final adapter; the run is kept as "
+                f"interrupted. Free some space, then continue with `{resume_command(self.out)}` (it resumes from "
+                "the last checkpoint)."
+            ) from None
+
+    def _write_outputs(self, stage: Path, peft_model: Any, state_dict: dict, loaded: Any) -> None:
         from transformers import AutoConfig
 
         from ctxext.rope.core import apply_plan, runtime_model_from_config, verify_against_plan
 
         out, plan = self.out, loaded.plan
-        stage = out / ".final-tmp"
         if stage.exists():
             shutil.rmtree(stage)
         prefix = "peft_model."

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import torch
 
 from ctxext.errors import CtxextError, InputError
 from ctxext.recipe.schema import Recipe
+from ctxext.training.sequence_parallel import SequenceSplit, check_sequence_parallel
 
 
 @dataclass
@@ -20,15 +21,18 @@ class Launch:
 
     Attributes:
         accelerator: the ``accelerate.Accelerator``.
-        world: data-parallel processes (processes / context-parallel size).
+        world: data-parallel processes (processes / context- or sequence-parallel size).
         rank: this process's data-parallel rank.
         cp: the context-parallel size in use (1 without it).
+        split: this process's share of each sequence (:mod:`ctxext.training.sequence_parallel`); set once the
+            model is loaded, no split until then.
     """
 
     accelerator: Any
     world: int
     rank: int
     cp: int
+    split: SequenceSplit = field(default_factory=SequenceSplit)
 
     @property
     def main(self) -> bool:
@@ -64,7 +68,9 @@ def start_accelerator(recipe: Recipe, out: Path) -> Launch:
     accelerator = Accelerator(**acc_kwargs)
     check_launch(accelerator, recipe)
     cp = cfg.context_parallel_size if "parallelism_config" in acc_kwargs else 1
-    return Launch(accelerator, accelerator.num_processes // cp, accelerator.process_index // cp, cp)
+    # The processes sharing a sequence are consecutive (DeepSpeed's groups): they share a data-parallel rank.
+    group = cp * cfg.sequence_parallel_size
+    return Launch(accelerator, accelerator.num_processes // group, accelerator.process_index // group, cp)
 
 
 def check_launch(accelerator: Any, recipe: Recipe) -> None:
@@ -81,6 +87,7 @@ def check_launch(accelerator: Any, recipe: Recipe) -> None:
             "directly.",
             exit_code=2,
         )
+    check_sequence_parallel(recipe.train.sequence_parallel_size, accelerator.num_processes)
     tracker_module = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(recipe.train.tracker)
     if tracker_module and importlib.util.find_spec(tracker_module) is None:
         raise InputError(f"train.tracker: {recipe.train.tracker} is not installed; pip install {tracker_module}")
@@ -106,6 +113,7 @@ def configure_deepspeed(accelerator: Any, recipe: Recipe, world: int) -> None:
     ds = plugin.deepspeed_config
     ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
     ds["gradient_accumulation_steps"] = 1
-    ds["train_batch_size"] = cfg.micro_batch_size * world
+    # DeepSpeed averages gradients over every process, sequence-parallel ones included (the loss is scaled for it).
+    ds["train_batch_size"] = cfg.micro_batch_size * world * cfg.sequence_parallel_size
     ds["gradient_clipping"] = cfg.max_grad_norm or 0.0
     ds.setdefault("bf16", {})["enabled"] = torch.cuda.is_available()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -18,21 +19,27 @@ from typing import Any
 
 import torch
 
-from ctxext.errors import CtxextError
+from ctxext.artifacts.run import resume_command
+from ctxext.atomic import is_disk_full
+from ctxext.errors import CtxextError, InputError, Terminated
 from ctxext.recipe.schema import Recipe
 from ctxext.training.checkpoints import Checkpoints, Counters, step_of
-from ctxext.training.data.rows import build_inputs
+from ctxext.training.data.rows import IGNORE_INDEX, build_inputs
 from ctxext.training.folder import METRICS_FILE, RunWriter
 from ctxext.training.launch import Launch
+from ctxext.training.losses import micro_batch_loss
+from ctxext.training.sequence_parallel import split_rows
 from ctxext.training.steps import micro_batches, peak_mem_mb
+from ctxext.training.stop import StopRequest
 
 OOM_ADVICE = (
     "out of memory at train.seq_len={seq} with micro_batch_size={mb}. On a GPU keep the train.memory levers on "
     "(`ctxext plan` ranks what each buys). Lower, in this order: "
     "train.micro_batch_size (raise train.gradient_accumulation_steps to keep the batch), train.seq_len, "
     "train.loss_chunk_size, lora.r; keep train.gradient_checkpointing=true and quantization.mode=nf4; drop "
-    "embed_tokens from lora.extra_trainable; or spread the sequence over GPUs with FSDP2 and "
-    "train.context_parallel_size (configs/accelerate/fsdp2.yaml)."
+    "embed_tokens from lora.extra_trainable; or spread the sequence over GPUs: train.sequence_parallel_size "
+    "(DeepSpeed Ulysses, docs/sequence-parallel.md) or FSDP2 and train.context_parallel_size "
+    "(configs/accelerate/fsdp2.yaml)."
 )
 # Set to a folder, each process writes rank-N.json there: the blocks it trained on and a digest of its
 # trained weights (how the multi-process test shows sharding and synchronisation). Off by default.
@@ -58,6 +65,7 @@ class TrainingLoop:
         counters: step and token counters (restored on resume).
         checkpoints: the run's checkpoints.
         writer: the run folder.
+        stop: the run's stop signals (:mod:`ctxext.training.stop`); the loop stops at the next step boundary.
     """
 
     def __init__(
@@ -73,11 +81,13 @@ class TrainingLoop:
         counters: Counters,
         checkpoints: Checkpoints,
         writer: RunWriter,
+        stop: StopRequest | None = None,
     ):
         self.recipe, self.cfg, self.launch, self.acc = recipe, recipe.train, launch, launch.accelerator
         self.loaded, self.data, self.model, self.trainable = loaded, data, model, trainable
         self.optimizer, self.scheduler, self.counters = optimizer, scheduler, counters
         self.checkpoints, self.writer = checkpoints, writer
+        self.stop = stop or StopRequest()
         cfg = self.cfg
         self.tokens_per_step = cfg.gradient_accumulation_steps * cfg.micro_batch_size * recipe.seq_len * launch.world
         self.consumed: list[int] = []
@@ -90,7 +100,7 @@ class TrainingLoop:
         data, acc, world, rank = self.data.validation, self.acc, self.launch.world, self.launch.rank
         if data is None:
             return None
-        mb = self.cfg.micro_batch_size
+        mb, split = self.cfg.micro_batch_size, self.launch.split
         n = min(len(data), self.cfg.eval_batches * mb * world)
         total = torch.zeros((), device=acc.device)
         count = torch.zeros((), device=acc.device)
@@ -101,8 +111,14 @@ class TrainingLoop:
         with torch.no_grad():
             for j in range(rounds):
                 first = (j * world + rank) * mb
-                rows = data[first : min(first + mb, n)] if first < n else data[0:1]
-                inputs = build_inputs(rows, attn_implementation=self.loaded.attn_implementation).to(acc.device)
+                if split.size > 1:
+                    rows, real = split_rows(data, first, n, mb)
+                else:
+                    rows = data[first : min(first + mb, n)] if first < n else data[0:1]
+                inputs = build_inputs(rows, attn_implementation=self.loaded.attn_implementation)
+                if split.size > 1:
+                    inputs.labels[real:] = IGNORE_INDEX  # filler rows: read, never scored
+                inputs = split.shard(inputs).to(acc.device)
                 t, c = self.model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
                 if first < n:
                     total += t.float()
@@ -116,43 +132,38 @@ class TrainingLoop:
 
         Raises:
             TrainingDiverged: NaN / inf loss or gradient.
-            CtxextError: out of memory (with what to lower), or Ctrl-C (exit code 130, how to resume).
+            CtxextError: out of memory (with what to lower), or a stop signal (exit code 130 for Ctrl-C, 143 for
+                SIGTERM; how to resume).
+            InputError: the disk filled up (``run.json`` says ``interrupted``; how to resume).
         """
-        cfg, counters, out = self.cfg, self.counters, self.writer.out
+        cfg, counters = self.cfg, self.counters
         self.acc.print(
             f"training {self.loaded.trainable_params:,} of {self.loaded.total_params:,} parameters "
             f"({self.recipe.quantization.mode}, {self.loaded.attn_implementation}, {optimizer_name}) on "
             f"{self.acc.num_processes} process(es): {cfg.max_steps} steps × {self.tokens_per_step:,} tokens, "
             f"seq_len {self.recipe.seq_len}"
         )
-        if cfg.eval_every and counters.step == 0:
-            # The held-out loss before any training: the baseline every later val_loss is compared with.
-            self.writer.update(initial_val_loss=self.validate())
-        self.model.train()
         try:
+            if cfg.eval_every and counters.step == 0:
+                # The held-out loss before any training: the baseline every later val_loss is compared with.
+                self.writer.update(initial_val_loss=self.validate())
+            self.model.train()
             self._loop()
         except torch.OutOfMemoryError:
             self._failed("failed", "out of memory")
             raise CtxextError(OOM_ADVICE.format(seq=self.recipe.seq_len, mb=cfg.micro_batch_size)) from None
-        except RuntimeError as exc:
+        except KeyboardInterrupt as exc:
+            self._failed("interrupted", str(exc) or "interrupted")
+            raise CtxextError(self._stopped_message(exc), exit_code=getattr(exc, "exit_code", 130)) from None
+        except Exception as exc:
+            if is_disk_full(exc):
+                self._failed("interrupted", "disk full", quiet=True)
+                raise InputError(self._disk_full_message(exc)) from None
+            self._failed("failed", str(exc) or type(exc).__name__)
             # The CPU allocator reports exhaustion as a plain RuntimeError.
-            self._failed("failed", str(exc))
-            if "can't allocate memory" in str(exc):
+            if isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc):
                 raise CtxextError(OOM_ADVICE.format(seq=self.recipe.seq_len, mb=cfg.micro_batch_size)) from None
             raise
-        except KeyboardInterrupt:
-            self._failed("interrupted", "interrupted")
-            good = self.checkpoints.saved()
-            where = (
-                f"the last checkpoint is {good[-1]} (step {step_of(good[-1])})"
-                if good
-                else "no checkpoint was saved yet (train.save_every), so a resume starts from step 0"
-            )
-            raise CtxextError(
-                f"interrupted at step {counters.step} of {cfg.max_steps}; {where}. Continue with "
-                f"`ctxext train {out}/recipe.yaml output.dir={out} --resume`.",
-                exit_code=130,
-            ) from None
         except BaseException as exc:
             self._failed("failed", str(exc) or type(exc).__name__)
             raise
@@ -160,8 +171,43 @@ class TrainingLoop:
             write_rank_audit(self.acc.process_index, self.consumed)
         write_rank_audit(self.acc.process_index, self.consumed, self.model)
 
-    def _failed(self, status: str, error: str) -> None:
-        self.writer.update(status=status, steps=self.counters.step, tokens_seen=self.counters.tokens_seen, error=error)
+    def _where(self) -> str:
+        """Where a resume starts: the last checkpoint, named."""
+        good = self.checkpoints.saved()
+        if good:
+            return f"the last checkpoint is {good[-1]} (step {step_of(good[-1])})"
+        return "no checkpoint was saved yet (train.save_every), so a resume starts from step 0"
+
+    def _stopped_message(self, exc: KeyboardInterrupt) -> str:
+        how = f"stopped by {exc}" if isinstance(exc, Terminated) and exc.signum != signal.SIGINT else "interrupted"
+        return (
+            f"{how} at step {self.counters.step} of {self.cfg.max_steps}; {self._where()}. Continue with "
+            f"`{resume_command(self.writer.out)}`."
+        )
+
+    def _disk_full_message(self, exc: BaseException) -> str:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "no space left on device"
+        return (
+            f"output.dir {self.writer.out}: the disk filled up at step {self.counters.step} ({reason}); the run "
+            f"is kept as interrupted and {self._where()}. Free some space, then continue with "
+            f"`{resume_command(self.writer.out)}`."
+        )
+
+    def _stop_now(self) -> None:
+        """A stop signal arrived: checkpoint the step just finished (unless saved already), then stop."""
+        saved = self.checkpoints.saved()
+        if self.counters.step > 0 and (not saved or step_of(saved[-1]) != self.counters.step):
+            self.checkpoints.save(self.counters.step)
+        raise Terminated(self.stop.signum or signal.SIGTERM)
+
+    def _failed(self, status: str, error: str, quiet: bool = False) -> None:
+        try:
+            self.writer.update(
+                status=status, steps=self.counters.step, tokens_seen=self.counters.tokens_seen, error=error
+            )
+        except OSError:
+            if not quiet:  # on a full disk even run.json may not fit: the message still says how to resume
+                raise
 
     def _loop(self) -> None:
         from ctxext.progress import progress
@@ -177,6 +223,8 @@ class TrainingLoop:
         metrics = open(self.writer.out / METRICS_FILE, "a") if main else nullcontext()  # noqa: SIM115
         with metrics as metrics_file, shown as tracker:
             while counters.step < cfg.max_steps:
+                if self.stop.pending(self.acc):
+                    self._stop_now()
                 record = self._step(batches)
                 if metrics_file is not None and (counters.step % cfg.log_every == 0 or "val_loss" in record):
                     metrics_file.write(json.dumps(record) + "\n")
@@ -196,6 +244,9 @@ class TrainingLoop:
         ga, mb, plan = cfg.gradient_accumulation_steps, cfg.micro_batch_size, self.loaded.plan
         t0 = time.perf_counter()
         step_loss = torch.zeros((), device=acc.device)
+        # The logged loss: the mean over the step's scored tokens (the backward weighs them by micro_batch_loss).
+        scored = torch.zeros((), device=acc.device)
+        scored_total = torch.zeros((), device=acc.device)
         for micro in range(ga):
             idx = next(batches)
             self.consumed.extend(idx)
@@ -206,7 +257,8 @@ class TrainingLoop:
                 pose_chunks=cfg.pose.chunks if cfg.pose else None,
                 seed=cfg.seed,
                 first_example=((counters.step * ga + micro) * launch.world + launch.rank) * mb,
-            ).to(acc.device)
+            )
+            inputs = launch.split.shard(inputs).to(acc.device)
             ids, labels = inputs.input_ids, inputs.labels
             sync = acc.no_sync(self.model) if micro < ga - 1 else nullcontext()
             cp_ctx = (
@@ -218,9 +270,12 @@ class TrainingLoop:
             )
             with sync, cp_ctx:
                 total, count = self.model(ids, labels, inputs.position_ids, inputs.attention_mask)
-                loss = total / count.clamp(min=1) / ga
+                # Under a sequence split ``labels`` is this process's shard: the same rule is exact there too.
+                loss = micro_batch_loss(total, labels, ga)
                 acc.backward(loss)
             step_loss += loss.detach()
+            scored_total += total.detach().float()
+            scored += count
         grad_norm = acc.clip_grad_norm_(self.trainable, cfg.max_grad_norm) if cfg.max_grad_norm else None
         self._check_finite(step_loss, grad_norm)
         self.optimizer.step()
@@ -228,7 +283,7 @@ class TrainingLoop:
         self.optimizer.zero_grad(set_to_none=True)
         counters.step += 1
         counters.tokens_seen += self.tokens_per_step
-        self.last_loss = acc.reduce(step_loss, "mean").item()
+        self.last_loss = (acc.reduce(scored_total, "sum") / acc.reduce(scored, "sum").clamp(min=1)).item()
         dt = time.perf_counter() - t0
         record = {
             "step": counters.step,

@@ -122,3 +122,21 @@ def chunked_cross_entropy(
     if reduction == "sum":
         return total
     return total / (y != IGNORE_INDEX).sum().clamp(min=1)
+
+
+def micro_batch_loss(total: torch.Tensor, labels: torch.Tensor, accumulation: int) -> torch.Tensor:
+    """What one micro-batch adds to its optimizer step's loss: its summed token loss over its *positions*.
+
+    The divisor is the number of label positions (``labels.numel()``, the same for every micro-batch of a
+    run), not the number of scored tokens: every scored token then weighs ``1 / (positions × accumulation)``
+    whatever else its micro-batch holds. Dividing by the scored tokens would give the few answer tokens of
+    ``answer_only`` rows a weight that swings with their neighbours (large among other answer-only rows,
+    small beside a fully scored corpus row). On rows where every token is scored the two agree up to the
+    unscored last token of each row and document.
+
+    Args:
+        total: the micro-batch's summed token loss.
+        labels: its labels (``-100``: not scored).
+        accumulation: micro-batches per optimizer step.
+    """
+    return total / labels.numel() / accumulation

@@ -18,22 +18,33 @@ written before that file. Running the eval suite and pushing to the Hub after tr
 
 from __future__ import annotations
 
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ctxext.artifacts.run import read_run
-from ctxext.errors import InputError
+from ctxext.errors import CtxextError, InputError
 from ctxext.models.sources import resolve_model_path
 from ctxext.models.weights import check_fingerprint, check_weights_readable, fingerprint
 from ctxext.recipe.schema import Recipe, dump_recipe
 from ctxext.training.checkpoints import Checkpoints, Counters
 from ctxext.training.data.rows import shifted_labels
-from ctxext.training.folder import CHECKPOINTS, RunWriter, check_output_dir, flat_config, run_record, versions
+from ctxext.training.folder import (
+    CHECKPOINTS,
+    RunWriter,
+    check_output_dir,
+    flat_config,
+    run_folder_lock,
+    run_record,
+    versions,
+)
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop
+from ctxext.training.sequence_parallel import start_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
+from ctxext.training.stop import StopRequest, stop_on_signals
 
 __all__ = [
     "CausalLMWithChunkedLoss",
@@ -73,17 +84,36 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
         A :class:`TrainResult` (the complete run folder, the trained model).
 
     Raises:
-        InputError: an output folder in the way, bad data, a recipe that differs from the run's on resume.
+        InputError: an output folder in the way or being written by another process, bad data, a recipe that
+            differs from the run's on resume, a disk that filled up (the run is kept for ``--resume``).
         TrainingDiverged: NaN / inf loss; the last good checkpoint is kept for ``--resume``.
-        CtxextError: out of memory, or a bad multi-process launch.
+        CtxextError: out of memory, a bad multi-process launch, or SIGTERM / Ctrl-C (exit code 143 / 130; the
+            run stops at a step boundary with a checkpoint, see :mod:`ctxext.training.stop`).
     """
+    out = Path(recipe.output.dir)
+    launch = start_accelerator(recipe, out)
+    # One writer per run folder: a second `train` (or a `--resume` of a run in progress) is refused here.
+    with run_folder_lock(out, launch), stop_on_signals() as stop:
+        result = _train(recipe, resume, command, launch, stop)
+    if stop.signum is not None:
+        # The signal came while the finished run wrote its outputs: it is complete, but what the CLI chains
+        # after training (evaluation, push) must not start.
+        raise CtxextError(
+            f"{signal.Signals(stop.signum).name} received while the run finished; {out} is complete, and "
+            "nothing after training was started",
+            exit_code=128 + stop.signum,
+        )
+    return result
+
+
+def _train(recipe: Recipe, resume: bool, command: list[str] | None, launch: Launch, stop: StopRequest) -> TrainResult:
+    """:func:`train` with the run folder's lock held and SIGTERM / SIGINT turned into a clean stop."""
     from accelerate.utils import DistributedType, set_seed
 
     from ctxext.models.load import build_training_model
 
     cfg = recipe.train
     out = Path(recipe.output.dir)
-    launch = start_accelerator(recipe, out)
     accelerator = launch.accelerator
 
     # Nothing is loaded before the output folder and the base weights are known to be right.
@@ -99,6 +129,10 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     loaded = build_training_model(
         recipe, accelerator.device, sharded=accelerator.distributed_type == DistributedType.FSDP
     )
+    # The split is installed before the data and the run folder: a model it cannot split is refused first.
+    launch.split = start_sequence_parallel(
+        cfg.sequence_parallel_size, loaded.model, loaded.attn_implementation, cfg.micro_batch_size
+    )
     data = _training_data(recipe, loaded, launch)
 
     # The run folder: created only once the model and the data are known to be usable.
@@ -106,6 +140,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     record = run_record(recipe, loaded, accelerator.num_processes, base_fingerprint, previous)
     writer = RunWriter(out, launch.main, record)
     writer.start(recipe_text, versions(recipe, command or sys.argv), data.mixture)
+    stop.graceful = True  # from here a stop signal ends the run at a step boundary, with a checkpoint
 
     model = CausalLMWithChunkedLoss(loaded.model, cfg.loss_chunk_size)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -123,7 +158,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     writer.trim_metrics(counters.step)
 
     loop = TrainingLoop(
-        recipe, launch, loaded, data, model, trainable, optimizer, scheduler, counters, checkpoints, writer
+        recipe, launch, loaded, data, model, trainable, optimizer, scheduler, counters, checkpoints, writer, stop
     )
     loop.run(optimizer_name)
 

@@ -39,6 +39,17 @@ class LongRope(RopeMethod):
                     f"({state.rotary_dim // 2} numbers each), e.g. --factors-file factors.json"
                 }
             )
+        # LongRoPE's factors divide frequencies: below 1 a dimension turns faster than in pretraining, which no
+        # extension wants (ctxext search keeps them >= 1 too). Checked here, for plans ctxext makes; a released
+        # config is only read.
+        below = {k: min(v) for k, v in (("short_factor", short), ("long_factor", long_)) if v and min(v) < 1}
+        if below:
+            raise RopeConfigError(
+                {
+                    k: f"every rescale factor must be >= 1 (a factor below 1 shortens a wavelength), got {m:g}"
+                    for k, m in below.items()
+                }
+            )
         params = {
             "rope_type": "longrope",
             "factor": s,

@@ -21,6 +21,7 @@ Two ways to make training examples of ``seq_len`` tokens:
 from __future__ import annotations
 
 import functools
+import hashlib
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,9 @@ class TrainingData:
         train_tokens: tokens in the training blocks.
         summary: a one-line description for logs.
         mixture: for a mixture (:mod:`ctxext.training.data.mixture`), what it holds (written to ``mixture.json``).
+        train_documents: the training split's raw documents (a Dataset with the one column ``text``): what a
+            mixture cuts short blocks and task haystacks from, so they never hold validation text.
+        validation_documents: the held-out raw documents, the same way, or ``None``.
     """
 
     train: Any
@@ -51,6 +55,8 @@ class TrainingData:
     train_tokens: int
     summary: str
     mixture: dict[str, Any] | None = None
+    train_documents: Any = None
+    validation_documents: Any = None
 
 
 def _stdlib_generator(paths: list[str]):
@@ -156,14 +162,64 @@ def _load_hub(path: str, split: str, name: str | None) -> Any:
         raise
 
 
-def _tokenize_fn(tokenizer: Any, text_field: str):
+def _tokenize_fn(tokenizer: Any):
     eos = tokenizer.eos_token_id
 
-    def tokenize(batch: dict[str, list]) -> dict[str, list]:
-        ids = tokenizer(batch[text_field], add_special_tokens=True)["input_ids"]
-        return {"input_ids": [x + [eos] for x in ids], "length": [len(x) + 1 for x in ids]}
+    def tokenize(batch: dict[str, list], idx: list[int]) -> dict[str, list]:
+        ids = tokenizer(batch["text"], add_special_tokens=True)["input_ids"]
+        # ``doc``: the document's row, so the split can name its raw documents afterwards.
+        return {"input_ids": [x + [eos] for x in ids], "length": [len(x) + 1 for x in ids], "doc": idx}
 
     return tokenize
+
+
+def text_digest(text: str) -> str:
+    """A document's identity for overlap checks: the SHA-1 of its UTF-8 text."""
+    return hashlib.sha1(text.encode("utf-8", "replace")).hexdigest()
+
+
+def select_documents(data: Any, exclude: frozenset[str] = frozenset()) -> Any:
+    """The raw documents a data section reads, in one column ``text``.
+
+    The first ``data.max_documents`` documents, without empty ones and without any whose text has a
+    digest (:func:`text_digest`) in ``exclude``.
+
+    Raises:
+        InputError: see :func:`load_documents`.
+    """
+    field = data.text_field
+    docs = load_documents(data.path, field, data.split, data.name).select_columns([field])
+    if data.max_documents is not None and len(docs) > data.max_documents:
+        docs = docs.select(range(data.max_documents))
+    docs = docs.filter(
+        lambda b: [bool(t and t.strip()) and (not exclude or text_digest(t) not in exclude) for t in b[field]],
+        batched=True,
+    )
+    return docs.rename_column(field, "text") if field != "text" else docs
+
+
+def tokenize_documents(docs: Any, tokenizer: Any, num_proc: int) -> Any:
+    """``input_ids`` (BOS where the tokenizer adds one, EOS appended), ``length`` and ``doc`` of each document."""
+    return docs.map(
+        _tokenize_fn(tokenizer),
+        batched=True,
+        with_indices=True,
+        num_proc=num_proc if len(docs) >= 2 * num_proc else None,
+        remove_columns=["text"],
+        desc="tokenizing",
+    )
+
+
+def document_blocks(documents: Any, data: Any, tokenizer: Any, block_len: int) -> Any:
+    """``block_len``-token blocks of the given raw documents, without a split (packed, or truncated).
+
+    A mixture cuts its short blocks this way from a corpus's :attr:`TrainingData.train_documents`, so they
+    come from the very documents the long rows come from.
+    """
+    tokenized = tokenize_documents(documents, tokenizer, data.num_proc)
+    if not data.packing:
+        tokenized = tokenized.filter(lambda b: [n >= block_len for n in b["length"]], batched=True)
+    return _blocks(tokenized, block_len, data.packing)
 
 
 def _pack_fn(seq_len: int, segments: bool):
@@ -192,7 +248,12 @@ def _describe_lengths(lengths: list[int]) -> str:
 
 
 def prepare_data(
-    data: Any, tokenizer: Any, seq_len: int, seed: int = 42, source_name: str | None = None
+    data: Any,
+    tokenizer: Any,
+    seq_len: int,
+    seed: int = 42,
+    source_name: str | None = None,
+    exclude: frozenset[str] = frozenset(),
 ) -> TrainingData:
     """Load, split, tokenize and pack the recipe's data into ``seq_len`` blocks.
 
@@ -202,6 +263,7 @@ def prepare_data(
         seq_len: tokens per training example.
         seed: seed of the document-level train/validation split.
         source_name: the data path for messages (defaults to ``data.path``).
+        exclude: digests (:func:`text_digest`) of documents to leave out (a mixture's validation documents).
 
     Returns:
         The :class:`TrainingData`.
@@ -210,22 +272,11 @@ def prepare_data(
         InputError: empty data, no text field, or no document (or too little text) long enough.
     """
     where = source_name or data.path
-    docs = load_documents(data.path, data.text_field, data.split, data.name)
-    docs = docs.select_columns([data.text_field])
-    if data.max_documents is not None and len(docs) > data.max_documents:
-        docs = docs.select(range(data.max_documents))
-    docs = docs.filter(lambda b: [bool(t and t.strip()) for t in b[data.text_field]], batched=True)
+    docs = select_documents(data, exclude)
     n_docs = len(docs)
     if n_docs == 0:
         raise InputError(f"data.path: {where} holds no documents with text in field {data.text_field!r}")
-    num_proc = data.num_proc if n_docs >= 2 * data.num_proc else None
-    tokenized = docs.map(
-        _tokenize_fn(tokenizer, data.text_field),
-        batched=True,
-        num_proc=num_proc,
-        remove_columns=[data.text_field],
-        desc="tokenizing",
-    )
+    tokenized = tokenize_documents(docs, tokenizer, data.num_proc)
     lengths = list(tokenized["length"])
     min_tokens = data.min_tokens or seq_len
     if not data.packing:
@@ -272,6 +323,8 @@ def prepare_data(
         documents=n_docs,
         train_tokens=len(train) * seq_len,
         summary=summary,
+        train_documents=docs.select(train_docs["doc"]),
+        validation_documents=docs.select(val_docs["doc"]) if val_docs is not None else None,
     )
 
 

@@ -13,12 +13,16 @@ skips the ones already trained on):
 * the rest is split over the sources by weight (largest remainder). A corpus row is one of the
   corpus's ``seq_len`` blocks (``long_fraction``: that share drawn from blocks of documents at least
   ``seq_len`` long — up-sampling long documents within the source, Fu et al. 2024). A task row is
-  filled with task samples whose lengths are uniform in ``[min_length, max_length or seq_len]`` (the
-  last sample of a row takes what is left) and whose needle depth is uniform in [0, 1], each sample
-  its own segment — needle distances cover the whole row, and with PoSE the whole target length.
+  filled with task samples, each its own segment, whose needle-to-question distances follow
+  ``data.task_distance`` over the whole row (with PoSE, the whole target length):
+  :mod:`ctxext.training.data.task_rows`.
 
-The realised mixture (rows and tokens per source, samples per task and template) is returned for
-``mixture.json`` and ``run.json``.
+Nothing a row holds comes from validation text: short blocks and task haystacks are cut from the
+training split's documents (within ``max_documents``), and corpora after the first leave the first
+corpus's validation documents out.
+
+The realised mixture (rows and tokens per source, samples per task and template, the needle-distance
+histogram) is returned for ``mixture.json`` and ``run.json``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from collections import Counter
 from typing import Any
 
 from ctxext.errors import InputError
-from ctxext.training.data.corpus import TrainingData, load_documents, prepare_data
+from ctxext.training.data.corpus import TrainingData, document_blocks, prepare_data, select_documents, text_digest
 
 # Tokens of real text a task's haystack holds (samples start at random offsets in it).
 HAYSTACK_MIN_TOKENS = 200_000
@@ -110,52 +114,39 @@ def _corpus_rows(
 
 
 def _task_rows(
-    key: str,
-    source: Any,
-    tokenizer: Any,
-    haystack: Any,
-    n_rows: int,
-    seq_len: int,
-    min_length: int,
-    seed: int,
-    stats: Counter,
-    max_length: int | None = None,
-) -> list[dict]:
+    key: str, source: Any, tokenizer: Any, haystack: Any, count: int, recipe: Any, target: int | None, stats: Counter
+) -> tuple[list[dict], dict[str, Any]]:
+    """``count`` rows of a task source and its realised distance record (:mod:`ctxext.training.data.task_rows`)."""
     from ctxext.tasks import get_task
+    from ctxext.training.data.task_rows import (
+        DistanceDraws,
+        Source,
+        pose_distance_rows,
+        token_distance_rows,
+    )
 
+    seq_len, seed = recipe.seq_len, recipe.train.seed
     task = get_task(source.task)
-    templates = source.templates if source.templates is not None else task.training_templates()
-    options = {} if source.distractors is None else {"distractors": source.distractors}
-    rows = []
-    for r in range(n_rows):
-        # One rng per row: a pure function of (seed, source, row).
-        rng = random.Random(f"{seed}:{key}:{r}")
-        toks: list[int] = []
-        segs: list[int] = []
-        tgts: list[int] = []
-        seg = 0
-        while len(toks) < seq_len:
-            remaining = seq_len - len(toks)
-            # Without max_length the draw is the historical one (rows stay identical for old recipes).
-            top = seq_len if max_length is None else max(min_length, min(max_length, remaining))
-            length = rng.randint(min_length, top)
-            if remaining - length < min_length:
-                length = remaining
-            try:
-                sample = task.generate(
-                    tokenizer, haystack, length, rng.random(), rng, template=rng.choice(templates), **options
-                )
-            except InputError as exc:
-                raise InputError(f"{key}: {exc}") from None
-            start, end = sample.answer_span
-            toks += sample.ids
-            segs += [seg] * len(sample.ids)
-            tgts += [int(start <= i < end) for i in range(len(sample.ids))] if source.answer_only else [1] * length
-            seg += 1
-            stats[f"template {sample.template}"] += 1
-            stats["samples"] += 1
-        rows.append({"input_ids": toks, "segments": segs, "targets": tgts, "pose": 1})
-    return rows
+    longest = min(source.max_length or seq_len, seq_len)
+    src = Source(
+        key=key,
+        task=task,
+        templates=source.templates if source.templates is not None else task.training_templates(),
+        options={} if source.distractors is None else {"distractors": source.distractors},
+        answer_only=source.answer_only,
+        min_length=min(source.min_length or seq_len, longest),
+        max_length=longest,
+    )
+    target = target if recipe.train.pose is not None else None
+    draws = DistanceDraws(
+        kind=recipe.data.task_distance,
+        span=target or longest,
+        target_length=target,
+        offset=random.Random(f"{seed}:{key}:distance").random(),
+    )
+    build = pose_distance_rows if target else token_distance_rows
+    rows = build(src, tokenizer, haystack, count, seq_len, seed, draws, stats) if count else []
+    return rows, draws.summary()
 
 
 def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> TrainingData:
@@ -188,12 +179,7 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
     counts = allocate(rows - n_short, [s.weight for s in sources])
     keys = [f"data.mixture[{i}]" if data.mixture else "data" for i in range(len(sources))]
     corpus = [(k, s) for k, s in zip(keys, sources, strict=True) if s.path]
-    corpora: dict[str, TrainingData] = {}
-    for key, source in corpus:
-        try:
-            corpora[key] = prepare_data(_corpus_section(data, source), tokenizer, seq_len, seed, source.path)
-        except InputError as exc:
-            raise InputError(f"{key}.path: {exc}") from None
+    corpora, held_out = _prepare_corpora(data, corpus, tokenizer, seq_len, seed)
     all_rows: list[dict] = []
     record: list[dict[str, Any]] = []
     for key, source, count in zip(keys, sources, counts, strict=True):
@@ -204,20 +190,16 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
         else:
             stats: Counter = Counter()
             hay_path = source.haystack or next((s.path for s in sources if s.path), data.path)
-            min_length = min(source.min_length or seq_len, seq_len)
-            made = _task_rows(
-                key,
-                source,
-                tokenizer,
-                _haystack(hay_path, tokenizer, count * seq_len),
-                count,
-                seq_len,
-                min_length,
-                seed,
-                stats,
-                None if source.max_length is None else min(source.max_length, seq_len),
+            haystack = _haystack(data, hay_path, corpus, corpora, held_out, tokenizer, count * seq_len)
+            target = plan.target_length if plan is not None else None
+            made, distance = _task_rows(key, source, tokenizer, haystack, count, recipe, target, stats)
+            entry.update(
+                task=source.task,
+                haystack=hay_path,
+                answer_only=source.answer_only,
+                samples=dict(stats),
+                distance=distance,
             )
-            entry.update(task=source.task, haystack=hay_path, answer_only=source.answer_only, samples=dict(stats))
         entry["tokens"] = count * seq_len
         all_rows += made
         record.append(entry)
@@ -225,21 +207,36 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
         # Short blocks come from the corpora in proportion to their weights.
         weighted = [(k, s) for k, s in corpus if s.weight > 0] or corpus
         per = allocate(n_short, [s.weight or 1.0 for _, s in weighted])
-        for (_, source), count in zip(weighted, per, strict=True):
-            short = prepare_data(_corpus_section(data, source), tokenizer, original, seed, source.path)
-            all_rows += _short_rows(short.train, count, seq_len, original, rng)
+        for (key, source), count in zip(weighted, per, strict=True):
+            # Cut from the corpus's own training documents: the validation documents stay out.
+            short = document_blocks(corpora[key].train_documents, _corpus_section(data, source), tokenizer, original)
+            if count and len(short) == 0:
+                raise InputError(f"data.short_fraction: {source.path} makes no block of {original} tokens")
+            all_rows += _short_rows(short, count, seq_len, original, rng)
             record.append(
                 {"source": f"short:{source.path}", "block_tokens": original, "rows": count, "tokens": count * seq_len}
             )
     # Validation: the first corpus's held-out documents, at seq_len, plain positions.
     first = corpora[corpus[0][0]] if corpus else None
-    columns = {k: [r[k] for r in all_rows] for k in ("input_ids", "segments", "targets", "pose")}
+    names = ["input_ids", "segments", "targets", "pose"]
+    if any(r.get("pose") == 0 and "positions" in r for r in all_rows):
+        # Rows that carry their positions (task rows under PoSE); -1: positions are derived at training time.
+        names.append("positions")
+        for r in all_rows:
+            r.setdefault("positions", [-1] * seq_len)
+    columns = {k: [r[k] for r in all_rows] for k in names}
     train = datasets.Dataset.from_dict(columns)
     train.set_format("torch", columns=list(columns))
     summary = f"mixture of {len(all_rows)} rows of {seq_len} tokens: " + ", ".join(
         f"{e['source']} {e['rows']}" for e in record
     )
-    realised = {"rows": len(all_rows), "seq_len": seq_len, "short_fraction": data.short_fraction, "sources": record}
+    realised = {
+        "rows": len(all_rows),
+        "seq_len": seq_len,
+        "short_fraction": data.short_fraction,
+        "task_distance": data.task_distance,
+        "sources": record,
+    }
     return TrainingData(
         train=train,
         validation=first.validation if first is not None else None,
@@ -248,7 +245,31 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
         train_tokens=len(all_rows) * seq_len,
         summary=summary,
         mixture={"realised": realised},
+        validation_documents=first.validation_documents if first is not None else None,
     )
+
+
+def preview_task_distances(recipe: Any, tokenizer: Any, rows: int = 64) -> dict[str, dict[str, Any]]:
+    """The needle-distance record of each task source, from its first ``rows`` rows on a noise haystack.
+
+    Distances depend on lengths, not on the filler's text, so ``ctxext validate`` shows them without reading
+    any corpus.
+
+    Raises:
+        InputError: a distance span the rows cannot meet (naming ``data.task_distance``), a task that cannot fit.
+    """
+    from ctxext.tasks import Haystack
+
+    data = recipe.data
+    out = {}
+    for i, source in enumerate(data.mixture or []):
+        if source.task and source.weight > 0:
+            key = f"data.mixture[{i}]"
+            haystack = Haystack.noise(tokenizer, 4 * recipe.seq_len)
+            _, out[key] = _task_rows(
+                key, source, tokenizer, haystack, rows, recipe, recipe.rope.target_length, Counter()
+            )
+    return out
 
 
 def _whole_path_source(data: Any) -> Any:
@@ -257,10 +278,50 @@ def _whole_path_source(data: Any) -> Any:
     return MixtureSource(path=data.path, weight=1.0, text_field=data.text_field)
 
 
-def _haystack(path: str, tokenizer: Any, tokens: int) -> Any:
+def _prepare_corpora(
+    data: Any, corpus: list[tuple[str, Any]], tokenizer: Any, seq_len: int, seed: int
+) -> tuple[dict[str, TrainingData], frozenset[str]]:
+    """Each corpus source's blocks, and the digests of the validation documents (the first corpus's).
+
+    The later corpora leave the validation documents out, so a corpus read twice (or two corpora that
+    share files) never trains on what the validation loss measures.
+    """
+    corpora: dict[str, TrainingData] = {}
+    held_out: frozenset[str] = frozenset()
+    for key, source in corpus:
+        try:
+            corpora[key] = prepare_data(
+                _corpus_section(data, source), tokenizer, seq_len, seed, source.path, exclude=held_out
+            )
+        except InputError as exc:
+            raise InputError(f"{key}.path: {exc}") from None
+        if key == corpus[0][0] and corpora[key].validation_documents is not None:
+            held_out = frozenset(text_digest(t) for t in corpora[key].validation_documents["text"])
+    return corpora, held_out
+
+
+def _haystack(
+    data: Any,
+    path: str,
+    corpus: list[tuple[str, Any]],
+    corpora: dict[str, TrainingData],
+    held_out: frozenset[str],
+    tokenizer: Any,
+    tokens: int,
+) -> Any:
+    """A task's haystack: training documents only, within ``max_documents``.
+
+    From a corpus source of the mixture: its training documents. From another path: its first
+    ``data.max_documents`` documents, less the validation documents.
+    """
     from ctxext.tasks import Haystack
 
+    key = next((k for k, s in corpus if s.path == path), None)
+    if key is not None:
+        docs = corpora[key].train_documents
+    else:
+        section = data.model_copy(update={"path": path, "text_field": "text", "mixture": None, "short_fraction": 0.0})
+        docs = select_documents(section, held_out)
     # The rows never use more filler than their own tokens: a bigger haystack only costs tokenizing.
-    docs = load_documents(path)
     need = max(1, min(HAYSTACK_MIN_TOKENS, tokens))
-    return Haystack.from_texts(tokenizer, (t for t in docs["text"] if t and t.strip()), need, path)
+    return Haystack.from_texts(tokenizer, (row["text"] for row in docs), need, path)

@@ -9,13 +9,19 @@ A training row is ``seq_len`` token ids, optionally with
   first token.
 * ``targets``: 1 where the token is a training target (``answer_only`` tasks mark only the answer).
 * ``pose``: 1 when the row's position ids are drawn by PoSE (:mod:`ctxext.training.data.pose`), per segment.
+* ``positions``: the row's own position ids (task rows under PoSE, whose skips set their needle distances:
+  :mod:`ctxext.training.data.task_rows`); ``-1`` in a row that has none.
 
 How the mask reaches the model depends on the attention backend (transformers 5.24):
 
-* ``sdpa`` / ``eager``: a 4D boolean mask (causal and same segment) when a row has several segments;
-  otherwise an all-ones 2D mask whenever position ids are passed. The explicit mask matters: with
+* ``sdpa``: a 4D boolean mask (causal and same segment) when a row has several segments; otherwise an
+  all-ones 2D mask whenever position ids are passed. The explicit mask matters: with
   ``attention_mask=None`` transformers treats every position-id jump as the start of a new packed
   sequence (``masking_utils.find_packed_sequence_indices``), which would cut a PoSE row at its skips.
+* ``eager``: the same, but the 4D mask is *additive* float32 (0 where attention is allowed, the
+  dtype's minimum where it is not). transformers hands a 4D mask to the attention function as it is,
+  and eager attention adds it to the scores: a boolean mask would add +1 to the allowed scores and
+  nothing to the masked ones, so every token would see the future and the other documents.
 * ``flash_attention_2``: no mask; the micro-batch is flattened into one row and transformers derives
   variable-length sequences (``cu_seqlens``) from the position ids that restart at 0: every row and
   every segment starts at 0, and PoSE skips never return to 0, so that is exact here too (GPU only,
@@ -44,7 +50,8 @@ class ModelInputs:
         input_ids: ``(B, T)`` token ids.
         labels: ``(B, T)`` next-token targets, already shifted (``-100``: not scored).
         position_ids: ``(B, T)`` positions, or ``None`` for the default ``0..T-1``.
-        attention_mask: a 2D ``(B, T)`` or 4D ``(B, 1, T, T)`` boolean mask, or ``None`` (causal).
+        attention_mask: a 2D ``(B, T)`` boolean mask, a 4D ``(B, 1, T, T)`` boolean mask (``sdpa``) or additive
+            float mask (``eager``), or ``None`` (causal).
     """
 
     input_ids: torch.Tensor
@@ -82,6 +89,15 @@ def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
     return (same & causal).unsqueeze(1)
 
 
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The additive form of a boolean attention mask: 0 where True, ``dtype``'s minimum where False.
+
+    Eager attention adds the mask to the scores. The minimum (not ``-inf``) keeps softmax finite, and a
+    float32 mask promotes lower-precision scores to float32, where eager attention takes its softmax anyway.
+    """
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+
+
 def shifted_labels(input_ids: torch.Tensor) -> torch.Tensor:
     """Labels aligned with positions (position t is scored on token t+1; the last is ignored).
 
@@ -104,7 +120,8 @@ def build_inputs(
     """The model inputs of a micro-batch of training rows.
 
     Args:
-        rows: ``input_ids`` ``(B, T)`` and optionally ``segments``, ``targets``, ``pose`` (see the module doc).
+        rows: ``input_ids`` ``(B, T)`` and optionally ``segments``, ``targets``, ``pose``, ``positions`` (see the
+            module doc).
         attn_implementation: the model's attention backend.
         target_length: positions PoSE may reach (``rope.target_length``).
         pose_chunks: PoSE chunks, or ``None`` for no PoSE.
@@ -127,7 +144,8 @@ def build_inputs(
         labels[:, :-1] = labels[:, :-1].masked_fill(segments[:, 1:] != segments[:, :-1], IGNORE_INDEX)
     use_pose = pose_chunks is not None and target_length is not None
     pose_rows = rows.get("pose")
-    if segments is None and not use_pose:
+    stored = rows.get("positions")
+    if segments is None and not use_pose and stored is None:
         return ModelInputs(ids, labels)
     if segments is not None:
         positions = segment_positions(segments)
@@ -143,10 +161,16 @@ def build_inputs(
                 where = (seg == s).nonzero().squeeze(1)
                 if len(where) >= pose_chunks:
                     positions[b, where] = pose_position_ids(len(where), target_length, pose_chunks, gen)
+    if stored is not None:
+        own = stored[:, 0] >= 0
+        positions[own] = stored[own].to(positions.dtype)
     if attn_implementation.startswith("flash"):
         # One flattened row: transformers' flash path cuts it into variable-length sequences wherever the
         # position ids restart at 0 (every row and every segment start there; PoSE skips never return to 0).
         flat = (1, ids.numel())
         return ModelInputs(ids.reshape(flat), labels.reshape(flat), positions.reshape(flat), None)
-    mask = block_causal_mask(segments) if segments is not None else torch.ones_like(ids, dtype=torch.bool)
-    return ModelInputs(ids, labels, positions, mask)
+    if segments is None:
+        # 2D: transformers builds the causal mask in each backend's own form from it.
+        return ModelInputs(ids, labels, positions, torch.ones_like(ids, dtype=torch.bool))
+    mask = block_causal_mask(segments)
+    return ModelInputs(ids, labels, positions, additive_mask(mask) if attn_implementation == "eager" else mask)

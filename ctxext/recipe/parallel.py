@@ -1,0 +1,61 @@
+"""Recipe rules for splitting one sequence over processes (``train.sequence_parallel_size``).
+
+The split (DeepSpeed Ulysses, :mod:`ctxext.training.sequence_parallel`) attends causally over the whole gathered
+row and rotates each shard at its global positions. That is exact for static RoPE methods and for PoSE rows; it is
+not for the settings refused here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# RoPE methods whose frequencies depend on the length of the sequence processed (rope.LENGTH_DEPENDENT_TYPES holds
+# the transformers rope types; these are the ctxext method names that produce them).
+LENGTH_DEPENDENT_METHODS = frozenset({"dynamic", "longrope"})
+
+
+def sequence_parallel_refusal(recipe: Any) -> str | None:
+    """Why a recipe cannot split its sequences over ``train.sequence_parallel_size`` processes, or ``None``.
+
+    Args:
+        recipe: a :class:`ctxext.recipe.schema.Recipe` whose sections are already validated.
+
+    Returns:
+        A message that names the key at fault and the way out, or ``None``.
+    """
+    size, data = recipe.train.sequence_parallel_size, recipe.data
+    if size == 1:
+        return None
+    key = f"train.sequence_parallel_size: {size}"
+    if recipe.train.context_parallel_size > 1:
+        return f"{key} and train.context_parallel_size both split the sequence; set one of them to 1"
+    if recipe.rope.method in LENGTH_DEPENDENT_METHODS:
+        return (
+            f"{key} with rope.method {recipe.rope.method!r}: its frequencies depend on the length of the sequence "
+            "processed, and each process sees only its shard; use a static method (yarn, linear, ntk, llama3, "
+            "theta) or sequence_parallel_size 1"
+        )
+    if recipe.model.attn_implementation == "eager":
+        return (
+            f"{key} needs sdpa or flash attention (eager builds a full mask the split cannot use); "
+            "set model.attn_implementation: sdpa"
+        )
+    # Rows with several segments need a mask rebuilt from the gathered positions; until then the split would
+    # let packed documents attend to each other, silently.
+    if data.document_mask:
+        return (
+            f"{key} with data.document_mask: packed documents would attend to each other under the split; "
+            "set data.document_mask: false or sequence_parallel_size 1"
+        )
+    if data.short_fraction > 0:
+        return (
+            f"{key} with data.short_fraction: short blocks packed in one row would attend to each other under "
+            "the split; set data.short_fraction: 0 or sequence_parallel_size 1"
+        )
+    tasks = [s.task for s in data.mixture or [] if s.task is not None]
+    if tasks:
+        return (
+            f"{key} with task sources in data.mixture ({', '.join(tasks)}): task samples packed in one row would "
+            "attend to each other under the split; drop them or use sequence_parallel_size 1"
+        )
+    return None

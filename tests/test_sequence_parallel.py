@@ -1,0 +1,275 @@
+"""Sequence parallelism (``train.sequence_parallel_size``, DeepSpeed Ulysses) on the CPU over gloo.
+
+The 2-process tests launch the way users launch (``accelerate launch --multi_gpu --num_processes 2`` with
+``ACCELERATE_USE_CPU=true``) and compare with one process: the loss within 1e-6 and every trainable gradient within
+1e-5 (relative) on 2,048-token rows, and the adapter after six optimizer steps of ``ctxext train``, killed and
+resumed on the way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from _train_helpers import ROOT, accelerate_cmd, adapter_tensors, ctxext_cmd, env, run, write_recipe
+from typer.testing import CliRunner
+
+from ctxext.cli.commands import app
+from ctxext.errors import CtxextError, InputError
+from ctxext.planner.footprint import ModelShape, Setup, footprint
+from ctxext.recipe.schema import RecipeError, load_recipe
+from ctxext.training.data.rows import IGNORE_INDEX, ModelInputs, build_inputs
+from ctxext.training.sequence_parallel import SequenceSplit, check_heads, check_sequence_parallel
+
+deepspeed_missing = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("deepspeed") is None,
+    reason="needs deepspeed (pip install 'ctxext[deepspeed]')",
+)
+# The tiny Llama (4 heads, 2 key/value heads) at 2,048 tokens, 8x its window, with YaRN.
+SPLIT = {
+    "rope": {"method": "yarn", "target_length": 4096},
+    "train": {"seq_len": 2048, "micro_batch_size": 2, "loss_chunk_size": 512},
+}
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a launcher and every process under it (torch's launcher starts its workers in sessions of their own)."""
+    import psutil  # a DeepSpeed dependency
+
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    for p in procs:
+        p.send_signal(signal.SIGKILL)
+    psutil.wait_procs(procs, timeout=30)
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / a.norm())
+
+
+# ---- the shard: padding, positions, refusals (no processes needed) ----
+
+
+def test_shards_pad_to_a_multiple_and_keep_global_positions():
+    ids = torch.arange(14).reshape(2, 7) + 100
+    inputs = build_inputs({"input_ids": ids}, attn_implementation="sdpa", target_length=64, pose_chunks=2, seed=3)
+    shards = [SequenceSplit(size=3, rank=r).shard(inputs) for r in range(3)]
+    assert all(s.input_ids.shape == (2, 3) for s in shards)  # 7 tokens padded to 9, 3 per process
+    joined = ModelInputs(
+        *(torch.cat([getattr(s, k) for s in shards], dim=1) for k in ("input_ids", "labels", "position_ids"))
+    )
+    assert torch.equal(joined.input_ids[:, :7], ids) and torch.equal(joined.labels[:, :7], inputs.labels)
+    assert (joined.labels[:, 7:] == IGNORE_INDEX).all()  # padding is never scored
+    # PoSE positions pass unchanged; padding continues them, so the gathered row stays one causal sequence.
+    assert torch.equal(joined.position_ids[:, :7], inputs.position_ids)
+    assert torch.equal(joined.position_ids[:, 7:], inputs.position_ids[:, -1:] + torch.tensor([1, 2]))
+    assert all(s.attention_mask.shape == (2, 3) and s.attention_mask.all() for s in shards)
+
+
+def test_plain_rows_get_their_positions_and_no_split_changes_nothing():
+    ids = torch.arange(8).reshape(1, 8)
+    inputs = build_inputs({"input_ids": ids}, attn_implementation="sdpa")
+    assert inputs.position_ids is None
+    assert SequenceSplit().shard(inputs) is inputs
+    assert torch.equal(SequenceSplit(size=2, rank=1).shard(inputs).position_ids, torch.arange(4, 8).reshape(1, 4))
+
+
+def test_a_short_validation_batch_is_filled_with_row_0():
+    from datasets import Dataset
+
+    from ctxext.training.sequence_parallel import split_rows
+
+    data = Dataset.from_dict({"input_ids": [[1, 2], [3, 4], [5, 6]]}).with_format("torch")
+    rows, real = split_rows(data, first=2, n=3, micro_batch_size=2)
+    assert real == 1 and rows["input_ids"].tolist() == [[5, 6], [1, 2]]
+    rows, real = split_rows(data, first=4, n=3, micro_batch_size=2)  # nothing left for this process
+    assert real == 0 and rows["input_ids"].tolist() == [[1, 2], [1, 2]]
+
+
+def test_rows_of_several_documents_are_refused():
+    rows = {"input_ids": torch.arange(8).reshape(1, 8), "segments": torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])}
+    inputs = build_inputs(rows, attn_implementation="sdpa")
+    with pytest.raises(CtxextError, match="train.sequence_parallel_size: a row holds several documents"):
+        SequenceSplit(size=2, rank=0).shard(inputs)
+
+
+@pytest.mark.parametrize(
+    ("override", "says"),
+    [
+        ("rope.method=dynamic", "rope.method 'dynamic'"),
+        ("rope.method=longrope", "rope.method 'longrope'"),
+        ("data.document_mask=true", "data.document_mask"),
+        ("data.short_fraction=0.3", "data.short_fraction"),
+        ("model.attn_implementation=eager", "eager"),
+        ("train.context_parallel_size=2", "train.context_parallel_size"),
+    ],
+)
+def test_recipes_the_split_cannot_serve_are_refused(tmp_path, override, says):
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **SPLIT)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(recipe, ["train.sequence_parallel_size=2", override])
+    [(key, message)] = err.value.problems
+    assert key == "train.sequence_parallel_size" and says in message
+
+
+def test_task_rows_are_refused(tmp_path):
+    mixture = [{"path": "builtin:stdlib", "weight": 1}, {"task": "passkey", "weight": 1}]
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", data={"path": None, "mixture": mixture}, **SPLIT)
+    with pytest.raises(RecipeError, match="task sources in data.mixture"):
+        load_recipe(recipe, ["train.sequence_parallel_size=2"])
+
+
+def test_heads_and_launch_size_are_checked(cache_root):
+    from transformers import AutoConfig
+
+    from ctxext.models.sources import resolve_model_path
+
+    config = AutoConfig.from_pretrained(resolve_model_path("builtin:tiny-llama"))
+    check_heads(config, 2)  # 4 heads, 2 key/value heads
+    with pytest.raises(
+        InputError, match=r"train.sequence_parallel_size: 4 must divide .* heads \(4\) and key/value heads \(2\)"
+    ):
+        check_heads(config, 4)
+    with pytest.raises(InputError, match=r"2 does not divide the 3 process\(es\)"):
+        check_sequence_parallel(2, 3)
+    check_sequence_parallel(2, 4)
+
+
+@pytest.mark.slow
+def test_cli_refuses_a_split_it_cannot_make_and_writes_nothing(tmp_path, cache_root):
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **SPLIT)
+    # One process cannot hold a split of 2.
+    done = run(ctxext_cmd("train", str(recipe), "train.sequence_parallel_size=2"), CTXEXT_CACHE=str(cache_root))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "train.sequence_parallel_size: 2 does not divide the 1 process(es)" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
+    # Without DeepSpeed (None in sys.modules: Python's own "not importable"), the message names the extra.
+    argv = ["ctxext", "train", str(recipe), "train.sequence_parallel_size=2"]
+    code = f"import runpy, sys; sys.modules['deepspeed'] = None; sys.argv = {argv!r}; runpy.run_module('ctxext')"
+    done = run([sys.executable, "-c", code], CTXEXT_CACHE=str(cache_root))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "train.sequence_parallel_size: 2 needs DeepSpeed" in done.stderr and "ctxext[deepspeed]" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# ---- the plan (config only) ----
+
+
+def test_plan_divides_activations_by_the_split_but_not_the_all_to_all_buffers():
+    # The tiny Llama by hand: hidden 64, 2 layers, 4 heads of 16, 2 key/value heads.
+    shape = ModelShape(vocab=512, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, tied=False)
+    setup = Setup(seq_len=8192, optimizer="adamw", loss_chunk=256)
+    one, two = footprint(shape, setup), footprint(shape, dataclasses.replace(setup, sequence_parallel=2, world=2))
+    size_one, size_two = ({c.name: c.bytes for c in fp.components} for fp in (one, two))
+    per_token = ["layer inputs (checkpoints)", "recomputed layer", "backward working set", "final norm + hidden states"]
+    for name in [*per_token, "grad of hidden states"]:
+        assert abs(size_two[name] - size_one[name] / 2) <= 1, name
+    # Not divided: the exchange buffers (gathered q, k, v, output of one layer + as much in flight), fp32 stream.
+    q_k_v_out = 2 * 64 + 2 * 32
+    assert size_two["Ulysses all-to-all buffers"] == 2 * 4096 * q_k_v_out * 4
+    assert "Ulysses all-to-all buffers" not in size_one and one.all_to_all == 0
+    # Sent per micro-batch: 2 layers x 3 passes (forward, recomputation, backward) x the half that leaves.
+    assert two.all_to_all == 2 * 3 * (4096 * q_k_v_out // 2) * 4
+
+
+def test_plan_offers_the_split_and_re_plans_it():
+    runner = CliRunner()
+    # 384k tokens: beyond one H100 even with the train.memory levers (on by default on a GPU).
+    length = ["train.seq_len=393216", "rope.target_length=393216"]
+    args = ["plan", "recipes/llama3-8b-yarn-64k.yaml", *length, "--gpu", "h100-80gb", "--json"]
+    alone = json.loads(runner.invoke(app, args).output)
+    assert not alone["fits"]
+    [offer] = [a for a in alone["advice"] if "train.sequence_parallel_size=2" in a["overrides"]]
+    assert offer["fits"] and "--num_processes 2" in offer["launch"] and "ctxext[deepspeed]" in offer["launch"]
+    split = json.loads(runner.invoke(app, [*args, "--sp", "2"]).output)  # --sp 2 alone plans 2 GPUs
+    assert split["fits"] and split["setup"]["sequence_parallel"] == 2 and split["setup"]["world"] == 2
+    assert split["total_gib"] == pytest.approx(offer["total_gib"])
+    assert split["longest_seq_len"] > alone["longest_seq_len"] and split["all_to_all_gib_per_step"] > 0
+    bad = runner.invoke(app, [*args, "--sp", "3"], env={"COLUMNS": "300"})
+    assert bad.exit_code == 2 and "train.sequence_parallel_size: 3 must divide" in " ".join(bad.output.split())
+
+
+# ---- two real processes over gloo ----
+
+
+@pytest.mark.slow
+@deepspeed_missing
+def test_two_process_split_gives_the_one_process_loss_and_gradients(tmp_path, cache_root):
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **SPLIT)
+    split = write_recipe(
+        tmp_path / "s.yaml", tmp_path / "run", **{**SPLIT, "train": {**SPLIT["train"], "sequence_parallel_size": 2}}
+    )
+    cases = "plain,pose,ignored"
+    worker = str(ROOT / "tests" / "_sp_worker.py")
+    one = run([sys.executable, worker, str(recipe), str(tmp_path / "one.pt"), cases], CTXEXT_CACHE=str(cache_root))
+    assert one.returncode == 0, one.stderr[-3000:]
+    cmd = accelerate_cmd(2, str(split), str(tmp_path / "two.pt"), cases)
+    cmd[cmd.index("-m") : cmd.index("ctxext") + 1] = [worker]  # a script, not `-m ctxext`
+    two = run(cmd, ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert (a["processes"], b["processes"]) == (1, 2)
+    for case in cases.split(","):
+        ref, got = a["cases"][case], b["cases"][case]
+        assert torch.isfinite(torch.tensor(got["loss"]))
+        assert abs(got["loss"] - ref["loss"]) <= 1e-6 * abs(ref["loss"]), case
+        assert ref["grads"].keys() == got["grads"].keys()
+        for name, grad in ref["grads"].items():
+            assert grad.norm() > 0, name  # every gradient is exercised (LoRA B starts non-zero in the worker)
+            assert _relative(grad, got["grads"][name]) <= 1e-5, (case, name)
+
+
+@pytest.mark.slow
+@deepspeed_missing
+def test_two_process_ctxext_train_killed_and_resumed_ends_with_the_one_process_adapter(tmp_path, cache_root):
+    # One process, straight through; two processes splitting every row, SIGKILLed after step 3 (checkpoint at
+    # step 2) and resumed with --resume: the same per-step losses, validation loss and adapter.
+    from ctxext.training.run import read_run, train
+
+    sections = {
+        **SPLIT,
+        "data": {"max_documents": 40, "validation_fraction": 0.1},
+        "train": {**SPLIT["train"], "max_steps": 6, "save_every": 2, "eval_batches": 1},
+    }
+    train(load_recipe(write_recipe(tmp_path / "a.yaml", tmp_path / "one", **sections)))
+    recipe = write_recipe(tmp_path / "b.yaml", tmp_path / "two", **sections)
+    cmd = accelerate_cmd(2, "train", str(recipe), "train.sequence_parallel_size=2")
+    launch_env = env(ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))
+    metrics = tmp_path / "two" / "metrics.jsonl"
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=launch_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if metrics.exists() and any(json.loads(x)["step"] >= 3 for x in metrics.read_text().splitlines() if x):
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        _kill_tree(proc.pid)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc.pid)
+    assert read_run(tmp_path / "two", allow_incomplete=True)["status"] == "running"
+    done = run([*cmd, "--resume"], ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed from" in done.stdout + done.stderr
+
+    one, two = read_run(tmp_path / "one"), read_run(tmp_path / "two")
+    assert two["num_processes"] == 2 and two["tokens_seen"] == one["tokens_seen"] == 6 * 2 * 2048
+    losses = [
+        [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for d in (tmp_path / "one", tmp_path / "two")
+    ]
+    assert len(losses[1]) == 6
+    for a, b in zip(*losses, strict=True):
+        assert abs(a - b) <= 1e-5 * a
+    assert abs(one["final_val_loss"] - two["final_val_loss"]) <= 1e-5 * one["final_val_loss"]
+    a, b = adapter_tensors(tmp_path / "one"), adapter_tensors(tmp_path / "two")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert _relative(a[name], b[name]) <= 1e-4, name
