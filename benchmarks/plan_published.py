@@ -56,7 +56,16 @@ class Case:
     kwargs: dict = field(default_factory=dict)
 
 
+# The train.memory levers as these setups ran: none (peft + transformers as they are; plain CUDA allocator).
+LEVERS_OFF = {"residual_dtype": "auto", "offload_checkpoints": False, "tiled_mlp": False, "expandable_segments": False}
+# unsloth's long-context run: bf16 residual stream, checkpoints offloaded to host memory, chunked loss; no tiled MLP.
+UNSLOTH = {"residual_dtype": "bf16", "offload_checkpoints": True, "tiled_mlp": False, "expandable_segments": False}
+
+
 def _recipe(seq_len: int, quant: str, r: int, extra: list[str], optimizer: str, attn: str = "sdpa", **train):
+    train.setdefault("memory", LEVERS_OFF)
+    if quant != "none" and train["memory"]["residual_dtype"] == "auto":
+        train["memory"] = {**train["memory"], "residual_dtype": "fp32"}  # peft's k-bit upcast
     return {
         "model": {"path": "published", "attn_implementation": attn},
         "rope": {"method": "none"},
@@ -122,10 +131,11 @@ CASES = [
     ),
     Case(
         "unsloth README (long-context table)",
-        "same model with unsloth (chunked loss, checkpoints offloaded to CPU RAM); here: ctxext's chunked loss",
+        "same model with unsloth (chunked loss, checkpoints offloaded to CPU RAM, bf16 residual stream); here: the "
+        "same levers of ctxext's train.memory (tiled MLP off)",
         "342,733 tokens max",
         LLAMA3_8B,
-        _recipe(8192, "nf4", 32, [], "paged_adamw_8bit", attn="flash_attention_2"),
+        _recipe(8192, "nf4", 32, [], "paged_adamw_8bit", attn="flash_attention_2", memory=UNSLOTH),
         "h100-80gb",
         measure="longest",
         published_value=342733,

@@ -179,7 +179,9 @@ def test_plan_divides_activations_by_the_split_but_not_the_all_to_all_buffers():
 
 def test_plan_offers_the_split_and_re_plans_it():
     runner = CliRunner()
-    args = ["plan", "recipes/llama3-8b-yarn-64k.yaml", "--gpu", "h100-80gb", "--json"]
+    # 384k tokens: beyond one H100 even with the train.memory levers (on by default on a GPU).
+    length = ["train.seq_len=393216", "rope.target_length=393216"]
+    args = ["plan", "recipes/llama3-8b-yarn-64k.yaml", *length, "--gpu", "h100-80gb", "--json"]
     alone = json.loads(runner.invoke(app, args).output)
     assert not alone["fits"]
     [offer] = [a for a in alone["advice"] if "train.sequence_parallel_size=2" in a["overrides"]]

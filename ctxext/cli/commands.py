@@ -336,6 +336,19 @@ def _print_plan(plan: Any) -> None:
         )
     for note in plan.notes + plan.memory.notes:
         console.print(f"[yellow]note:[/] {note}")
+    if plan.levers:
+        levers = Table(title="memory levers, each planned on and off (largest gain first)")
+        for col in ("lever", "in this plan", "recipe override (on)", "longest on", "longest off", "buys"):
+            levers.add_column(col)
+        for e in plan.levers:
+            levers.add_row(
+                escape(e.name),
+                "on" if e.on else "off",
+                escape(e.key) or "(always on)",
+                *(f"{n:,}" if n else "-" for n in (e.longest_on, e.longest_off)),
+                f"{e.buys:+,}",
+            )
+        console.print(levers)
     if plan.advice:
         adv = Table(title="advice (each re-planned)")
         for col in ("change", "recipe overrides / launch", "GiB", "fits", "longest seq_len"):

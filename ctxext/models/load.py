@@ -14,6 +14,7 @@ post_attention_layernorm and the final ``model.norm``); the matched names are re
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class TrainingModel:
         extra_trainable: module paths trained in full.
         trainable_params: number of trainable parameters.
         total_params: number of parameters (quantized ones counted as stored).
+        levers: the memory levers used (``train.memory``, resolved: :class:`ctxext.recipe.memory.Levers`).
     """
 
     model: Any
@@ -61,6 +63,7 @@ class TrainingModel:
     extra_trainable: list[str] = field(default_factory=list)
     trainable_params: int = 0
     total_params: int = 0
+    levers: dict[str, Any] = field(default_factory=dict)
 
 
 def compute_dtype_for(setting: str, device: torch.device) -> torch.dtype:
@@ -253,7 +256,9 @@ def _matched_modules(model: torch.nn.Module, suffixes: list[str]) -> list[str]:
     return [name for name, _ in model.named_modules() if name and any(name.endswith(s) for s in suffixes)]
 
 
-def add_lora(model: Any, lora: Any, gradient_checkpointing: bool, quantized: bool) -> tuple[Any, list[str]]:
+def add_lora(
+    model: Any, lora: Any, gradient_checkpointing: bool, quantized: bool, levers: Any = None
+) -> tuple[Any, list[str]]:
     """Wrap a (possibly quantized) model with LoRA and fully trainable extra modules.
 
     Args:
@@ -262,6 +267,7 @@ def add_lora(model: Any, lora: Any, gradient_checkpointing: bool, quantized: boo
             ``extra_trainable``).
         gradient_checkpointing: recompute activations in the backward pass.
         quantized: the base is 4-bit or 8-bit (peft's k-bit preparation is applied).
+        levers: the memory levers (:class:`ctxext.recipe.memory.Levers`); ``None``: none.
 
     Returns:
         ``(peft model, names of the extra trainable modules)``.
@@ -291,9 +297,9 @@ def add_lora(model: Any, lora: Any, gradient_checkpointing: bool, quantized: boo
         # peft would enable checkpointing through transformers' deprecated `gradient_checkpointing_enable`
         # (removed in v6); with non-reentrant checkpointing its input-grad hack is not needed, so enable it here.
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    offload = bool(levers and levers.offload_checkpoints)
     if gradient_checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=ckpt_kwargs)
-    if gradient_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=ckpt_kwargs, offload=offload)
         model.config.use_cache = False
     config = LoraConfig(
         r=lora.r,
@@ -304,7 +310,12 @@ def add_lora(model: Any, lora: Any, gradient_checkpointing: bool, quantized: boo
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config), extra
+    peft_model = get_peft_model(model, config)
+    if levers is not None:
+        from ctxext.models.levers import apply_levers
+
+        apply_levers(peft_model, levers)
+    return peft_model, extra
 
 
 def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharded: bool = False) -> TrainingModel:
@@ -321,6 +332,12 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
     device = torch.device(device)
     dtype = compute_dtype_for(recipe.quantization.compute_dtype, device)
     attn = attention_for(recipe.model.attn_implementation, device)
+    from ctxext.models.levers import configure_allocator
+    from ctxext.recipe.memory import recipe_levers
+
+    # The levers are checked before anything is loaded, and the allocator set before the weights are allocated.
+    levers = recipe_levers(recipe, device.type, str(dtype).removeprefix("torch."))
+    levers = dataclasses.replace(levers, expandable_segments=configure_allocator(levers.expandable_segments))
     model, tokenizer, folder = load_base(
         recipe.model.path,
         quantization=recipe.quantization.mode,
@@ -344,9 +361,8 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
         )
     else:
         verify_model_rope(model)
-    peft_model, extra = add_lora(
-        model, recipe.lora, recipe.train.gradient_checkpointing, recipe.quantization.mode != "none"
-    )
+    quantized, ckpt = recipe.quantization.mode != "none", recipe.train.gradient_checkpointing
+    peft_model, extra = add_lora(model, recipe.lora, ckpt, quantized, levers)
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
     return TrainingModel(
@@ -359,6 +375,7 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
         extra_trainable=extra,
         trainable_params=trainable,
         total_params=total,
+        levers=levers.record(),
     )
 
 

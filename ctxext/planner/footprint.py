@@ -123,6 +123,13 @@ class Setup:
         context_parallel: processes a sequence is split over (ring attention, FSDP2).
         sequence_parallel: processes a sequence is split over (Ulysses: ``train.sequence_parallel_size``).
         sharding: ``none`` (one process or DDP), ``fsdp2`` or ``zero3``.
+        residual_bytes: bytes of the residual stream (``train.memory.residual_dtype``); 0: what the weights give
+            (fp32 after peft's k-bit preparation, else the compute dtype).
+        offload_checkpoints: the checkpointed layer inputs live in pinned host memory.
+        tiled_mlp: MLP shards (``0``: ceil(tokens / hidden)), or ``None``: not tiled.
+        expandable_segments: the CUDA caching allocator uses expandable segments.
+        lora_dropout: LoRA dropout probability (a dropped copy of each adapted projection's input is saved).
+        row_mask: rows carry segments (document mask, short rows, task rows): SDPA gets a T×T mask.
     """
 
     seq_len: int
@@ -142,6 +149,17 @@ class Setup:
     context_parallel: int = 1
     sequence_parallel: int = 1
     sharding: str = "none"
+    residual_bytes: int = 0
+    offload_checkpoints: bool = False
+    tiled_mlp: int | None = None
+    expandable_segments: bool = False
+    lora_dropout: float = 0.0
+    row_mask: bool = False
+
+    @property
+    def residual(self) -> int:
+        """Bytes per element of the residual stream and of most saved activations."""
+        return self.residual_bytes or self.frozen_float_bytes
 
     @property
     def quantized(self) -> bool:
@@ -325,6 +343,31 @@ def trainable(shape: ModelShape, s: Setup, fp: Footprint) -> int:
 FWD_BWD = ("loss", "backward")
 
 
+def mlp_tokens(shape: ModelShape, s: Setup) -> int:
+    """Tokens whose MLP intermediates exist at once: one shard with the tiled MLP, else all local tokens."""
+    t = s.local_tokens
+    if s.tiled_mlp is None:
+        return t
+    shards = min(t, s.tiled_mlp or -(-t // shape.hidden))
+    return -(-t // shards)
+
+
+def lora_saved_bytes(shape: ModelShape, s: Setup) -> float:
+    """What peft's LoRA layers save per decoder layer beyond the base model's tensors.
+
+    peft casts a projection's input to the adapter's dtype (fp32) before ``lora_A``: with an fp32 residual stream
+    and no dropout that is the input itself (already saved); with a bf16 stream each adapted projection keeps its
+    own fp32 copy. With dropout (p > 0) each keeps the dropped fp32 copy and its boolean mask.
+    """
+    per_value = 5 if s.lora_dropout > 0 else (4 if s.residual != 4 else 0)
+    if not per_value:
+        return 0.0
+    dims = shape.projection_dims()
+    mlp = ("gate_proj", "up_proj", "down_proj")
+    t, tm = s.local_tokens, mlp_tokens(shape, s)
+    return sum(dims[p][0] * (tm if p in mlp else t) * per_value for p in s.lora_targets if p in dims)
+
+
 def layer_activation_elems(shape: ModelShape) -> int:
     """Elements one decoder layer saves for the backward pass, per token (LoRA/4-bit path, SDPA).
 
@@ -346,7 +389,7 @@ def attention_extra_bytes(shape: ModelShape, s: Setup, tokens: int) -> float:
         # Scores (compute dtype), their float32 softmax and its cast back, per head: quadratic in T.
         return b * shape.heads * t * t * (2 * s.compute_bytes + 4)
     lse = b * shape.heads * t * 4  # the softmax log-sum-exp kept by flash / memory-efficient kernels
-    if s.attention == "flash_attention_2" and s.frozen_float_bytes == 4 and s.compute_bytes == 2:
+    if s.attention == "flash_attention_2" and s.residual == 4 and s.compute_bytes == 2:
         # transformers casts float32 q/k/v (peft's upcast residual stream) to bf16 for flash-attn.
         q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
         return lse + tokens * (q + 2 * kv) * 2
@@ -354,28 +397,45 @@ def attention_extra_bytes(shape: ModelShape, s: Setup, tokens: int) -> float:
 
 
 def layer_bytes(shape: ModelShape, s: Setup) -> float:
-    """Bytes one decoder layer saves for the backward pass (its forward activations), for the local tokens."""
+    """Bytes one decoder layer saves for the backward pass (its forward activations), for the local tokens.
+
+    With the tiled MLP its ``4 × intermediate`` values exist for one shard of tokens at a time.
+    """
     t = s.local_tokens
-    return t * layer_activation_elems(shape) * s.frozen_float_bytes + attention_extra_bytes(shape, s, t)
+    mlp = 4 * shape.intermediate
+    attn_and_norms = t * (layer_activation_elems(shape) - mlp) + mlp_tokens(shape, s) * mlp
+    return attn_and_norms * s.residual + lora_saved_bytes(shape, s) + attention_extra_bytes(shape, s, t)
 
 
 def activations(shape: ModelShape, s: Setup, fp: Footprint) -> None:
     """Activations kept for the backward pass and the backward pass's working set."""
     t = s.local_tokens
-    a = s.frozen_float_bytes  # the residual stream's dtype (see the module docstring)
+    a = s.residual  # the residual stream's dtype (see the module docstring)
     layer = layer_bytes(shape, s)
-    # Backward of one layer: the incoming and outgoing residual gradients and the MLP's intermediate gradients.
-    working = t * a * (2 * shape.hidden + 3 * shape.intermediate)
+    # Backward of one layer: the incoming and outgoing residual gradients and the MLP's intermediate gradients
+    # (one shard's with the tiled MLP).
+    working = a * (2 * t * shape.hidden + 3 * mlp_tokens(shape, s) * shape.intermediate)
     per_tok = f"{t:,} tokens × {a} B"
-    if s.checkpointing:
+    checkpoints = shape.layers * t * shape.hidden * a
+    if s.checkpointing and s.offload_checkpoints:
+        # save_on_cpu copies each layer input to pinned host memory in the forward pass and back, one layer at a
+        # time, when the backward pass recomputes that layer.
+        fp.add("activations", "offloaded checkpoint in flight", t * shape.hidden * a, "one layer input", FWD_BWD)
+        fp.notes.append(
+            f"checkpoints offloaded: {checkpoints / GIB:.1f} GiB of pinned host memory per GPU, "
+            f"{2 * checkpoints / GIB:.1f} GiB over PCIe per micro-batch (device→host, then host→device)"
+        )
+    elif s.checkpointing:
         fp.add(
             "activations",
             "layer inputs (checkpoints)",
-            shape.layers * t * shape.hidden * a,
+            checkpoints,
             f"{shape.layers} layers × {per_tok} × hidden {shape.hidden}",
             FWD_BWD,
         )
-        fp.add("activations", "recomputed layer", layer, f"one layer's saved tensors, {s.attention}", ("backward",))
+    if s.checkpointing:
+        how = f"one layer's saved tensors, {s.attention}" + (", MLP tiled" if s.tiled_mlp is not None else "")
+        fp.add("activations", "recomputed layer", layer, how, ("backward",))
     else:
         fp.add(
             "activations",
@@ -390,6 +450,12 @@ def activations(shape: ModelShape, s: Setup, fp: Footprint) -> None:
         largest = max(a_ * b_ for a_, b_ in shape.projection_dims().values())
         fp.add("activations", "dequantized projection", largest * s.compute_bytes, "transient, one at a time", FWD_BWD)
     fp.add("activations", "final norm + hidden states", 3 * t * shape.hidden * a, "final norm's saved tensors", FWD_BWD)
+    if s.row_mask and s.attention != "flash_attention_2":
+        # Rows with segments (document mask, short rows, task rows) reach SDPA as a (B, 1, T, T) bool mask, which
+        # SDPA turns into an additive mask in the activations' dtype: quadratic in T.
+        # Local queries × all keys: Ulysses attends over the whole sequence on every rank.
+        mask = s.micro_batch * -(-s.seq_len // s.context_parallel) * s.seq_len * (1 + a)
+        fp.add("activations", "T×T attention mask (rows with segments)", mask, f"bool + a {a}-byte copy", FWD_BWD)
 
 
 def all_to_all_elems(shape: ModelShape, s: Setup) -> int:
@@ -406,7 +472,7 @@ def all_to_all_elems(shape: ModelShape, s: Setup) -> int:
 def all_to_all_bytes(shape: ModelShape, s: Setup) -> int:
     """Bytes one process sends per micro-batch: every layer, forward and backward (and the recomputed forward)."""
     passes = 3 if s.checkpointing else 2
-    return shape.layers * passes * all_to_all_elems(shape, s) * s.frozen_float_bytes
+    return shape.layers * passes * all_to_all_elems(shape, s) * s.residual
 
 
 def all_to_all(shape: ModelShape, s: Setup, fp: Footprint) -> None:
@@ -418,7 +484,7 @@ def all_to_all(shape: ModelShape, s: Setup, fp: Footprint) -> None:
     if s.sequence_parallel == 1:
         return
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    per_layer = s.local_tokens * (2 * q + 2 * kv) * s.frozen_float_bytes
+    per_layer = s.local_tokens * (2 * q + 2 * kv) * s.residual  # q/k/v/out in the residual stream's dtype
     kept = 1 if s.checkpointing else shape.layers
     fp.all_to_all = all_to_all_bytes(shape, s)
     fp.add(
@@ -437,7 +503,7 @@ def loss(shape: ModelShape, s: Setup, fp: Footprint) -> None:
     head_bytes = s.frozen_float_bytes
     if s.loss == "chunked":
         c = min(s.loss_chunk, t)
-        grad_h = t * shape.hidden * s.frozen_float_bytes
+        grad_h = t * shape.hidden * s.residual
         fp.add("loss", "grad of hidden states", grad_h, "formed in the forward pass", ("loss",))
         upcast = c * v * head_bytes if head_bytes != 4 else 0
         chunk = c * v * 4 + upcast + c * shape.hidden * 4

@@ -17,6 +17,7 @@ from typing import Any
 from ctxext.errors import InputError
 from ctxext.models.devices import GIB, Device
 from ctxext.planner.footprint import FWD_BWD, PHASES, Footprint, ModelShape, Setup, footprint, layer_bytes
+from ctxext.planner.levers import lever_advice, lever_effects, lever_fields
 from ctxext.resources import RESOURCES
 
 BUNDLED_CONFIGS = RESOURCES / "hub-configs"
@@ -26,6 +27,9 @@ SHARDINGS = ("none", "ddp", "fsdp2", "zero3")
 # allocator holds more than it hands out (fragmentation). Not calibrated here (no GPU): typical values.
 CUDA_CONTEXT = 1.0 * GIB
 CUDA_FRAGMENTATION = 0.10
+# With expandable segments the allocator maps more memory into one segment instead of opening a new one for a
+# size that does not fit a free block, which removes most of that waste. Assumed, not measured (no GPU here).
+CUDA_FRAGMENTATION_EXPANDABLE = 0.03
 # CPU (peak resident memory, what `ctxext train` reports there): the resident memory of Python + torch +
 # transformers + peft + bitsandbytes with a model loaded and one warm-up step taken, less the model itself —
 # fitted as the mean over the benchmark cells of benchmarks/plan_accuracy.py (its "warm" column). And glibc
@@ -83,6 +87,7 @@ class Plan:
     max_steps: int = 0
     notes: list[str] = field(default_factory=list)
     what_if: dict[str, int] = field(default_factory=dict)
+    levers: list[Any] = field(default_factory=list)
 
     @property
     def wall_seconds(self) -> float | None:
@@ -120,6 +125,7 @@ class Plan:
             "max_steps": self.max_steps,
             "wall_seconds": self.wall_seconds,
             "what_if_gib": {k: v / GIB for k, v in self.what_if.items()},
+            "levers": [e.to_dict() for e in self.levers],
             "notes": self.notes + self.memory.notes,
         }
 
@@ -220,6 +226,7 @@ def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, los
         context_parallel=cp,
         sequence_parallel=sp,
         sharding="none" if sharding == "ddp" else sharding,
+        **lever_fields(recipe, device.kind, compute_bytes),
     )
 
 
@@ -236,12 +243,9 @@ def device_footprint(shape: ModelShape, setup: Setup, device: Device) -> Footpri
         fp.add(
             "overhead", "CUDA context + workspaces", CUDA_CONTEXT, "outside PyTorch's allocator (typical, not measured)"
         )
-        fp.add(
-            "overhead",
-            "allocator fragmentation",
-            CUDA_FRAGMENTATION * dynamic,
-            f"{CUDA_FRAGMENTATION:.0%} of the activations (caching allocator)",
-        )
+        share = CUDA_FRAGMENTATION_EXPANDABLE if setup.expandable_segments else CUDA_FRAGMENTATION
+        how = "expandable segments" if setup.expandable_segments else "caching allocator"
+        fp.add("overhead", "allocator fragmentation", share * dynamic, f"{share:.0%} of the activations ({how})")
     else:
         fp.add("overhead", "Python + torch runtime", CPU_RUNTIME, "fitted on this CPU (benchmarks/plan_accuracy.py)")
         fp.add(
@@ -313,6 +317,7 @@ def _advice_candidates(setup: Setup, device: Device, gpus: int) -> list[tuple[st
         out.append(("use ctxext's chunked loss", [], "", rep(setup, loss="chunked")))
     if setup.loss == "chunked" and setup.loss_chunk > 256:
         out.append(("smaller loss chunk", ["train.loss_chunk_size=256"], "", rep(setup, loss_chunk=256)))
+    out += lever_advice(setup, device)
     if setup.optimizer == "adamw" and device.kind == "cuda":
         out.append(
             ("paged 8-bit AdamW", ["train.optimizer=paged_adamw_8bit"], "", rep(setup, optimizer="paged_adamw_8bit"))
@@ -438,7 +443,9 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
     n = shape.matmul_params()
     attn = 6 * shape.layers * setup.seq_len * shape.heads * shape.head_dim
     total = 6 * n + attn
-    return total * (4 / 3 if setup.checkpointing else 1)
+    # The tiled MLP recomputes each shard's MLP forward once more in the backward pass (2 FLOPs per weight).
+    tiled = 2 * shape.layers * 3 * shape.hidden * shape.intermediate if setup.tiled_mlp is not None else 0
+    return total * (4 / 3 if setup.checkpointing else 1) + tiled
 
 
 # ------------------------------------------------------------------------------------------------
@@ -510,6 +517,7 @@ def plan_recipe(
     )
     if search:
         plan.longest = longest_fit(shape, setup, device)
+        plan.levers = lever_effects(shape, setup, device, lambda *a: device_footprint(*a).total, longest_fit)
     if advise_changes and not ok:
         plan.advice = advise(shape, setup, device)
     # The same step with checkpointing and the loss flipped, for comparison (the table shows the recipe's own).

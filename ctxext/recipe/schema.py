@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import InitErrorDetails
 
 from ctxext.errors import InputError
+from ctxext.recipe.memory import MemorySection
 from ctxext.recipe.parallel import LENGTH_DEPENDENT_METHODS, sequence_parallel_refusal
 from ctxext.recipe.search import SearchOptions
 from ctxext.rope.methods import METHODS, declared_options
@@ -386,6 +387,7 @@ class TrainSection(_Section):
     pose: PoseSection | None = Field(
         default=None, description="PoSE: train positions up to rope.target_length with train.seq_len-token rows"
     )
+    memory: MemorySection = Field(default_factory=MemorySection, description="memory levers (docs/planning.md)")
 
 
 class EvalSection(_Section):
@@ -620,6 +622,13 @@ def schema_lines() -> list[str]:
             default = "required" if info.is_required() else f"= {info.get_default(call_default_factory=True)!r}"
             meaning = f"  — {info.description}" if info.description else ""
             lines.append(f"  {section_name}.{key}: {kind} {default}{meaning}")
+            if info.annotation is MemorySection:  # a nested section: each of its keys too
+                for sub, sub_info in MemorySection.model_fields.items():
+                    ann = sub_info.annotation
+                    sub_kind = getattr(ann, "__name__", None) or str(ann).replace("typing.", "")
+                    lines.append(
+                        f"    {section_name}.{key}.{sub}: {sub_kind} = {sub_info.default!r}  — {sub_info.description}"
+                    )
         if section is RopeSection:
             # The method options, generated from each method's declaration (ctxext/rope/methods/).
             for key, shared in declared_options().items():

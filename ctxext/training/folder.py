@@ -190,6 +190,7 @@ def run_record(
         extra_trainable=loaded.extra_trainable,
         trainable_params=loaded.trainable_params,
         attn_implementation=loaded.attn_implementation,
+        memory=loaded.levers,
         compute_dtype=str(loaded.compute_dtype).replace("torch.", ""),
         seq_len=recipe.seq_len,
         quantization=recipe.quantization.mode,

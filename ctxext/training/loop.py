@@ -33,7 +33,8 @@ from ctxext.training.steps import micro_batches, peak_mem_mb, short_rows
 from ctxext.training.stop import StopRequest
 
 OOM_ADVICE = (
-    "out of memory at train.seq_len={seq} with micro_batch_size={mb}. Lower, in this order: "
+    "out of memory at train.seq_len={seq} with micro_batch_size={mb}. On a GPU keep the train.memory levers on "
+    "(`ctxext plan` ranks what each buys). Lower, in this order: "
     "train.micro_batch_size (raise train.gradient_accumulation_steps to keep the batch), train.seq_len, "
     "train.loss_chunk_size, lora.r; keep train.gradient_checkpointing=true and quantization.mode=nf4; drop "
     "embed_tokens from lora.extra_trainable; or spread the sequence over GPUs: train.sequence_parallel_size "

@@ -18,8 +18,9 @@ IGNORE_INDEX = -100
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    # The matmul runs in the compute dtype (bf16 on GPU); only the chunk is upcast to float32.
-    logits = F.linear(hidden, weight, bias)
+    # The matmul runs in the head's dtype: a bf16 residual stream (train.memory) meets peft's fp32 head one chunk
+    # at a time, never as a full-length fp32 copy. Only the chunk of logits is upcast to float32.
+    logits = F.linear(hidden.to(weight.dtype), weight, bias)
     return logits if logits.dtype == torch.float64 else logits.float()
 
 

@@ -1,0 +1,171 @@
+"""The CPU-measurable memory levers of ``train.memory``: peak resident memory, planned peak and tokens/s, one run.
+
+A wide random Llama (hidden 2048, intermediate 6144, 2 layers, 32k vocabulary: the shape of
+``benchmarks/train_memory.py``'s ``build_model``) through ctxext's own training path (nf4 double-quant, YaRN,
+LoRA r=8 on every projection, gradient checkpointing, AdamW) at ``--length`` tokens (default 8,192). Four cells,
+each in a fresh process (``benchmarks/_memory.py``): no tiling (transformers' own full-logit loss), the tiled
+logits/loss (ctxext's chunked loss), the tiled MLP (``train.memory.tiled_mlp=true``) with the full-logit loss,
+and both. Each cell: load, a 128-token warm-up step, then one timed step (forward, backward, AdamW step).
+Measured: the process's peak resident set (``VmHWM``); planned: ``ctxext plan`` for the same recipe against this
+machine's RAM; speed: tokens/s of the timed step and its ratio to the untiled cell of the same run.
+
+The bf16 residual stream and checkpoint offload are GPU-only (bf16 compute, pinned CUDA memory):
+``scripts/gpu-check.sh`` measures them. Results: ``benchmarks/results/memory_levers.md``.
+
+Usage::
+
+    nice -n 10 python benchmarks/memory_levers.py                   # ~10+ minutes on a quiet 2-core machine
+    python benchmarks/memory_levers.py --hidden 256 --length 1024   # a quick smoke run of the script itself
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+from _memory import mem_total_gb, peak_rss_mb, run_watched
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's ctxext, not another installed copy
+RESULTS_MD = ROOT / "benchmarks" / "results" / "memory_levers.md"
+# name → (train.memory.tiled_mlp, loss)
+CELLS = {
+    "untiled (full-logit loss)": (False, "full"),
+    "tiled logits/loss (chunked)": (False, "chunked"),
+    "tiled MLP, full-logit loss": (True, "full"),
+    "tiled MLP + tiled loss": (True, "chunked"),
+}
+
+
+def model_dir(hidden: int) -> Path:
+    """The random benchmark model of this width (built once by ``train_memory.build_model``)."""
+    from train_memory import build_model
+
+    from ctxext.models.builtin import cache_dir
+
+    folder = cache_dir() / "benchmarks" / f"llama-v32000-h{hidden}-l2"
+    if not (folder / "config.json").is_file():
+        print(f"building {folder}…", flush=True)
+        build_model(folder, 32000, hidden, 2, context=512)
+    return folder
+
+
+def recipe_for(folder: str, length: int, tiled: bool):
+    """The recipe of one cell (the same for the measurement and the prediction)."""
+    from ctxext.recipe.schema import parse_recipe
+
+    return parse_recipe(
+        {
+            "model": {"path": folder, "attn_implementation": "sdpa"},
+            "rope": {"method": "yarn", "target_length": max(length, 1024)},
+            "lora": {"r": 8, "alpha": 16, "extra_trainable": []},
+            "data": {"path": "builtin:stdlib"},
+            "train": {"seq_len": length, "optimizer": "adamw", "memory": {"tiled_mlp": tiled}, "seed": 0},
+        },
+        source="benchmarks/memory_levers.py",
+    )
+
+
+def child(folder: str, length: int, cell: str) -> dict:
+    """One cell in this process: load, warm up, one timed training step; peak resident set and speed."""
+    import torch
+
+    from ctxext.models.load import build_training_model
+    from ctxext.training.run import CausalLMWithChunkedLoss, shifted_labels
+    from ctxext.training.steps import make_optimizer
+
+    tiled, loss = CELLS[cell]
+    recipe = recipe_for(folder, length, tiled)
+    loaded = build_training_model(recipe)
+    peft_model = loaded.model
+    wrapper = CausalLMWithChunkedLoss(peft_model, recipe.train.loss_chunk_size).train()
+    optimizer, _ = make_optimizer(recipe, [p for p in wrapper.parameters() if p.requires_grad], torch.device("cpu"))
+    vocab = peft_model.get_base_model().config.vocab_size
+    ids = torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(0))
+
+    def step(x: torch.Tensor) -> float:
+        if loss == "chunked":
+            total, n = wrapper(x, shifted_labels(x))
+            value = total / n
+        else:
+            value = peft_model(input_ids=x, labels=x).loss
+        value.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(value.detach())
+
+    step(ids[:, :128])
+    start = time.perf_counter()
+    value = step(ids)
+    seconds = time.perf_counter() - start
+    return {"peak_mb": peak_rss_mb(), "seconds": seconds, "loss_value": value, "levers": loaded.levers}
+
+
+def predict(folder: str, length: int, cell: str) -> float:
+    """The planner's peak for one cell against this machine's RAM, MiB."""
+    from ctxext.models.devices import cpu_device
+    from ctxext.planner.plan import plan_recipe
+
+    tiled, loss = CELLS[cell]
+    plan = plan_recipe(recipe_for(folder, length, tiled), cpu_device(), loss=loss, advise_changes=False, search=False)
+    return plan.memory.total / 2**20
+
+
+def main() -> None:
+    """Measure every cell, one fresh process at a time, and write the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--length", type=int, default=8192)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--budget-mb", type=float, default=mem_total_gb() * 1024 * 0.8)
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--child", nargs=3, metavar=("FOLDER", "LENGTH", "CELL"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        folder, length, cell = args.child
+        print(json.dumps(child(folder, int(length), cell)))
+        return
+    folder = str(model_dir(args.hidden))
+    rows, base_speed = [], None
+    for cell in CELLS:
+        cmd = [sys.executable, __file__, "--child", folder, str(args.length), cell]
+        result = run_watched(cmd, args.threads, args.budget_mb, args.timeout)
+        planned = predict(folder, args.length, cell)
+        if not result["ok"]:
+            rows.append(f"| {cell} | {result['reason']} | {planned:,.0f} | | | |")
+            print(f"{cell:32} {result['reason']}", flush=True)
+            continue
+        speed = args.length / result["seconds"]
+        base_speed = base_speed or speed
+        error = result["peak_mb"] / planned - 1
+        rows.append(
+            f"| {cell} | {result['peak_mb']:,.0f} | {planned:,.0f} | {error:+.0%} | {speed:,.0f} | "
+            f"{speed / base_speed:.2f} | {result['loss_value']:.4f} |"
+        )
+        print(rows[-1], flush=True)
+    flags = f"--hidden {args.hidden} --length {args.length} --threads {args.threads}"
+    command = f"python benchmarks/memory_levers.py {flags}"
+    text = "\n".join(
+        [
+            "# Memory levers on the CPU (`benchmarks/memory_levers.py`)",
+            "",
+            f"Command: `{command}` ({platform.processor() or platform.machine()}, {args.threads} threads, "
+            f"{mem_total_gb():.0f} GiB RAM). Model: random Llama, hidden {args.hidden}, 2 layers, 32k vocabulary, "
+            f"nf4 + LoRA r=8, checkpointing, AdamW; {args.length:,} tokens. Speed ratio: to the first cell, same run.",
+            "",
+            "| cell | measured peak MiB | planned MiB | error | tokens/s | speed ratio | loss |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+            *rows,
+            "",
+        ]
+    )
+    RESULTS_MD.write_text(text)
+    print(f"wrote {RESULTS_MD}")
+
+
+if __name__ == "__main__":
+    main()
