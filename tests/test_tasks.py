@@ -245,12 +245,14 @@ def test_new_tasks_fit_a_chat_template_and_train_in_a_mixture(tiny_tokenizer, ha
     for name in ("json_kv", "common_words", "doc_qa"):  # tasks that fill the length leave the template room
         s = get_task(name).generate(tok, hay, 700, 0.5, random.Random(1), template=0, chat=wrap)
         assert len(s.ids) == 700
+    # 2048 tokens: a JSON object's closing and the question take 80–140 tokens after the asked pair (by template), more
+    # than the last eighth of a shorter span, which the distance rule (data.task_distance: uniform) must reach.
     recipe = yaml.safe_load(
-        "model: {path: x}\nrope: {method: yarn, target_length: 512}\ntrain: {max_steps: 1, seq_len: 512}\n"
-        "data:\n  num_proc: 1\n  mixture:\n    - {task: json_kv, weight: 1, min_length: 512}\n"
-        "    - {task: doc_qa, weight: 1, min_length: 512}\n    - {path: builtin:stdlib, weight: 0, max_documents: 4}\n"
+        "model: {path: x}\nrope: {method: yarn, target_length: 2048}\ntrain: {max_steps: 1, seq_len: 2048}\n"
+        "data:\n  num_proc: 1\n  mixture:\n    - {task: json_kv, weight: 1, min_length: 2048}\n"
+        "    - {task: doc_qa, weight: 1, min_length: 2048}\n    - {path: builtin:stdlib, weight: 0, max_documents: 12}\n"
     )
-    plan = SimpleNamespace(original_length=256, target_length=512)
+    plan = SimpleNamespace(original_length=256, target_length=2048)
     data = prepare_training_data(parse_recipe(recipe), tiny_tokenizer, plan, rows=4)
     realised = {r["source"]: r for r in data.mixture["realised"]["sources"]}
     assert realised["task:json_kv"]["rows"] == 2 and realised["task:doc_qa"]["rows"] == 2
