@@ -250,7 +250,8 @@ def test_new_tasks_fit_a_chat_template_and_train_in_a_mixture(tiny_tokenizer, ha
     recipe = yaml.safe_load(
         "model: {path: x}\nrope: {method: yarn, target_length: 2048}\ntrain: {max_steps: 1, seq_len: 2048}\n"
         "data:\n  num_proc: 1\n  mixture:\n    - {task: json_kv, weight: 1, min_length: 2048}\n"
-        "    - {task: doc_qa, weight: 1, min_length: 2048}\n    - {path: builtin:stdlib, weight: 0, max_documents: 12}\n"
+        "    - {task: doc_qa, weight: 1, min_length: 2048}\n"
+        "    - {path: builtin:stdlib, weight: 0, max_documents: 12}\n"
     )
     plan = SimpleNamespace(original_length=256, target_length=2048)
     data = prepare_training_data(parse_recipe(recipe), tiny_tokenizer, plan, rows=4)
