@@ -270,8 +270,11 @@ def test_recipe_search_section(tmp_path, first_search, tiny_model_dir):
     settings = settings_from_recipe(recipe)
     assert (settings.budget_seconds, settings.population, settings.target_length) == ("2m", 8, TARGET)
     # A completed search folder is reused: its factors go into rope, nothing is searched again.
-    recipe = search_before_training(recipe, log=lambda _: None)
-    assert recipe.rope.long_factor == first_search.long_factor and recipe.rope.attention_factor == 1.0
+    searched = search_before_training(recipe, log=lambda _: None)
+    assert searched.recipe.rope.long_factor == first_search.long_factor and searched.recipe.rope.attention_factor == 1.0
+    # The recipe trained is the resolved one (factors, no search section); run.json gets the search's record.
+    assert searched.recipe.search is None and recipe.search is not None
+    assert searched.record["score"] == first_search.score and searched.record["folder"] == str(first_search.out)
     with pytest.raises(RecipeError) as err:
         parse_recipe({**data, "rope": {"method": "yarn", "target_length": TARGET}})
     assert "rope.method" in str(err.value)

@@ -253,12 +253,20 @@ def train(
     for warning in check_recipe(parsed, str(recipe)):
         err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
     _check_memory(parsed, strict, str(recipe))
+    searched = None
     if parsed.search is not None:
-        # A search: section finds the longrope factors first; training starts from them.
+        # A search: section finds the longrope factors first (in output.dir/search); training starts from them.
         from ctxext.search.recipe import search_before_training
 
-        parsed = search_before_training(parsed, log=lambda line: console.print(line, markup=False, highlight=False))
-    result = run_training(parsed, resume=resume, command=list(sys.argv))
+        searched = search_before_training(parsed, log=lambda line: console.print(line, markup=False, highlight=False))
+        parsed = searched.recipe
+        if resume and not (Path(parsed.output.dir) / "run.json").is_file():
+            # Interrupted during its search: the run itself has not started, so there is nothing else to resume.
+            err_console.print(f"note: {parsed.output.dir}: the search is done; the training starts now")
+            resume = False
+    result = run_training(
+        parsed, resume=resume, command=list(sys.argv), search=searched.record if searched is not None else None
+    )
     if result.model is not None:  # the main process: evaluate, then publish, as the recipe asks
         _after_training(result.run_dir, parsed)
 

@@ -431,7 +431,9 @@ class SearchSection(_Section):
         description="needle objectives: a needle form is used only if the base retrieves at least this share of it "
         "inside its window, percent",
     )
-    out: str | None = Field(default=None, description="the search's model folder (default: <output.dir>-search)")
+    out: str | None = Field(
+        default=None, description="the search's model folder (default: <output.dir>/search, inside the run)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SearchSection:
@@ -504,6 +506,12 @@ class Recipe(_Section):
     def seq_len(self) -> int:
         """The training sequence length (``train.seq_len`` or ``rope.target_length``)."""
         return int(self.train.seq_len or self.rope.target_length)  # type: ignore[arg-type]
+
+    def search_folder(self) -> Path | None:
+        """Where the ``search:`` section's search is written: ``search.out``, by default ``<output.dir>/search``."""
+        if self.search is None:
+            return None
+        return Path(self.search.out) if self.search.out else Path(self.output.dir) / "search"
 
 
 def _parse_value(text: str) -> Any:

@@ -71,13 +71,17 @@ class TrainResult:
     run: dict[str, Any]
 
 
-def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None) -> TrainResult:
+def train(
+    recipe: Recipe, resume: bool = False, command: list[str] | None = None, search: dict[str, Any] | None = None
+) -> TrainResult:
     """Run a training recipe to completion and return its run folder.
 
     Args:
         recipe: a validated recipe.
         resume: continue the run in ``output.dir`` from its last checkpoint.
         command: the command line, recorded in ``versions.json``.
+        search: the factor search the recipe's factors come from (``ctxext.search.recipe``), recorded in
+            ``run.json``; its folder may already be inside ``output.dir`` when a new run starts.
 
     Returns:
         A :class:`TrainResult` (the complete run folder, the trained model).
@@ -93,7 +97,7 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     launch = start_accelerator(recipe, out)
     # One writer per run folder: a second `train` (or a `--resume` of a run in progress) is refused here.
     with run_folder_lock(out, launch), stop_on_signals() as stop:
-        result = _train(recipe, resume, command, launch, stop)
+        result = _train(recipe, resume, command, launch, stop, search)
     if stop.signum is not None:
         # The signal came while the finished run wrote its outputs: it is complete, but what the CLI chains
         # after training (evaluation, push) must not start.
@@ -105,7 +109,14 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     return result
 
 
-def _train(recipe: Recipe, resume: bool, command: list[str] | None, launch: Launch, stop: StopRequest) -> TrainResult:
+def _train(
+    recipe: Recipe,
+    resume: bool,
+    command: list[str] | None,
+    launch: Launch,
+    stop: StopRequest,
+    search: dict[str, Any] | None,
+) -> TrainResult:
     """:func:`train` with the run folder's lock held and SIGTERM / SIGINT turned into a clean stop."""
     from accelerate.utils import DistributedType, set_seed
 
@@ -117,7 +128,7 @@ def _train(recipe: Recipe, resume: bool, command: list[str] | None, launch: Laun
 
     # Nothing is loaded before the output folder and the base weights are known to be right.
     recipe_text = dump_recipe(recipe)
-    previous = check_output_dir(out, recipe_text, resume)
+    previous = check_output_dir(out, recipe_text, resume, search_folder=Path(search["folder"]) if search else None)
     base_dir = resolve_model_path(recipe.model.path, recipe.model.revision)
     check_weights_readable(base_dir)
     base_fingerprint = fingerprint(base_dir)
@@ -133,6 +144,8 @@ def _train(recipe: Recipe, resume: bool, command: list[str] | None, launch: Laun
     # The run folder: created only once the model and the data are known to be usable.
     accelerator.wait_for_everyone()
     record = run_record(recipe, loaded, accelerator.num_processes, base_fingerprint, previous)
+    if search is not None or (previous and previous.get("search")):
+        record["search"] = search if search is not None else previous["search"]  # type: ignore[index]
     writer = RunWriter(out, launch.main, record)
     writer.start(recipe_text, versions(recipe, command or sys.argv), data.mixture)
     stop.graceful = True  # from here a stop signal ends the run at a step boundary, with a checkpoint
