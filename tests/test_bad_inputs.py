@@ -184,6 +184,28 @@ CASES = {
     ),
 }
 
+# Keys that were silently ignored: refused by `train` and reported by `validate`, each naming its key.
+IGNORED_KEYS = {
+    "data.path beside data.mixture": (
+        {"data": "  path: builtin:stdlib\n  mixture:\n    - {path: builtin:stdlib, weight: 1}\n"},
+        "data.path: 'builtin:stdlib' would be ignored: with data.mixture",
+    ),
+    "a key given twice": (
+        {"train": "  max_steps: 1\n  seq_len: 1024\n  max_steps: 5\n"},
+        "train.max_steps: given twice (lines 9 and 11)",
+    ),
+    "a task sample longer than a row": (
+        {
+            "data": "  mixture:\n    - {path: builtin:stdlib, weight: 1}\n"
+            "    - {task: needle, weight: 1, min_length: 2048}\n"
+        },
+        "data.mixture.1.min_length: 2048 is longer than train.seq_len (1024)",
+    ),
+}
+for _name, (_sections, _words) in IGNORED_KEYS.items():
+    for _command in ("train", "validate"):
+        CASES[f"{_name} ({_command})"] = ([_command, "{recipe}"], _sections, _words)
+
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_is_one_clear_message(case, world):
