@@ -260,3 +260,19 @@ def test_cuda_where_there_is_none(world):
         assert result.exit_code == 2, result.output
         assert "--device cuda: " in flat(result.output) and "use --device cpu" in flat(result.output)
         assert "Traceback" not in result.output and not (world["tmp"] / "out").exists()
+
+
+def test_keys_given_twice_are_found_at_any_depth(tmp_path):
+    from ctxext.errors import InputError
+    from ctxext.evaluation.suite import load_suite
+    from ctxext.recipe.yamlfile import DuplicateKeyError, load_yaml
+
+    text = "a:\n  b: 1\n  c: [{d: 1, d: 2}]\n  b: 3\n<<: {x: 1}\ne: 1\n"
+    with pytest.raises(DuplicateKeyError) as err:
+        load_yaml(text)
+    assert err.value.duplicates == [("a.c.0.d", 3, 3), ("a.b", 2, 4)]
+    assert load_yaml("a: {b: 1}\nc: {b: 2}\n") == {"a": {"b": 1}, "c": {"b": 2}}  # the same key in two mappings
+    # Eval suites are read the same way.
+    (tmp_path / "suite.yaml").write_text("name: x\nperplexity: {lengths: [32]}\nname: y\n")
+    with pytest.raises(InputError, match=r"name: given twice \(lines 1 and 3\)"):
+        load_suite(tmp_path / "suite.yaml")
