@@ -45,6 +45,7 @@ def world(tmp_path, tiny_model_dir, monkeypatch):
         "".join(json.dumps({"text": "def f(x):\n    return x\n" * 300}) + "\n" for _ in range(3))
     )
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "far.yaml").write_text("name: far\npasskey: {lengths: [128, 100000], depths: [50], trials: 1}\n")
     runs = tmp_path / "runs"
     runs.mkdir()
 
@@ -164,6 +165,11 @@ CASES = {
         },
         "short_factor: every rescale factor must be >= 1",
     ),
+    "suite length 390x the context": (
+        ["eval", "run", "far.yaml", "--model", "{model}", "--out", "out"],
+        None,
+        "passkey: length 100,000 is 391x the reference context 256; lengths past 8x it (2,048 tokens) are refused",
+    ),
     "mixture weight NaN": (
         ["validate", "{recipe}"],
         {"data": "  mixture:\n    - {path: builtin:stdlib, weight: .nan}\n"},
@@ -276,3 +282,14 @@ def test_keys_given_twice_are_found_at_any_depth(tmp_path):
     (tmp_path / "suite.yaml").write_text("name: x\nperplexity: {lengths: [32]}\nname: y\n")
     with pytest.raises(InputError, match=r"name: given twice \(lines 1 and 3\)"):
         load_suite(tmp_path / "suite.yaml")
+
+
+def test_a_large_grid_prints_its_work_first(world):
+    args = ["eval", "passkey", "--model", str(world["model"]), "--lengths", "100000", "--trials", "4", "--out", "out"]
+    result = runner.invoke(app, args)
+    output = flat(result.output)
+    # 5 depths × 4 trials at 100,000 tokens: said before the model loads; the length is then refused (no flag).
+    assert "note: passkey: 1 length(s) × 20 sequence(s) = 20 sequences, 2,000,000 tokens per model" in output
+    assert result.exit_code == 2 and "--allow-beyond-context" in output
+    small = runner.invoke(app, [*args[:5], "256", "--depths", "50", "--trials", "1", "--out", "out", "-q"])
+    assert small.exit_code == 0 and "note:" not in small.output, small.output

@@ -157,6 +157,16 @@ def _grid(
     return grid
 
 
+def _note_work(what: str, lengths: list[int], per_length: int) -> None:
+    """Before a large evaluation starts: how much it scores (:func:`~ctxext.evaluation.perplexity.work_estimate`)."""
+    from ctxext.cli.console import err_console
+    from ctxext.evaluation.perplexity import work_estimate
+
+    line = work_estimate(what, lengths, per_length)
+    if line:
+        err_console.print(f"note: {line}", markup=False, highlight=False, soft_wrap=True)
+
+
 def _run(
     models: list[str], out: Path, shared: Shared, task: str, fn: Callable[[Any], dict[str, Any]], data: dict[str, Any]
 ) -> dict[str, Any]:
@@ -345,6 +355,8 @@ def ppl_cmd(
         mode=mode,
     )
     settings.validate()
+    if max_docs:  # per-length mode scores every length on each document (one-pass: the longest only)
+        _note_work("perplexity", settings.lengths, max_docs)
 
     def task(loaded: Any) -> dict[str, Any]:
         return evaluate_perplexity(loaded, iter_texts(data, text_field, split), settings, not shared.quiet)
@@ -372,6 +384,7 @@ def passkey_cmd(
     from ctxext.evaluation.grid import evaluate_passkey
 
     grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring, chat_template, answer_margin)
+    _note_work("passkey", grid.lengths, len(grid.depths) * grid.trials)
     _run(model, out, shared, "passkey", lambda lm: evaluate_passkey(lm, grid, not shared.quiet), {})
 
 
@@ -410,6 +423,7 @@ def needle_cmd(
         if value:
             setattr(task, key, value)
     grid = _grid(lengths, depths, trials, seed, allow_beyond_context, scoring, chat_template, answer_margin)
+    _note_work("needle", grid.lengths, len(grid.depths) * grid.trials)
     data_info = {"needle": describe_source(haystack, text_field, split)}
     _run(
         model,

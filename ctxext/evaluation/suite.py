@@ -473,11 +473,14 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
     notes: list[str] = []
 
     def lengths_of(values: list[Length], task: str) -> list[int]:
+        from ctxext.evaluation.perplexity import check_far_lengths
+
         kept, dropped = resolve_lengths(values, original, context, suite.allow_beyond_context)
         if dropped:
             notes.append(f"{task}: lengths {dropped} dropped (above the reference context {context})")
         if not kept:
             raise InputError(f"{task}: no length left at or below the reference context {context}")
+        check_far_lengths(kept, context, suite.allow_beyond_context, task)
         return kept
 
     plan: dict[str, Any] = {}
