@@ -41,6 +41,10 @@ def check_recipe(recipe: Recipe, source: str = "recipe", check_model: bool = Tru
     _check_data(recipe, problems)
     if check_model:
         _check_model(recipe, problems, warnings)
+    # What `train` refuses before loading weights (this machine, LoRA modules, data fields): one function for both.
+    from ctxext.training.preflight import preflight_problems
+
+    problems += preflight_problems(recipe, model=check_model)
     if problems:
         raise RecipeError(source, problems)
     return warnings

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +47,6 @@ def start_accelerator(recipe: Recipe, out: Path) -> Launch:
 
     Raises:
         CtxextError: several processes that accelerate does not see as one job.
-        InputError: a tracker that is not installed, context parallelism without CUDA.
     """
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
@@ -80,13 +78,6 @@ def check_launch(accelerator: Any, recipe: Recipe) -> None:
             "with GPUs, check that CUDA is visible to every process. To train on one process, run `ctxext train` "
             "directly.",
             exit_code=2,
-        )
-    tracker_module = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(recipe.train.tracker)
-    if tracker_module and importlib.util.find_spec(tracker_module) is None:
-        raise InputError(f"train.tracker: {recipe.train.tracker} is not installed; pip install {tracker_module}")
-    if recipe.train.context_parallel_size > 1 and not torch.cuda.is_available():
-        raise InputError(
-            "train.context_parallel_size: accelerate's context parallelism needs CUDA with FSDP2; set it to 1 here"
         )
 
 

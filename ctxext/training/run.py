@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.artifacts.run import read_run
-from ctxext.errors import CtxextError, InputError
+from ctxext.errors import CtxextError
 from ctxext.models.sources import resolve_model_path
 from ctxext.models.weights import check_fingerprint, check_weights_readable, fingerprint
 from ctxext.recipe.schema import Recipe, dump_recipe
@@ -42,6 +42,7 @@ from ctxext.training.folder import (
 )
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop
+from ctxext.training.preflight import check_preflight
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 from ctxext.training.stop import StopRequest, stop_on_signals
 
@@ -94,6 +95,7 @@ def train(
             run stops at a step boundary with a checkpoint, see :mod:`ctxext.training.stop`).
     """
     out = Path(recipe.output.dir)
+    check_preflight(recipe)  # the checks `ctxext validate` runs too: nothing is loaded for a recipe refused here
     launch = start_accelerator(recipe, out)
     # One writer per run folder: a second `train` (or a `--resume` of a run in progress) is refused here.
     with run_folder_lock(out, launch), stop_on_signals() as stop:
@@ -198,8 +200,7 @@ def _training_data(recipe: Recipe, loaded: Any, launch: Launch) -> Any:
     See :func:`ctxext.training.data.mixture.prepare_training_data`.
 
     Raises:
-        InputError: too little data for one micro-batch on every process, or a data setting that context
-            parallelism cannot split.
+        InputError: too little data for one micro-batch on every process.
     """
     from ctxext.training.data.mixture import prepare_training_data
 
@@ -210,6 +211,4 @@ def _training_data(recipe: Recipe, loaded: Any, launch: Launch) -> Any:
     accelerator.print(f"data: {data.summary}")
     # Too little data for one micro-batch is bad input: say so before the run folder exists.
     next(micro_batches(len(data.train), cfg.micro_batch_size, launch.world, launch.rank, cfg.seed))
-    if launch.cp > 1 and (cfg.pose or recipe.data.document_mask or recipe.data.short_fraction):
-        raise InputError("train.context_parallel_size: PoSE, data.document_mask and data.short_fraction need 1")
     return data
