@@ -27,6 +27,12 @@ from ctxext.errors import InputError
 _RECORDED = ("score", "best_seed", "evaluations", "ended", "seconds", "attention_factor")
 
 
+def _search_out(recipe: Any, out: Path | None) -> Path:
+    if out is not None:
+        return Path(out)
+    return recipe.search_folder()  # search.out, by default <output.dir>/search
+
+
 def settings_from_recipe(recipe: Any, out: Path | None = None) -> Any:
     """The :class:`~ctxext.search.run.SearchSettings` of a recipe's ``model`` / ``rope`` / ``search`` sections.
 
@@ -47,7 +53,7 @@ def settings_from_recipe(recipe: Any, out: Path | None = None) -> Any:
     return SearchSettings(
         model=recipe.model.path,
         target_length=int(recipe.rope.target_length),
-        out=Path(out) if out is not None else recipe.search_folder(),
+        out=_search_out(recipe, out),
         objective=s.objective,
         budget_seconds=s.budget,
         population=s.population,
