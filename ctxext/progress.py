@@ -120,11 +120,12 @@ def progress(
         TimeRemainingColumn,
     )
 
+    # Descriptions and info hold model names and paths: printed as they are, not read as rich markup.
     columns = (
-        TextColumn("[progress.description]{task.description}"),
+        TextColumn("{task.description}", style="progress.description", markup=False),
         BarColumn(),
         TaskProgressColumn(),
-        TextColumn("{task.fields[info]}"),
+        TextColumn("{task.fields[info]}", markup=False),
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),

@@ -45,6 +45,7 @@ def world(tmp_path, tiny_model_dir, monkeypatch):
         "".join(json.dumps({"text": "def f(x):\n    return x\n" * 300}) + "\n" for _ in range(3))
     )
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "far.yaml").write_text("name: far\npasskey: {lengths: [128, 100000], depths: [50], trials: 1}\n")
     runs = tmp_path / "runs"
     runs.mkdir()
 
@@ -164,6 +165,11 @@ CASES = {
         },
         "short_factor: every rescale factor must be >= 1",
     ),
+    "suite length 390x the context": (
+        ["eval", "run", "far.yaml", "--model", "{model}", "--out", "out"],
+        None,
+        "passkey: length 100,000 is 391x the reference context 256; lengths past 8x it (2,048 tokens) are refused",
+    ),
     "mixture weight NaN": (
         ["validate", "{recipe}"],
         {"data": "  mixture:\n    - {path: builtin:stdlib, weight: .nan}\n"},
@@ -183,6 +189,28 @@ CASES = {
         "templates: empty",
     ),
 }
+
+# Keys that were silently ignored: refused by `train` and reported by `validate`, each naming its key.
+IGNORED_KEYS = {
+    "data.path beside data.mixture": (
+        {"data": "  path: builtin:stdlib\n  mixture:\n    - {path: builtin:stdlib, weight: 1}\n"},
+        "data.path: 'builtin:stdlib' would be ignored: with data.mixture",
+    ),
+    "a key given twice": (
+        {"train": "  max_steps: 1\n  seq_len: 1024\n  max_steps: 5\n"},
+        "train.max_steps: given twice (lines 9 and 11)",
+    ),
+    "a task sample longer than a row": (
+        {
+            "data": "  mixture:\n    - {path: builtin:stdlib, weight: 1}\n"
+            "    - {task: needle, weight: 1, min_length: 2048}\n"
+        },
+        "data.mixture.1.min_length: 2048 is longer than train.seq_len (1024)",
+    ),
+}
+for _name, (_sections, _words) in IGNORED_KEYS.items():
+    for _command in ("train", "validate"):
+        CASES[f"{_name} ({_command})"] = ([_command, "{recipe}"], _sections, _words)
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -238,3 +266,30 @@ def test_cuda_where_there_is_none(world):
         assert result.exit_code == 2, result.output
         assert "--device cuda: " in flat(result.output) and "use --device cpu" in flat(result.output)
         assert "Traceback" not in result.output and not (world["tmp"] / "out").exists()
+
+
+def test_keys_given_twice_are_found_at_any_depth(tmp_path):
+    from ctxext.errors import InputError
+    from ctxext.evaluation.suite import load_suite
+    from ctxext.recipe.yamlfile import DuplicateKeyError, load_yaml
+
+    text = "a:\n  b: 1\n  c: [{d: 1, d: 2}]\n  b: 3\n<<: {x: 1}\ne: 1\n"
+    with pytest.raises(DuplicateKeyError) as err:
+        load_yaml(text)
+    assert err.value.duplicates == [("a.c.0.d", 3, 3), ("a.b", 2, 4)]
+    assert load_yaml("a: {b: 1}\nc: {b: 2}\n") == {"a": {"b": 1}, "c": {"b": 2}}  # the same key in two mappings
+    # Eval suites are read the same way.
+    (tmp_path / "suite.yaml").write_text("name: x\nperplexity: {lengths: [32]}\nname: y\n")
+    with pytest.raises(InputError, match=r"name: given twice \(lines 1 and 3\)"):
+        load_suite(tmp_path / "suite.yaml")
+
+
+def test_a_large_grid_prints_its_work_first(world):
+    args = ["eval", "passkey", "--model", str(world["model"]), "--lengths", "100000", "--trials", "4", "--out", "out"]
+    result = runner.invoke(app, args)
+    output = flat(result.output)
+    # 5 depths × 4 trials at 100,000 tokens: said before the model loads; the length is then refused (no flag).
+    assert "note: passkey: 1 length(s) × 20 sequence(s) = 20 sequences, 2,000,000 tokens per model" in output
+    assert result.exit_code == 2 and "--allow-beyond-context" in output
+    small = runner.invoke(app, [*args[:5], "256", "--depths", "50", "--trials", "1", "--out", "out", "-q"])
+    assert small.exit_code == 0 and "note:" not in small.output, small.output

@@ -185,3 +185,55 @@ def test_card_refuses_a_report_of_an_unknown_layout(tmp_path):
     (run / "eval" / "report.json").write_text(json.dumps({"results": {"x": {"perplexity": {}}}}))
     with pytest.raises(InputError, match="is not a ctxext evaluation report"):
         build_model_card(run)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        (("perplexity", "by_length", "512", "ppl"), -3.0, "models.1.perplexity.by_length.512.ppl: Value error, -3.0 is "
+         "below 1: a perplexity is exp(NLL)"),
+        (("passkey", "overall", "accuracy"), 1.5, "models.1.passkey.overall.accuracy: Value error, 1.5 is above 1"),
+        (("passkey", "overall", "correct"), 9, "models.1.passkey.overall: Value error, correct: 9 correct trials"),
+        (("qa", "overall", "f1"), 162.5, "models.1.qa.overall.f1: Value error, 162.5 is above 100"),
+        (("perplexity", "by_length", "512", "nll"), float("nan"), "models.1.perplexity.by_length.512.nll: nan"),
+    ],
+)  # fmt: skip
+def test_values_out_of_range_are_refused_when_read_back(tmp_path, field, value, named):
+    from ctxext.publish.card import build_model_card
+
+    run = _run_folder(tmp_path, EvalReport.model_validate(_report()))
+    path = run / "eval" / "report.json"
+    data = json.loads(path.read_text())
+    node = data["models"][1]
+    for key in field[:-1]:
+        node = node[key]
+    node[field[-1]] = value
+    path.write_text(json.dumps(data))  # Python writes NaN as the bare word NaN, which only a lenient reader takes
+    for read in (lambda: read_report(path), lambda: build_model_card(run, repo_id="me/tiny-yarn")):
+        with pytest.raises(InputError) as info:
+            read()
+        assert named in str(info.value) and str(path) in str(info.value)
+    # In memory (the evaluator's own dict) a value that could not be measured may be NaN; a value out of range not.
+    if value == value:
+        with pytest.raises(InputError):
+            parse_report(data)
+    else:
+        assert parse_report(data).models[1].perplexity is not None
+
+
+def test_push_refuses_a_report_out_of_range(tmp_path):
+    from typer.testing import CliRunner
+
+    from ctxext.cli.commands import app
+
+    run = _run_folder(tmp_path, EvalReport.model_validate(_report()))
+    path = run / "eval" / "report.json"
+    data = json.loads(path.read_text())
+    data["models"][1]["perplexity"]["by_length"]["512"]["ppl"] = -3.0
+    path.write_text(json.dumps(data))
+    (run / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4}))
+    (run / "adapter_model.safetensors").write_bytes(b"")  # never read: the report is refused first
+    result = CliRunner().invoke(app, ["push", str(run), "--repo-id", "me/tiny-yarn", "--dry-run"])
+    assert result.exit_code == 2, result.output
+    assert "models.1.perplexity.by_length.512.ppl" in " ".join(result.output.split())
+    assert "Traceback" not in result.output

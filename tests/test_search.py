@@ -163,6 +163,39 @@ def test_resume_after_interruption_gives_the_uninterrupted_result(first_search, 
     assert scores(out / "search.jsonl") == scores(first_search.out / "search.jsonl")
 
 
+def test_a_hand_edited_score_does_not_win_on_resume(tiny_model_dir, tmp_path):
+    out = tmp_path / "forged"
+    seen: list[int] = []
+
+    def interrupt(cand):
+        seen.append(cand.index)
+        if len(seen) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(CtxextError, match="search interrupted"):
+        run_search(_settings(tiny_model_dir, out), log=lambda _: None, on_candidate=interrupt)
+    log_path = out / "search.jsonl"
+    honest = log_path.read_text()
+    records = [json.loads(x) for x in honest.splitlines()]
+    last = max(i for i, r in enumerate(records) if r["type"] == "candidate")
+    records[last]["score"] = -5.0  # an impossible NLL: it would win every comparison
+    log_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = ["--target-length", str(TARGET), "--out", str(out), "--resume", "--no-report", "--min-form-accuracy", "0"]
+    same = ["--population", "4", "--generations", "2", "--samples", "4", "--objective", "needle"]
+    r = _cli(str(tiny_model_dir), *args, *same, "--attention-factor", "1")  # _settings' search, from the CLI
+    assert r.exit_code == 2, r.output
+    assert "logs score -5.0 but scores" in r.output and "Traceback" not in r.output
+    assert not (out / "config.json").exists()  # nothing was written from the forged log
+    # A score that is not a number at all is refused by name, before anything is scored.
+    records[last]["score"] = "0.1"
+    log_path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(InputError, match=f"candidate {records[last]['index']} has score '0.1'"):
+        run_search(_settings(tiny_model_dir, out, resume=True), log=lambda _: None)
+    # The honest log resumes (its best candidate scores what it logs).
+    log_path.write_text(honest)
+    assert run_search(_settings(tiny_model_dir, out, resume=True), log=lambda _: None).score > 0
+
+
 def test_written_folder_loads_in_plain_transformers(first_search, tiny_model_dir):
     out = first_search.out
     model = AutoModelForCausalLM.from_pretrained(out).eval()  # plain transformers
@@ -277,8 +310,11 @@ def test_recipe_search_section(tmp_path, first_search, tiny_model_dir):
     assert (settings.objective, settings.samples) == ("needle-worst", 128)
     assert settings_from_recipe(recipe, given={"samples": 16}).samples == 16
     # A completed search folder is reused: its factors go into rope, nothing is searched again.
-    recipe = search_before_training(recipe, log=lambda _: None)
-    assert recipe.rope.long_factor == first_search.long_factor and recipe.rope.attention_factor == 1.0
+    searched = search_before_training(recipe, log=lambda _: None)
+    assert searched.recipe.rope.long_factor == first_search.long_factor and searched.recipe.rope.attention_factor == 1.0
+    # The recipe trained is the resolved one (factors, no search section); run.json gets the search's record.
+    assert searched.recipe.search is None and recipe.search is not None
+    assert searched.record["score"] == first_search.score and searched.record["folder"] == str(first_search.out)
     with pytest.raises(RecipeError) as err:
         parse_recipe({**data, "rope": {"method": "yarn", "target_length": TARGET}})
     assert "rope.method" in str(err.value)

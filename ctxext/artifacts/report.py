@@ -16,6 +16,10 @@ is refused with a message that says what to do.
 Units: ``nll`` is nats per token and ``ppl = exp(nll)``; ``ci_low`` / ``ci_high`` bound the perplexity (95 %
 bootstrap over documents) or the accuracy (95 % Wilson); accuracies are fractions in [0, 1]; QA's EM / F1
 are percentages. JSON has no NaN: a number that could not be measured is ``null``.
+
+Values are checked against their range on every read and write (a perplexity below 1, an accuracy above 1, more
+correct trials than trials, a NaN in the file: a report that was edited or damaged), so a card never shows them.
+In memory an evaluator may hold NaN for a value it could not measure; the file holds ``null``.
 """
 
 from __future__ import annotations
@@ -23,13 +27,34 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ctxext.errors import InputError
 
 SCHEMA = "ctxext.eval.report/v1"
+
+
+def _within(low: float | None, high: float | None, meaning: str) -> AfterValidator:
+    """A range check that names what the value means; ``None`` and NaN (not measured, ``null`` on disk) pass."""
+
+    def check(value: Any) -> Any:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return value
+        if (low is not None and value < low) or (high is not None and value > high):
+            bound = f"below {low:g}" if low is not None and value < low else f"above {high:g}"
+            raise ValueError(f"{value!r} is {bound}: {meaning}")
+        return value
+
+    return AfterValidator(check)
+
+
+PplValue = Annotated[float | None, _within(1, None, "a perplexity is exp(NLL) with NLL >= 0, so at least 1")]
+NllValue = Annotated[float | None, _within(0, None, "an NLL (nats per token) is at least 0")]
+Fraction = Annotated[float | None, _within(0, 1, "a fraction (accuracy, score, interval bound) is in [0, 1]")]
+Percent = Annotated[float | None, _within(0, 100, "a percentage is in [0, 100]")]
+Count = Annotated[int | None, _within(0, None, "a count is at least 0")]
 
 
 class Section(BaseModel):
@@ -46,12 +71,12 @@ class Section(BaseModel):
 class PplEntry(Section):
     """Perplexity over a set of tokens (a length, a position bucket, a context limit)."""
 
-    ppl: float | None = None
-    nll: float | None = None
-    tokens: int | None = None
-    documents: int | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
+    ppl: PplValue = None
+    nll: NllValue = None
+    tokens: Count = None
+    documents: Count = None
+    ci_low: PplValue = None
+    ci_high: PplValue = None
 
 
 class PplLength(PplEntry):
@@ -124,9 +149,15 @@ class Perplexity(Section):
 class TeacherForced(Section):
     """Teacher-forced outcomes: trials whose every answer token is the argmax (exact for greedy decoding)."""
 
-    correct: int
-    trials: int
-    accuracy: float | None = None
+    correct: int = Field(ge=0)
+    trials: int = Field(ge=0)
+    accuracy: Fraction = None
+
+    @model_validator(mode="after")
+    def _correct_within_trials(self) -> TeacherForced:
+        if self.correct > self.trials:
+            raise ValueError(f"correct: {self.correct} correct trials out of {self.trials}")
+        return self
 
 
 class Generated(Section):
@@ -137,9 +168,9 @@ class Generated(Section):
     """
 
     metric: str
-    score: float | None = None
-    trials: int
-    scores: list[float] = Field(default_factory=list)
+    score: Fraction = None
+    trials: int = Field(ge=0)
+    scores: list[Fraction] = Field(default_factory=list)
 
 
 class Accuracy(Section):
@@ -149,21 +180,27 @@ class Accuracy(Section):
     older reports and where that scoring did not run).
     """
 
-    correct: int
-    trials: int
-    accuracy: float | None = None
-    ci_low: float | None = None
-    ci_high: float | None = None
+    correct: int = Field(ge=0)
+    trials: int = Field(ge=0)
+    accuracy: Fraction = None
+    ci_low: Fraction = None
+    ci_high: Fraction = None
     teacher_forced: TeacherForced | None = None
     generated: Generated | None = None
+
+    @model_validator(mode="after")
+    def _correct_within_trials(self) -> Accuracy:
+        if self.correct > self.trials:
+            raise ValueError(f"correct: {self.correct} correct trials out of {self.trials}")
+        return self
 
 
 class GridCell(Accuracy):
     """One (length, depth) cell of a retrieval grid, with each trial's outcome (for paired tests)."""
 
-    length: int
-    depth: float
-    score: float | None = None
+    length: int = Field(gt=0)
+    depth: float = Field(ge=0, le=100)
+    score: Fraction = None
     beyond_context: bool = False
     outcomes: list[int] = Field(default_factory=list)
     examples: list[dict[str, Any]] = Field(default_factory=list)
@@ -284,9 +321,9 @@ class Attention(Section):
 class QAScores(Section):
     """SQuAD exact match and F1 (percent) over some examples, with 95 % bootstrap intervals."""
 
-    examples: int
-    exact_match: float | None = None
-    f1: float | None = None
+    examples: int = Field(ge=0)
+    exact_match: Percent = None
+    f1: Percent = None
     exact_match_ci: list[float | None] = Field(default_factory=list)
     f1_ci: list[float | None] = Field(default_factory=list)
 
@@ -537,4 +574,21 @@ def read_report(path: str | Path) -> EvalReport:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"evaluation report {path} is not valid JSON ({exc})") from None
+    bad = _non_finite(data)
+    if bad:
+        shown = "; ".join(f"{key}: {value}" for key, value in bad[:5]) + (
+            f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        )
+        raise InputError(
+            f"evaluation report {path} holds numbers JSON does not have ({shown}); ctxext writes a value it could not "
+            "measure as null, so the report was edited or damaged: evaluate again with `ctxext eval`"
+        )
     return parse_report(data, f"evaluation report {path}")
+
+
+def _non_finite(obj: Any, where: str = "") -> list[tuple[str, float]]:
+    """``(dotted field, value)`` of every NaN / Infinity in parsed JSON (Python reads them; JSON has neither)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return [(where or "(top level)", obj)]
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    return [found for key, value in items for found in _non_finite(value, f"{where}.{key}" if where else str(key))]

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ctxext.cli.console import EXIT_BAD_INPUT, EXIT_FAILED, console, err_console, friendly_errors
+from ctxext.cli.console import EXIT_BAD_INPUT, EXIT_FAILED, console, err_console, friendly_errors, plain, print_line
 from ctxext.recipe.flags import ROPE_OPTIONS, SETTINGS, MethodOptionsCommand, settings_command
 from ctxext.rope.methods import METHODS
 
@@ -86,14 +86,14 @@ def inspect(
             ),
         ]
         for key, value in rows:
-            table.add_row(key, value)
+            table.add_row(plain(key), plain(value))
         for key, msg in info["config_problems"].items():
-            table.add_row(f"[red]problem[/] {key}", msg)
+            table.add_row(f"[red]problem[/] {plain(key)}", plain(msg))
         for note in info["notes"]:
-            table.add_row("[yellow]note[/]", note)
+            table.add_row("[yellow]note[/]", plain(note))
         check = info["runtime_check"]
         mark = "[green]✓[/]" if check["ok"] else "[bold red]✗ MISMATCH[/]"
-        table.add_row("runtime RoPE", f"{mark} {check['summary']} — {check['mode']}")
+        table.add_row("runtime RoPE", f"{mark} {plain(check['summary'])} — {plain(check['mode'])}")
         console.print(table)
     if not info["runtime_check"]["ok"] or info["config_problems"]:
         raise typer.Exit(EXIT_FAILED)
@@ -134,7 +134,7 @@ def extend(
 
     get_method(method)  # an unknown method fails before any model is read
     options = dict(ctx.meta.get(ROPE_OPTIONS, {}))
-    with console.status(f"extending {model} with {method} to {target_length} tokens"):
+    with console.status(f"extending {plain(model)} with {plain(method)} to {target_length} tokens"):
         plan = extend_folder(
             model,
             out,
@@ -157,7 +157,7 @@ def extend(
     console.print(f"  rope_parameters = {json.dumps(plan.rope_parameters)}", markup=False, highlight=False)
     console.print(f"  max_position_embeddings = {plan.max_position_embeddings}")
     for note in plan.notes:
-        console.print(f"  [yellow]note:[/] {note}")
+        console.print(f"  [yellow]note:[/] {plain(note)}")
 
 
 @app.command()
@@ -191,18 +191,18 @@ def validate(
             notes = distance_lines(recipe, str(path))
         except RecipeError as exc:
             failed = True
-            err_console.print(f"[bold red]✗ {exc.source}[/]: {len(exc.problems)} problem(s)")
+            err_console.print(f"[bold red]✗ {plain(exc.source)}[/]: {len(exc.problems)} problem(s)")
             for key, msg in exc.problems:
-                err_console.print(f"  [yellow]{key}[/]: {msg}")
+                err_console.print(f"  [yellow]{plain(key)}[/]: {plain(msg)}")
             continue
         console.print(
-            f"[green]✓[/] {path}: {recipe.model.path}, {recipe.rope.method} → {recipe.rope.target_length}, "
-            f"seq_len {recipe.seq_len}, {recipe.train.max_steps} steps"
+            f"[green]✓[/] {plain(path)}: {plain(recipe.model.path)}, {recipe.rope.method} → "
+            f"{recipe.rope.target_length}, seq_len {recipe.seq_len}, {recipe.train.max_steps} steps"
         )
         for note in notes:
             console.print(f"  {note}", soft_wrap=True, markup=False, highlight=False)
         for warning in warnings:
-            err_console.print(f"  [yellow]warning:[/] {warning}", soft_wrap=True)
+            err_console.print(f"  [yellow]warning:[/] {plain(warning)}", soft_wrap=True)
     if failed:
         raise typer.Exit(EXIT_BAD_INPUT)
 
@@ -251,14 +251,22 @@ def train(
     # Before any model is loaded: problems that would surface only after training (an eval suite that
     # does not exist), and settings that run but teach nothing (train.seq_len within the original window).
     for warning in check_recipe(parsed, str(recipe)):
-        err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/] {plain(warning)}", soft_wrap=True)
     _check_memory(parsed, strict, str(recipe))
+    searched = None
     if parsed.search is not None:
-        # A search: section finds the longrope factors first; training starts from them.
+        # A search: section finds the longrope factors first (in output.dir/search); training starts from them.
         from ctxext.search.recipe import search_before_training
 
-        parsed = search_before_training(parsed, log=lambda line: console.print(line, markup=False, highlight=False))
-    result = run_training(parsed, resume=resume, command=list(sys.argv))
+        searched = search_before_training(parsed, log=print_line)
+        parsed = searched.recipe
+        if resume and not (Path(parsed.output.dir) / "run.json").is_file():
+            # Interrupted during its search: the run itself has not started, so there is nothing else to resume.
+            err_console.print(f"note: {plain(parsed.output.dir)}: the search is done; the training starts now")
+            resume = False
+    result = run_training(
+        parsed, resume=resume, command=list(sys.argv), search=searched.record if searched is not None else None
+    )
     if result.model is not None:  # the main process: evaluate, then publish, as the recipe asks
         _after_training(result.run_dir, parsed)
 
@@ -301,8 +309,8 @@ def _print_plan(plan: Any) -> None:
         + (f", sequence parallel {s.sequence_parallel}" if s.sequence_parallel > 1 else "")
         + (f", {s.sharding}" if s.sharding != "none" else "")
     )
-    console.print(head)
-    console.print(f"[dim]config: {plan.config_source}[/]")
+    console.print(head, markup=False)
+    console.print(f"[dim]config: {plain(plan.config_source)}[/]")
     table = Table(title=f"memory per {'process' if dev.kind == 'cpu' else 'GPU'} (GiB)")
     table.add_column("group")
     table.add_column("component")
@@ -335,7 +343,7 @@ def _print_plan(plan: Any) -> None:
             f"{plan.tokens_per_step:,} tokens ≈ {hours:.1f} h"
         )
     for note in plan.notes + plan.memory.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {plain(note)}")
     if plan.levers:
         levers = Table(title="memory levers, each planned on and off (largest gain first)")
         for col in ("lever", "in this plan", "recipe override (on)", "longest on", "longest off", "buys"):
@@ -402,7 +410,7 @@ def plan(
 
     if list_gpus:
         for d in GPUS.values():
-            console.print(f"{d.name:10} {d.memory / GIB:7.1f} GiB {d.tflops:7g} bf16 TFLOP/s  {d.note}")
+            console.print(f"{d.name:10} {d.memory / GIB:7.1f} GiB {d.tflops:7g} bf16 TFLOP/s  {d.note}", markup=False)
         return
     if recipe is None:
         raise InputError("pass a recipe: ctxext plan RECIPE.yaml --gpu NAME (or --list-gpus)")
@@ -436,7 +444,7 @@ def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
         result = plan_on_this_machine(recipe)
     except InputError as exc:
         if main_process:
-            err_console.print(f"[yellow]warning:[/] could not plan the memory of this run: {exc}")
+            err_console.print(f"[yellow]warning:[/] could not plan the memory of this run: {plain(exc)}")
         return
     if result.fits:
         return
@@ -450,7 +458,7 @@ def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
     if strict:
         raise InputError(message + " (--strict: not started)")
     if main_process:
-        err_console.print(f"[yellow]warning:[/] {message}")
+        err_console.print(f"[yellow]warning:[/] {plain(message)}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -501,18 +509,18 @@ def search(
             raise InputError(f"missing {', '.join(missing)} (or give --recipe)")
         run = {"model": model, "target_length": target_length, "out": out}
         settings = build_settings(SearchSettings, given, {**run, **runtime})
-    result = run_search(settings, log=lambda line: console.print(line, markup=False, highlight=False))
+    result = run_search(settings, log=print_line)
     console.print(
-        f"[green]✓[/] wrote {result.out}: longrope, {result.evaluations} candidates in {result.seconds:.0f} s "
+        f"[green]✓[/] wrote {plain(result.out)}: longrope, {result.evaluations} candidates in {result.seconds:.0f} s "
         f"({result.cpu_seconds:.0f} s CPU), training objective {result.score:.4f} "
-        f"(best seed {result.best_seed['name']}: {result.best_seed['score']:.4f}); runtime RoPE verified"
+        f"(best seed {plain(result.best_seed['name'])}: {result.best_seed['score']:.4f}); runtime RoPE verified"
     )
     cmp_ = result.report.get("comparison") if result.report else None
     if cmp_:
         obj = cmp_["objective"]
         console.print(
-            f"  held-out objective vs best named method ({cmp_['best_named']}): {obj['diff']:+.4f} NLL/token "
-            f"(95% CI {obj['ci_low']:+.4f} … {obj['ci_high']:+.4f}); report: {result.out}/report.md"
+            f"  held-out objective vs best named method ({plain(cmp_['best_named'])}): {obj['diff']:+.4f} NLL/token "
+            f"(95% CI {obj['ci_low']:+.4f} … {obj['ci_high']:+.4f}); report: {plain(result.out)}/report.md"
         )
 
 
@@ -572,10 +580,10 @@ def merge(
         dtype=dtype,
         allow_incomplete=force,
         overwrite=overwrite,
-        log=console.print,
+        log=print_line,
     )
     console.print(
-        f"[green]✓[/] {out}: logits within {result.tolerance:g} of base + adapter "
+        f"[green]✓[/] {plain(out)}: logits within {result.tolerance:g} of base + adapter "
         f"(max |Δ| {result.max_abs_diff:.3g}) at {result.length} tokens; loads in plain transformers"
     )
 
@@ -614,10 +622,10 @@ def push(
         force=force,
         report=list(report or []),
         commit_message=message,
-        log=lambda line: console.print(line, markup=False, highlight=False),
+        log=print_line,
     )
     if not result.dry_run:
-        console.print(f"[green]✓[/] published {repo_id}: {result.commit_url}")
+        console.print(f"[green]✓[/] published {plain(repo_id)}: {plain(result.commit_url)}")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -53,11 +53,25 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _print_error(exc: BaseException) -> None:
-    # One unwrapped line per message line (paths and commands in it stay copyable), no markup parsing.
+def plain(value: object) -> str:
+    """``value`` as text that rich prints exactly: its ``[...]`` is not read as markup.
+
+    Every dynamic part of a message printed with markup (a path, a model name, a list, another message) goes through
+    this: rich reads ``runs/[exp]/x`` as a ``[exp]`` tag and prints ``runs//x``, and raises on a stray ``[/b]``.
+    """
     from rich.markup import escape
 
-    err_console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+    return escape(str(value))
+
+
+def print_line(line: str) -> None:
+    """A progress or log line from a workflow, printed as it is (no markup, no highlighting)."""
+    console.print(line, markup=False, highlight=False)
+
+
+def _print_error(exc: BaseException) -> None:
+    # One unwrapped line per message line (paths and commands in it stay copyable), no markup parsing.
+    err_console.print(f"[bold red]error:[/] {plain(exc)}", soft_wrap=True)
 
 
 def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -72,9 +86,9 @@ def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
             with _sigterm_as_interrupt():
                 return fn(*args, **kwargs)
         except RecipeError as exc:
-            err_console.print(f"[bold red]invalid recipe[/] {exc.source}: {len(exc.problems)} problem(s)")
+            err_console.print(f"[bold red]invalid recipe[/] {plain(exc.source)}: {len(exc.problems)} problem(s)")
             for key, msg in exc.problems:
-                err_console.print(f"  [yellow]{key}[/]: {msg}")
+                err_console.print(f"  [yellow]{plain(key)}[/]: {plain(msg)}")
             raise typer.Exit(EXIT_BAD_INPUT) from None
         except CtxextError as exc:  # every user-facing error of ctxext (ctxext.errors)
             _print_error(exc)
@@ -86,7 +100,7 @@ def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
             # Ctrl-C, or SIGTERM raised as ctxext.errors.Terminated: 128 + the signal (130, 143).
             code = getattr(exc, "exit_code", EXIT_INTERRUPTED)
             err_console.print(
-                "[bold red]interrupted[/]" if code == EXIT_INTERRUPTED else f"[bold red]stopped by {exc}[/]"
+                "[bold red]interrupted[/]" if code == EXIT_INTERRUPTED else f"[bold red]stopped by {plain(exc)}[/]"
             )
             raise typer.Exit(code) from None
         except Exception as exc:

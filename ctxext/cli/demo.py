@@ -33,6 +33,7 @@ from typing import Any
 from rich.console import Console, Group
 from rich.table import Table
 
+from ctxext.cli.console import plain
 from ctxext.errors import InputError
 from ctxext.resources import RESOURCES
 
@@ -260,24 +261,26 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
     config, _ = load_config(settings.model)
     original = read_rope(config).original_length
     target = original * settings.factor
-    console.rule(f"[bold]ctxext demo[/]: {settings.model}, {original} → {target} tokens with {settings.method}")
+    console.rule(f"[bold]ctxext demo[/]: {plain(settings.model)}, {original} → {target} tokens with {settings.method}")
 
     # 1-2. Training-free extension: plain model folders that vanilla transformers loads.
     methods = list(dict.fromkeys([settings.reference_method, settings.method]))
     for method in methods:
         patched = out / f"patched-{method}"
         if not (patched / "config.json").is_file():
-            console.print(f"[cyan]1/3[/] extending {settings.model} ×{settings.factor} with {method} → {patched}")
+            console.print(
+                f"[cyan]1/3[/] extending {plain(settings.model)} ×{settings.factor} with {method} → {plain(patched)}"
+            )
             extend_folder(settings.model, patched, method, target, overwrite=True)
         else:
-            console.print(f"[cyan]1/3[/] extended model cached: {patched}")
+            console.print(f"[cyan]1/3[/] extended model cached: {plain(patched)}")
 
     # 3. nf4 QLoRA fine-tune of the extended model: the retrieval mixture, or plain code (--plain).
     kind = "plain" if settings.plain else "mix"
     run_dir = out / ("finetuned-plain" if settings.plain else "finetuned")
     try:
         read_run(run_dir)
-        console.print(f"[cyan]2/3[/] fine-tuned run cached: {run_dir}")
+        console.print(f"[cyan]2/3[/] fine-tuned run cached: {plain(run_dir)}")
     except InputError:
         if run_dir.exists():
             shutil.rmtree(run_dir)
@@ -289,7 +292,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
     report_dir = out / ("report-plain" if settings.plain else "report")
     report_file = report_dir / "report.json"
     if report_file.is_file():
-        console.print(f"[cyan]3/3[/] report cached: {report_file}")
+        console.print(f"[cyan]3/3[/] report cached: {plain(report_file)}")
         report = read_report(report_file).to_json_dict()  # through the schema: an old layout is refused
     else:
         console.print("[cyan]3/3[/] evaluating base (unpatched, past its window), training-free, fine-tuned")
@@ -308,9 +311,9 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
             overwrite=True,
         )
     console.print(comparison_table(report, original, target))
-    console.print(f"report: {report_dir / 'report.md'}  (JSON: {report_file})")
+    console.print(f"report: {report_dir / 'report.md'}  (JSON: {report_file})", markup=False, highlight=False)
     for png in sorted(report_dir.glob("*.png")):
-        console.print(f"plot:   {png}")
+        console.print(f"plot:   {png}", markup=False, highlight=False)
     console.print(f"[dim]{time.time() - started:.0f} s[/]")
     return report
 

@@ -106,13 +106,27 @@ def _floats(text: str, what: str) -> list[float]:
         raise InputError(f"{what}: expected comma-separated numbers, got {text!r}") from None
 
 
+def _note_work(what: str, lengths: list[Any], per_length: int) -> None:
+    """Before a large evaluation starts: how much it scores (:func:`~ctxext.evaluation.perplexity.work_estimate`).
+
+    Lengths given in tokens are counted; relative ones (``2x``) resolve per model later and are not.
+    """
+    from ctxext.cli.console import err_console
+    from ctxext.evaluation.perplexity import work_estimate
+
+    tokens = [n for n in lengths if isinstance(n, int)]
+    line = work_estimate(what, tokens, per_length) if tokens and per_length else None
+    if line:
+        err_console.print(f"note: {line}", markup=False, highlight=False, soft_wrap=True)
+
+
 def _run(
     models: list[str], out: Path, shared: Shared, task: str, fn: Callable[[Any], dict[str, Any]], data: dict[str, Any]
 ) -> dict[str, Any]:
     """Evaluate every model with ``fn``, write one report with the results under ``task``, print its summary."""
     from ctxext.artifacts.lock import folder_lock
     from ctxext.atomic import check_inputs_outside, check_output
-    from ctxext.cli.console import console
+    from ctxext.cli.console import console, plain
     from ctxext.evaluation.loading import load_model, parse_model_specs
     from ctxext.evaluation.report import REPORT_KIND, build_report, model_entry, write_report
 
@@ -125,10 +139,10 @@ def _run(
         _check_reference(specs, reference)
         entries = []
         for spec in specs:
-            with console.status(f"loading {spec.label()}"):
+            with console.status(f"loading {plain(spec.label())}"):
                 loaded = load_model(spec, device=device)
             console.print(
-                f"[green]✓[/] {loaded.name}: rope {loaded.rope.rope_type} ×{loaded.rope.factor:g}, context "
+                f"[green]✓[/] {plain(loaded.name)}: rope {loaded.rope.rope_type} ×{loaded.rope.factor:g}, context "
                 f"{loaded.context_length} (original {loaded.original_length}), runtime RoPE verified"
             )
             entry = model_entry(loaded)
@@ -146,12 +160,13 @@ def _run(
 def _print_summary(report: dict[str, Any], out: Path) -> None:
     from rich.table import Table
 
-    from ctxext.cli.console import console
+    from ctxext.cli.console import console, plain
 
     for m in report["models"]:
+        name = plain(m["name"])
         if m.get("perplexity"):
             p = m["perplexity"]
-            table = Table(title=f"perplexity — {m['name']} ({p['mode']})")
+            table = Table(title=f"perplexity — {name} ({p['mode']})")
             for col in ("length", "ppl", "95% CI", "docs", "tokens"):
                 table.add_column(col)
             for L, e in p["by_length"].items():
@@ -178,7 +193,7 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
             if m.get(task):
                 ov = m[task]["overall"]
                 console.print(
-                    f"{task} — {m['name']}: {ov['accuracy'] * 100:.1f} % [{ov['ci_low'] * 100:.1f}, "
+                    f"{task} — {name}: {ov['accuracy'] * 100:.1f} % [{ov['ci_low'] * 100:.1f}, "
                     f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials "
                     f"({m[task].get('scoring', 'generate')})"
                     + (
@@ -192,14 +207,14 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
             per_task = ", ".join(
                 f"{t} {e['effective_length']['length'] or 'n/a'}" for t, e in m["ruler"]["tasks"].items()
             )
-            console.print(f"ruler — {m['name']}: effective length {eff['length'] or 'n/a'} ({per_task})")
+            console.print(f"ruler — {name}: effective length {eff['length'] or 'n/a'} ({plain(per_task)})")
             for scoring, named in (m["ruler"].get("effective_lengths") or {}).items():
                 both = "; ".join(f"{e['name']} {e['length'] or 'n/a'}" for e in named.values())
-                console.print(f"ruler — {m['name']} ({scoring.replace('_', '-')}): {both}")
+                console.print(f"ruler — {name} ({scoring.replace('_', '-')}): {plain(both)}")
         if m.get("attention"):
             a = m["attention"]
             console.print(
-                f"attention — {m['name']} at {a['length']} tokens: mass beyond the original window "
+                f"attention — {name} at {a['length']} tokens: mass beyond the original window "
                 f"({a['original_length']}) {a['mean']['beyond_original'] * 100:.1f} %, on the first "
                 f"{a['settings']['sink_tokens']} tokens {a['mean']['sinks'] * 100:.1f} %, entropy "
                 f"{a['mean']['entropy']:.2f} nats (means over layers)"
@@ -207,15 +222,15 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
         if m.get("qa"):
             q = m["qa"]["overall"]
             console.print(
-                f"qa — {m['name']}: EM {q['exact_match']:.1f}, F1 {q['f1']:.1f} over {q['examples']} examples "
+                f"qa — {name}: EM {q['exact_match']:.1f}, F1 {q['f1']:.1f} over {q['examples']} examples "
                 f"({m['qa']['truncated']} truncated in the middle)"
             )
     _print_comparisons(report.get("comparisons"))
-    console.print(f"[green]✓[/] report written to {out}/report.json, report.md and PNG plots")
+    console.print(f"[green]✓[/] report written to {plain(out)}/report.json, report.md and PNG plots")
 
 
 def _print_comparisons(comp: dict[str, Any] | None) -> None:
-    from ctxext.cli.console import console
+    from ctxext.cli.console import console, plain
 
     if not comp or not comp["comparisons"]:
         return
@@ -223,17 +238,17 @@ def _print_comparisons(comp: dict[str, Any] | None) -> None:
     for r in comp["perplexity"]:
         if r["view"] == "length":
             console.print(
-                f"paired — {r['model']} / {ref} ppl@{r['length']}: {r['ratio']:.3f}× "
+                f"paired — {plain(r['model'])} / {plain(ref)} ppl@{r['length']}: {r['ratio']:.3f}× "
                 f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}] over {r['documents']} documents, p Holm {r['p_holm']:.2g}"
             )
     for r in comp["grids"]:
         console.print(
-            f"paired — {r['model']} vs {ref} {r['task']}@{r['length']}: {r['a_correct']} vs {r['b_correct']} of "
-            f"{r['trials']}, McNemar p {r['p_value']:.2g} (Holm {r['p_holm']:.2g})"
+            f"paired — {plain(r['model'])} vs {plain(ref)} {plain(r['task'])}@{r['length']}: {r['a_correct']} vs "
+            f"{r['b_correct']} of {r['trials']}, McNemar p {r['p_value']:.2g} (Holm {r['p_holm']:.2g})"
         )
     for r in comp.get("attention") or []:
         console.print(
-            f"paired — {r['model']} − {ref} attention beyond the original window at {r['length']}: "
+            f"paired — {plain(r['model'])} − {plain(ref)} attention beyond the original window at {r['length']}: "
             f"{r['difference'] * 100:+.1f} pts [{r['ci_low'] * 100:+.1f}, {r['ci_high'] * 100:+.1f}] over "
             f"{r['documents']} documents"
         )
@@ -264,6 +279,7 @@ def ppl_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) ->
     from ctxext.evaluation.suite import Suite
 
     settings = build_settings(PerplexitySettings, ctx.meta.get(SETTINGS, {}))
+    _note_work("perplexity", list(settings.lengths), settings.max_docs or 0)
     suite = Suite(name="eval ppl", allow_beyond_context=settings.allow_beyond_context, perplexity=settings)
     _run_suite(suite, None, model, out, shared)
 
@@ -280,6 +296,7 @@ def passkey_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt
     from ctxext.evaluation.suite import Suite
 
     settings = build_settings(PasskeySettings, ctx.meta.get(SETTINGS, {}))
+    _note_work("passkey", list(settings.lengths), len(settings.depths) * settings.trials)
     suite = Suite(name="eval passkey", allow_beyond_context=settings.allow_beyond_context, passkey=settings)
     _run_suite(suite, None, model, out, shared)
 
@@ -296,6 +313,7 @@ def needle_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt)
     from ctxext.evaluation.suite import Suite
 
     settings = build_settings(NeedleSettings, ctx.meta.get(SETTINGS, {}))
+    _note_work("needle", list(settings.lengths), len(settings.depths) * settings.trials)
     suite = Suite(name="eval needle", allow_beyond_context=settings.allow_beyond_context, needle=settings)
     _run_suite(suite, None, model, out, shared)
 
@@ -457,7 +475,9 @@ def harness_cmd(
     for m in report["models"]:
         for name, task in m["harness"]["tasks"].items():
             shown = ", ".join(f"{k} {v:.4g}" for k, v in task["metrics"].items())
-            console.print(f"lm-eval — {m['name']} {name}: {shown} ({task['documents']} documents)", soft_wrap=True)
+            console.print(
+                f"lm-eval — {m['name']} {name}: {shown} ({task['documents']} documents)", soft_wrap=True, markup=False
+            )
 
 
 def _export_for_harness(

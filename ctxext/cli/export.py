@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ctxext.cli.console import console, friendly_errors
+from ctxext.cli.console import console, friendly_errors, plain, print_line
 
 
 @friendly_errors
@@ -20,7 +20,7 @@ def export_cmd(
     """Make a run or model folder load with its RoPE in vLLM / lm-eval / HELMET, and write their commands."""
     from ctxext.publish.export import COMMANDS_FILE, export_for
 
-    folder, text = export_for(src, targets, out, overwrite=overwrite, log=console.print)
+    folder, text = export_for(src, targets, out, overwrite=overwrite, log=print_line)
     console.print(text, markup=False, highlight=False, soft_wrap=True)
     if out is not None:
-        console.print(f"[green]✓[/] {folder}: merged model and {COMMANDS_FILE}")
+        console.print(f"[green]✓[/] {plain(folder)}: merged model and {COMMANDS_FILE}")

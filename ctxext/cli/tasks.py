@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ctxext.cli.console import console, friendly_errors
+from ctxext.cli.console import console, friendly_errors, plain
 
 tasks_app = typer.Typer(
     help="Synthetic long-range tasks: list them, export them as lm-evaluation-harness task files.",
@@ -79,7 +79,9 @@ def list_cmd() -> None:
     for name in task_names():
         t = get_task(name)
         opts = ", ".join(f"{k}={v}" for k, v in t.options.items()) or "-"
-        table.add_row(name, t.description, f"{len(t.templates)} ({', '.join(map(str, t.heldout)) or '-'})", opts)
+        table.add_row(
+            name, plain(t.description), f"{len(t.templates)} ({', '.join(map(str, t.heldout)) or '-'})", plain(opts)
+        )
     console.print(table)
 
 
@@ -112,8 +114,8 @@ def export_cmd(
     result = export_lm_eval(model, out, settings, overwrite=overwrite, command=command)
     for t in result.tasks:
         console.print(
-            f"[green]✓[/] {t.name}: {t.documents} prompts of {t.length} tokens, answer budget {t.max_gen_toks} tokens, "
-            f"{t.tokens_match}/{t.documents} re-tokenize to the grid's exact tokens",
+            f"[green]✓[/] {plain(t.name)}: {t.documents} prompts of {t.length} tokens, answer budget "
+            f"{t.max_gen_toks} tokens, {t.tokens_match}/{t.documents} re-tokenize to the grid's exact tokens",
             soft_wrap=True,
         )
     console.print(

@@ -9,6 +9,7 @@ exist) or never (a fine-tune that never sees a position beyond the original wind
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ctxext.errors import CtxextError
 from ctxext.recipe.schema import Recipe, RecipeError
@@ -40,6 +41,10 @@ def check_recipe(recipe: Recipe, source: str = "recipe", check_model: bool = Tru
     _check_data(recipe, problems)
     if check_model:
         _check_model(recipe, problems, warnings)
+    # What `train` refuses before loading weights (this machine, LoRA modules, data fields): one function for both.
+    from ctxext.training.preflight import preflight_problems
+
+    problems += preflight_problems(recipe, model=check_model)
     if problems:
         raise RecipeError(source, problems)
     return warnings
@@ -106,18 +111,23 @@ def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list
         return
     target_length = recipe.rope.target_length
     assert target_length is not None  # the recipe schema requires it once a method is set
-    try:
-        plan = plan_extension(
-            config,
-            recipe.rope.method,
-            target_length,
-            recipe.rope.options(),
-            recipe.model.original_length,
-            recipe.rope.relative_to,
-        )
-    except RopeError as exc:
-        problems.append(("rope", str(exc)))
-        return
+    if recipe.search is not None:
+        plan = _check_search(recipe, config, state, problems)
+        if plan is None:
+            return
+    else:
+        try:
+            plan = plan_extension(
+                config,
+                recipe.rope.method,
+                target_length,
+                recipe.rope.options(),
+                recipe.model.original_length,
+                recipe.rope.relative_to,
+            )
+        except RopeError as exc:
+            problems.append(("rope", str(exc)))
+            return
     # What composing with an existing extension changes (rope.relative_to), said before training.
     warnings.extend(note for note in plan.notes if note.startswith("the model was"))
     # PoSE trains short windows whose position ids reach the target on purpose.
@@ -127,6 +137,36 @@ def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list
             f"fine-tune never sees a position beyond the original window, so it cannot teach the {plan.method} "
             f"extension to {plan.target_length}; raise train.seq_len (default: rope.target_length)"
         )
+
+
+def _check_search(recipe: Recipe, config: Any, state: Any, problems: list[tuple[str, str]]) -> Any:
+    """What the recipe's search checks before it starts (the factors come from it, so none are required).
+
+    Returns:
+        A plan of the same lengths (linear: the search's own check of the target), or ``None`` after a problem.
+    """
+    from ctxext.errors import InputError
+    from ctxext.rope.core import RopeError, describe_extension, plan_extension
+    from ctxext.search.recipe import settings_from_recipe
+
+    existing = describe_extension(state)
+    if existing:
+        problems.append(
+            (
+                "model.path",
+                f"this model is {existing}; the search finds long factors for an unscaled base model: search the "
+                "model it was extended from",
+            )
+        )
+        return None
+    try:
+        settings_from_recipe(recipe).validate_run()
+        return plan_extension(config, "linear", int(recipe.rope.target_length or 0), None, recipe.model.original_length)
+    except RopeError as exc:
+        problems.append(("rope", str(exc)))
+    except InputError as exc:
+        problems.append(("search", str(exc)))
+    return None
 
 
 def distance_lines(recipe: Recipe, source: str = "recipe") -> list[str]:

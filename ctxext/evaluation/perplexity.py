@@ -233,6 +233,55 @@ def check_lengths(loaded: LoadedModel, lengths: Sequence[int], allow_beyond: boo
     return beyond
 
 
+# A suite evaluates every model at the lengths it asks for, past a model's context included (a base beside its
+# extension; "2x target"). Past this multiple of the reference context (the longest among the models) a length is
+# a typo more often than a measurement (100,000 at a 256 target: minutes of work, no warning): it is refused
+# unless the suite sets allow_beyond_context. Degradation past a window shows well within 2-4x.
+BEYOND_CONTEXT_FACTOR = 8
+# Evaluations that score more tokens than this (per model) print an estimate of their work before they start.
+LARGE_WORK_TOKENS = 1_000_000
+
+
+def check_far_lengths(lengths: Sequence[int], context: int, allowed: bool, where: str) -> None:
+    """Refuse lengths above ``BEYOND_CONTEXT_FACTOR`` × ``context`` unless ``allowed``.
+
+    Args:
+        lengths: requested lengths in tokens.
+        context: the reference context (the longest configured context among the models evaluated).
+        allowed: the suite sets ``allow_beyond_context``.
+        where: the section, for the message.
+
+    Raises:
+        InputError: naming the lengths, their multiple of the context and the key that allows them.
+    """
+    far = sorted(L for L in lengths if L > BEYOND_CONTEXT_FACTOR * context)
+    if far and not allowed:
+        raise InputError(
+            f"{where}: length {', '.join(f'{L:,}' for L in far)} is {far[-1] / context:.0f}x the reference context "
+            f"{context:,}; lengths past {BEYOND_CONTEXT_FACTOR}x it ({BEYOND_CONTEXT_FACTOR * context:,} tokens) are "
+            "refused, as each costs at least as many times the work of one at the context. Lower it, or allow it "
+            "(--allow-beyond-context on ctxext eval ppl / passkey / needle / qa; allow_beyond_context: true in a suite)"
+        )
+
+
+def work_estimate(what: str, lengths: Sequence[int], per_length: int) -> str | None:
+    """One line on the work of an evaluation that scores ``per_length`` sequences at each length, or ``None`` if small.
+
+    Args:
+        what: the evaluation, e.g. ``passkey``.
+        lengths: the lengths in tokens.
+        per_length: sequences scored at each length (depths × trials).
+    """
+    tokens = per_length * sum(lengths)
+    if tokens < LARGE_WORK_TOKENS:
+        return None
+    return (
+        f"{what}: {len(lengths)} length(s) × {per_length} sequence(s) = {len(lengths) * per_length:,} sequences, "
+        f"{tokens:,} tokens per model (the longest {max(lengths):,}); attention work grows with the square of the "
+        "length"
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Documents
 # ---------------------------------------------------------------------------------------------

@@ -189,8 +189,10 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
             f"; shipped suites: {', '.join(sorted(x.name for x in shipped.glob('*.yaml')))}" if shipped.is_dir() else ""
         )
         raise InputError(f"suite file {path} does not exist{hint}")
+    from ctxext.recipe.yamlfile import load_yaml
+
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        raw = load_yaml(p.read_text()) or {}  # a key given twice is an error, as in recipes
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML: {exc}") from None
     from ctxext.recipe.schema import RecipeError, apply_overrides
@@ -403,11 +405,14 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
     notes: list[str] = []
 
     def lengths_of(values: list[Length], task: str) -> list[int]:
+        from ctxext.evaluation.perplexity import check_far_lengths
+
         kept, dropped = resolve_lengths(values, original, context, suite.allow_beyond_context)
         if dropped:
             notes.append(f"{task}: lengths {dropped} dropped (above the reference context {context})")
         if not kept:
             raise InputError(f"{task}: no length left at or below the reference context {context}")
+        check_far_lengths(kept, context, suite.allow_beyond_context, task)
         return kept
 
     plan: dict[str, Any] = {}

@@ -256,6 +256,36 @@ def _matched_modules(model: torch.nn.Module, suffixes: list[str]) -> list[str]:
     return [name for name, _ in model.named_modules() if name and any(name.endswith(s) for s in suffixes)]
 
 
+def lora_module_problems(model: torch.nn.Module, lora: Any) -> list[tuple[str, str]]:
+    """``(key, message)`` for LoRA target and extra modules that match no module of ``model`` (a meta model will do).
+
+    Args:
+        model: the base causal LM (only its module names and types are read).
+        lora: the recipe's ``lora`` section.
+    """
+    problems = []
+    names = [n for n, _ in model.named_modules()]
+    missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        problems.append(
+            (
+                "lora.target_modules",
+                f"{', '.join(missing)} match no module of this model; its linear layers are named: {', '.join(leaves)}",
+            )
+        )
+    extra = _matched_modules(model, list(lora.extra_trainable))
+    unmatched = [s for s in lora.extra_trainable if not any(n.endswith(s) for n in extra)]
+    if unmatched:
+        problems.append(
+            (
+                "lora.extra_trainable",
+                f"{', '.join(unmatched)} match no module name suffix of this model (e.g. embed_tokens, norm)",
+            )
+        )
+    return problems
+
+
 def add_lora(
     model: Any, lora: Any, gradient_checkpointing: bool, quantized: bool, levers: Any = None
 ) -> tuple[Any, list[str]]:
@@ -277,21 +307,10 @@ def add_lora(
     """
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    names = [n for n, _ in model.named_modules()]
-    missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
-    if missing:
-        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        raise InputError(
-            f"lora.target_modules: {', '.join(missing)} match no module of this model; "
-            f"its linear layers are named: {', '.join(leaves)}"
-        )
+    problems = lora_module_problems(model, lora)
+    if problems:
+        raise InputError(f"{problems[0][0]}: {problems[0][1]}")
     extra = _matched_modules(model, list(lora.extra_trainable))
-    unmatched = [s for s in lora.extra_trainable if not any(n.endswith(s) for n in extra)]
-    if unmatched:
-        raise InputError(
-            f"lora.extra_trainable: {', '.join(unmatched)} match no module name suffix of this model "
-            "(e.g. embed_tokens, norm)"
-        )
     ckpt_kwargs = {"use_reentrant": False}  # non-reentrant checkpointing works with DDP and frozen inputs
     if quantized:
         # peft would enable checkpointing through transformers' deprecated `gradient_checkpointing_enable`

@@ -338,9 +338,17 @@ class DataSection(_Section):
             raise ValueError("mixture: empty; list at least one source, or drop it and set data.path")
         if sum(s.weight for s in self.mixture) <= 0:
             raise ValueError("mixture: the weights sum to 0; give at least one source a positive weight")
-        if not any(s.path for s in self.mixture) and self.path is None:
+        corpora = any(s.path for s in self.mixture)
+        if not corpora and self.path is None:
             raise ValueError("mixture: tasks need a haystack; add a corpus source or set data.path")
-        if self.short_fraction > 0 and not any(s.path and s.weight > 0 for s in self.mixture) and self.path is None:
+        if self.path is not None and (corpora or all(s.haystack for s in self.mixture if s.task)):
+            # Beside a mixture, data.path is only the default haystack of task sources: here it would be unused.
+            raise ValueError(
+                f"path: {self.path!r} would be ignored: with data.mixture the training text comes from the mixture's "
+                "sources (data.path is only the haystack of task sources when the mixture has no corpus). Move it "
+                f"into data.mixture as a source ({{path: {self.path}, weight: ...}}) or remove data.path"
+            )
+        if self.short_fraction > 0 and not any(s.path and s.weight > 0 for s in self.mixture):
             raise ValueError("short_fraction: short blocks are cut from corpus sources; add one with a positive weight")
         return self
 
@@ -421,7 +429,9 @@ class HubSection(_Section):
 class SearchSection(SearchOptions):
     """A RoPE factor search (``ctxext search``) run before training; needs ``rope.method: longrope``."""
 
-    out: str | None = Field(default=None, description="the search's model folder (default: <output.dir>-search)")
+    out: str | None = Field(
+        default=None, description="the search's model folder (default: <output.dir>/search, inside the run)"
+    )
 
 
 class OutputSection(_Section):
@@ -463,6 +473,7 @@ class Recipe(_Section):
                 f"train.seq_len: {seq} is longer than rope.target_length ({self.rope.target_length}); "
                 "train at most at the target length"
             )
+        self._check_sample_lengths(seq)
         pose = self.train.pose
         if pose is not None:
             refusal = pose_refusal(self.rope.method)
@@ -487,10 +498,31 @@ class Recipe(_Section):
             raise ValueError(refusal)
         return self
 
+    def _check_sample_lengths(self, seq: int) -> None:
+        # A task sample is at most one row long: longer lengths used to be cut to train.seq_len without a word.
+        for i, source in enumerate(self.data.mixture or []):
+            for name in ("min_length", "max_length"):
+                value = getattr(source, name)
+                if value is not None and value > seq:
+                    raise ValueError(
+                        f"data.mixture.{i}.{name}: {value} is longer than train.seq_len ({seq}), and a sample is at "
+                        f"most one row; lower it to {seq} or less, or raise train.seq_len"
+                    )
+            if source.min_length and source.max_length and source.min_length > source.max_length:
+                raise ValueError(
+                    f"data.mixture.{i}.min_length: {source.min_length} is above max_length ({source.max_length})"
+                )
+
     @property
     def seq_len(self) -> int:
         """The training sequence length (``train.seq_len`` or ``rope.target_length``)."""
         return int(self.train.seq_len or self.rope.target_length)  # type: ignore[arg-type]
+
+    def search_folder(self) -> Path | None:
+        """Where the ``search:`` section's search is written: ``search.out``, by default ``<output.dir>/search``."""
+        if self.search is None:
+            return None
+        return Path(self.search.out) if self.search.out else Path(self.output.dir) / "search"
 
 
 def _parse_value(text: str) -> Any:
@@ -592,8 +624,16 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     path = Path(path)
     if not path.is_file():
         raise RecipeError(str(path), [("(file)", "does not exist")])
+    from ctxext.recipe.yamlfile import DuplicateKeyError, load_yaml
+
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
+    except DuplicateKeyError as exc:
+        problems = [
+            (key, f"given twice (lines {a} and {b}); YAML would keep only the last one silently: remove one")
+            for key, a, b in exc.duplicates
+        ]
+        raise RecipeError(str(path), problems) from None
     except yaml.YAMLError as exc:
         raise RecipeError(str(path), [("(yaml)", str(exc))]) from None
     if not isinstance(data, dict):

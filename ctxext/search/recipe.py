@@ -1,28 +1,36 @@
 """The recipe's ``search:`` section: a factor search before training, or ``ctxext search --recipe``.
 
 A recipe with ``rope.method: longrope`` and a ``search:`` section (and no factors of its own) runs the
-search into ``search.out`` (default ``<output.dir>-search``) and trains from its result: the found long
-factors, short factors 1 and attention factor 1 are written into ``rope`` before training starts. A
-search folder that is already complete is reused (so ``ctxext train --resume`` does not search again);
-an interrupted one is resumed.
+search into ``search.out`` — by default ``<output.dir>/search``, inside the run folder — and trains from its
+result: the found long factors, short factors 1 and the search's attention factor are written into
+``rope``, and the recipe the run records (``recipe.yaml``) is that resolved one, without the ``search:``
+section, so it reproduces the training by itself. ``run.json`` records the search under ``search``.
+
+A search folder that is already complete is reused (so ``ctxext train --resume`` does not search again); an
+interrupted one is resumed by running the same ``ctxext train`` again.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ctxext.errors import InputError
 
+# What run.json records about the search (from the search folder's search.json).
+_RECORDED = ("score", "best_seed", "evaluations", "ended", "seconds", "attention_factor")
+
 
 def _search_out(recipe: Any, out: Path | None) -> Path:
     if out is not None:
         return Path(out)
-    if recipe.search.out:
-        return Path(recipe.search.out)
-    return Path(f"{recipe.output.dir.rstrip('/')}-search")
+    return recipe.search_folder()  # search.out, by default <output.dir>/search
 
 
 def settings_from_recipe(recipe: Any, out: Path | None = None, given: Mapping[str, Any] | None = None) -> Any:
@@ -54,7 +62,25 @@ def settings_from_recipe(recipe: Any, out: Path | None = None, given: Mapping[st
     return build_settings(SearchSettings, dict(given or {}), {**section, **run})
 
 
-def search_before_training(recipe: Any, log: Callable[[str], None] = print) -> Any:
+@dataclass
+class SearchedRecipe:
+    """A recipe whose search is done.
+
+    Attributes:
+        recipe: the recipe to train: ``rope`` holds the found factors, the ``search`` section is removed.
+        record: what ``run.json`` records under ``search`` (the folder, objective, score, best seed …).
+    """
+
+    recipe: Any
+    record: dict[str, Any]
+
+
+def is_complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a finished search (the model folder with its factors and summary)."""
+    return all((folder / name).is_file() for name in ("config.json", "factors.json", "search.json"))
+
+
+def search_before_training(recipe: Any, log: Callable[[str], None] = print) -> SearchedRecipe:
     """Run (or reuse, or resume) the recipe's search and put its factors into ``rope``.
 
     Args:
@@ -62,23 +88,69 @@ def search_before_training(recipe: Any, log: Callable[[str], None] = print) -> A
         log: receives progress lines.
 
     Returns:
-        The recipe, with ``rope.short_factor`` / ``long_factor`` / ``attention_factor`` set.
+        The :class:`SearchedRecipe` (a copy of ``recipe``: the argument is not changed).
+
+    Raises:
+        InputError: a run folder that holds more than this search, or a multi-process launch with no finished
+            search (the search runs in one process).
     """
     from ctxext.search.apply import longrope_options
     from ctxext.search.log import LOG_NAME
     from ctxext.search.run import run_search
 
     settings = settings_from_recipe(recipe)
-    factors_file = settings.out / "factors.json"
-    if (settings.out / "config.json").is_file() and factors_file.is_file():
-        log(f"using the completed search in {settings.out}")
-        long_factor = json.loads(factors_file.read_text())["long_factor"]
+    folder = Path(settings.out)
+    if is_complete(folder):
+        log(f"using the completed search in {folder}")
     else:
-        settings.resume = (settings.out / LOG_NAME).is_file()
-        long_factor = run_search(settings, log=log).long_factor
-    written = json.loads((settings.out / "config.json").read_text())["rope_parameters"]
+        _check_can_search(recipe, folder)
+        with _run_folder_lock(recipe, folder):
+            settings.resume = (folder / LOG_NAME).is_file()
+            run_search(settings, log=log)
+    summary = json.loads((folder / "search.json").read_text())
+    long_factor = json.loads((folder / "factors.json").read_text())["long_factor"]
+    written = json.loads((folder / "config.json").read_text())["rope_parameters"]
     options = longrope_options(long_factor, float(written.get("attention_factor", 1.0)))
-    recipe.rope.short_factor = options["short_factor"]
-    recipe.rope.long_factor = options["long_factor"]
-    recipe.rope.attention_factor = options["attention_factor"]
-    return recipe
+    trained = recipe.model_copy(deep=True)
+    trained.rope.short_factor = options["short_factor"]
+    trained.rope.long_factor = options["long_factor"]
+    trained.rope.attention_factor = options["attention_factor"]
+    trained.search = None  # resolved: recipe.yaml holds the factors, run.json the search
+    record = {"folder": str(folder), "objective": summary.get("settings", {}).get("objective")}
+    record.update({key: summary.get(key) for key in _RECORDED})
+    return SearchedRecipe(trained, record)
+
+
+def _inside_run(recipe: Any, folder: Path) -> bool:
+    return Path(os.path.abspath(folder)).parent == Path(os.path.abspath(recipe.output.dir))
+
+
+def _check_can_search(recipe: Any, folder: Path) -> None:
+    """Before any search work: one process, and a run folder that holds nothing but this search."""
+    from ctxext.artifacts.lock import LOCK_SUFFIX
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise InputError(
+            f"search: {folder} holds no finished search, and the search runs in one process. Run it first with "
+            f"`ctxext search --recipe RECIPE --out {shlex.quote(str(folder))}` (the recipe you launched), then "
+            "launch the training again: it reuses the finished search"
+        )
+    out = Path(recipe.output.dir)
+    if not _inside_run(recipe, folder) or not out.is_dir():
+        return
+    ours = {folder.name, f".{folder.name}{LOCK_SUFFIX}"}
+    other = sorted(p.name for p in out.iterdir() if p.name not in ours)
+    if other:
+        raise InputError(
+            f"output.dir: {out} already exists and holds more than this recipe's search ({', '.join(other[:5])}); "
+            "choose another output.dir"
+        )
+
+
+def _run_folder_lock(recipe: Any, folder: Path) -> AbstractContextManager[Any]:
+    """The run folder's lock while its search runs inside it, so a second ``train`` into it is refused at once."""
+    from ctxext.artifacts.lock import folder_lock
+
+    if not _inside_run(recipe, folder):
+        return nullcontext()
+    return folder_lock(Path(recipe.output.dir), flag="output.dir")

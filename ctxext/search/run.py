@@ -233,6 +233,7 @@ def _search(
     session = _Session.start(settings, switch, loaded.tokenizer, state, log_path, log)
     if session.logged:
         log(f"resuming {log_path}: replaying {len(session.logged)} logged candidates")
+        session.check_logged_best()
     with session.progress as session.tracker:
         score = lambda cand: session.evaluate(cand, on_candidate)  # noqa: E731
         evaluated, ended = run_evolution(session.evolution, session.seed_vectors(), score, session.on_generation)
@@ -390,6 +391,16 @@ class _Session:
     def cpu(self) -> float:
         """Search CPU time over all sessions."""
         return self.prior_cpu + time.process_time() - self.start_cpu
+
+    def check_logged_best(self) -> None:
+        """Score the logged candidate that would win again (:func:`ctxext.search.log.verify_logged_best`)."""
+        from ctxext.search.log import verify_logged_best
+
+        def rescore(factors: np.ndarray, attention: float) -> float:
+            self.switch.use_factors(factors, self.settings.target_length, attention)
+            return self.objective.fitness(self.objective.score(self.switch.model))
+
+        verify_logged_best(self.logged, self.search_log.path, rescore, len(self.seeds[0].factors), self.attention)
 
     def _replayed(self, cand: Candidate) -> float:
         record = self.logged[cand.index]

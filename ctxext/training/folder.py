@@ -17,7 +17,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from ctxext.artifacts.lock import folder_lock
+from ctxext.artifacts.lock import LOCK_SUFFIX, folder_lock
 from ctxext.artifacts.run import RUN_FILE, read_run, resume_command
 from ctxext.atomic import check_output, is_disk_full
 from ctxext.errors import InputError
@@ -28,13 +28,16 @@ CHECKPOINTS = "checkpoints"
 RECIPE_FILE = "recipe.yaml"
 
 
-def check_output_dir(out: Path, recipe_text: str, resume: bool) -> dict[str, Any] | None:
+def check_output_dir(
+    out: Path, recipe_text: str, resume: bool, search_folder: Path | None = None
+) -> dict[str, Any] | None:
     """Check that ``out`` can take a new run, or holds the incomplete run of this recipe to resume.
 
     Args:
         out: the run folder (``output.dir``).
         recipe_text: the resolved recipe as YAML.
         resume: ``--resume``.
+        search_folder: the recipe's factor search; a new run may start in a folder that holds only it.
 
     Returns:
         The previous ``run.json`` when resuming, else ``None``.
@@ -58,11 +61,23 @@ def check_output_dir(out: Path, recipe_text: str, resume: bool) -> dict[str, Any
                     f"resume with the same recipe and overrides: `{resume_command(out)}`"
                 )
         return previous
-    if out.exists() and out.is_dir() and any(out.iterdir()):
+    ours = _search_entries(out, search_folder)
+    if out.exists() and out.is_dir() and any(p.name not in ours for p in out.iterdir()):
         hint = "pass --resume to continue it, or " if run_file.is_file() else ""
         raise InputError(f"output.dir: {out} already exists and is not empty; {hint}choose another output.dir")
+    if out.is_dir() and ours and any(out.iterdir()):
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise InputError(f"output.dir {out}: is not writable; choose an output folder in a writable place")
+        return None  # it holds only the search made for this run
     check_output(out, "run", overwrite=False, flag="output.dir")
     return None
+
+
+def _search_entries(out: Path, search_folder: Path | None) -> frozenset[str]:
+    """The names a run's own search leaves in the run folder: its folder and (when stale) its lock file."""
+    if search_folder is None or Path(os.path.abspath(search_folder)).parent != Path(os.path.abspath(out)):
+        return frozenset()
+    return frozenset({search_folder.name, f".{search_folder.name}{LOCK_SUFFIX}"})
 
 
 @contextmanager

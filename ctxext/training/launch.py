@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +51,6 @@ def start_accelerator(recipe: Recipe, out: Path) -> Launch:
 
     Raises:
         CtxextError: several processes that accelerate does not see as one job.
-        InputError: a tracker that is not installed, context parallelism without CUDA.
     """
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
@@ -88,13 +86,6 @@ def check_launch(accelerator: Any, recipe: Recipe) -> None:
             exit_code=2,
         )
     check_sequence_parallel(recipe.train.sequence_parallel_size, accelerator.num_processes)
-    tracker_module = {"tensorboard": "tensorboard", "wandb": "wandb"}.get(recipe.train.tracker)
-    if tracker_module and importlib.util.find_spec(tracker_module) is None:
-        raise InputError(f"train.tracker: {recipe.train.tracker} is not installed; pip install {tracker_module}")
-    if recipe.train.context_parallel_size > 1 and not torch.cuda.is_available():
-        raise InputError(
-            "train.context_parallel_size: accelerate's context parallelism needs CUDA with FSDP2; set it to 1 here"
-        )
 
 
 def configure_deepspeed(accelerator: Any, recipe: Recipe, world: int) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.artifacts.run import read_run
-from ctxext.errors import CtxextError, InputError
+from ctxext.errors import CtxextError
 from ctxext.models.sources import resolve_model_path
 from ctxext.models.weights import check_fingerprint, check_weights_readable, fingerprint
 from ctxext.recipe.schema import Recipe, dump_recipe
@@ -42,6 +42,7 @@ from ctxext.training.folder import (
 )
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop
+from ctxext.training.preflight import check_preflight
 from ctxext.training.sequence_parallel import start_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 from ctxext.training.stop import StopRequest, stop_on_signals
@@ -72,13 +73,17 @@ class TrainResult:
     run: dict[str, Any]
 
 
-def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None) -> TrainResult:
+def train(
+    recipe: Recipe, resume: bool = False, command: list[str] | None = None, search: dict[str, Any] | None = None
+) -> TrainResult:
     """Run a training recipe to completion and return its run folder.
 
     Args:
         recipe: a validated recipe.
         resume: continue the run in ``output.dir`` from its last checkpoint.
         command: the command line, recorded in ``versions.json``.
+        search: the factor search the recipe's factors come from (``ctxext.search.recipe``), recorded in
+            ``run.json``; its folder may already be inside ``output.dir`` when a new run starts.
 
     Returns:
         A :class:`TrainResult` (the complete run folder, the trained model).
@@ -91,10 +96,11 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
             run stops at a step boundary with a checkpoint, see :mod:`ctxext.training.stop`).
     """
     out = Path(recipe.output.dir)
+    check_preflight(recipe)  # the checks `ctxext validate` runs too: nothing is loaded for a recipe refused here
     launch = start_accelerator(recipe, out)
     # One writer per run folder: a second `train` (or a `--resume` of a run in progress) is refused here.
     with run_folder_lock(out, launch), stop_on_signals() as stop:
-        result = _train(recipe, resume, command, launch, stop)
+        result = _train(recipe, resume, command, launch, stop, search)
     if stop.signum is not None:
         # The signal came while the finished run wrote its outputs: it is complete, but what the CLI chains
         # after training (evaluation, push) must not start.
@@ -106,7 +112,14 @@ def train(recipe: Recipe, resume: bool = False, command: list[str] | None = None
     return result
 
 
-def _train(recipe: Recipe, resume: bool, command: list[str] | None, launch: Launch, stop: StopRequest) -> TrainResult:
+def _train(
+    recipe: Recipe,
+    resume: bool,
+    command: list[str] | None,
+    launch: Launch,
+    stop: StopRequest,
+    search: dict[str, Any] | None,
+) -> TrainResult:
     """:func:`train` with the run folder's lock held and SIGTERM / SIGINT turned into a clean stop."""
     from accelerate.utils import DistributedType, set_seed
 
@@ -118,7 +131,7 @@ def _train(recipe: Recipe, resume: bool, command: list[str] | None, launch: Laun
 
     # Nothing is loaded before the output folder and the base weights are known to be right.
     recipe_text = dump_recipe(recipe)
-    previous = check_output_dir(out, recipe_text, resume)
+    previous = check_output_dir(out, recipe_text, resume, search_folder=Path(search["folder"]) if search else None)
     base_dir = resolve_model_path(recipe.model.path, recipe.model.revision)
     check_weights_readable(base_dir)
     base_fingerprint = fingerprint(base_dir)
@@ -138,6 +151,8 @@ def _train(recipe: Recipe, resume: bool, command: list[str] | None, launch: Laun
     # The run folder: created only once the model and the data are known to be usable.
     accelerator.wait_for_everyone()
     record = run_record(recipe, loaded, accelerator.num_processes, base_fingerprint, previous)
+    if search is not None or (previous and previous.get("search")):
+        record["search"] = search if search is not None else previous["search"]  # type: ignore[index]
     writer = RunWriter(out, launch.main, record)
     writer.start(recipe_text, versions(recipe, command or sys.argv), data.mixture)
     stop.graceful = True  # from here a stop signal ends the run at a step boundary, with a checkpoint
@@ -190,8 +205,7 @@ def _training_data(recipe: Recipe, loaded: Any, launch: Launch) -> Any:
     See :func:`ctxext.training.data.mixture.prepare_training_data`.
 
     Raises:
-        InputError: too little data for one micro-batch on every process, or a data setting that context
-            parallelism cannot split.
+        InputError: too little data for one micro-batch on every process.
     """
     from ctxext.training.data.mixture import prepare_training_data
 
@@ -202,6 +216,4 @@ def _training_data(recipe: Recipe, loaded: Any, launch: Launch) -> Any:
     accelerator.print(f"data: {data.summary}")
     # Too little data for one micro-batch is bad input: say so before the run folder exists.
     next(micro_batches(len(data.train), cfg.micro_batch_size, launch.world, launch.rank, cfg.seed))
-    if launch.cp > 1 and (cfg.pose or recipe.data.document_mask or recipe.data.short_fraction):
-        raise InputError("train.context_parallel_size: PoSE, data.document_mask and data.short_fraction need 1")
     return data

@@ -90,6 +90,21 @@ def _stdlib_paths(path: str) -> tuple[str, ...]:
     return tuple(str(p) for p in files if p.stat().st_size >= 1)
 
 
+def stdlib_problem(path: str, text_field: str) -> tuple[str, str] | None:
+    """What is wrong with reading the built-in ``path`` (``builtin:stdlib[-SPLIT]``) in ``text_field``, or ``None``.
+
+    Returns:
+        ``(what, message)``: ``path`` (an unknown split) or ``text_field`` (the built-in has only ``text``).
+    """
+    try:
+        _stdlib_paths(path)
+    except KeyError as exc:
+        return "path", str(exc.args[0])
+    if text_field != "text":
+        return "text_field", f"builtin:stdlib has only the field 'text', not {text_field!r}"
+    return None
+
+
 def load_documents(path: str, text_field: str = "text", split: str = "train", name: str | None = None) -> Any:
     """Load the raw documents as a ``datasets.Dataset``.
 
@@ -108,16 +123,11 @@ def load_documents(path: str, text_field: str = "text", split: str = "train", na
     import datasets
 
     if is_stdlib(path):
-        try:
-            paths = list(_stdlib_paths(path))
-        except KeyError as exc:
-            raise InputError(f"data.path: {exc.args[0]}") from None
+        problem = stdlib_problem(path, text_field)
+        if problem:
+            raise InputError(f"data.{problem[0]}: {problem[1]}")
         # from_generator caches the result under a fingerprint of the generator and its arguments.
-        ds = datasets.Dataset.from_generator(_stdlib_generator, gen_kwargs={"paths": paths})
-        text_field_used = "text"
-        if text_field != text_field_used:
-            raise InputError(f"data.text_field: builtin:stdlib has only the field 'text', not {text_field!r}")
-        return ds
+        return datasets.Dataset.from_generator(_stdlib_generator, gen_kwargs={"paths": list(_stdlib_paths(path))})
     local = Path(path).expanduser()
     if local.exists():
         files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())

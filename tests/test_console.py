@@ -1,0 +1,45 @@
+"""Messages keep their text: ``[...]`` in a path, a list or another message is not read as rich markup."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+from ctxext.cli.commands import app
+from ctxext.cli.console import plain
+
+runner = CliRunner()
+TRICKY = "[bold]x[/] and [/b] in [a, b]"
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_plain_text_survives_markup():
+    out = io.StringIO()
+    Console(file=out, width=200).print(f"[green]ok[/] {plain(TRICKY)} runs/{plain('[exp]')}/r")
+    assert out.getvalue().strip() == f"ok {TRICKY} runs/[exp]/r"
+
+
+def test_paths_and_messages_with_brackets_are_printed_whole(tmp_path, tiny_model_dir):
+    folder = tmp_path / "[exp]"
+    folder.mkdir()
+    recipe = folder / "r.yaml"
+    base = "rope: {method: yarn, target_length: 512}\ndata: {path: builtin:stdlib}\ntrain: {max_steps: 1}\n"
+    recipe.write_text(f"model: {{path: '{tiny_model_dir}'}}\n" + base)
+    ok = runner.invoke(app, ["validate", str(recipe)])
+    assert ok.exit_code == 0 and f"✓ {recipe}:" in flat(ok.output), ok.output
+    # A problem whose message quotes a value with markup-like text: validate, train and a plain error.
+    missing = f"nope/{TRICKY}/m"
+    recipe.write_text(f"model: {{path: '{missing}'}}\n" + base)
+    for command in ("validate", "train"):
+        bad = runner.invoke(app, [command, str(recipe)])
+        assert bad.exit_code == 2 and (bad.exception is None or isinstance(bad.exception, SystemExit)), bad.output
+        assert "Traceback" not in bad.output
+        assert f"{recipe}" in flat(bad.output) and f"model.path: {missing} does not exist" in flat(bad.output)
+    err = runner.invoke(app, ["inspect", str(tmp_path / "[exp]" / "[/b]"), "--config-only"])
+    assert err.exit_code == 2 and "Traceback" not in err.output
+    assert f"{tmp_path}/[exp]/[/b]" in flat(err.output).replace(" ", ""), err.output
