@@ -253,7 +253,7 @@ def test_plan_on_this_machine_plans_a_cpu_run_against_ram(tiny_model_dir):
 
 
 def test_train_memory_check_warns_without_strict(tiny_model_dir, capsys):
-    from ctxext.cli.commands import _check_memory
+    from ctxext.cli.train_commands import _check_memory
 
     big = [f"model.path={tiny_model_dir}", "rope.target_length=16777216", "train.seq_len=16777216"]
     _check_memory(load_recipe("recipes/tiny-cpu.yaml", big), strict=False)  # returns: the run would go on

@@ -28,12 +28,14 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console, Group
 from rich.table import Table
 
-from ctxext.cli.console import plain
+from ctxext.cli.console import console as terminal
+from ctxext.cli.console import friendly_errors, plain
 from ctxext.errors import InputError
 from ctxext.resources import RESOURCES
 
@@ -378,3 +380,32 @@ def comparison_table(report: dict[str, Any], original: int, target: int) -> Grou
             _acc(ruler.get("needle-heldout-form"), target),
         )
     return Group(ppl_table, ret_table)
+
+
+@friendly_errors
+def demo(
+    out: Annotated[Path, typer.Option(help="output folder (reused as a cache by later runs)")] = Path("runs/demo"),
+    model: Annotated[str, typer.Option(help="base model")] = "builtin:grown-code-64-mk",
+    method: Annotated[
+        str | None, typer.Option(help="extension method of the fine-tune (default llama3; YaRN is always shown too)")
+    ] = None,
+    steps: Annotated[int | None, typer.Option(help="QLoRA steps (default 240; 6 with --quick)")] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="a reduced setting (CI): every stage, little work (6 QLoRA steps)")
+    ] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", help="recompute every step instead of reusing --out")] = False,
+    plain: Annotated[
+        bool, typer.Option("--plain", help="fine-tune on plain code only, not the retrieval mixture (comparison)")
+    ] = False,
+) -> None:
+    """Grown model → evaluate unpatched at 4× → extend (YaRN, llama3) → nf4 QLoRA → evaluate all, compared."""
+    from ctxext.artifacts.lock import folder_lock
+
+    settings = DemoSettings.quick(out) if quick else DemoSettings(out=out)
+    settings.model, settings.fresh, settings.plain = model, fresh, plain
+    if method is not None:
+        settings.method = method
+    if steps is not None:
+        settings.train_steps = steps
+    with folder_lock(out):  # one demo per folder: --fresh deletes what a running demo is writing
+        run_demo(settings, terminal)

@@ -1,0 +1,140 @@
+"""``ctxext validate`` and ``ctxext train``: check a recipe, then fine-tune it (and chain its eval and push)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ctxext.cli.console import EXIT_BAD_INPUT, console, err_console, friendly_errors, plain, print_line
+
+
+@friendly_errors
+def validate(
+    recipes: Annotated[list[Path] | None, typer.Argument(help="recipe YAML file(s)")] = None,
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="key=value override (repeatable)")] = None,
+    schema: Annotated[
+        bool, typer.Option("--schema", help="list every recipe key with its type, default and meaning")
+    ] = False,
+) -> None:
+    """Validate recipe files against the schema, the model, the RoPE plan and the eval suite (exit code 2 if any)."""
+    from ctxext.cli.validate import check_recipe, distance_lines
+    from ctxext.recipe.schema import RecipeError, load_recipe
+
+    if schema:
+        from ctxext.recipe.schema import schema_lines
+
+        for line in schema_lines():
+            console.print(line, markup=False, highlight=False)
+        if not recipes:
+            return
+    if not recipes:
+        err_console.print("[bold red]error:[/] give a recipe file (or --schema to list the keys)")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    failed = False
+    for path in recipes:
+        try:
+            recipe = load_recipe(path, overrides or [])
+            warnings = check_recipe(recipe, str(path))
+            notes = distance_lines(recipe, str(path))
+        except RecipeError as exc:
+            failed = True
+            err_console.print(f"[bold red]✗ {plain(exc.source)}[/]: {len(exc.problems)} problem(s)")
+            for key, msg in exc.problems:
+                err_console.print(f"  [yellow]{plain(key)}[/]: {plain(msg)}")
+            continue
+        console.print(
+            f"[green]✓[/] {plain(path)}: {plain(recipe.model.path)}, {recipe.rope.method} → "
+            f"{recipe.rope.target_length}, seq_len {recipe.seq_len}, {recipe.train.max_steps} steps"
+        )
+        for note in notes:
+            console.print(f"  {note}", soft_wrap=True, markup=False, highlight=False)
+        for warning in warnings:
+            err_console.print(f"  [yellow]warning:[/] {plain(warning)}", soft_wrap=True)
+    if failed:
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+@friendly_errors
+def train(
+    recipe: Annotated[Path, typer.Argument(help="recipe YAML file (see recipes/)")],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="key=value overrides, e.g. train.max_steps=10 output.dir=runs/x")
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="continue the run in output.dir from its last checkpoint")
+    ] = False,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="refuse to start when `ctxext plan` predicts it will not fit")
+    ] = False,
+) -> None:
+    """Fine-tune a RoPE-extended model with QLoRA on long documents (also under `accelerate launch -m ctxext train`)."""
+    from ctxext.cli.validate import check_recipe
+    from ctxext.recipe.schema import load_recipe
+    from ctxext.training.run import train as run_training
+
+    parsed = load_recipe(recipe, overrides or [])
+    # Before any model is loaded: problems that would surface only after training (an eval suite that
+    # does not exist), and settings that run but teach nothing (train.seq_len within the original window).
+    for warning in check_recipe(parsed, str(recipe)):
+        err_console.print(f"[yellow]warning:[/] {plain(warning)}", soft_wrap=True)
+    _check_memory(parsed, strict, str(recipe))
+    searched = None
+    if parsed.search is not None:
+        # A search: section finds the longrope factors first (in output.dir/search); training starts from them.
+        from ctxext.search.recipe import search_before_training
+
+        searched = search_before_training(parsed, log=print_line)
+        parsed = searched.recipe
+        if resume and not (Path(parsed.output.dir) / "run.json").is_file():
+            # Interrupted during its search: the run itself has not started, so there is nothing else to resume.
+            err_console.print(f"note: {plain(parsed.output.dir)}: the search is done; the training starts now")
+            resume = False
+    result = run_training(
+        parsed, resume=resume, command=list(sys.argv), search=searched.record if searched is not None else None
+    )
+    if result.model is not None:  # the main process: evaluate, then publish, as the recipe asks
+        _after_training(result.run_dir, parsed)
+
+
+def _after_training(run_dir: Path, recipe: Any) -> None:
+    """The recipe's eval suite, then its Hub push: the CLI chains these workflows, training does not."""
+    if recipe.eval.suite:
+        from ctxext.evaluation.suite import run_suite_for_run
+
+        run_suite_for_run(run_dir, recipe)
+    if recipe.hub.push:
+        from ctxext.publish.hub import push_run
+
+        push_run(run_dir, recipe.hub)
+
+
+def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
+    """Plan the recipe on this machine before training; warn (or, strict, refuse) when it will not fit."""
+    import os
+
+    from ctxext.errors import InputError
+    from ctxext.planner.plan import plan_on_this_machine
+
+    main_process = os.environ.get("RANK", "0") == "0"
+    try:
+        result = plan_on_this_machine(recipe)
+    except InputError as exc:
+        if main_process:
+            err_console.print(f"[yellow]warning:[/] could not plan the memory of this run: {plain(exc)}")
+        return
+    if result.fits:
+        return
+    needed, have = result.memory.total / 2**30, result.device.memory / 2**30
+    first = next((a for a in result.advice if a.fits), None)
+    hint = f" Re-planned to fit: {first.summary} ({' '.join(first.overrides) or first.launch})." if first else ""
+    message = (
+        f"the plan predicts {needed:.1f} GiB per process on {result.device.name} ({have:.1f} GiB): this run will "
+        f"probably run out of memory.{hint} The breakdown: `ctxext plan {path} --cpu` (or --gpu NAME)."
+    )
+    if strict:
+        raise InputError(message + " (--strict: not started)")
+    if main_process:
+        err_console.print(f"[yellow]warning:[/] {plain(message)}")
