@@ -37,7 +37,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ctxext.models.builtin import GROWN_DIR
-    from ctxext.recipe.schema import DataSection
+    from ctxext.recipe.sections import DataSection
     from ctxext.training.data.corpus import prepare_data
     from ctxext.training.data.rows import build_inputs
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ctxext.errors import InputError
-from ctxext.recipe.schema import DataSection
+from ctxext.recipe.sections import DataSection
 from ctxext.training.data.corpus import load_documents, prepare_data
 
 

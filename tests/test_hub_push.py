@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from ctxext.artifacts.report import EvalReport
 from ctxext.cli.commands import app
 from ctxext.publish.hub import HubError, push, push_run
-from ctxext.recipe.schema import HubSection
+from ctxext.recipe.sections import HubSection
 
 runner = CliRunner()
 PUBLISHED = {

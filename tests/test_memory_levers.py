@@ -112,7 +112,7 @@ def test_tiled_mlp_refuses_a_mlp_that_is_not_gated():
 def test_bf16_residual_stream_on_a_4bit_base(tmp_path):
     """nf4 base, bf16 compute: the stream between layers is bf16, the trained embeddings and norms stay fp32."""
     from ctxext.models.load import add_lora, load_base
-    from ctxext.recipe.schema import LoraSection
+    from ctxext.recipe.sections import LoraSection
 
     model, _, _ = load_base("builtin:tiny-llama", quantization="nf4", compute_dtype=torch.bfloat16)
     levers = Levers(residual_dtype="bf16")
@@ -148,7 +148,7 @@ def test_planned_layer_bytes_match_autograd(tiny_model_dir, residual, dropout):
     dropout is tests/test_plan.py's."""
     from ctxext.models.load import add_lora, load_base
     from ctxext.planner.footprint import ModelShape, Setup, layer_bytes
-    from ctxext.recipe.schema import LoraSection
+    from ctxext.recipe.sections import LoraSection
     from ctxext.training.steps import CausalLMWithChunkedLoss
 
     length = 512

@@ -20,8 +20,8 @@ from ctxext.cli.commands import app
 from ctxext.evaluation.settings import NeedleSettings, PasskeySettings, PerplexitySettings, QASettings
 from ctxext.recipe.budget import parse_budget
 from ctxext.recipe.flags import build_settings, field_help, flag_name
-from ctxext.recipe.schema import SearchSection
 from ctxext.recipe.search import SearchOptions
+from ctxext.recipe.sections import SearchSection
 from ctxext.search.run import SearchSettings
 
 ROOT = Path(__file__).resolve().parents[1]

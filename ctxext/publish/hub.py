@@ -152,7 +152,7 @@ def check_repo_id(repo_id: str) -> str:
     Raises:
         InputError: the id is not ``namespace/name``.
     """
-    from ctxext.recipe.schema import repo_id_problem
+    from ctxext.recipe.sections import repo_id_problem
 
     problem = repo_id_problem(repo_id)
     if problem:

@@ -288,7 +288,7 @@ def preview_task_distances(recipe: Any, tokenizer: Any, rows: int = 64) -> dict[
 
 
 def _whole_path_source(data: Any) -> Any:
-    from ctxext.recipe.schema import MixtureSource
+    from ctxext.recipe.sections import MixtureSource
 
     return MixtureSource(path=data.path, weight=1.0, text_field=data.text_field)
 

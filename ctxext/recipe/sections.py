@@ -1,0 +1,427 @@
+"""The recipe's sections (model, rope, quantization, lora, data, train, eval, hub, search, output).
+
+Each is a pydantic model that forbids unknown keys; :class:`~ctxext.recipe.schema.Recipe` puts them together,
+checks what spans sections, and loads, overrides and dumps the YAML file.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails
+
+from ctxext.recipe.memory import MemorySection
+from ctxext.recipe.parallel import LENGTH_DEPENDENT_METHODS
+from ctxext.recipe.search import SearchOptions
+from ctxext.rope.methods import METHODS, declared_options
+
+# A Hub repository id: namespace/name, each of letters, digits, '-', '_', '.'.
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+
+
+def repo_id_problem(repo_id: str | None) -> str | None:
+    """What is wrong with a Hub repository id, or ``None`` when it is valid (``USER/NAME``)."""
+    if not repo_id or not _REPO_ID.match(repo_id) or ".." in repo_id or repo_id.endswith((".", "-")):
+        return (
+            f"{repo_id!r} is not a Hub repository id; use USER/NAME (letters, digits, '-', '_', '.'), "
+            "e.g. me/llama2-7b-yarn-32k"
+        )
+    return None
+
+
+# PoSE cannot train the methods whose frequencies depend on the processed length.
+POSE_REFUSED_METHODS = LENGTH_DEPENDENT_METHODS
+
+
+def pose_refusal(method: str) -> str | None:
+    """Why ``train.pose`` cannot be used with ``rope.method``, or ``None`` when it can."""
+    if method in POSE_REFUSED_METHODS:
+        return (
+            f"PoSE cannot train rope.method {method!r}: its frequencies depend on the length of the sequence "
+            "processed, so a short PoSE sequence would be rotated as a short sequence whatever its position ids. "
+            "Use a static method (yarn, linear, ntk, llama3, theta) or drop train.pose"
+        )
+    return None
+
+
+class Section(BaseModel):
+    """A recipe section: unknown keys are errors, and assignments (overrides) are validated too."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(Section):
+    """Which base model to load, and how."""
+
+    path: str = Field(description="local folder, Hub id, or a built-in name such as 'builtin:tiny-llama'")
+    revision: str | None = None
+    trust_remote_code: bool = False
+    attn_implementation: Literal["auto", "sdpa", "flash_attention_2", "eager"] = "auto"
+    original_length: int | None = Field(
+        default=None, gt=0, description="pretraining context, when the config cannot tell it"
+    )
+
+
+class RopeSection(Section):
+    """The context-extension method; options only where the method takes them.
+
+    The option keys are not written here: each method declares its options once (``ctxext/rope/methods/``),
+    and this section accepts, converts and checks exactly those of ``method``. ``rope.<option>`` reads an
+    option (``None`` when not set).
+    """
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    method: str = Field(description="one of: none, " + ", ".join(METHODS))
+    target_length: int | None = Field(default=None, gt=0)
+    relative_to: Literal["original", "current"] | None = Field(
+        default=None,
+        description="for an already-extended model: replace its extension (original) or stack on it (current)",
+    )
+
+    def options(self) -> dict[str, Any]:
+        """The method options that are set."""
+        return {k: v for k, v in (self.__pydantic_extra__ or {}).items() if v is not None}
+
+    def __getattr__(self, name: str) -> Any:
+        # A declared option that is not set reads as None, as a typed field would.
+        try:
+            return super().__getattr__(name)  # type: ignore[misc]
+        except AttributeError:
+            if name in declared_options():
+                return None
+            raise
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _check(cls, data: Any, handler: Any) -> RopeSection:
+        if not isinstance(data, dict):
+            # An assignment (validate_assignment hands over the section itself): fields are checked by
+            # pydantic; an option assigned in code (the search sets its factors) is taken as given.
+            return handler(data)
+        problems, options = _option_problems(data)
+        fixed = {k: v for k, v in data.items() if k in cls.model_fields}
+        try:
+            section = handler(fixed)
+        except ValidationError as exc:
+            problems = [_as_init_error(e) for e in exc.errors()] + problems
+            raise ValidationError.from_exception_data(cls.__name__, problems) from None
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, problems)
+        if section.method != "none" and section.target_length is None:
+            raise ValueError("target_length: required when a rope method is set")
+        extra = section.__pydantic_extra__
+        if extra is not None:
+            extra.clear()
+            extra.update(options)  # converted by their declarations
+        return section
+
+
+def _value_error(loc: tuple[str, ...], message: str, value: Any) -> InitErrorDetails:
+    return InitErrorDetails(type="value_error", loc=loc, input=value, ctx={"error": ValueError(message)})
+
+
+def _as_init_error(error: Any) -> InitErrorDetails:
+    details = InitErrorDetails(type=error["type"], loc=error["loc"], input=error.get("input"))
+    if "ctx" in error:
+        details["ctx"] = error["ctx"]
+    return details
+
+
+def _option_problems(data: dict[str, Any]) -> tuple[list[InitErrorDetails], dict[str, Any]]:
+    """Check a rope section's option keys against the declarations: unknown keys, other methods' options, bad values.
+
+    Returns:
+        The problems (pydantic error details) and the converted option values.
+    """
+    method = data.get("method")
+    given = {k: v for k, v in data.items() if k not in RopeSection.model_fields}
+    known = declared_options()
+    problems: list[InitErrorDetails] = []
+    if method != "none" and isinstance(method, str) and method not in METHODS:
+        problems.append(
+            _value_error(("method",), f"unknown method {method!r}; choose one of: none, {', '.join(METHODS)}", method)
+        )
+    spec = METHODS.get(method) if isinstance(method, str) else None
+    allowed = spec.option_names if spec else frozenset()
+    values: dict[str, Any] = {}
+    for key, value in given.items():
+        if key not in known:
+            problems.append(InitErrorDetails(type="extra_forbidden", loc=(key,), input=value))
+        elif spec is None and method != "none":
+            continue  # the unknown method is the problem
+        elif key not in allowed:
+            if value is not None:
+                problems.append(
+                    _value_error(
+                        (key,),
+                        f"not an option of method {method!r} (its options: {', '.join(sorted(allowed)) or 'none'})",
+                        value,
+                    )
+                )
+        elif value is not None:
+            option = next(o for o in spec.options if o.name == key)  # type: ignore[union-attr]
+            try:
+                values[key] = option.parse(value)
+            except ValueError as exc:
+                problems.append(_value_error((key,), str(exc), value))
+    return problems, values
+
+
+class QuantizationSection(Section):
+    """How the frozen base weights are stored during training."""
+
+    mode: Literal["nf4", "int8", "none"] = "nf4"
+    double_quant: bool = True
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="auto: bfloat16 on GPU, float32 on CPU"
+    )
+
+
+class LoraSection(Section):
+    """LoRA adapters and the modules trained in full beside them."""
+
+    r: int = Field(default=16, gt=0)
+    alpha: float = Field(default=32, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    extra_trainable: list[str] = Field(
+        default_factory=lambda: ["embed_tokens", "norm"],
+        description="module name suffixes trained in full (LongLoRA: embeddings and norms)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> LoraSection:
+        if not self.target_modules:
+            raise ValueError(
+                "target_modules: must name at least one module (e.g. [q_proj, k_proj, v_proj, o_proj]); an empty "
+                "list would put no LoRA adapter anywhere"
+            )
+        return self
+
+
+class MixtureSource(Section):
+    """One source of a training mixture: a real corpus (``path``) or a synthetic task (``task``).
+
+    A corpus is anything the data reader reads (a local json/jsonl/parquet/txt file or folder, a Hub
+    data set, ``builtin:stdlib``); a task is a name in the ``ctxext.tasks`` registry, generated in
+    samples of ``min_length``–``max_length`` tokens whose needle distances follow ``data.task_distance``, on
+    the training documents of ``haystack``.
+    """
+
+    weight: float = Field(allow_inf_nan=False, description="share of the training rows (normalised over all sources)")
+    path: str | None = Field(default=None, description="a corpus, read like data.path")
+    text_field: str = "text"
+    max_documents: int | None = Field(default=None, gt=0)
+    long_fraction: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="corpus: share of this source's rows taken from documents at least train.seq_len long "
+        "(length up-sampling, Fu et al. 2024); null keeps the natural share",
+    )
+    task: str | None = Field(default=None, description="a synthetic task name (ctxext.tasks registry)")
+    templates: list[int] | None = Field(
+        default=None,
+        description="task: template indices used for training (null: the task's training templates, i.e. all but "
+        "those it holds out for evaluation)",
+    )
+    distractors: int | None = Field(default=None, ge=0, description="task: distractor keys (tasks that take them)")
+    min_length: int | None = Field(
+        default=None,
+        gt=0,
+        description="task: shortest sample (null: seq_len); without PoSE a sample is as long as its needle distance "
+        "needs, at least this",
+    )
+    max_length: int | None = Field(
+        default=None,
+        gt=0,
+        description="task: longest sample (null: train.seq_len; without PoSE also the distance span); the last "
+        "sample of a row takes what the others cannot",
+    )
+    answer_only: bool = Field(default=False, description="task: loss only on the answer tokens (default: all tokens)")
+    haystack: str | None = Field(
+        default=None, description="task: the haystack corpus (default: the first corpus source, else data.path)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> MixtureSource:
+        if (self.path is None) == (self.task is None):
+            raise ValueError("path: give exactly one of path (a corpus) or task (a synthetic task)")
+        if self.weight < 0:
+            raise ValueError(f"weight: {self.weight} is negative; weights are shares, use a value >= 0")
+        if self.templates is not None and not self.templates:
+            raise ValueError("templates: empty; list template indices, or drop the key to train on all the task's")
+        if self.task is not None:
+            from ctxext.tasks import task_names
+
+            if self.task not in task_names():
+                raise ValueError(f"task: unknown task {self.task!r}; choose one of: {', '.join(task_names())}")
+            stray = [k for k in ("max_documents", "long_fraction") if getattr(self, k) is not None]
+            if self.min_length is not None and self.max_length is not None and self.max_length < self.min_length:
+                raise ValueError(f"max_length: {self.max_length} is below min_length {self.min_length}")
+        else:
+            keys = ("templates", "distractors", "haystack", "min_length", "max_length")
+            stray = [k for k in keys if getattr(self, k) is not None]
+            stray += ["answer_only"] if self.answer_only else []
+        if stray:
+            kind = "a task" if self.task is not None else "a corpus"
+            raise ValueError(f"{stray[0]}: not an option of {kind} source")
+        return self
+
+
+class DataSection(Section):
+    """Long documents to train on: one corpus (``path``) or a weighted ``mixture`` of corpora and tasks."""
+
+    path: str | None = Field(
+        default=None,
+        description="local jsonl/json/parquet/csv or text (txt, md, py, …) file or folder, a Hub data set, "
+        "or 'builtin:stdlib'",
+    )
+    text_field: str = "text"
+    split: str = "train"
+    name: str | None = Field(default=None, description="Hub data set configuration name")
+    packing: bool = True
+    document_mask: bool = Field(
+        default=False, description="packing: no attention across packed documents (positions restart per document)"
+    )
+    min_tokens: int | None = Field(default=None, gt=0, description="without packing: keep documents this long")
+    validation_fraction: float = Field(default=0.05, ge=0, lt=1)
+    max_documents: int | None = Field(default=None, gt=0)
+    num_proc: int = Field(default=2, gt=0)
+    mixture: list[MixtureSource] | None = Field(
+        default=None, description="weighted corpora and synthetic tasks (replaces path); see README"
+    )
+    short_fraction: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="share of rows made of blocks at the model's original length (unscaled positions; ProLong ~0.4)",
+    )
+    task_distance: str = Field(
+        default="uniform",
+        description="task rows: how needle-to-question distances (in positions, PoSE included) are drawn over the "
+        "span (rope.target_length with PoSE, else the longest sample): uniform, or far (density rising with the "
+        "distance; the last quarter holds 44 %)",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> DataSection:
+        from ctxext.tasks.distance import DISTRIBUTIONS
+
+        if self.task_distance not in DISTRIBUTIONS:
+            raise ValueError(
+                f"task_distance: unknown distribution {self.task_distance!r}; choose one of: {', '.join(DISTRIBUTIONS)}"
+            )
+        if self.mixture is None:
+            if self.path is None:
+                raise ValueError("path: required (or give data.mixture)")
+            return self
+        if not self.mixture:
+            raise ValueError("mixture: empty; list at least one source, or drop it and set data.path")
+        if sum(s.weight for s in self.mixture) <= 0:
+            raise ValueError("mixture: the weights sum to 0; give at least one source a positive weight")
+        corpora = any(s.path for s in self.mixture)
+        if not corpora and self.path is None:
+            raise ValueError("mixture: tasks need a haystack; add a corpus source or set data.path")
+        if self.path is not None and (corpora or all(s.haystack for s in self.mixture if s.task)):
+            # Beside a mixture, data.path is only the default haystack of task sources: here it would be unused.
+            raise ValueError(
+                f"path: {self.path!r} would be ignored: with data.mixture the training text comes from the mixture's "
+                "sources (data.path is only the haystack of task sources when the mixture has no corpus). Move it "
+                f"into data.mixture as a source ({{path: {self.path}, weight: ...}}) or remove data.path"
+            )
+        if self.short_fraction > 0 and not any(s.path and s.weight > 0 for s in self.mixture):
+            raise ValueError("short_fraction: short blocks are cut from corpus sources; add one with a positive weight")
+        return self
+
+
+class PoseSection(Section):
+    """PoSE (Zhu et al. 2024): position ids that skip, so short rows cover distances up to the target."""
+
+    chunks: int = Field(default=2, ge=2, description="contiguous pieces per row (the paper uses 2)")
+    sampling: Literal["official", "contiguous"] = Field(
+        default="official",
+        description="official: as the authors' code (2 chunks, the first at most half the row, the second's text "
+        "read further on in the document); contiguous: chunk cuts uniform, text unchanged",
+    )
+
+
+class TrainSection(Section):
+    """The optimisation loop."""
+
+    seq_len: int | None = Field(default=None, gt=0, description="defaults to rope.target_length")
+    micro_batch_size: int = Field(default=1, gt=0)
+    gradient_accumulation_steps: int = Field(default=1, gt=0)
+    max_steps: int = Field(default=100, gt=0)
+    learning_rate: float = Field(default=2e-4, gt=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    scheduler: Literal["cosine", "linear", "constant"] = "cosine"
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    optimizer: Literal["auto", "adamw", "paged_adamw_8bit"] = "auto"
+    seed: int = 42
+    gradient_checkpointing: bool = True
+    loss_chunk_size: int = Field(default=1024, gt=0, description="tokens per chunk of the chunked cross-entropy")
+    log_every: int = Field(default=1, gt=0)
+    eval_every: int | None = Field(default=None, gt=0)
+    eval_batches: int = Field(default=4, gt=0)
+    save_every: int | None = Field(default=None, gt=0)
+    keep_checkpoints: int = Field(default=2, gt=0, description="how many of the latest checkpoints to keep")
+    tracker: Literal["none", "tensorboard", "wandb"] = "none"
+    context_parallel_size: int = Field(default=1, gt=0, description="accelerate context parallelism (CUDA + FSDP2)")
+    sequence_parallel_size: int = Field(
+        default=1,
+        gt=0,
+        description="split each sequence over N processes (DeepSpeed Ulysses, docs/sequence-parallel.md)",
+    )
+    pose: PoseSection | None = Field(
+        default=None, description="PoSE: train positions up to rope.target_length with train.seq_len-token rows"
+    )
+    memory: MemorySection = Field(default_factory=MemorySection, description="memory levers (docs/planning.md)")
+
+
+class EvalSection(Section):
+    """Evaluation run at the end of training."""
+
+    suite: str | None = Field(default=None, description="path to an eval suite YAML (eval/*.yaml)")
+    compare_base: bool = False
+
+
+class HubSection(Section):
+    """Publishing to the Hugging Face Hub."""
+
+    repo_id: str | None = None
+    private: bool = True
+    push: bool = False
+    revision: str | None = None
+    merged: bool = Field(
+        default=False,
+        description="push the merged model (ctxext merge, smoke-tested) instead of the adapter",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> HubSection:
+        if self.push and not self.repo_id:
+            raise ValueError("repo_id: required when hub.push is true")
+        if self.repo_id is not None and repo_id_problem(self.repo_id):
+            raise ValueError(f"repo_id: {repo_id_problem(self.repo_id)}")
+        return self
+
+
+class SearchSection(SearchOptions):
+    """A RoPE factor search (``ctxext search``) run before training; needs ``rope.method: longrope``."""
+
+    out: str | None = Field(
+        default=None, description="the search's model folder (default: <output.dir>/search, inside the run)"
+    )
+
+
+class OutputSection(Section):
+    """Where the run is written."""
+
+    dir: str = "runs/ctxext"
