@@ -89,7 +89,8 @@ def worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     from ctxext.evaluation.loading import LoadedModel
-    from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity, token_nll
+    from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+    from ctxext.evaluation.scoring import token_nll
     from ctxext.rope.core import read_rope
 
     lengths = [int(x) for x in args.lengths.split(",")]

@@ -139,7 +139,7 @@ def evaluate(path: str, name: str, args: argparse.Namespace, docs: list[Any], ha
 
 def _doc_nll(loaded: Any, docs: list[Any], length: int) -> list[float]:
     """Per-document NLL sums of the first ``length`` tokens (the same tokens for every model)."""
-    from ctxext.evaluation.perplexity import token_nll
+    from ctxext.evaluation.scoring import token_nll
 
     return [float(token_nll(loaded.model, ids[:length].unsqueeze(0))[0].sum()) for ids in docs]
 
@@ -272,7 +272,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.perplexity import tokenize_documents
+    from ctxext.evaluation.documents import tokenize_documents
     from ctxext.extend.folder import extend_folder
     from ctxext.tasks import Haystack
 

@@ -91,7 +91,7 @@ def context_use(model, docs: list[np.ndarray], lo: int, settings: list[tuple[str
     Returns:
         {name: array of per-document NLL sums}, array of per-document target counts.
     """
-    from ctxext.evaluation.perplexity import sliding_nll
+    from ctxext.evaluation.scoring import sliding_nll
 
     sums: dict[str, list[float]] = {name: [] for name, _, _ in settings}
     counts = []

@@ -8,13 +8,8 @@ import pytest
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.perplexity import (
-    PerplexitySettings,
-    evaluate_perplexity,
-    sliding_nll,
-    sliding_windows,
-    token_nll,
-)
+from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+from ctxext.evaluation.scoring import sliding_nll, sliding_windows, token_nll
 from tests._eval_helpers import (
     loaded,
     one_thread,  # noqa: F401  (autouse: one thread per test)

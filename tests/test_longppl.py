@@ -68,7 +68,7 @@ def _nll_by_hand(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_key_tokens_are_the_far_copies(grown):
     from ctxext.evaluation.longppl import select_key_tokens
-    from ctxext.evaluation.perplexity import sliding_nll, token_nll
+    from ctxext.evaluation.scoring import sliding_nll, token_nll
 
     ids, answer = _copy_case(grown.tokenizer)
     full, short = _nll_by_hand(grown.model, ids)
@@ -145,7 +145,7 @@ def test_section_runs_from_a_suite_with_the_reference_as_evaluator(yarn, tmp_pat
     assert "key_positions" not in base["per_document"]["by_length"]["128"]  # stored once, with the evaluator
     # Each model's LongPPL and perplexity, recomputed here: the same documents, plain full-logits forwards.
     from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.perplexity import tokenize_documents
+    from ctxext.evaluation.documents import tokenize_documents
 
     for spec, got in zip(specs, (b, e), strict=True):
         lm = load_model(spec, device="cpu")

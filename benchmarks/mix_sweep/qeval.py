@@ -28,9 +28,10 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from ctxext.evaluation.data import iter_texts
+    from ctxext.evaluation.documents import tokenize_documents
     from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.evaluation.perplexity import token_nll, tokenize_documents
+    from ctxext.evaluation.scoring import token_nll
     from ctxext.evaluation.stats import paired_ppl_ratio
     from ctxext.tasks import Haystack
 

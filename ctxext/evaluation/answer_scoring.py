@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ctxext.errors import InputError
-from ctxext.evaluation.perplexity import _head_and_decoder
+from ctxext.evaluation.scoring import head_and_decoder
 from ctxext.progress import progress
 from ctxext.rope.core import reset_dynamic_rope
 
@@ -205,7 +205,7 @@ def score_answers(
         InputError: mismatched inputs or an answer span outside its sequence.
     """
     _check(sequences, answer_spans)
-    decoder, head, softcap = _head_and_decoder(model)
+    decoder, head, softcap = head_and_decoder(model)
     device = next(model.parameters()).device
     if batch_tokens is None:
         batch_tokens = BATCH_TOKENS_GPU if device.type == "cuda" else BATCH_TOKENS_CPU

@@ -235,7 +235,7 @@ def evaluate_attention(
         InputError: bad settings, a length beyond the model's context, too few long documents, or a model
             without Llama-style attention modules.
     """
-    from ctxext.evaluation.perplexity import _too_short_error, document_key, tokenize_documents
+    from ctxext.evaluation.documents import document_key, tokenize_documents, too_short_error
 
     settings.validate()
     started = time.perf_counter()
@@ -247,7 +247,7 @@ def evaluate_attention(
         )
     docs = tokenize_documents(texts, loaded.tokenizer, length, settings.docs, length)
     if len(docs.ids) < settings.docs:
-        raise _too_short_error(docs, length, "the attention length", settings.docs)
+        raise too_short_error(docs, length, "the attention length", settings.docs)
     modules = attention_modules(loaded.model)
     acc = _Accumulator(len(modules), length, loaded.original_length, settings)
     device = next(loaded.model.parameters()).device

@@ -9,7 +9,7 @@ Definition followed (the paper's LSD / LCL key-token rule and its reference code
 * ``LCL(x_t) = log P(x_t | x_<t)``: the token scored with the whole document prefix (truncated to the
   evaluation length ``L``: the truncated-document protocol of :mod:`ctxext.evaluation.perplexity`);
 * the short-context score ``log P(x_t | s_t)``: windows of ``K + S`` tokens moved by ``S``
-  (:func:`~ctxext.evaluation.perplexity.sliding_nll`), so a token at position ``t ≥ K + S`` sees between
+  (:func:`~ctxext.evaluation.scoring.sliding_nll`), so a token at position ``t ≥ K + S`` sees between
   ``K`` and ``K + S − 1`` tokens — exactly the reference code's ``trunc_len = K = 4096``, ``internal = S =
   1024``; tokens before ``K + S`` see all of theirs (gain 0, never key);
 * ``LSD(x_t) = LCL(x_t) − log P(x_t | s_t)`` (long-short difference);
@@ -168,7 +168,7 @@ def resolve_run(settings: LongPPLSettings, models: tuple[str, ...], original: in
 
 def _documents(loaded: Any, settings: LongPPLSettings, longest: int) -> list[Any]:
     from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.perplexity import tokenize_documents
+    from ctxext.evaluation.documents import tokenize_documents
 
     texts = iter_texts(settings.data, settings.text_field, settings.split)
     docs = tokenize_documents(texts, loaded.tokenizer, longest, settings.max_docs, longest)
@@ -195,7 +195,8 @@ def score_model(loaded: Any, settings: LongPPLSettings, run: LongPPLRun, lengths
 
     The results stay in ``run`` until :func:`finish_run` (the evaluator may come after other models).
     """
-    from ctxext.evaluation.perplexity import document_key, sliding_nll, token_nll
+    from ctxext.evaluation.documents import document_key
+    from ctxext.evaluation.scoring import sliding_nll, token_nll
     from ctxext.progress import progress
     from ctxext.rope.core import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
 

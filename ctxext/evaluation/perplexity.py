@@ -28,179 +28,27 @@ Protocol (truncated-document perplexity, as in the YaRN paper's proof-pile curve
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ctxext.errors import InputError
-from ctxext.evaluation.loading import LoadedModel, base_model
+from ctxext.evaluation.documents import Documents, document_key, tokenize_documents, too_short_error
+from ctxext.evaluation.loading import LoadedModel
+from ctxext.evaluation.scoring import (
+    sliding_nll,
+    sliding_windows,
+    token_nll,
+)
 from ctxext.evaluation.settings import PerplexitySettings
 from ctxext.evaluation.stats import bootstrap_mean_diff, ppl_entry
 from ctxext.progress import progress
 from ctxext.rope.core import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
-
-# Positions projected onto the vocabulary at once. On the CPU a 256-row chunk of logits (32 MB at a 32k
-# vocabulary) stays in cache and scores ~15 % faster than 1024 rows (measured, benchmarks/eval_speed.py);
-# a GPU wants bigger matmuls.
-CHUNK_CPU = 256
-CHUNK_GPU = 2048
-
-
-def default_chunk(device: torch.device) -> int:
-    """The default scoring chunk for a device (256 positions on the CPU, 2048 on a GPU)."""
-    return CHUNK_GPU if device.type == "cuda" else CHUNK_CPU
-
-
-# ---------------------------------------------------------------------------------------------
-# Scoring primitives
-# ---------------------------------------------------------------------------------------------
-
-
-def _head_and_decoder(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, float | None]:
-    base = base_model(model)
-    decoder = base.get_decoder()
-    head = base.get_output_embeddings()
-    if decoder is None or head is None:
-        raise InputError(f"{type(base).__name__} exposes no decoder / output embeddings; is it a causal LM?")
-    softcap = getattr(base.config, "final_logit_softcapping", None)
-    return decoder, head, softcap
-
-
-@torch.no_grad()
-def token_nll(
-    model: torch.nn.Module, input_ids: torch.Tensor, score_from: int = 1, chunk_size: int | None = None
-) -> torch.Tensor:
-    """Per-token NLL of ``input_ids[:, score_from:]``, each token predicted from the tokens before it.
-
-    The decoder runs once; its final hidden states are projected onto the vocabulary ``chunk_size``
-    positions at a time, so peak extra memory is one chunk of logits, not ``T × vocab`` floats.
-
-    Args:
-        model: a causal LM (possibly a ``PeftModel``).
-        input_ids: ``[batch, T]`` token ids (no padding).
-        score_from: the first position scored (``≥ 1``).
-        chunk_size: positions projected at once (default: :func:`default_chunk`).
-
-    Returns:
-        ``[batch, T − score_from]`` float32 NLLs (natural log).
-    """
-    decoder, head, softcap = _head_and_decoder(model)
-    device = next(model.parameters()).device
-    chunk_size = chunk_size or default_chunk(device)
-    ids = input_ids.to(device)
-    hidden = decoder(input_ids=ids, use_cache=False).last_hidden_state
-    # The hidden state at position p predicts token p + 1.
-    hidden = hidden[:, score_from - 1 : -1]
-    targets = ids[:, score_from:]
-    b, n, d = hidden.shape
-    flat_h = hidden.reshape(b * n, d)
-    flat_t = targets.reshape(b * n)
-    out = torch.empty(b * n, dtype=torch.float32, device=device)
-    for start in range(0, b * n, chunk_size):
-        end = min(start + chunk_size, b * n)
-        logits = head(flat_h[start:end]).float()
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        out[start:end] = F.cross_entropy(logits, flat_t[start:end], reduction="none")
-        del logits
-    return out.reshape(b, n).cpu()
-
-
-@dataclass(frozen=True)
-class Window:
-    """One window of a sliding-window scoring.
-
-    Attributes:
-        begin: first token of the window.
-        end: one past its last token.
-        score_from: offset (within the window) of the first scored position.
-    """
-
-    begin: int
-    end: int
-    score_from: int
-
-
-def sliding_windows(n_tokens: int, window: int, stride: int) -> list[Window]:
-    """The windows of the transformers-docs strided evaluation; every position ``1..n−1`` is scored once.
-
-    Args:
-        n_tokens: document length.
-        window: window length (the context limit).
-        stride: how far a window moves; the first window scores all its tokens, later ones only
-            the tokens that the previous window did not reach.
-
-    Returns:
-        The windows, in order.
-    """
-    if stride < 1 or stride >= window:
-        # A window's first token has no context inside it: a stride of a whole window leaves it unscored.
-        raise InputError(f"stride {stride} must be at least 1 and below the window length {window}")
-    wins: list[Window] = []
-    begin, prev_end = 0, 0
-    while True:
-        end = min(begin + window, n_tokens)
-        wins.append(Window(begin, end, max(prev_end, begin + 1) - begin))
-        prev_end = end
-        if end >= n_tokens:
-            return wins
-        begin += stride
-
-
-@torch.no_grad()
-def sliding_nll(
-    model: torch.nn.Module,
-    ids: torch.Tensor,
-    window: int,
-    stride: int,
-    chunk_size: int | None = None,
-    batch_tokens: int = 16384,
-    reset_rope: bool = False,
-    advance: Callable[[float], None] | None = None,
-) -> torch.Tensor:
-    """NLL of every position ``1..n−1`` of one document, each scored from its sliding window.
-
-    Windows of equal shape run batched (up to ``batch_tokens`` tokens per forward pass).
-
-    Args:
-        model: the causal LM.
-        ids: ``[n]`` token ids of one document.
-        window: window length.
-        stride: window step.
-        chunk_size: positions projected onto the vocabulary at once.
-        batch_tokens: tokens per batched forward pass.
-        reset_rope: reset length-dependent rotary state before every pass.
-        advance: progress callback, called with the number of positions scored.
-
-    Returns:
-        ``[n − 1]`` float32 NLLs; entry ``t − 1`` is the NLL of token ``t``.
-    """
-    n = int(ids.shape[0])
-    out = torch.empty(n - 1, dtype=torch.float32)
-    groups: dict[tuple[int, int], list[Window]] = {}
-    for w in sliding_windows(n, window, stride):
-        groups.setdefault((w.end - w.begin, w.score_from), []).append(w)
-    for (length, score_from), wins in groups.items():
-        per_batch = max(1, batch_tokens // length)
-        for i in range(0, len(wins), per_batch):
-            batch = wins[i : i + per_batch]
-            x = torch.stack([ids[w.begin : w.end] for w in batch])
-            if reset_rope:
-                reset_dynamic_rope(model)
-            nll = token_nll(model, x, score_from, chunk_size)
-            for w, row in zip(batch, nll, strict=True):
-                out[w.begin + score_from - 1 : w.end - 1] = row
-            if advance is not None:
-                advance(float(nll.numel()))
-    return out
-
 
 # ---------------------------------------------------------------------------------------------
 # Checks (the settings are declared in ctxext.evaluation.settings)
@@ -283,82 +131,6 @@ def work_estimate(what: str, lengths: Sequence[int], per_length: int) -> str | N
 
 
 # ---------------------------------------------------------------------------------------------
-# Documents
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Documents:
-    """Tokenized documents selected for a perplexity run.
-
-    Attributes:
-        ids: token ids of each selected document.
-        read: documents read from the source.
-        too_short: documents read but shorter than the shortest length.
-        min_tokens: the length a document needed.
-    """
-
-    ids: list[torch.Tensor]
-    read: int
-    too_short: int
-    min_tokens: int
-
-
-def tokenize_documents(
-    texts: Sequence[str] | Any,
-    tokenizer: Any,
-    min_tokens: int,
-    max_docs: int | None = None,
-    full_tokens: int | None = None,
-) -> Documents:
-    """Tokenize with the tokenizer's defaults (BOS included where it adds one), keep those long enough.
-
-    Args:
-        texts: document texts (any iterable; read lazily until ``max_docs`` documents are counted).
-        tokenizer: a transformers tokenizer.
-        min_tokens: the shortest evaluation length.
-        max_docs: stop once this many documents are counted.
-        full_tokens: count only documents with at least this many tokens towards ``max_docs`` (the longest
-            length: the common document set); None counts every kept document.
-
-    Returns:
-        The :class:`Documents`.
-    """
-    kept: list[torch.Tensor] = []
-    read = short = counted = 0
-    for text in texts:
-        read += 1
-        ids = tokenizer(text, verbose=False)["input_ids"]
-        if len(ids) < min_tokens:
-            short += 1
-            continue
-        kept.append(torch.tensor(ids, dtype=torch.long))
-        counted += full_tokens is None or len(ids) >= full_tokens
-        if max_docs is not None and counted >= max_docs:
-            break
-    return Documents(ids=kept, read=read, too_short=short, min_tokens=min_tokens)
-
-
-LONG_DATA_HINT = (
-    "a source with longer documents (builtin:stdlib-long joins held-out stdlib files into documents of "
-    "~128 KB; for real runs a long-document set such as emozilla/pg19-test or a local jsonl of books / code "
-    "repositories)"
-)
-
-
-def _too_short_error(docs: Documents, length: int, what: str, needed: int = 1) -> InputError:
-    lengths = sorted(len(d) for d in docs.ids)
-    have = f"the longest has {lengths[-1]} tokens" if lengths else "none is long enough for any length"
-    reach = sum(1 for n in lengths if n >= length)
-    return InputError(
-        f"{reach} document(s) reach {length} tokens ({what}), {needed} needed: {docs.read} read, {docs.too_short} "
-        f"shorter than {docs.min_tokens} tokens, {len(docs.ids)} kept; {have}. Use shorter --lengths, more "
-        f"documents (--max-docs), or {LONG_DATA_HINT}; --min-docs lowers the minimum (not below what a "
-        "confidence interval needs)."
-    )
-
-
-# ---------------------------------------------------------------------------------------------
 # The evaluation
 # ---------------------------------------------------------------------------------------------
 
@@ -426,12 +198,7 @@ def evaluate_perplexity(
     lengths = sorted(set(requested) | ({short_len} if short_len else set()))
     beyond = check_lengths(loaded, requested, settings.allow_beyond_context)
     longest = requested[-1]
-    docs = tokenize_documents(texts, loaded.tokenizer, lengths[0], settings.max_docs, longest)
-    if not docs.ids:
-        raise _too_short_error(docs, lengths[0], "the shortest length", settings.min_docs)
-    if sum(len(d) >= longest for d in docs.ids) < settings.min_docs:
-        # Every length is scored on the documents reaching the longest one (the common set).
-        raise _too_short_error(docs, longest, "the longest length; every length uses these", settings.min_docs)
+    docs = _select_documents(texts, loaded.tokenizer, lengths[0], longest, settings)
     mode = choose_mode(loaded, settings)
     model = loaded.model
     dynamic = loaded.rope.rope_type in LENGTH_DEPENDENT_TYPES
@@ -445,16 +212,7 @@ def evaluate_perplexity(
 
     res = settings.resamples
     common = set(scores.full_docs)
-    by_length, by_length_all = {}, {}
-    for L in requested:
-        sums, counts, idx = scores.by_length[L]
-        keep = [j for j, d in enumerate(idx) if d in common]
-        entry = ppl_entry(np.array(sums)[keep], np.array(counts)[keep], res, settings.seed)
-        entry["beyond_context"] = L in beyond
-        by_length[str(L)] = entry
-        entry_all = ppl_entry(np.array(sums), np.array(counts), res, settings.seed)
-        entry_all["beyond_context"] = L in beyond
-        by_length_all[str(L)] = entry_all
+    by_length, by_length_all = _length_tables(scores, requested, beyond, common, settings)
     result: dict[str, Any] = {
         "mode": mode,
         "document_set": "common",
@@ -476,12 +234,7 @@ def evaluate_perplexity(
         "tokens_processed": scores.tokens_processed,
     }
     if short_len:
-        sums, counts, idx = scores.by_length[short_len]
-        keep = [j for j, d in enumerate(idx) if d in common]
-        result["short_context"] = {
-            "length": short_len,
-            **ppl_entry(np.array(sums)[keep], np.array(counts)[keep], res, settings.seed),
-        }
+        result["short_context"] = {"length": short_len, **_common_entry(scores, short_len, common, settings)}
     bucket = settings.bucket_size if isinstance(settings.bucket_size, int) else None  # resolved: never "auto"
     if bucket and mode != "sliding":
         result["by_bucket"] = _buckets(scores.full, longest, bucket, res, settings.seed)
@@ -497,6 +250,40 @@ def evaluate_perplexity(
         result["context_use"]["original_window"] = original if original in limits else None
     result["seconds"] = round(time.perf_counter() - started, 3)
     return result
+
+
+def _select_documents(
+    texts: Sequence[str] | Any, tokenizer: Any, shortest: int, longest: int, settings: PerplexitySettings
+) -> Documents:
+    # Every length is scored on the documents reaching the longest one (the common set): too few is an error.
+    docs = tokenize_documents(texts, tokenizer, shortest, settings.max_docs, longest)
+    if not docs.ids:
+        raise too_short_error(docs, shortest, "the shortest length", settings.min_docs)
+    if sum(len(d) >= longest for d in docs.ids) < settings.min_docs:
+        raise too_short_error(docs, longest, "the longest length; every length uses these", settings.min_docs)
+    return docs
+
+
+def _common_entry(scores: _Scores, L: int, common: set[int], settings: PerplexitySettings) -> dict[str, Any]:
+    # The perplexity at L over the common document set only.
+    sums, counts, idx = scores.by_length[L]
+    keep = [j for j, d in enumerate(idx) if d in common]
+    return ppl_entry(np.array(sums)[keep], np.array(counts)[keep], settings.resamples, settings.seed)
+
+
+def _length_tables(
+    scores: _Scores, requested: list[int], beyond: Sequence[int], common: set[int], settings: PerplexitySettings
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    # by_length: the common document set at every length; by_length_all: every document reaching each length.
+    by_length, by_length_all = {}, {}
+    for L in requested:
+        sums, counts, _ = scores.by_length[L]
+        entry = _common_entry(scores, L, common, settings)
+        entry_all = ppl_entry(np.array(sums), np.array(counts), settings.resamples, settings.seed)
+        entry["beyond_context"] = entry_all["beyond_context"] = L in beyond
+        by_length[str(L)] = entry
+        by_length_all[str(L)] = entry_all
+    return by_length, by_length_all
 
 
 def _settings_dict(settings: PerplexitySettings) -> dict[str, Any]:
@@ -581,11 +368,6 @@ def _run_sliding(model, docs, lengths, longest, settings, scores, dynamic, show,
                     scores.full_ids.append(d[:longest])
     if dynamic:
         reset_dynamic_rope(model)
-
-
-def document_key(ids: torch.Tensor) -> str:
-    """A short content hash of a document's tokens: how reports of different models pair documents."""
-    return hashlib.sha1(ids.numpy().astype(np.int64).tobytes()).hexdigest()[:16]
 
 
 def _per_document(docs: Documents, scores: _Scores, longest: int, bucket: int | None, mode: str) -> dict[str, Any]:

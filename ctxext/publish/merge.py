@@ -205,7 +205,7 @@ def _logits_at(model: Any, ids: torch.Tensor, positions: torch.Tensor) -> torch.
 @torch.no_grad()
 def _nll(causal_lm: Any, ids: torch.Tensor) -> tuple[float, int]:
     # Mean next-token NLL through the evaluator's one scorer (chunked projection, logit softcapping).
-    from ctxext.evaluation.perplexity import token_nll
+    from ctxext.evaluation.scoring import token_nll
     from ctxext.rope.core import reset_dynamic_rope
 
     reset_dynamic_rope(causal_lm)

@@ -11,7 +11,7 @@ Two objectives, both "lower is better" and both computed on the **training** spl
   (the largest of the per-depth means): a mean over depths can improve by helping the easy depths
   while one depth stays bad, and the retrieval target is "at every depth";
 * ``far-ppl``: mean NLL of the tokens beyond the original window (positions ≥ L) of documents cut to
-  the target length (:func:`ctxext.evaluation.perplexity.token_nll`).
+  the target length (:func:`ctxext.evaluation.scoring.token_nll`).
 
 The set is built once, from a seed, and every candidate is scored on the same sequences: comparisons
 between candidates are paired.
@@ -106,7 +106,7 @@ class ObjectiveSet:
 
 
 def _score_far(model: torch.nn.Module, objective: ObjectiveSet, batch_tokens: int) -> ItemScores:
-    from ctxext.evaluation.perplexity import token_nll
+    from ctxext.evaluation.scoring import token_nll
     from ctxext.rope.core import reset_dynamic_rope
 
     start = objective.spans[0][0]
