@@ -74,7 +74,7 @@ def child(folder: str, length: int, cell: str) -> dict:
     """One cell in this process: load, warm up, one timed training step; peak resident set and speed."""
     import torch
 
-    from ctxext.models.load import build_training_model
+    from ctxext.models.training_model import build_training_model
     from ctxext.training.run import CausalLMWithChunkedLoss, shifted_labels
     from ctxext.training.steps import make_optimizer
 

@@ -103,7 +103,7 @@ def _lora_problems(recipe: Recipe, config: Any) -> list[tuple[str, str]]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ctxext.models.load import lora_module_problems
+    from ctxext.models.training_model import lora_module_problems
 
     if config is None:
         config = _local_config(recipe)

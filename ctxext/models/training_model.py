@@ -1,0 +1,256 @@
+"""Loading a base model for long-context fine-tuning: quantization, attention, RoPE patch, LoRA.
+
+The order matters and is the same everywhere: load (4-bit / 8-bit / full) with the chosen attention
+implementation → patch RoPE and verify the runtime frequencies → gradient checkpointing → LoRA on
+the projections, with embeddings and norms trained in full beside it (LongLoRA: LoRA alone is
+clearly worse at long context).
+
+Extra trainable modules use peft's ``modules_to_save``: a full trainable copy of each matched module,
+saved inside ``adapter_model.safetensors`` and restored by ``PeftModel.from_pretrained``. It works
+with 4-bit bases because embeddings and norms are never quantized. peft matches these names as
+*suffixes* of module paths, so ``norm`` selects every ``*norm`` (input_layernorm,
+post_attention_layernorm and the final ``model.norm``); the matched names are reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ctxext.errors import InputError
+from ctxext.models.load import attention_for, compute_dtype_for, load_weights
+from ctxext.models.sources import resolve_model_path
+from ctxext.rope.core import RopePlan, patch_model, verify_model_rope
+
+
+@dataclass
+class TrainingModel:
+    """A model ready to train, and what was done to it.
+
+    Attributes:
+        model: the peft model (LoRA + extra trainable modules).
+        tokenizer: its tokenizer.
+        base_path: the local folder the base came from.
+        plan: the RoPE plan applied (``None`` for ``rope.method: none``).
+        compute_dtype: the dtype of activations.
+        attn_implementation: the attention implementation used.
+        extra_trainable: module paths trained in full.
+        trainable_params: number of trainable parameters.
+        total_params: number of parameters (quantized ones counted as stored).
+        levers: the memory levers used (``train.memory``, resolved: :class:`ctxext.recipe.memory.Levers`).
+    """
+
+    model: Any
+    tokenizer: Any
+    base_path: Path
+    plan: RopePlan | None
+    compute_dtype: torch.dtype
+    attn_implementation: str
+    extra_trainable: list[str] = field(default_factory=list)
+    trainable_params: int = 0
+    total_params: int = 0
+    levers: dict[str, Any] = field(default_factory=dict)
+
+
+def load_base(
+    path: str,
+    *,
+    quantization: str = "nf4",
+    double_quant: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    device: torch.device | str = "cpu",
+    config: Any = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    sharded: bool = False,
+) -> tuple[Any, Any, Path]:
+    """Load a causal LM and its tokenizer from a folder, a Hub id or ``builtin:NAME``.
+
+    Args:
+        path: the model reference.
+        quantization: ``nf4``, ``int8`` or ``none``.
+        double_quant: nested quantization for nf4.
+        compute_dtype: dtype of the non-quantized weights and activations.
+        attn_implementation: transformers attention implementation.
+        device: the device to load onto (each process loads its own copy).
+        config: a config to use instead of the folder's (e.g. an already patched one).
+        revision: Hub revision.
+        trust_remote_code: allow custom modeling code.
+        sharded: the model will be sharded by FSDP (see :func:`quantization_config`).
+
+    Returns:
+        ``(model, tokenizer, local folder)``.
+    """
+    from transformers import AutoTokenizer
+
+    from ctxext.models.sources import config_from_folder
+
+    folder = resolve_model_path(path, revision)
+    config = config if config is not None else config_from_folder(folder, trust_remote_code)
+    model = load_weights(
+        folder,
+        config,
+        quantization=quantization,
+        double_quant=double_quant,
+        compute_dtype=compute_dtype,
+        attn_implementation=attn_implementation,
+        device=device,
+        trust_remote_code=trust_remote_code,
+        sharded=sharded,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    if tokenizer.eos_token_id is None:
+        raise InputError(f"the tokenizer of {path} has no EOS token; documents could not be separated when packing")
+    return model, tokenizer, folder
+
+
+def _matched_modules(model: torch.nn.Module, suffixes: list[str]) -> list[str]:
+    # The same rule peft applies to modules_to_save: a module whose path ends with a listed name.
+    return [name for name, _ in model.named_modules() if name and any(name.endswith(s) for s in suffixes)]
+
+
+def lora_module_problems(model: torch.nn.Module, lora: Any) -> list[tuple[str, str]]:
+    """``(key, message)`` for LoRA target and extra modules that match no module of ``model`` (a meta model will do).
+
+    Args:
+        model: the base causal LM (only its module names and types are read).
+        lora: the recipe's ``lora`` section.
+    """
+    problems = []
+    names = [n for n, _ in model.named_modules()]
+    missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        problems.append(
+            (
+                "lora.target_modules",
+                f"{', '.join(missing)} match no module of this model; its linear layers are named: {', '.join(leaves)}",
+            )
+        )
+    extra = _matched_modules(model, list(lora.extra_trainable))
+    unmatched = [s for s in lora.extra_trainable if not any(n.endswith(s) for n in extra)]
+    if unmatched:
+        problems.append(
+            (
+                "lora.extra_trainable",
+                f"{', '.join(unmatched)} match no module name suffix of this model (e.g. embed_tokens, norm)",
+            )
+        )
+    return problems
+
+
+def add_lora(
+    model: Any, lora: Any, gradient_checkpointing: bool, quantized: bool, levers: Any = None
+) -> tuple[Any, list[str]]:
+    """Wrap a (possibly quantized) model with LoRA and fully trainable extra modules.
+
+    Args:
+        model: the base causal LM (already RoPE-patched).
+        lora: the recipe's ``lora`` section (``r``, ``alpha``, ``dropout``, ``target_modules``,
+            ``extra_trainable``).
+        gradient_checkpointing: recompute activations in the backward pass.
+        quantized: the base is 4-bit or 8-bit (peft's k-bit preparation is applied).
+        levers: the memory levers (:class:`ctxext.recipe.memory.Levers`); ``None``: none.
+
+    Returns:
+        ``(peft model, names of the extra trainable modules)``.
+
+    Raises:
+        InputError: target modules or extra modules that match nothing.
+    """
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    problems = lora_module_problems(model, lora)
+    if problems:
+        raise InputError(f"{problems[0][0]}: {problems[0][1]}")
+    extra = _matched_modules(model, list(lora.extra_trainable))
+    ckpt_kwargs = {"use_reentrant": False}  # non-reentrant checkpointing works with DDP and frozen inputs
+    if quantized:
+        # peft would enable checkpointing through transformers' deprecated `gradient_checkpointing_enable`
+        # (removed in v6); with non-reentrant checkpointing its input-grad hack is not needed, so enable it here.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    offload = bool(levers and levers.offload_checkpoints)
+    if gradient_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=ckpt_kwargs, offload=offload)
+        model.config.use_cache = False
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        modules_to_save=list(lora.extra_trainable) or None,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    peft_model = get_peft_model(model, config)
+    if levers is not None:
+        from ctxext.models.levers import apply_levers
+
+        apply_levers(peft_model, levers)
+    return peft_model, extra
+
+
+def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharded: bool = False) -> TrainingModel:
+    """Load, patch, quantize and LoRA-wrap the recipe's model: everything before the training loop.
+
+    Args:
+        recipe: a validated :class:`ctxext.recipe.schema.Recipe`.
+        device: this process's device.
+        sharded: FSDP will shard the model.
+
+    Returns:
+        A :class:`TrainingModel`.
+    """
+    device = torch.device(device)
+    dtype = compute_dtype_for(recipe.quantization.compute_dtype, device)
+    attn = attention_for(recipe.model.attn_implementation, device)
+    from ctxext.models.levers import configure_allocator
+    from ctxext.recipe.memory import recipe_levers
+
+    # The levers are checked before anything is loaded, and the allocator set before the weights are allocated.
+    levers = recipe_levers(recipe, device.type, str(dtype).removeprefix("torch."))
+    levers = dataclasses.replace(levers, expandable_segments=configure_allocator(levers.expandable_segments))
+    model, tokenizer, folder = load_base(
+        recipe.model.path,
+        quantization=recipe.quantization.mode,
+        double_quant=recipe.quantization.double_quant,
+        compute_dtype=dtype,
+        attn_implementation=attn,
+        device=device,
+        revision=recipe.model.revision,
+        trust_remote_code=recipe.model.trust_remote_code,
+        sharded=sharded,
+    )
+    plan = None
+    if recipe.rope.method != "none":
+        plan = patch_model(
+            model,
+            recipe.rope.method,
+            int(recipe.rope.target_length),
+            recipe.rope.options(),
+            recipe.model.original_length,
+            relative_to=recipe.rope.relative_to,
+        )
+    else:
+        verify_model_rope(model)
+    quantized, ckpt = recipe.quantization.mode != "none", recipe.train.gradient_checkpointing
+    peft_model, extra = add_lora(model, recipe.lora, ckpt, quantized, levers)
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in peft_model.parameters())
+    return TrainingModel(
+        model=peft_model,
+        tokenizer=tokenizer,
+        base_path=folder,
+        plan=plan,
+        compute_dtype=dtype,
+        attn_implementation=attn,
+        extra_trainable=extra,
+        trainable_params=trainable,
+        total_params=total,
+        levers=levers.record(),
+    )
