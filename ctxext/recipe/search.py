@@ -2,7 +2,7 @@
 
 :class:`SearchOptions` is *the* declaration: its field defaults are the only defaults, the recipe section
 (:class:`ctxext.recipe.schema.SearchSection`) adds only ``out``, the runtime settings
-(:class:`ctxext.search.run.SearchSettings`) add only what names the run (model, target, folder, device), and
+(:class:`ctxext.search.settings.SearchSettings`) add only what names the run (model, target, folder, device), and
 the flags of ``ctxext search`` are generated from its fields (:mod:`ctxext.recipe.flags`).
 
 The defaults are the recommended settings, the ones behind the published 4× result

@@ -6,17 +6,18 @@ sets), :mod:`~ctxext.search.forms` (the needle forms the base retrieves inside i
 :mod:`~ctxext.search.apply` (switching a loaded model's RoPE), :mod:`~ctxext.search.log`
 (``search.jsonl`` and resume), :mod:`~ctxext.search.window` (the in-window cost, paired with the base),
 :mod:`~ctxext.search.report` (held-out comparison),
-:mod:`~ctxext.search.recipe` (the recipe's ``search:`` section) and :mod:`~ctxext.search.run` (the
-workflow). See ``docs/search.md``. Names load on first use, so the recipe schema can import the budget
-parser without torch.
+:mod:`~ctxext.search.recipe` (the recipe's ``search:`` section), :mod:`~ctxext.search.settings` (what to
+search, what was found), :mod:`~ctxext.search.session` (one session: evolution, log, clocks) and
+:mod:`~ctxext.search.run` (the workflow). See ``docs/search.md``. Names load on first use, so the recipe
+schema can import the budget parser without torch.
 """
 
 import importlib
 from typing import Any
 
 _LAZY = {
-    "SearchResult": "ctxext.search.run",
-    "SearchSettings": "ctxext.search.run",
+    "SearchResult": "ctxext.search.settings",
+    "SearchSettings": "ctxext.search.settings",
     "run_search": "ctxext.search.run",
     "parse_budget": "ctxext.recipe.budget",
 }

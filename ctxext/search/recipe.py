@@ -34,7 +34,7 @@ def _search_out(recipe: Any, out: Path | None) -> Path:
 
 
 def settings_from_recipe(recipe: Any, out: Path | None = None, given: Mapping[str, Any] | None = None) -> Any:
-    """The :class:`~ctxext.search.run.SearchSettings` of a recipe's ``model`` / ``rope`` / ``search`` sections.
+    """The :class:`~ctxext.search.settings.SearchSettings` of a recipe's ``model`` / ``rope`` / ``search`` sections.
 
     Args:
         recipe: a validated :class:`ctxext.recipe.schema.Recipe`.
