@@ -214,14 +214,14 @@ def report(store: dict, args: argparse.Namespace) -> str:
         )
     table = "\n".join(rows)
     within = sum(abs(e) <= TOLERANCE for e in errors)
-    from ctxext.planner.plan import CPU_RUNTIME
+    from ctxext.planner.fit import CPU_RUNTIME
 
     summary = (
         f"{within} of {len(errors)} cells within ±{TOLERANCE:.0%}; mean |error| "
         f"{sum(abs(e) for e in errors) / max(1, len(errors)):.1%}, worst {max(errors, key=abs, default=0):+.1%}. "
         f"Runtime fit: mean over cells of (resident MiB after load + warm-up − predicted model state) = "
         f"{sum(runtime) / max(1, len(runtime)):.0f} MiB (range {min(runtime, default=0):.0f}–"
-        f"{max(runtime, default=0):.0f}); `CPU_RUNTIME` in ctxext/planner/plan.py = {CPU_RUNTIME / 2**20:.0f} MiB."
+        f"{max(runtime, default=0):.0f}); `CPU_RUNTIME` in ctxext/planner/fit.py = {CPU_RUNTIME / 2**20:.0f} MiB."
     )
     return table + live_table(store, bench_dir), summary
 

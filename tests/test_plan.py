@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 from ctxext.cli.commands import app
 from ctxext.errors import InputError
 from ctxext.models.devices import GIB, Device, gpu, parse_memory
+from ctxext.planner.fit import HEADROOM, longest_fit
 from ctxext.planner.footprint import ModelShape, Setup, footprint
-from ctxext.planner.plan import HEADROOM, longest_fit, plan_recipe, read_model_config
+from ctxext.planner.plan import plan_recipe, read_model_config
 from ctxext.recipe.schema import load_recipe
 
 runner = CliRunner()
@@ -122,7 +123,7 @@ def test_verdict_and_longest_length_on_the_shipped_recipe():
     assert plan.longest >= plan.setup.seq_len
     at = dataclasses.replace(plan.setup, seq_len=plan.longest)
     beyond = dataclasses.replace(plan.setup, seq_len=plan.longest + 1024)
-    from ctxext.planner.plan import device_footprint
+    from ctxext.planner.fit import device_footprint
 
     usable = plan.device.memory * (1 - HEADROOM)
     assert device_footprint(plan.shape, at, plan.device).total <= usable

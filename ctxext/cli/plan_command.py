@@ -20,7 +20,7 @@ def _print_plan(plan: Any) -> None:
     """The per-component table, the verdict, the longest length, throughput and advice."""
     from rich.markup import escape
 
-    from ctxext.planner.plan import HEADROOM, usable
+    from ctxext.planner.fit import HEADROOM, usable
 
     s, dev = plan.setup, plan.device
     head = (

@@ -16,54 +16,16 @@ from typing import Any
 
 from ctxext.errors import InputError
 from ctxext.models.devices import GIB, Device
-from ctxext.planner.footprint import FWD_BWD, PHASES, Footprint, ModelShape, Setup, footprint, layer_bytes
-from ctxext.planner.levers import lever_advice, lever_effects, lever_fields
+from ctxext.planner.advice import Advice, advise
+from ctxext.planner.fit import CPU_RUNTIME, device_footprint, longest_fit, usable
+from ctxext.planner.footprint import Footprint, ModelShape, Setup
+from ctxext.planner.levers import lever_effects, lever_fields
 from ctxext.resources import RESOURCES
 
 BUNDLED_CONFIGS = RESOURCES / "hub-configs"
 SHARDINGS = ("none", "ddp", "fsdp2", "zero3")
 
-# CUDA: the context, cuBLAS/cuDNN workspaces and NCCL buffers live outside PyTorch's allocator; the caching
-# allocator holds more than it hands out (fragmentation). Not calibrated here (no GPU): typical values.
-CUDA_CONTEXT = 1.0 * GIB
-CUDA_FRAGMENTATION = 0.10
-# With expandable segments the allocator maps more memory into one segment instead of opening a new one for a
-# size that does not fit a free block, which removes most of that waste. Assumed, not measured (no GPU here).
-CUDA_FRAGMENTATION_EXPANDABLE = 0.03
-# CPU (peak resident memory, what `ctxext train` reports there): the resident memory of Python + torch +
-# transformers + peft + bitsandbytes with a model loaded and one warm-up step taken, less the model itself —
-# fitted as the mean over the benchmark cells of benchmarks/plan_accuracy.py (its "warm" column). And glibc
-# malloc's retention: activation tensors under its 32 MiB mmap threshold live in heap arenas that are not given
-# back when freed, so the resident peak holds, beside the live tensors, about one forward pass's worth of
-# activations (all layers' saved tensors) even with checkpointing. docs/planning.md shows, from runs with mmap
-# forced, that the activation formulas are conservative for the live peak and this term is below glibc's real
-# retention: on this CPU the two offset.
-CPU_RUNTIME = 553 * 2**20
-# Memory held back from the device's capacity before a plan "fits": what the formulas do not count (CUDA
-# graphs, NCCL buffers growing, a longer-than-usual document mask) and their own error (docs/planning.md).
-HEADROOM = 0.05
 DEFAULT_UTILIZATION = 0.40  # model FLOPs utilisation assumed for tokens/s (QLoRA on one GPU: 30-50 % typical)
-
-
-@dataclass
-class Advice:
-    """One change that makes the recipe fit, re-planned.
-
-    Attributes:
-        summary: what to change, in words.
-        overrides: recipe ``key=value`` overrides it takes.
-        launch: launch changes (GPUs, sharding), in words, or ``""``.
-        total: the re-planned peak per GPU, bytes.
-        fits: whether the re-planned recipe fits.
-        longest: the longest fitting seq_len with the change.
-    """
-
-    summary: str
-    overrides: list[str]
-    launch: str
-    total: int
-    fits: bool
-    longest: int | None
 
 
 @dataclass
@@ -231,203 +193,6 @@ def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, los
 
 
 # ------------------------------------------------------------------------------------------------
-# Memory with the device's overheads, the longest length, advice
-# ------------------------------------------------------------------------------------------------
-
-
-def device_footprint(shape: ModelShape, setup: Setup, device: Device) -> Footprint:
-    """:func:`ctxext.planner.footprint.footprint` plus the device's runtime terms."""
-    fp = footprint(shape, setup)
-    dynamic = max(fp.group_total("activations", p) + fp.group_total("loss", p) for p in PHASES)
-    if device.kind == "cuda":
-        fp.add(
-            "overhead", "CUDA context + workspaces", CUDA_CONTEXT, "outside PyTorch's allocator (typical, not measured)"
-        )
-        share = CUDA_FRAGMENTATION_EXPANDABLE if setup.expandable_segments else CUDA_FRAGMENTATION
-        how = "expandable segments" if setup.expandable_segments else "caching allocator"
-        fp.add("overhead", "allocator fragmentation", share * dynamic, f"{share:.0%} of the activations ({how})")
-    else:
-        fp.add("overhead", "Python + torch runtime", CPU_RUNTIME, "fitted on this CPU (benchmarks/plan_accuracy.py)")
-        fp.add(
-            "overhead",
-            "malloc retention",
-            shape.layers * layer_bytes(shape, setup),
-            "freed activation memory glibc keeps: one forward pass of saved tensors",
-            FWD_BWD,
-        )
-    return fp
-
-
-def usable(device: Device) -> int:
-    """The memory a plan may use: the device's capacity less the headroom."""
-    return int(device.memory * (1 - HEADROOM))
-
-
-def fits(shape: ModelShape, setup: Setup, device: Device) -> bool:
-    """Whether the step's predicted peak fits the device's usable memory."""
-    return device_footprint(shape, setup, device).total <= usable(device)
-
-
-def longest_fit(shape: ModelShape, setup: Setup, device: Device, step: int = 1024, limit: int = 1 << 24) -> int | None:
-    """The longest ``seq_len`` (a multiple of ``step``, at most ``limit``) that fits, or ``None``.
-
-    Memory grows with the length, so a binary search over multiples of ``step`` finds the boundary.
-    """
-    unit = step * setup.split
-
-    def ok(n: int) -> bool:
-        return fits(shape, dataclasses.replace(setup, seq_len=n * unit), device)
-
-    if not ok(1):
-        return None
-    lo, hi = 1, 2
-    while hi * unit <= limit and ok(hi):
-        lo, hi = hi, hi * 2
-    if hi * unit > limit:
-        return lo * unit
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo * unit
-
-
-def _advice_candidates(setup: Setup, device: Device, gpus: int) -> list[tuple[str, list[str], str, Setup]]:
-    """Single changes to try, cheapest first: (summary, overrides, launch change, new setup)."""
-    out: list[tuple[str, list[str], str, Setup]] = []
-    rep = dataclasses.replace
-    if not setup.checkpointing:
-        out.append(
-            (
-                "turn on gradient checkpointing",
-                ["train.gradient_checkpointing=true"],
-                "",
-                rep(setup, checkpointing=True),
-            )
-        )
-    if setup.micro_batch > 1:
-        out.append(
-            (
-                "micro-batch of 1 (raise gradient accumulation to keep the batch)",
-                ["train.micro_batch_size=1", f"train.gradient_accumulation_steps=<×{setup.micro_batch}>"],
-                "",
-                rep(setup, micro_batch=1),
-            )
-        )
-    if setup.loss == "full":
-        out.append(("use ctxext's chunked loss", [], "", rep(setup, loss="chunked")))
-    if setup.loss == "chunked" and setup.loss_chunk > 256:
-        out.append(("smaller loss chunk", ["train.loss_chunk_size=256"], "", rep(setup, loss_chunk=256)))
-    out += lever_advice(setup, device)
-    if setup.optimizer == "adamw" and device.kind == "cuda":
-        out.append(
-            ("paged 8-bit AdamW", ["train.optimizer=paged_adamw_8bit"], "", rep(setup, optimizer="paged_adamw_8bit"))
-        )
-    if setup.quantization != "nf4":
-        out.append(("4-bit (nf4) base", ["quantization.mode=nf4"], "", rep(setup, quantization="nf4")))
-    if "embed_tokens" in setup.extra_trainable:
-        kept = [x for x in setup.extra_trainable if x != "embed_tokens"]
-        out.append(
-            (
-                "do not train the embeddings in full",
-                [f"lora.extra_trainable=[{','.join(kept)}]"],
-                "",
-                rep(setup, extra_trainable=tuple(kept)),
-            )
-        )
-    if setup.world > 1 and setup.sharding == "none":
-        out.append(
-            (
-                f"shard weights, gradients and optimizer over the {setup.world} GPUs (FSDP2)",
-                [],
-                "accelerate launch --config_file configs/accelerate/fsdp2.yaml",
-                rep(setup, sharding="fsdp2"),
-            )
-        )
-    return out
-
-
-def _with_cp(setup: Setup, k: int) -> Setup:
-    world = max(setup.world, k)
-    world = -(-world // k) * k
-    return dataclasses.replace(setup, context_parallel=k, world=world, sharding="fsdp2")
-
-
-def _with_sp(setup: Setup, k: int) -> Setup:
-    return dataclasses.replace(setup, sequence_parallel=k, world=-(-max(setup.world, k) // k) * k)
-
-
-def _split_advice(shape: ModelShape, setup: Setup, device: Device, max_cp: int) -> list[tuple[str, str, int, Setup]]:
-    """The smallest split of each kind that fits: Ulysses (under DDP; N divides the heads), context parallelism."""
-    found = []
-    for k in range(2 * setup.sequence_parallel, min(shape.heads, shape.kv_heads) + 1):
-        if shape.heads % k == 0 and shape.kv_heads % k == 0 and fits(shape, _with_sp(setup, k), device):
-            found.append(("sequence parallelism (Ulysses)", "sequence_parallel_size", k, _with_sp(setup, k)))
-            break
-    k = 2 * setup.context_parallel
-    while k <= max_cp and not fits(shape, _with_cp(setup, k), device):
-        k *= 2
-    if k <= max_cp:
-        found.append(("context parallelism", "context_parallel_size", k, _with_cp(setup, k)))
-    return found
-
-
-def advise(shape: ModelShape, setup: Setup, device: Device, max_cp: int = 64) -> list[Advice]:
-    """Changes that make a non-fitting setup fit, each re-planned; the combination and a sequence split last.
-
-    Every single change is listed with its re-planned peak (whether or not it alone fits); then all the
-    single-GPU changes together; then the smallest split of each sequence over GPUs that fits on top of them:
-    Ulysses sequence parallelism when the heads allow it, else context parallelism.
-    """
-    result: list[Advice] = []
-    combined = setup
-    overrides_all: list[str] = []
-    launch_all = ""
-
-    def plan_one(summary: str, overrides: list[str], launch: str, new: Setup) -> Advice:
-        fp = device_footprint(shape, new, device)
-        longest = longest_fit(shape, new, device)
-        return Advice(summary, overrides, launch, fp.total, fp.total <= usable(device), longest)
-
-    base_total = device_footprint(shape, setup, device).total
-    for summary, overrides, launch, new in _advice_candidates(setup, device, setup.world):
-        one = plan_one(summary, overrides, launch, new)
-        if one.total >= base_total * 0.99:
-            continue  # does not lower the peak (e.g. a term that is not in the peak phase)
-        result.append(one)
-        changed = {
-            f.name: getattr(new, f.name)
-            for f in dataclasses.fields(new)
-            if getattr(new, f.name) != getattr(setup, f.name)
-        }
-        combined = dataclasses.replace(combined, **changed)
-        overrides_all += overrides
-        launch_all = launch or launch_all
-    if len(result) > 1:
-        result.append(plan_one("all of the above together", overrides_all, launch_all, combined))
-    if not fits(shape, combined, device):
-        # A split of the recipe as it is; with the other changes only if it alone does not get there.
-        for start, extra in ((setup, []), (combined, overrides_all)):
-            found = _split_advice(shape, start, device, max_cp)
-            for name, key, k, candidate in found:
-                ulysses = key == "sequence_parallel_size"
-                config = "multi_gpu_ddp.yaml" if ulysses else "fsdp2.yaml"
-                result.append(
-                    plan_one(
-                        f"{name} over {k} GPUs (each holds {setup.seq_len // k:,} tokens of a sequence)"
-                        + (" with the changes above" if extra else ""),
-                        [*extra, f"train.{key}={k}"],
-                        f"{candidate.world} GPUs: accelerate launch --config_file configs/accelerate/{config} "
-                        f"--num_processes {candidate.world}"
-                        + (" (pip install 'ctxext[deepspeed]')" if ulysses else ""),
-                        candidate,
-                    )
-                )
-            if found:
-                break
-    return result
-
-
-# ------------------------------------------------------------------------------------------------
 # Throughput
 # ------------------------------------------------------------------------------------------------
 
@@ -553,7 +318,7 @@ def plan_recipe(
 def cpu_runtime_note() -> str:
     """How the CPU terms were obtained (for benchmark reports)."""
     return (
-        f"CPU runtime terms in `ctxext/planner/plan.py`: Python + torch runtime {CPU_RUNTIME / 2**20:.0f} MiB (the one "
+        f"CPU runtime terms in `ctxext/planner/fit.py`: Python + torch runtime {CPU_RUNTIME / 2**20:.0f} MiB (the one "
         "fitted constant: the mean, over all cells, of the resident memory after loading and a 128-token warm-up "
         "step, less the model's predicted weights and trainable state) and malloc retention = one forward pass "
         "of saved activations (a structural term with coefficient 1, chosen after forced-mmap runs showed that "

@@ -1,0 +1,89 @@
+"""Whether a training step fits a device: the footprint plus the device's runtime terms, and the longest length.
+
+:func:`device_footprint` adds to :func:`ctxext.planner.footprint.footprint` what the device itself holds
+(the CUDA context and allocator fragmentation, or the CPU's Python + torch runtime and malloc retention);
+a plan fits when that peak is within the device's capacity less :data:`HEADROOM`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ctxext.models.devices import GIB, Device
+from ctxext.planner.footprint import FWD_BWD, PHASES, Footprint, ModelShape, Setup, footprint, layer_bytes
+
+# CUDA: the context, cuBLAS/cuDNN workspaces and NCCL buffers live outside PyTorch's allocator; the caching
+# allocator holds more than it hands out (fragmentation). Not calibrated here (no GPU): typical values.
+CUDA_CONTEXT = 1.0 * GIB
+CUDA_FRAGMENTATION = 0.10
+# With expandable segments the allocator maps more memory into one segment instead of opening a new one for a
+# size that does not fit a free block, which removes most of that waste. Assumed, not measured (no GPU here).
+CUDA_FRAGMENTATION_EXPANDABLE = 0.03
+# CPU (peak resident memory, what `ctxext train` reports there): the resident memory of Python + torch +
+# transformers + peft + bitsandbytes with a model loaded and one warm-up step taken, less the model itself —
+# fitted as the mean over the benchmark cells of benchmarks/plan_accuracy.py (its "warm" column). And glibc
+# malloc's retention: activation tensors under its 32 MiB mmap threshold live in heap arenas that are not given
+# back when freed, so the resident peak holds, beside the live tensors, about one forward pass's worth of
+# activations (all layers' saved tensors) even with checkpointing. docs/planning.md shows, from runs with mmap
+# forced, that the activation formulas are conservative for the live peak and this term is below glibc's real
+# retention: on this CPU the two offset.
+CPU_RUNTIME = 553 * 2**20
+# Memory held back from the device's capacity before a plan "fits": what the formulas do not count (CUDA
+# graphs, NCCL buffers growing, a longer-than-usual document mask) and their own error (docs/planning.md).
+HEADROOM = 0.05
+
+
+def device_footprint(shape: ModelShape, setup: Setup, device: Device) -> Footprint:
+    """:func:`ctxext.planner.footprint.footprint` plus the device's runtime terms."""
+    fp = footprint(shape, setup)
+    dynamic = max(fp.group_total("activations", p) + fp.group_total("loss", p) for p in PHASES)
+    if device.kind == "cuda":
+        fp.add(
+            "overhead", "CUDA context + workspaces", CUDA_CONTEXT, "outside PyTorch's allocator (typical, not measured)"
+        )
+        share = CUDA_FRAGMENTATION_EXPANDABLE if setup.expandable_segments else CUDA_FRAGMENTATION
+        how = "expandable segments" if setup.expandable_segments else "caching allocator"
+        fp.add("overhead", "allocator fragmentation", share * dynamic, f"{share:.0%} of the activations ({how})")
+    else:
+        fp.add("overhead", "Python + torch runtime", CPU_RUNTIME, "fitted on this CPU (benchmarks/plan_accuracy.py)")
+        fp.add(
+            "overhead",
+            "malloc retention",
+            shape.layers * layer_bytes(shape, setup),
+            "freed activation memory glibc keeps: one forward pass of saved tensors",
+            FWD_BWD,
+        )
+    return fp
+
+
+def usable(device: Device) -> int:
+    """The memory a plan may use: the device's capacity less the headroom."""
+    return int(device.memory * (1 - HEADROOM))
+
+
+def fits(shape: ModelShape, setup: Setup, device: Device) -> bool:
+    """Whether the step's predicted peak fits the device's usable memory."""
+    return device_footprint(shape, setup, device).total <= usable(device)
+
+
+def longest_fit(shape: ModelShape, setup: Setup, device: Device, step: int = 1024, limit: int = 1 << 24) -> int | None:
+    """The longest ``seq_len`` (a multiple of ``step``, at most ``limit``) that fits, or ``None``.
+
+    Memory grows with the length, so a binary search over multiples of ``step`` finds the boundary.
+    """
+    unit = step * setup.split
+
+    def ok(n: int) -> bool:
+        return fits(shape, dataclasses.replace(setup, seq_len=n * unit), device)
+
+    if not ok(1):
+        return None
+    lo, hi = 1, 2
+    while hi * unit <= limit and ok(hi):
+        lo, hi = hi, hi * 2
+    if hi * unit > limit:
+        return lo * unit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo * unit
