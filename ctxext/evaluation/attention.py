@@ -217,6 +217,29 @@ class _Accumulator:
 
 
 @torch.no_grad()
+def _hook_for(acc: _Accumulator, layer: int, length: int) -> Callable[..., None]:
+    # A forward pre-hook on one attention module: its rotated q and k give the attention probabilities,
+    # computed in query blocks so that no full T x T matrix of every head is held at once.
+    def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        pos = kwargs.get("position_embeddings") or (args[1] if len(args) > 1 else None)
+        if pos is None:
+            raise InputError(
+                f"{type(module).__name__} is not passed position_embeddings (cos, sin); attention diagnostics "
+                "need a model that computes its rotary embedding once per forward (transformers >= 4.48 layout)"
+            )
+        q, k = rotated_qk(module, hidden, pos)
+        heads = q.shape[1]
+        block = max(1, BLOCK_ELEMENTS // (heads * length))
+        for start in range(0, length, block):
+            end = min(start + block, length)
+            # A float attribute, which nn.Module types as Tensor | Module.
+            scaling = float(module.scaling)  # type: ignore[arg-type]
+            acc.add(layer, attention_probs(q[0], k[0], scaling, start, end).cpu(), start)
+
+    return hook
+
+
 def evaluate_attention(
     loaded: LoadedModel, texts: Any, settings: AttentionSettings, show_progress: bool = True
 ) -> dict[str, Any]:
@@ -252,27 +275,7 @@ def evaluate_attention(
     acc = _Accumulator(len(modules), length, loaded.original_length, settings)
     device = next(loaded.model.parameters()).device
 
-    def hook_for(layer: int) -> Callable[..., None]:
-        def hook(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-            hidden = args[0] if args else kwargs["hidden_states"]
-            pos = kwargs.get("position_embeddings") or (args[1] if len(args) > 1 else None)
-            if pos is None:
-                raise InputError(
-                    f"{type(module).__name__} is not passed position_embeddings (cos, sin); attention diagnostics "
-                    "need a model that computes its rotary embedding once per forward (transformers >= 4.48 layout)"
-                )
-            q, k = rotated_qk(module, hidden, pos)
-            heads = q.shape[1]
-            block = max(1, BLOCK_ELEMENTS // (heads * length))
-            for start in range(0, length, block):
-                end = min(start + block, length)
-                # A float attribute, which nn.Module types as Tensor | Module.
-                scaling = float(module.scaling)  # type: ignore[arg-type]
-                acc.add(layer, attention_probs(q[0], k[0], scaling, start, end).cpu(), start)
-
-        return hook
-
-    handles = [m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(modules)]
+    handles = [m.register_forward_pre_hook(_hook_for(acc, i, length), with_kwargs=True) for i, m in enumerate(modules)]
     decoder = base_model(loaded.model).get_decoder()
     try:
         with progress(f"attention {loaded.name}", len(docs.ids), enabled=show_progress) as advance:

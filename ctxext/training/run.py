@@ -132,11 +132,7 @@ def _train(
     # Nothing is loaded before the output folder and the base weights are known to be right.
     recipe_text = dump_recipe(recipe)
     previous = check_output_dir(out, recipe_text, resume, search_folder=Path(search["folder"]) if search else None)
-    base_dir = resolve_model_path(recipe.model.path, recipe.model.revision)
-    check_weights_readable(base_dir)
-    base_fingerprint = fingerprint(base_dir)
-    if previous is not None:
-        check_fingerprint(base_dir, previous.get("base_fingerprint"), "--resume")
+    base_fingerprint = _check_base(recipe, previous)
 
     set_seed(cfg.seed)
     loaded = build_training_model(
@@ -183,20 +179,35 @@ def _train(
     accelerator.wait_for_everyone()
     if launch.main:
         writer.write_outputs(accelerator.unwrap_model(model).peft_model, state_dict, loaded)
-        writer.update(
-            status="complete",
-            steps=counters.step,
-            tokens_seen=counters.tokens_seen,
-            final_train_loss=loop.last_loss,
-            final_val_loss=loop.last_val,
-            error=None,
-        )
+        _mark_complete(writer, counters, loop)
     accelerator.wait_for_everyone()
     if cfg.tracker != "none":
         accelerator.end_training()
     accelerator.print(f"run complete: {out} (train loss {loop.last_loss:.4f}, val loss {loop.last_val})")
     unwrapped = accelerator.unwrap_model(model).peft_model.eval() if launch.main else None
     return TrainResult(run_dir=out, model=unwrapped, run=dict(writer.run))
+
+
+def _check_base(recipe: Recipe, previous: dict[str, Any] | None) -> str:
+    """The base weights' fingerprint, once they are readable (and, on resume, the same as the run's)."""
+    base_dir = resolve_model_path(recipe.model.path, recipe.model.revision)
+    check_weights_readable(base_dir)
+    base_fingerprint = fingerprint(base_dir)
+    if previous is not None:
+        check_fingerprint(base_dir, previous.get("base_fingerprint"), "--resume")
+    return base_fingerprint
+
+
+def _mark_complete(writer: RunWriter, counters: Counters, loop: TrainingLoop) -> None:
+    """Record in run.json that the run completed, with its final counters and losses."""
+    writer.update(
+        status="complete",
+        steps=counters.step,
+        tokens_seen=counters.tokens_seen,
+        final_train_loss=loop.last_loss,
+        final_val_loss=loop.last_val,
+        error=None,
+    )
 
 
 def _training_data(recipe: Recipe, loaded: Any, launch: Launch) -> Any:

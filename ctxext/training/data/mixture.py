@@ -178,8 +178,6 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
     pose = _official_pose(recipe, plan)
     if data.mixture is None and data.short_fraction == 0:
         return prepare_data(data, tokenizer, seq_len, seed=seed, pose=pose)
-    import datasets
-
     sources = data.mixture or [_whole_path_source(data)]
     original = plan.original_length if plan is not None else recipe.model.original_length
     if data.short_fraction > 0 and not original:
@@ -219,29 +217,12 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
         all_rows += made
         record.append(entry)
     if n_short:
-        # Short blocks come from the corpora in proportion to their weights.
-        weighted = [(k, s) for k, s in corpus if s.weight > 0] or corpus
-        per = allocate(n_short, [s.weight or 1.0 for _, s in weighted])
-        for (key, source), count in zip(weighted, per, strict=True):
-            # Cut from the corpus's own training documents: the validation documents stay out.
-            short = document_blocks(corpora[key].train_documents, _corpus_section(data, source), tokenizer, original)
-            if count and len(short) == 0:
-                raise InputError(f"data.short_fraction: {source.path} makes no block of {original} tokens")
-            all_rows += _short_rows(short, count, seq_len, original, rng)
-            record.append(
-                {"source": f"short:{source.path}", "block_tokens": original, "rows": count, "tokens": count * seq_len}
-            )
+        made, entries = _short_block_rows(data, corpus, corpora, tokenizer, n_short, seq_len, original, rng)
+        all_rows += made
+        record += entries
     # Validation: the first corpus's held-out documents, at seq_len, plain positions.
     first = corpora[corpus[0][0]] if corpus else None
-    names = ["input_ids", "segments", "targets", "pose"]
-    if any("positions" in r for r in all_rows):
-        # Rows that carry their positions (task rows and official PoSE rows); -1: derived at training time.
-        names.append("positions")
-        for r in all_rows:
-            r.setdefault("positions", [-1] * seq_len)
-    columns = {k: [r[k] for r in all_rows] for k in names}
-    train = datasets.Dataset.from_dict(columns)
-    train.set_format("torch", columns=list(columns))
+    train = _rows_dataset(all_rows, seq_len)
     summary = f"mixture of {len(all_rows)} rows of {seq_len} tokens: " + ", ".join(
         f"{e['source']} {e['rows']}" for e in record
     )
@@ -262,6 +243,49 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
         mixture={"realised": realised},
         validation_documents=first.validation_documents if first is not None else None,
     )
+
+
+def _short_block_rows(
+    data: Any,
+    corpus: list[tuple[str, Any]],
+    corpora: dict[str, Any],
+    tokenizer: Any,
+    n_short: int,
+    seq_len: int,
+    original: int,
+    rng: random.Random,
+) -> tuple[list[dict], list[dict[str, Any]]]:
+    """``n_short`` rows of short blocks (the original window), from the corpora in proportion to their weights."""
+    rows: list[dict] = []
+    record: list[dict[str, Any]] = []
+    weighted = [(k, s) for k, s in corpus if s.weight > 0] or corpus
+    per = allocate(n_short, [s.weight or 1.0 for _, s in weighted])
+    for (key, source), count in zip(weighted, per, strict=True):
+        # Cut from the corpus's own training documents: the validation documents stay out.
+        short = document_blocks(corpora[key].train_documents, _corpus_section(data, source), tokenizer, original)
+        if count and len(short) == 0:
+            raise InputError(f"data.short_fraction: {source.path} makes no block of {original} tokens")
+        rows += _short_rows(short, count, seq_len, original, rng)
+        record.append(
+            {"source": f"short:{source.path}", "block_tokens": original, "rows": count, "tokens": count * seq_len}
+        )
+    return rows, record
+
+
+def _rows_dataset(all_rows: list[dict], seq_len: int) -> Any:
+    """The mixture's rows as a torch-formatted ``datasets.Dataset``."""
+    import datasets
+
+    names = ["input_ids", "segments", "targets", "pose"]
+    if any("positions" in r for r in all_rows):
+        # Rows that carry their positions (task rows and official PoSE rows); -1: derived at training time.
+        names.append("positions")
+        for r in all_rows:
+            r.setdefault("positions", [-1] * seq_len)
+    columns = {k: [r[k] for r in all_rows] for k in names}
+    train = datasets.Dataset.from_dict(columns)
+    train.set_format("torch", columns=list(columns))
+    return train
 
 
 def preview_task_distances(recipe: Any, tokenizer: Any, rows: int = 64) -> dict[str, dict[str, Any]]:
