@@ -77,9 +77,10 @@ def run_path(
     import torch
 
     from ctxext.models.devices import Device, cpu_device
-    from ctxext.models.load import build_training_model
+    from ctxext.models.training_model import build_training_model
+    from ctxext.planner.fit import device_footprint
     from ctxext.planner.footprint import ModelShape
-    from ctxext.planner.plan import device_footprint, setup_for
+    from ctxext.planner.plan import setup_for
     from ctxext.recipe.schema import parse_recipe
     from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer
 
