@@ -174,7 +174,7 @@ def worker(model: str, length: int, repeats: int, out: str, model_dir: str, thre
 # ---- the parent: launch cells, search the longest length, predict, report ----
 
 
-def launch_cell(args: argparse.Namespace, model: str, length: int, n: int, repeats: int) -> dict:
+def launch_cell(args: argparse.Namespace, model: str, length: int, n: int, repeats: int, live: bool) -> dict:
     """Run one cell in fresh processes (1 plain, or ``n`` under accelerate); the per-rank results."""
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "cell")
@@ -190,7 +190,7 @@ def launch_cell(args: argparse.Namespace, model: str, length: int, n: int, repea
             cmd = [launcher, "launch", "--multi_gpu", "--num_processes", str(n), "--num_machines", "1"]
             cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port, *worker_args]
             env["ACCELERATE_USE_CPU"] = "true"
-        if args.force_mmap:
+        if live:
             env.update(LIVE)
         start = time.monotonic()
         try:
@@ -217,17 +217,22 @@ def cell_key(model: str, length: int, n: int, live: bool = False) -> str:
     return f"{model}/{length}/n{n}" + ("/live" if live else "")
 
 
-def measured(args: argparse.Namespace, store: dict, model: str, length: int, n: int, repeats: int) -> dict:
-    """A cell from the store, or measured now (and saved at once)."""
-    key = cell_key(model, length, n, args.force_mmap)
+def measured(args: argparse.Namespace, store: dict, cell: tuple[str, int, int, bool], repeats: int) -> dict:
+    """A cell ``(model, length, n, live)`` from the store, or measured now (and saved at once).
+
+    Only cells of this run's allocator mode (``--force-mmap`` or not) are measured; the other mode's are read.
+    """
+    key = cell_key(*cell)
+    if cell[3] != args.force_mmap:
+        return store.get(key, {"ok": False, "reason": "not measured"})
     if not (store.get(key, {}).get("ok") and not args.remeasure) and key not in args.fresh:
-        store[key] = launch_cell(args, model, length, n, repeats)
+        store[key] = launch_cell(args, *cell[:3], repeats, cell[3])
         args.fresh.add(key)
         args.out.with_suffix(".json").write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
-    cell = store[key]
-    shown = f"peak {peak_of(cell):,.0f} MB/rank in {cell['wall']:.0f} s" if cell["ok"] else cell["reason"]
+    result = store[key]
+    shown = f"peak {peak_of(result):,.0f} MB/rank in {result['wall']:.0f} s" if result["ok"] else result["reason"]
     print(f"{key:22} {shown}", flush=True)
-    return cell
+    return result
 
 
 def peak_of(cell: dict, first: bool = False) -> float:
@@ -240,14 +245,14 @@ def activation_of(cell: dict) -> float:
     return max(max(r["peaks_mb"]) - r["baseline_mb"] for r in cell["ranks"])
 
 
-def longest_under(args: argparse.Namespace, store: dict, model: str, n: int, cap: float) -> dict:
+def longest_under(args: argparse.Namespace, store: dict, model: str, n: int, cap: float, live: bool) -> dict:
     """The longest multiple of ``--step`` tokens whose per-rank peak stays ≤ ``cap`` with ``n`` processes.
 
     Starts from the linear estimate of the cell at ``--length`` (baseline + activation × L / length) and walks
     one step at a time until a fitting length sits next to a failing one.
     """
     step = args.step
-    ref = measured(args, store, model, args.length, n, args.repeats)
+    ref = measured(args, store, (model, args.length, n, live), args.repeats)
     if not ref["ok"]:
         return {"longest": None, "trials": []}
     base = max(r["baseline_mb"] for r in ref["ranks"])
@@ -256,7 +261,10 @@ def longest_under(args: argparse.Namespace, store: dict, model: str, n: int, cap
     length = max(step, min(guess, args.max_length))
     for _ in range(args.max_trials):
         if length not in fits:
-            cell = measured(args, store, model, length, n, 1)
+            cell = measured(args, store, (model, length, n, live), 1)
+            if not cell["ok"] and cell["reason"] == "not measured":
+                # The other allocator mode's search, read back only as far as it was measured: no result.
+                return {"longest": None, "trials": sorted(fits.items())}
             fits[length] = bool(cell["ok"]) and peak_of(cell, first=True) <= cap
         best = max((k for k, v in fits.items() if v), default=0)
         failed = min((k for k, v in fits.items() if not v and k > best), default=None)
@@ -303,8 +311,8 @@ def cell_rows(store: dict, args: argparse.Namespace) -> tuple[list[str], list[fl
         err = total / peak - 1
         errors.append(err)
         rows.append(
-            f"| {model} | {int(length):,} | {n[1:]} | {allocator} | {peak:,.0f} | {total:,.0f} | {total / peak:.2f} "
-            f"{'' if abs(err) <= TOLERANCE else '**(out)**'} | {measured_act:,.0f} | {act:,.0f} | "
+            f"| {model} | {int(length):,} | {n[1:]} | {allocator} | {peak:,.0f} | {total:,.0f} | {total / peak:.2f}"
+            f"{'' if abs(err) <= TOLERANCE else ' **(out)**'} | {measured_act:,.0f} | {act:,.0f} | "
             f"{act / measured_act:.2f} | {int(length) / seconds:,.0f} | {len(cell['ranks'][0]['seconds'])} |"
         )
     return rows, errors
@@ -324,17 +332,22 @@ def verdicts(store: dict, args: argparse.Namespace, searches: dict) -> list[str]
                 f"{activation_of(two):,.0f} / {activation_of(one):,.0f} MB = **{ratio:.2f}×** "
                 f"(target ≤ {TARGET_ACTIVATION}×: {met}); peak per rank {peak_of(two):,.0f} vs {peak_of(one):,.0f} MB."
             )
-    for model, found in searches.items():
+    for (model, live), found in searches.items():
         one, two = found[1]["longest"], found[2]["longest"]
         if one and two:
             met = "met" if two / one >= TARGET_LONGEST else "**not met**"
             lines.append(
-                f"- {model}, cap {found['cap']:,.0f} MB per process: longest length one process {one:,}, N = 2 "
+                f"- {model}, {'live (forced mmap)' if live else 'default allocator'}, cap {found['cap']:,.0f} MB per "
+                f"process: longest length one process {one:,}, N = 2 "
                 f"{two:,} = **{two / one:.2f}×** (target ≥ {TARGET_LONGEST}×: {met}). Trials (length: fits) — "
                 f"one process {found[1]['trials']}, N = 2 {found[2]['trials']}."
             )
         else:
-            lines.append(f"- {model}: the longest-length search did not finish ({found}).")
+            mode = "live (forced mmap)" if live else "default allocator"
+            lines.append(
+                f"- {model}, {mode}: longest-length search incomplete "
+                f"(trials {found[1]['trials']}, {found[2]['trials']})."
+            )
     return lines
 
 
@@ -358,6 +371,12 @@ PROTOCOL = (
     "one. Peaks are compared rather than enforced with `RLIMIT_AS`: an address-space limit counts virtual "
     "reservations (thread stacks, mapped libraries, gloo's and DeepSpeed's arenas) that never become resident, and "
     "would charge the two-process run for memory it does not use.\n\n"
+    "Allocator: `default` rows run with glibc's own malloc, what a user runs (the planner's CPU terms include a "
+    "malloc-retention term for it). glibc keeps freed heap memory, and whether it mmaps a large tensor depends on "
+    "what was freed before (its dynamic threshold grows up to 32 MB, the size of one 8k-token × 1024 fp32 tensor), "
+    "so these peaks include a retention that changes from launch to launch, most for the wide model. `live (mmap)` "
+    "rows run with `MALLOC_MMAP_THRESHOLD_=65536`: every allocation above 64 KiB is mmapped and returned when "
+    "freed, so the peak is the live peak; their planned figures leave the retention term out.\n\n"
     "Planned = `ctxext.planner.plan.plan_recipe` for the same recipe on the CPU device with N processes "
     "(`ctxext plan --sp N` on this machine): the per-rank total, and its activation share (total − predicted "
     "weights and trainable state − the fitted Python + torch runtime term)."
@@ -426,14 +445,14 @@ def main() -> None:
     args.fresh = set()
     for model in args.models:
         for n in (1, 2):
-            measured(args, store, model, args.length, n, args.repeats)
+            measured(args, store, (model, args.length, n, args.force_mmap), args.repeats)
     searches: dict = {}
-    for model in args.search:
-        one = store.get(cell_key(model, args.length, 1, args.force_mmap), {})
+    for model, live in ((m, live) for live in (False, True) for m in args.search):
+        one = store.get(cell_key(model, args.length, 1, live), {})
         if not one.get("ok"):
             continue
         cap = peak_of(one, first=True)  # every search trial is one step: compare first steps
-        searches[model] = {"cap": cap, **{n: longest_under(args, store, model, n, cap) for n in (1, 2)}}
+        searches[model, live] = {"cap": cap, **{n: longest_under(args, store, model, n, cap, live) for n in (1, 2)}}
     page = report(store, args, searches)
     print(page)
     args.out.write_text(page)
