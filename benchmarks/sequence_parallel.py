@@ -294,7 +294,9 @@ def predict(model: str, length: int, n: int, live: bool = False) -> tuple[float,
 def cell_rows(store: dict, args: argparse.Namespace) -> tuple[list[str], list[float]]:
     """One Markdown row per measured cell, with the planner's per-rank prediction; the prediction errors."""
     rows, errors = [], []
-    for key in sorted(store, key=lambda k: (k.split("/")[0], int(k.split("/")[1]), k)):
+    for key in sorted(
+        (k for k in store if not k.startswith("_")), key=lambda k: (k.split("/")[0], int(k.split("/")[1]), k)
+    ):
         cell = store[key]
         model, length, n, *live = key.split("/")
         if model not in args.models:
@@ -342,7 +344,7 @@ def verdicts(store: dict, args: argparse.Namespace, searches: dict) -> list[str]
                 f"{two:,} = **{two / one:.2f}×** (target ≥ {TARGET_LONGEST}×: {met}). Trials (length: fits) — "
                 f"one process {found[1]['trials']}, N = 2 {found[2]['trials']}."
             )
-        else:
+        elif live == args.force_mmap:  # the other mode's search is read back only where its command ran it
             mode = "live (forced mmap)" if live else "default allocator"
             lines.append(
                 f"- {model}, {mode}: longest-length search incomplete "
@@ -393,13 +395,11 @@ def report(store: dict, args: argparse.Namespace, searches: dict) -> str:
         f"- planner per-rank total within ±{TOLERANCE:.0%} of the measured peak: {within} of {len(errors)} cells "
         f"({verdict}; worst {worst:+.1%})."
     )
-    command = f"nice -n 5 python benchmarks/sequence_parallel.py --length {args.length} --repeats {args.repeats}"
-    command += f" --models {' '.join(args.models)} --search {' '.join(args.search)} --step {args.step}"
+    commands = " and ".join(f"`{c}` ({mode} rows)" for mode, c in sorted(store.get("_commands", {}).items()))
     return (
         "# Sequence parallelism: one process vs N = 2 over gloo (measured)\n\n"
-        f"Commands: `{command}` (default allocator) and `{command} --force-mmap` (the `live (mmap)` rows); "
-        f"measurements are kept in `{args.out.with_suffix('.json').name}`, and a rerun measures only cells missing "
-        "there (`--remeasure` to redo them).\n\n"
+        f"Commands: {commands}; measurements are kept in `{args.out.with_suffix('.json').name}`, and a rerun "
+        "measures only cells missing there (`--remeasure` to redo them).\n\n"
         f"Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC. Machine: {platform.machine()} CPU, 2 cores shared with other "
         f"work, {mem_total_gb():.0f} GB RAM, no GPU; {args.threads} torch thread(s) per process: **speed is "
         "indicative only; memory is the claim.**\n\n"
@@ -443,6 +443,12 @@ def main() -> None:
     stored = args.out.with_suffix(".json")
     store = json.loads(stored.read_text()) if stored.is_file() else {}
     args.fresh = set()
+    command = f"nice -n 5 python benchmarks/sequence_parallel.py --length {args.length} --repeats {args.repeats}"
+    command += f" --models {' '.join(args.models)} --search {' '.join(args.search)} --step {args.step}"
+    # Each allocator mode's cells are measured by their own command; the page names both.
+    store.setdefault("_commands", {})["live (mmap)" if args.force_mmap else "default"] = command + (
+        " --force-mmap" if args.force_mmap else ""
+    )
     for model in args.models:
         for n in (1, 2):
             measured(args, store, (model, args.length, n, args.force_mmap), args.repeats)
@@ -453,6 +459,7 @@ def main() -> None:
             continue
         cap = peak_of(one, first=True)  # every search trial is one step: compare first steps
         searches[model, live] = {"cap": cap, **{n: longest_under(args, store, model, n, cap, live) for n in (1, 2)}}
+    stored.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
     page = report(store, args, searches)
     print(page)
     args.out.write_text(page)
