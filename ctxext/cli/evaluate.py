@@ -13,10 +13,43 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.main
+from typer.core import TyperGroup
 
 from ctxext.recipe.flags import SETTINGS, build_settings, settings_command
 
+
+class _EvalGroup(TyperGroup):
+    """The ``eval`` commands: those written below, and one per registered suite section without one.
+
+    A section's command is generated when ``ctxext eval`` runs (:func:`section_command`), so a section
+    registered by then (a plugin module imported first) has its subcommand; ``ctxext --help`` builds none.
+    """
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """The written commands, then the registered sections' (``toy_repeat`` → ``toy-repeat``)."""
+        from ctxext.evaluation.sections import SECTIONS
+
+        own = list(super().list_commands(ctx))
+        return own + [c for c in (_command_name(n) for n in SECTIONS) if c not in own]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """A written command, else the generated command of the registered section of that name."""
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        from ctxext.evaluation.sections import SECTIONS
+
+        section = SECTIONS.get(cmd_name.replace("-", "_"))
+        return section_command(section) if section is not None else None
+
+
+def _command_name(section: str) -> str:
+    return section.replace("_", "-")
+
+
 eval_app = typer.Typer(
+    cls=_EvalGroup,
     help="Evaluate long-context quality: perplexity by length / position, passkey and needle grids, QA, suites.",
     no_args_is_help=True,
 )
@@ -225,8 +258,18 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                 f"qa — {name}: EM {q['exact_match']:.1f}, F1 {q['f1']:.1f} over {q['examples']} examples "
                 f"({m['qa']['truncated']} truncated in the middle)"
             )
+        for line in _section_summaries(m):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     _print_comparisons(report.get("comparisons"))
     console.print(f"[green]✓[/] report written to {plain(out)}/report.json, report.md and PNG plots")
+
+
+def _section_summaries(entry: dict[str, Any]) -> list[str]:
+    # The console lines of the registered sections a model entry has (SuiteSection.summary).
+    from ctxext.evaluation.sections import SECTIONS
+
+    found = (registered.summary(entry) if entry.get(key) else None for key, registered in SECTIONS.items())
+    return [f"{key} — {entry['name']}: {line}" for key, line in zip(SECTIONS, found, strict=True) if line]
 
 
 def _print_comparisons(comp: dict[str, Any] | None) -> None:
@@ -264,6 +307,38 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     from ctxext.cli.console import friendly_errors
 
     return friendly_errors(fn)
+
+
+def section_command(section: Any) -> Any:
+    """The ``ctxext eval <name>`` command of a registered suite section: a suite holding only that section.
+
+    Its flags are the section's settings fields (generated, with the model's defaults); ``--model``, ``--out``
+    and the options every ``eval`` command takes come with it; the report is ``ctxext eval run``'s.
+
+    Args:
+        section: a registered :class:`~ctxext.evaluation.sections.SuiteSection`.
+
+    Returns:
+        The click command.
+    """
+    import inspect as _inspect
+
+    app = typer.Typer(add_completion=False)
+    doc = _inspect.getdoc(type(section)) or section.title or section.name
+    panel = f"Settings (a suite's {section.name}: keys)"
+
+    @app.command(_command_name(section.name), cls=settings_command(section.settings, panel=panel), help=doc)
+    @_friendly
+    @_shared
+    def command(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
+        from ctxext.evaluation.suite import Suite
+
+        settings = build_settings(section.settings, ctx.meta.get(SETTINGS, {}))
+        beyond = bool(getattr(settings, "allow_beyond_context", False))
+        defined = {"name": f"eval {section.name}", "allow_beyond_context": beyond, section.name: settings}
+        _run_suite(Suite.model_validate(defined), None, model, out, shared)
+
+    return typer.main.get_command(app)
 
 
 @eval_app.command("ppl", cls=_settings("PerplexitySettings", "perplexity"))

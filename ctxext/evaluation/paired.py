@@ -13,7 +13,10 @@ resampled jointly for both models) and the same trials, the differences that are
 * attention diagnostics: the difference in the share of attention beyond the original window (mean
   over layers), paired bootstrap over documents;
 * every p-value of a report is also Holm-adjusted over all the comparisons the report makes, and the
-  number of comparisons is recorded: with dozens of cells, a few raw p < 0.05 are expected by chance.
+  number of comparisons is recorded: with dozens of cells, a few raw p < 0.05 are expected by chance;
+* a registered suite section (:mod:`ctxext.evaluation.sections`) pairs its own results
+  (:meth:`~ctxext.evaluation.sections.SuiteSection.paired`): its rows are stored under its name and join
+  the Holm family.
 
 The ``comparisons`` section of ``report.json``::
 
@@ -22,7 +25,8 @@ The ``comparisons`` section of ``report.json``::
                      p_value, p_holm, documents}],
      "grids": [{model, task, length: int | "all", trials, a_correct, b_correct, only_a, only_b,
                 difference, p_value, p_holm}],
-     "attention": [{model, length, difference, ci_low, ci_high, p_value, p_holm, documents}]}
+     "attention": [{model, length, difference, ci_low, ci_high, p_value, p_holm, documents}],
+     "<section>": [{model, …, p_value, p_holm}]}
 
 (in grid rows ``a`` is the model, ``b`` the reference).
 """
@@ -73,13 +77,20 @@ def compare_models(
     ppl_rows: list[dict[str, Any]] = []
     grid_rows: list[dict[str, Any]] = []
     attn_rows: list[dict[str, Any]] = []
+    from ctxext.evaluation.sections import SECTIONS
+
+    section_rows: dict[str, list[dict[str, Any]]] = {}
     for m in models:
         if m is ref:
             continue
         ppl_rows += _ppl_rows(m, ref, resamples, seed, notes)
         grid_rows += _grid_rows(m, ref, notes)
         attn_rows += _attention_rows(m, ref, resamples, seed)
-    rows = ppl_rows + grid_rows + attn_rows
+        for key, registered in SECTIONS.items():  # a registered section pairs its own results
+            if m.get(key) and ref.get(key):
+                section_rows.setdefault(key, []).extend(registered.paired(m, ref, resamples, seed, notes))
+    section_rows = {key: rows for key, rows in section_rows.items() if rows}
+    rows = ppl_rows + grid_rows + attn_rows + [row for found in section_rows.values() for row in found]
     # Retrieval comparisons without a discordant trial cannot reject (p is 1 whatever happens): they stay
     # out of the Holm family, or a suite of tasks every model fails would dilute every real difference.
     family = [r for r in rows if r["p_value"] == r["p_value"] and r.get("only_a", 1) + r.get("only_b", 1) > 0]
@@ -101,6 +112,7 @@ def compare_models(
         "perplexity": ppl_rows,
         "grids": grid_rows,
         "attention": attn_rows,
+        **section_rows,
     }
 
 

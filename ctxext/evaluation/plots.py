@@ -53,7 +53,7 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
         ax.set_yscale("log")
         ax.set_title("Perplexity by position (95 % CI; dotted: original context)")
         ax.legend()
-        written["ppl_by_position"] = _save(fig, folder, "ppl_by_position.png")
+        written["ppl_by_position"] = save_figure(fig, folder, "ppl_by_position.png")
 
     by_len = [m for m in models if m.get("perplexity", {}).get("by_length")]
     if by_len:
@@ -69,7 +69,7 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
         ax.set_ylabel("perplexity")
         ax.set_title("Perplexity by evaluation length (95 % CI)")
         ax.legend()
-        written["ppl_by_length"] = _save(fig, folder, "ppl_by_length.png")
+        written["ppl_by_length"] = save_figure(fig, folder, "ppl_by_length.png")
 
     cu = [m for m in models if m.get("perplexity", {}).get("context_use")]
     if cu:
@@ -84,7 +84,7 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
         ax.set_ylabel("perplexity of the same target tokens")
         ax.set_title("Context use (dashed: full context)")
         ax.legend()
-        written["context_use"] = _save(fig, folder, "context_use.png")
+        written["context_use"] = save_figure(fig, folder, "context_use.png")
 
     for task in ("passkey", "needle"):
         grid = [m for m in models if m.get(task)]
@@ -110,8 +110,14 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
             ax.set_ylabel("F1 (%)")
             ax.set_title(f"QA F1 by {title}")
         axes[0].legend()
-        written["qa"] = _save(fig, folder, "qa_by_bucket.png")
+        written["qa"] = save_figure(fig, folder, "qa_by_bucket.png")
     written.update(attention_plot(plt, models, folder))
+    from ctxext.evaluation.sections import SECTIONS  # registered sections draw their own
+
+    for key, registered in SECTIONS.items():
+        have = [m for m in models if m.get(key)]
+        if have:
+            written.update(registered.plots(plt, have, folder))
     return written
 
 
@@ -135,7 +141,7 @@ def _heatmap(plt: Any, models: list[dict[str, Any]], task: str, folder: Path) ->
         ax.set_title(m["name"])
     fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     fig.suptitle("Passkey retrieval" if task == "passkey" else "Needle in a haystack")
-    return _save(fig, folder, f"{task}_heatmap.png", tight=False)
+    return save_figure(fig, folder, f"{task}_heatmap.png", tight=False)
 
 
 def _ruler_heatmap(plt: Any, models: list[dict[str, Any]], folder: Path) -> str:
@@ -170,10 +176,11 @@ def _ruler_heatmap(plt: Any, models: list[dict[str, Any]], folder: Path) -> str:
         ax.set_title(m["name"])
     fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     fig.suptitle("RULER-style tasks (frame: effective length)")
-    return _save(fig, folder, "ruler_heatmap.png", tight=False)
+    return save_figure(fig, folder, "ruler_heatmap.png", tight=False)
 
 
-def _save(fig: Any, folder: Path, name: str, tight: bool = True) -> str:
+def save_figure(fig: Any, folder: Path, name: str, tight: bool = True) -> str:
+    """Save a figure as ``folder/name`` (110 dpi) and close it; returns ``name``."""
     import matplotlib.pyplot as plt
 
     if tight:
@@ -237,4 +244,4 @@ def attention_plot(plt: Any, models: list[dict[str, Any]], folder: Path) -> dict
     axes[2].set_ylabel("entropy (nats, mean over layers)")
     axes[2].set_title("Attention entropy by position")
     axes[2].legend()
-    return {"attention": _save(fig, folder, "attention.png")}
+    return {"attention": save_figure(fig, folder, "attention.png")}

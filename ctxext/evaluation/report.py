@@ -197,6 +197,8 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
     for key, registered in SECTIONS.items():
         if any(m.get(key) for m in raw["models"]):
             lines += registered.markdown([m for m in raw["models"] if m.get(key)], raw)
+            lines += [f"![{name}]({file})" for name, file in plots.items() if _plot_of(name, key)]
+            lines += [""] if any(_plot_of(name, key) for name in plots) else []
     comp = raw.get("comparisons")
     if comp and (comp["comparisons"] or comp["notes"]):
         lines += comparisons_markdown(comp)
@@ -209,6 +211,11 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
         "",
     ]
     return "\n".join(lines)
+
+
+def _plot_of(plot: str, section: str) -> bool:
+    # A registered section's plots are named after it (SuiteSection.plots).
+    return plot == section or plot.startswith(f"{section}_")
 
 
 def _ppl_markdown(report: EvalReport, raw: dict[str, Any], plots: dict[str, str]) -> list[str]:
@@ -519,6 +526,11 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
             for r in attn
         ]
         lines += table(["model", "length", "Δ share (pts)", "docs", "p", "p Holm"], rows)
+    from ctxext.evaluation.sections import SECTIONS
+
+    for key, registered in SECTIONS.items():
+        if comp.get(key):
+            lines += registered.paired_markdown(comp[key], ref)
     for note in comp.get("notes") or []:
         lines += [f"Note: {note}", ""]
     return lines

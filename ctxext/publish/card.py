@@ -375,9 +375,23 @@ def _eval_section(inputs: CardInputs) -> list[str]:
         qa = qa_table(models)
         if qa:
             lines += ["Long-document QA (exact match / F1, %):", "", *qa]
+        lines += _section_rows(report)
         plots = [p for p in report.plots if p in inputs.plot_names]
         lines += [f"![{plot.stem}]({inputs.plot_names[plot]})" for plot in plots]
         lines.append("")
+    return lines
+
+
+def _section_rows(report: Report) -> list[str]:
+    # Every registered suite section in the report gives its own rows (SuiteSection.card_rows).
+    from ctxext.evaluation.sections import SECTIONS
+
+    raw = report.data.to_json_dict()
+    lines: list[str] = []
+    for key, registered in SECTIONS.items():
+        have = [m for m in raw["models"] if m.get(key)]
+        if have:
+            lines += registered.card_rows(have, raw)
     return lines
 
 

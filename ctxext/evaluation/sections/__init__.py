@@ -1,7 +1,10 @@
 """Suite sections as plugins: one module per section, each one class registered by its suite key.
 
-A section declares its YAML settings (a pydantic model), the lengths it is evaluated at, the data it
-reads, how it measures one loaded model, and how its results read in ``report.md``. ``ctxext eval run``
+A section owns everything about one measurement: its YAML settings (a pydantic model, declared once), the
+lengths it is evaluated at, the data it reads, how it measures one loaded model, how its results read in
+``report.md``, its plots, its paired statistics (model against reference, in the report's ``comparisons``),
+its rows in the model card, its console summary and its ``ctxext eval <name>`` subcommand (flags generated
+from the settings model). Every hook but :meth:`SuiteSection.run` has a default. ``ctxext eval run``
 validates, plans, runs and reports every registered section a suite names; nothing else needs editing.
 Modules of this package are found by listing it, so adding a section is adding its module; sections
 defined elsewhere register with :func:`register_section` once imported. See ``docs/extending.md``.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -25,9 +29,11 @@ Length = int | str
 
 SECTIONS: dict[str, SuiteSection] = {}
 
-# Suite keys that are not sections (the suite's own fields) or are the sections written out in suite.py.
+# Suite keys that are not sections (the suite's own fields), the sections written out in suite.py, and the
+# keys of the report's comparisons (a section's paired rows are stored under its name there).
 RESERVED = frozenset(
     {"name", "description", "allow_beyond_context", "perplexity", "passkey", "needle", "qa", "ruler", "attention"}
+    | {"reference", "comparisons", "correction", "notes", "grids"}
 )
 
 
@@ -125,6 +131,93 @@ class SuiteSection:
             cells = [_cell(_flat(m[self.name]).get(key)) for m in models]
             lines.append(f"| {key} | " + " | ".join(cells) + " |")
         return lines + [""]
+
+    def plots(self, plt: Any, models: list[dict[str, Any]], folder: Path) -> dict[str, str]:
+        """Write the section's PNG plots into ``folder``; by default one plot of its numbers by length.
+
+        The default draws, per model, the numbers of the results' ``by_length`` mapping (``{"512": 0.9}``),
+        if it has one; a section without such numbers gets no plot. Plot names should start with the
+        section's name: ``report.md`` shows each one under the section's tables.
+
+        Args:
+            plt: ``matplotlib.pyplot`` (the ``Agg`` backend is set).
+            models: the report's model entries (JSON form) that have this section.
+            folder: where to write.
+
+        Returns:
+            Plot name → file name (in ``folder``).
+        """
+        curves = {m["name"]: _numbers_by_length(m[self.name]) for m in models}
+        curves = {name: points for name, points in curves.items() if points}
+        if not curves:
+            return {}
+        from ctxext.evaluation.plots import save_figure
+
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for name, points in curves.items():
+            ax.plot([L for L, _ in points], [v for _, v in points], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("length (tokens)")
+        ax.set_title(self.title or self.name)
+        ax.legend()
+        return {self.name: save_figure(fig, folder, f"{self.name}.png")}
+
+    def paired(
+        self, model: dict[str, Any], reference: dict[str, Any], resamples: int, seed: int, notes: list[str]
+    ) -> list[dict[str, Any]]:
+        """Paired statistics of one model against the reference on the same items; default: none.
+
+        Each row needs ``p_value`` (two-sided; NaN when untestable): the report Holm-adjusts it together with
+        every other comparison of the report (``p_holm`` is added). The rows are stored under the section's
+        name in the report's ``comparisons``.
+
+        Args:
+            model: the model's report entry (``model[self.name]`` holds its results).
+            reference: the reference model's entry.
+            resamples: bootstrap resamples.
+            seed: bootstrap seed.
+            notes: append a note when the two cannot be paired (say why).
+
+        Returns:
+            JSON-ready rows, each naming ``model``.
+        """
+        return []
+
+    def paired_markdown(self, rows: list[dict[str, Any]], reference: str) -> list[str]:
+        """The section's part of the paired comparisons in ``report.md``; by default one table of the rows."""
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        lines = [f"### {self.title or self.name}, paired against `{reference}`", ""]
+        lines += ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
+        lines += ["| " + " | ".join(_cell(row.get(k)) for k in keys) + " |" for row in rows]
+        return lines + [""]
+
+    def card_rows(self, models: list[dict[str, Any]], report: dict[str, Any]) -> list[str]:
+        """The section's lines in the model card's evaluation part; by default its ``report.md`` part.
+
+        The card's headings are its own, so the section's ``## `` heading becomes a line ending in a colon.
+
+        Args:
+            models: the report's model entries that have this section.
+            report: the whole report (JSON form).
+
+        Returns:
+            Markdown lines.
+        """
+        lines = self.markdown(models, report)
+        return [f"{line[3:]}:" if line.startswith("## ") else line for line in lines]
+
+    def summary(self, entry: dict[str, Any]) -> str | None:
+        """One console line for a model after ``ctxext eval``; default: none (the report has the tables)."""
+        return None
+
+
+def _numbers_by_length(result: dict[str, Any]) -> list[tuple[int, float]]:
+    # The (length, number) points of a result's "by_length" mapping, in length order.
+    by_length = result.get("by_length") if isinstance(result, dict) else None
+    if not isinstance(by_length, dict):
+        return []
+    points = [(int(L), float(v)) for L, v in by_length.items() if str(L).isdigit() and isinstance(v, (int, float))]
+    return sorted(points)
 
 
 def _flat(result: dict[str, Any], prefix: str = "") -> dict[str, Any]:
