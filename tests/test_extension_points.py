@@ -118,7 +118,7 @@ def test_a_section_file_gets_a_command_a_plot_paired_statistics_and_card_rows(to
     # A plot (the default: the section's numbers by length), shown in report.md under the section.
     assert (out / "toy_repeat.png").read_bytes()[:4] == b"\x89PNG"
     markdown = (out / "report.md").read_text()
-    assert "![toy_repeat](toy_repeat.png)" in markdown
+    assert "![toy repeat](toy_repeat.png)" in markdown
 
     # Paired statistics (the section's hook): the same seeded trials for both models, so b − a is exactly 0,
     # stored under the section's name and counted in the report's Holm family.

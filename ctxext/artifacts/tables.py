@@ -26,6 +26,18 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + [""]
 
 
+def p_text(p: float | None) -> str:
+    """A p-value in a table: two significant digits, "<0.001" below, "–" when not computed."""
+    if p is None or not math.isfinite(p):
+        return "–"
+    return f"{p:.2g}" if p >= 0.001 else "<0.001"
+
+
+def num_text(x: float | None, spec: str, scale: float = 1.0) -> str:
+    """A number of the report's JSON form in ``spec`` (times ``scale``); null or NaN (not measured) is "–"."""
+    return "–" if x is None or not math.isfinite(x) else f"{x * scale:{spec}}"
+
+
 def ppl_cell(e: PplEntry | None) -> str:
     """``ppl [ci_low, ci_high] (documents)``, † when beyond the model's context."""
     if e is None or e.ppl is None:

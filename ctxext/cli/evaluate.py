@@ -244,14 +244,6 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
             for scoring, named in (m["ruler"].get("effective_lengths") or {}).items():
                 both = "; ".join(f"{e['name']} {e['length'] or 'n/a'}" for e in named.values())
                 console.print(f"ruler — {name} ({scoring.replace('_', '-')}): {plain(both)}")
-        if m.get("attention"):
-            a = m["attention"]
-            console.print(
-                f"attention — {name} at {a['length']} tokens: mass beyond the original window "
-                f"({a['original_length']}) {a['mean']['beyond_original'] * 100:.1f} %, on the first "
-                f"{a['settings']['sink_tokens']} tokens {a['mean']['sinks'] * 100:.1f} %, entropy "
-                f"{a['mean']['entropy']:.2f} nats (means over layers)"
-            )
         if m.get("qa"):
             q = m["qa"]["overall"]
             console.print(

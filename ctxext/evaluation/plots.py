@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ctxext.artifacts.figures import save_figure
+
 
 def _f(x: float | None) -> float:
     # The JSON form writes an unmeasured value as null; matplotlib wants NaN (a gap).
@@ -111,7 +113,6 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
             ax.set_title(f"QA F1 by {title}")
         axes[0].legend()
         written["qa"] = save_figure(fig, folder, "qa_by_bucket.png")
-    written.update(attention_plot(plt, models, folder))
     from ctxext.evaluation.sections import SECTIONS  # registered sections draw their own
 
     for key, registered in SECTIONS.items():
@@ -177,71 +178,3 @@ def _ruler_heatmap(plt: Any, models: list[dict[str, Any]], folder: Path) -> str:
     fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     fig.suptitle("RULER-style tasks (frame: effective length)")
     return save_figure(fig, folder, "ruler_heatmap.png", tight=False)
-
-
-def save_figure(fig: Any, folder: Path, name: str, tight: bool = True) -> str:
-    """Save a figure as ``folder/name`` (110 dpi) and close it; returns ``name``."""
-    import matplotlib.pyplot as plt
-
-    if tight:
-        fig.tight_layout()
-    fig.savefig(folder / name, dpi=110)
-    plt.close(fig)
-    return name
-
-
-def attention_plot(plt: Any, models: list[dict[str, Any]], folder: Path) -> dict[str, str]:
-    """``attention.png``: mass beyond the original window per layer, and entropy by query position.
-
-    Args:
-        plt: ``matplotlib.pyplot``.
-        models: report model entries (those without ``attention`` are skipped).
-        folder: where to write.
-
-    Returns:
-        ``{"attention": file name}``, or empty without attention sections.
-    """
-    have = [m for m in models if m.get("attention")]
-    if not have:
-        return {}
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    width = 0.8 / len(have)
-    for i, m in enumerate(have):
-        a = m["attention"]
-        layers = [lay["layer"] for lay in a["layers"]]
-        axes[0].bar(
-            [x + i * width for x in layers],
-            [lay["beyond_original"] * 100 for lay in a["layers"]],
-            width=width,
-            label=m["name"],
-        )
-        bottom = 0.0
-        for b, (label, share) in enumerate(zip(a["band_labels"], a["mean"]["bands"], strict=True)):
-            axes[1].bar(
-                i,
-                share * 100,
-                bottom=bottom,
-                color=plt.cm.viridis(b / max(1, len(a["band_labels"]) - 1)),
-                label=label if i == 0 else None,
-            )
-            bottom += share * 100
-        centres = [(s + e) / 2 for s, e in a["position_buckets"]]
-        mean_ent = [
-            sum(col) / len(col) for col in zip(*[lay["entropy_by_position"] for lay in a["layers"]], strict=True)
-        ]
-        axes[2].plot(centres, mean_ent, marker="o", label=m["name"])
-    n_layers = max(len(m["attention"]["layers"]) for m in have)
-    axes[0].set_xticks([x + 0.4 - width / 2 for x in range(n_layers)], [str(x) for x in range(n_layers)])
-    axes[0].set_xlabel("layer")
-    axes[0].set_ylabel("% of attention mass")
-    axes[0].set_title(f"Beyond the original window ({have[0]['attention']['original_length']} tokens)")
-    axes[0].legend()
-    axes[1].set_xticks(range(len(have)), [m["name"] for m in have])
-    axes[1].set_ylabel("% of attention mass (mean over layers)")
-    axes[1].set_title("By query–key distance (share of length)")
-    axes[1].legend(fontsize=8)
-    axes[2].set_xlabel("query position (bucket centre)")
-    axes[2].set_ylabel("entropy (nats, mean over layers)")
-    axes[2].set_title("Attention entropy by position")
-    axes[2].legend()
-    return {"attention": save_figure(fig, folder, "attention.png")}

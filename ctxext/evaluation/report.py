@@ -24,6 +24,8 @@ from ctxext.artifacts.tables import (
     fmt,
     grid_table,
     models_table,
+    num_text,
+    p_text,
     ppl_cell,
     ppl_length_table,
     qa_table,
@@ -189,16 +191,12 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
         lines += ["## Long-document QA", ""]
         lines += [f"![qa by bucket]({plots['qa']})", ""] if "qa" in plots else []
         lines += qa_table(models)
-    attn_models = [m for m in raw["models"] if m.get("attention")]
-    if attn_models:
-        lines += attention_markdown(attn_models, plots)
     from ctxext.evaluation.sections import SECTIONS  # sections registered as plugins render themselves
 
     for key, registered in SECTIONS.items():
         if any(m.get(key) for m in raw["models"]):
-            lines += registered.markdown([m for m in raw["models"] if m.get(key)], raw)
-            lines += [f"![{name}]({file})" for name, file in plots.items() if _plot_of(name, key)]
-            lines += [""] if any(_plot_of(name, key) for name in plots) else []
+            section = registered.markdown([m for m in raw["models"] if m.get(key)], raw)
+            lines += _with_plots(section, {name: file for name, file in plots.items() if _plot_of(name, key)})
     comp = raw.get("comparisons")
     if comp and (comp["comparisons"] or comp["notes"]):
         lines += comparisons_markdown(comp)
@@ -216,6 +214,16 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
 def _plot_of(plot: str, section: str) -> bool:
     # A registered section's plots are named after it (SuiteSection.plots).
     return plot == section or plot.startswith(f"{section}_")
+
+
+def _with_plots(lines: list[str], plots: dict[str, str]) -> list[str]:
+    # A section's plots go after its first paragraph (the heading's, or its first table); "a_b" reads "a b".
+    if not plots:
+        return lines
+    blanks = [i for i, line in enumerate(lines) if not line.strip()]
+    at = blanks[1] + 1 if len(blanks) > 1 else len(lines)
+    images = [f"![{name.replace('_', ' ')}]({file})" for name, file in plots.items()]
+    return [*lines[:at], *images, "", *lines[at:]]
 
 
 def _ppl_markdown(report: EvalReport, raw: dict[str, Any], plots: dict[str, str]) -> list[str]:
@@ -290,8 +298,8 @@ def _ppl_dict_cell(e: dict[str, Any] | None) -> str:
 
 
 def _gain_cell(e: dict[str, Any]) -> str:
-    low, high = _num(e["gain_nll_ci_low"], "+.4f"), _num(e["gain_nll_ci_high"], "+.4f")
-    gain = f"{_num(e['gain_nll'], '+.4f')} [{low}, {high}]"
+    low, high = num_text(e["gain_nll_ci_low"], "+.4f"), num_text(e["gain_nll_ci_high"], "+.4f")
+    gain = f"{num_text(e['gain_nll'], '+.4f')} [{low}, {high}]"
     return f"{fmt(e['ppl'])}; gain {gain}"
 
 
@@ -412,23 +420,16 @@ def _eff(e: dict[str, Any]) -> str:
     return f"{e['length']}" + (f" (≥ {bar * 100:.0f} %)" if bar is not None else "")
 
 
-def _p(p: float | None) -> str:
-    if p is None or not math.isfinite(p):
-        return "–"
-    return f"{p:.2g}" if p >= 0.001 else "<0.001"
-
-
-def _num(x: float | None, spec: str, scale: float = 1.0) -> str:
-    # A number of the JSON form: NaN was written as null, shown as "–".
-    return "–" if x is None or not math.isfinite(x) else f"{x * scale:{spec}}"
+def _ps(row: dict[str, Any]) -> list[str]:
+    return [p_text(row["p_value"]), p_text(row["p_holm"])]
 
 
 def _ratio_cell(r: dict[str, Any]) -> str:
     low, high = r.get("ci_low"), r.get("ci_high")
     if low is None or high is None or not math.isfinite(low):
-        return f"{_num(r['ratio'], '.3f')}× [–]"
+        return f"{num_text(r['ratio'], '.3f')}× [–]"
     mark = "" if low <= 1 <= high else " **"
-    return f"{_num(r['ratio'], '.3f')}× [{low:.3f}, {high:.3f}]{mark}"
+    return f"{num_text(r['ratio'], '.3f')}× [{low:.3f}, {high:.3f}]{mark}"
 
 
 def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
@@ -460,7 +461,14 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
             "",
         ]
         rows = [
-            [r["model"], str(r["length"]), _ratio_cell(r), str(r["documents"]), _p(r["p_value"]), _p(r["p_holm"])]
+            [
+                r["model"],
+                str(r["length"]),
+                _ratio_cell(r),
+                str(r["documents"]),
+                p_text(r["p_value"]),
+                p_text(r["p_holm"]),
+            ]
             for r in by_len
         ]
         lines += table(["model", "length", "ratio [95 % CI]", "docs", "p", "p Holm"], rows)
@@ -494,9 +502,9 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
                 f"{r['a_correct']}/{r['trials']}",
                 f"{r['b_correct']}/{r['trials']}",
                 f"{r['only_a']} / {r['only_b']}",
-                f"{_num(r['difference'], '+.0f', 100)} pts",
-                _p(r["p_value"]),
-                _p(r["p_holm"]),
+                f"{num_text(r['difference'], '+.0f', 100)} pts",
+                p_text(r["p_value"]),
+                p_text(r["p_holm"]),
             ]
             for r in grids
         ]
@@ -504,28 +512,6 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
             ["model", "task", "length", "model correct", f"{ref} correct", "discordant (+ / −)", "Δ", "p", "p Holm"],
             rows,
         )
-    attn = comp.get("attention") or []
-    if attn:
-        lines += [
-            "### Attention beyond the original window, paired documents",
-            "",
-            f"Share of attention on keys beyond the original window (mean over layers), model − {ref}, in "
-            "percentage points [95 % paired bootstrap CI over documents].",
-            "",
-        ]
-        rows = [
-            [
-                r["model"],
-                str(r["length"]),
-                f"{_num(r['difference'], '+.1f', 100)} [{_num(r['ci_low'], '+.1f', 100)}, "
-                f"{_num(r['ci_high'], '+.1f', 100)}]",
-                str(r["documents"]),
-                _p(r["p_value"]),
-                _p(r["p_holm"]),
-            ]
-            for r in attn
-        ]
-        lines += table(["model", "length", "Δ share (pts)", "docs", "p", "p Holm"], rows)
     from ctxext.evaluation.sections import SECTIONS
 
     for key, registered in SECTIONS.items():
@@ -590,46 +576,3 @@ def beyond_target_markdown(report: dict[str, Any]) -> list[str]:
         "there; † marks them in the tables.",
         "",
     ]
-
-
-def attention_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
-    """The attention-diagnostics section: per model and layer, mass by distance band, beyond the window, sinks.
-
-    Args:
-        models: model entries with an ``attention`` section.
-        plots: plot name → file name.
-
-    Returns:
-        Markdown lines.
-    """
-    first = models[0]["attention"]
-    lines = [
-        "## Attention diagnostics",
-        "",
-        f"Per layer, averaged over heads and {first['documents']} documents of {first['length']} tokens: the share "
-        "of attention mass by query–key distance (as a fraction of the length), on keys beyond the model's "
-        f"original window, and on the first {first['settings']['sink_tokens']} tokens (sinks), for queries in the "
-        "second half of the sequence; entropy (nats) over all queries. Recomputed from each layer's q and k "
-        "with the model's own rotary embedding.",
-        "",
-    ]
-    if "attention" in plots:
-        lines += [f"![attention diagnostics]({plots['attention']})", ""]
-    labels = first["band_labels"]
-    rows = []
-    for m in models:
-        a = m["attention"]
-        mark = " †" if a.get("beyond_context") else ""
-        for lay in [*a["layers"], {"layer": "mean", **a["mean"]}]:
-            rows.append(
-                [
-                    f"{m['name']}{mark}",
-                    str(lay["layer"]),
-                    *[_num(x, ".1f", 100) for x in lay["bands"]],
-                    f"{_num(lay['beyond_original'], '.1f', 100)} (> {a['original_length']})",
-                    _num(lay["sinks"], ".1f", 100),
-                    f"{lay['entropy']:.2f}",
-                ]
-            )
-    lines += table(["model", "layer", *[f"d {x} of L" for x in labels], "beyond window %", "sinks %", "entropy"], rows)
-    return lines

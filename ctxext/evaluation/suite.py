@@ -102,18 +102,6 @@ class RulerSection(_Section):
     )
 
 
-class AttentionTask(_Section):
-    """Attention diagnostics (mass by distance band, beyond the original window, sinks, entropy)."""
-
-    data: str = "builtin:stdlib"
-    text_field: str = "text"
-    split: str = "test"
-    length: Length = "target"
-    docs: int = Field(default=4, gt=0)
-    bands: list[float] = Field(default_factory=lambda: [0.01, 0.1, 0.5])
-    sink_tokens: int = Field(default=4, gt=0)
-
-
 class Suite(_Section):
     """An evaluation suite: the sections above, and any section registered in ``ctxext.evaluation.sections``."""
 
@@ -127,7 +115,6 @@ class Suite(_Section):
     needle: NeedleSettings | None = None
     qa: QASettings | None = None
     ruler: RulerSection | None = None
-    attention: AttentionTask | None = None
 
     @model_validator(mode="wrap")
     @classmethod
@@ -211,10 +198,8 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     _resolve_paths(suite, p.resolve().parent)
     from ctxext.evaluation.sections import SECTIONS, sections_in
 
-    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa, suite.ruler, suite.attention)) and not (
-        sections_in(suite)
-    ):
-        names = ", ".join(["perplexity", "passkey", "needle", "qa", "ruler", "attention", *SECTIONS])
+    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa, suite.ruler)) and not sections_in(suite):
+        names = ", ".join(["perplexity", "passkey", "needle", "qa", "ruler", *SECTIONS])
         raise InputError(f"suite {path} names no task ({names})")
     if suite.ruler:
         # Unknown tasks, options or templates fail now, before any model is loaded.
@@ -257,7 +242,6 @@ def _resolve_paths(suite: Suite, folder: Path) -> None:
         ("needle", "haystack"),
         ("qa", "data"),
         ("ruler", "haystack"),
-        ("attention", "data"),
         *((task, "chat_template") for task in CHAT_SECTIONS),
         *((registered.name, key) for registered, _ in sections_in(suite) for key in registered.data_keys),
     ):
@@ -429,8 +413,6 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
         plan["needle"] = lengths_of(suite.needle.lengths, "needle")
     if suite.ruler:
         plan["ruler"] = lengths_of(suite.ruler.lengths, "ruler")
-    if suite.attention:
-        plan["attention"] = lengths_of([suite.attention.length], "attention")
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):
@@ -452,9 +434,6 @@ def _data_sources(suite: Suite) -> dict[str, Any]:
         data["qa"] = describe_source(suite.qa.data, split=suite.qa.split)
     if suite.ruler and suite.ruler.haystack != "noise":
         data["ruler"] = describe_source(suite.ruler.haystack, suite.ruler.text_field, suite.ruler.split)
-    if suite.attention:
-        a = suite.attention
-        data["attention"] = describe_source(a.data, a.text_field, a.split)
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):
@@ -497,8 +476,6 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
 
         # The section is the QA settings; its max_length resolves against each model's contexts.
         entry["qa"] = evaluate_qa(loaded, suite.qa, show)
-    if suite.attention:
-        entry["attention"] = _run_attention(suite.attention, loaded, plan["attention"][0], beyond_ok, show)
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):
@@ -513,20 +490,6 @@ def find_suite(ref: str | Path) -> Path:
         shipped = Path(__file__).resolve().parents[2] / suite_path
         suite_path = shipped if shipped.is_file() else suite_path
     return suite_path
-
-
-def _run_attention(task: AttentionTask, loaded: Any, length: int, beyond_ok: bool, show: bool) -> dict[str, Any]:
-    from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
-    from ctxext.evaluation.data import iter_texts
-
-    settings = AttentionSettings(
-        length=length,
-        docs=task.docs,
-        bands=list(task.bands),
-        sink_tokens=task.sink_tokens,
-        allow_beyond_context=beyond_ok,
-    )
-    return evaluate_attention(loaded, iter_texts(task.data, task.text_field, task.split), settings, show)
 
 
 def run_suite_for_run(run_dir: str | Path, recipe: Any, show_progress: bool = True) -> Path:

@@ -9,8 +9,8 @@ validates, plans, runs and reports every registered section a suite names; nothi
 Modules of this package are found by listing it, so adding a section is adding its module; sections
 defined elsewhere register with :func:`register_section` once imported. See ``docs/extending.md``.
 
-(The original sections, ``perplexity``, ``passkey``, ``needle``, ``qa``, ``ruler`` and ``attention``,
-are still written out in ``ctxext.evaluation.suite`` and the report.)
+(Built-in sections here: ``attention``, ``harness``, ``longppl``. The sections ``perplexity``, ``passkey``,
+``needle``, ``qa`` and ``ruler`` are still written out in ``ctxext.evaluation.suite`` and the report.)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ SECTIONS: dict[str, SuiteSection] = {}
 # Suite keys that are not sections (the suite's own fields), the sections written out in suite.py, and the
 # keys of the report's comparisons (a section's paired rows are stored under its name there).
 RESERVED = frozenset(
-    {"name", "description", "allow_beyond_context", "perplexity", "passkey", "needle", "qa", "ruler", "attention"}
+    {"name", "description", "allow_beyond_context", "perplexity", "passkey", "needle", "qa", "ruler"}
     | {"reference", "comparisons", "correction", "notes", "grids"}
 )
 
@@ -151,7 +151,7 @@ class SuiteSection:
         curves = {name: points for name, points in curves.items() if points}
         if not curves:
             return {}
-        from ctxext.evaluation.plots import save_figure
+        from ctxext.artifacts.figures import save_figure
 
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for name, points in curves.items():
