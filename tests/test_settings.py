@@ -36,8 +36,8 @@ EVAL_OWN = {"model", "out", "adapter", "name", "reference", "device", "quiet", "
 
 def _command(*path: str):
     command = typer.main.get_command(app)
-    for name in path:
-        command = command.commands[name]
+    for name in path:  # get_command: `eval qa` is generated from its registered section when asked for
+        command = command.get_command(click.Context(command), name)
     return command
 
 
@@ -99,7 +99,9 @@ def test_suite_sections_are_the_commands_settings():
     assert Suite.model_fields["perplexity"].annotation == PerplexitySettings | None
     assert Suite.model_fields["passkey"].annotation == PasskeySettings | None
     assert Suite.model_fields["needle"].annotation == NeedleSettings | None
-    assert Suite.model_fields["qa"].annotation == QASettings | None
+    from ctxext.evaluation.sections import SECTIONS
+
+    assert SECTIONS["qa"].settings is QASettings  # a registered section: its settings model is the command's
     # The grid engine's arguments take their defaults from the declaration (no second default).
     grid, declared = GridSettings(lengths=[64]), PasskeySettings()
     assert (grid.depths, grid.trials, grid.seed, grid.scoring) == (

@@ -244,12 +244,6 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
             for scoring, named in (m["ruler"].get("effective_lengths") or {}).items():
                 both = "; ".join(f"{e['name']} {e['length'] or 'n/a'}" for e in named.values())
                 console.print(f"ruler — {name} ({scoring.replace('_', '-')}): {plain(both)}")
-        if m.get("qa"):
-            q = m["qa"]["overall"]
-            console.print(
-                f"qa — {name}: EM {q['exact_match']:.1f}, F1 {q['f1']:.1f} over {q['examples']} examples "
-                f"({m['qa']['truncated']} truncated in the middle)"
-            )
         for line in _section_summaries(m):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
     _print_comparisons(report.get("comparisons"))
@@ -383,21 +377,6 @@ def needle_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt)
     _note_work("needle", list(settings.lengths), len(settings.depths) * settings.trials)
     suite = Suite(name="eval needle", allow_beyond_context=settings.allow_beyond_context, needle=settings)
     _run_suite(suite, None, model, out, shared)
-
-
-@eval_app.command("qa", cls=_settings("QASettings", "qa"))
-@_friendly
-@_shared
-def qa_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
-    """Long-document QA: greedy answers, SQuAD EM / F1 by answer position and context length.
-
-    A suite holding only a qa: section (ctxext eval run), its keys as flags with the same defaults.
-    """
-    from ctxext.evaluation.settings import QASettings
-    from ctxext.evaluation.suite import Suite
-
-    settings = build_settings(QASettings, ctx.meta.get(SETTINGS, {}))
-    _run_suite(Suite(name="eval qa", qa=settings), None, model, out, shared)
 
 
 @eval_app.command("attention")

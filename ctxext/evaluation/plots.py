@@ -96,23 +96,6 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
     if ruler:
         written["ruler"] = _ruler_heatmap(plt, ruler, folder)
 
-    qa = [m for m in models if m.get("qa")]
-    if qa:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for ax, key, title in ((axes[0], "by_position", "answer position"), (axes[1], "by_length", "context length")):
-            labels: list[str] = []
-            for m in qa:
-                labels += [b for b in m["qa"][key] if b not in labels]
-            width = 0.8 / len(qa)
-            for i, m in enumerate(qa):
-                vals = [(m["qa"][key].get(b) or {}).get("f1") or 0.0 for b in labels]
-                ax.bar([j + i * width for j in range(len(labels))], vals, width=width, label=m["name"])
-            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, rotation=30)
-            ax.set_ylim(0, 100)
-            ax.set_ylabel("F1 (%)")
-            ax.set_title(f"QA F1 by {title}")
-        axes[0].legend()
-        written["qa"] = save_figure(fig, folder, "qa_by_bucket.png")
     from ctxext.evaluation.sections import SECTIONS  # registered sections draw their own
 
     for key, registered in SECTIONS.items():

@@ -28,7 +28,6 @@ from ctxext.artifacts.tables import (
     p_text,
     ppl_cell,
     ppl_length_table,
-    qa_table,
     short_context_table,
     table,
 )
@@ -187,10 +186,6 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
     ruler_models = [m for m in raw["models"] if m.get("ruler")]
     if ruler_models:
         lines += _ruler_markdown(ruler_models, plots)
-    if any(m.qa for m in models):
-        lines += ["## Long-document QA", ""]
-        lines += [f"![qa by bucket]({plots['qa']})", ""] if "qa" in plots else []
-        lines += qa_table(models)
     from ctxext.evaluation.sections import SECTIONS  # sections registered as plugins render themselves
 
     for key, registered in SECTIONS.items():

@@ -41,7 +41,6 @@ from ctxext.evaluation.settings import (
     NeedleSettings,
     PasskeySettings,
     PerplexitySettings,
-    QASettings,
     Scoring,
     auto_bucket,
     check_chat_choice,
@@ -54,7 +53,7 @@ _RULER_DEPTHS: list[float] = [10, 50, 90]
 
 
 # The sections whose prompts a chat template can wrap (their ``chat_template`` key).
-CHAT_SECTIONS = ("passkey", "needle", "ruler", "qa")
+CHAT_SECTIONS = ("passkey", "needle", "ruler")
 
 
 class _Section(BaseModel):
@@ -113,7 +112,6 @@ class Suite(_Section):
     perplexity: PerplexitySettings | None = None
     passkey: PasskeySettings | None = None
     needle: NeedleSettings | None = None
-    qa: QASettings | None = None
     ruler: RulerSection | None = None
 
     @model_validator(mode="wrap")
@@ -152,7 +150,9 @@ class Suite(_Section):
         if problems:
             raise ValidationError.from_exception_data(cls.__name__, problems)
         if suite.__pydantic_extra__ is not None:
+            # Every registered section is an attribute, None when the suite does not name it (as the fields are).
             suite.__pydantic_extra__.update(sections)
+            suite.__pydantic_extra__.update({key: None for key in SECTIONS if key not in sections})
         return suite
 
 
@@ -198,8 +198,8 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     _resolve_paths(suite, p.resolve().parent)
     from ctxext.evaluation.sections import SECTIONS, sections_in
 
-    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa, suite.ruler)) and not sections_in(suite):
-        names = ", ".join(["perplexity", "passkey", "needle", "qa", "ruler", *SECTIONS])
+    if not any((suite.perplexity, suite.passkey, suite.needle, suite.ruler)) and not sections_in(suite):
+        names = ", ".join(["perplexity", "passkey", "needle", "ruler", *SECTIONS])
         raise InputError(f"suite {path} names no task ({names})")
     if suite.ruler:
         # Unknown tasks, options or templates fail now, before any model is loaded.
@@ -430,8 +430,6 @@ def _data_sources(suite: Suite) -> dict[str, Any]:
         data["perplexity"] = describe_source(suite.perplexity.data, suite.perplexity.text_field, suite.perplexity.split)
     if suite.needle:
         data["needle"] = describe_source(suite.needle.haystack, suite.needle.text_field, suite.needle.split)
-    if suite.qa:
-        data["qa"] = describe_source(suite.qa.data, split=suite.qa.split)
     if suite.ruler and suite.ruler.haystack != "noise":
         data["ruler"] = describe_source(suite.ruler.haystack, suite.ruler.text_field, suite.ruler.split)
     from ctxext.evaluation.sections import sections_in
@@ -471,11 +469,6 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
         from ctxext.evaluation.ruler import evaluate_ruler
 
         entry["ruler"] = evaluate_ruler(loaded, ruler_settings(suite.ruler, plan["ruler"], beyond_ok), show)
-    if suite.qa:
-        from ctxext.evaluation.qa import evaluate_qa
-
-        # The section is the QA settings; its max_length resolves against each model's contexts.
-        entry["qa"] = evaluate_qa(loaded, suite.qa, show)
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):

@@ -9,8 +9,8 @@ validates, plans, runs and reports every registered section a suite names; nothi
 Modules of this package are found by listing it, so adding a section is adding its module; sections
 defined elsewhere register with :func:`register_section` once imported. See ``docs/extending.md``.
 
-(Built-in sections here: ``attention``, ``harness``, ``longppl``. The sections ``perplexity``, ``passkey``,
-``needle``, ``qa`` and ``ruler`` are still written out in ``ctxext.evaluation.suite`` and the report.)
+(Built-in sections here: ``attention``, ``harness``, ``longppl``, ``qa``. The sections ``perplexity``,
+``passkey``, ``needle`` and ``ruler`` are still written out in ``ctxext.evaluation.suite`` and the report.)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ SECTIONS: dict[str, SuiteSection] = {}
 # Suite keys that are not sections (the suite's own fields), the sections written out in suite.py, and the
 # keys of the report's comparisons (a section's paired rows are stored under its name there).
 RESERVED = frozenset(
-    {"name", "description", "allow_beyond_context", "perplexity", "passkey", "needle", "qa", "ruler"}
+    {"name", "description", "allow_beyond_context", "perplexity", "passkey", "needle", "ruler"}
     | {"reference", "comparisons", "correction", "notes", "grids"}
 )
 
@@ -274,7 +274,7 @@ def get_section(name: str) -> SuiteSection:
 def sections_in(suite: BaseModel) -> list[tuple[SuiteSection, Any]]:
     """The registered sections a validated suite names, with their settings, in the suite's order."""
     extra = suite.__pydantic_extra__ or {}
-    return [(SECTIONS[key], settings) for key, settings in extra.items() if key in SECTIONS]
+    return [(SECTIONS[key], settings) for key, settings in extra.items() if key in SECTIONS and settings is not None]
 
 
 def load_builtin_sections() -> None:
