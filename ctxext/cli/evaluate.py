@@ -222,19 +222,6 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                     str(s["tokens"]),
                 )
             console.print(table)
-        for task in ("passkey", "needle"):
-            if m.get(task):
-                ov = m[task]["overall"]
-                console.print(
-                    f"{task} — {name}: {ov['accuracy'] * 100:.1f} % [{ov['ci_low'] * 100:.1f}, "
-                    f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials "
-                    f"({m[task].get('scoring', 'generate')})"
-                    + (
-                        f"; generated {ov['generated']['score'] * 100:.1f} (string match)"
-                        if ov.get("generated")
-                        else ""
-                    )
-                )
         if m.get("ruler"):
             eff = m["ruler"]["effective_length"]
             per_task = ", ".join(
@@ -358,7 +345,8 @@ def passkey_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt
 
     settings = build_settings(PasskeySettings, ctx.meta.get(SETTINGS, {}))
     _note_work("passkey", list(settings.lengths), len(settings.depths) * settings.trials)
-    suite = Suite(name="eval passkey", allow_beyond_context=settings.allow_beyond_context, passkey=settings)
+    defined = {"name": "eval passkey", "allow_beyond_context": settings.allow_beyond_context, "passkey": settings}
+    suite = Suite.model_validate(defined)
     _run_suite(suite, None, model, out, shared)
 
 
@@ -375,7 +363,8 @@ def needle_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt)
 
     settings = build_settings(NeedleSettings, ctx.meta.get(SETTINGS, {}))
     _note_work("needle", list(settings.lengths), len(settings.depths) * settings.trials)
-    suite = Suite(name="eval needle", allow_beyond_context=settings.allow_beyond_context, needle=settings)
+    defined = {"name": "eval needle", "allow_beyond_context": settings.allow_beyond_context, "needle": settings}
+    suite = Suite.model_validate(defined)
     _run_suite(suite, None, model, out, shared)
 
 

@@ -88,10 +88,6 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
         ax.legend()
         written["context_use"] = save_figure(fig, folder, "context_use.png")
 
-    for task in ("passkey", "needle"):
-        grid = [m for m in models if m.get(task)]
-        if grid:
-            written[task] = _heatmap(plt, grid, task, folder)
     ruler = [m for m in models if m.get("ruler")]
     if ruler:
         written["ruler"] = _ruler_heatmap(plt, ruler, folder)
@@ -103,29 +99,6 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
         if have:
             written.update(registered.plots(plt, have, folder))
     return written
-
-
-def _heatmap(plt: Any, models: list[dict[str, Any]], task: str, folder: Path) -> str:
-    import numpy as np
-
-    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models) + 1, 4), squeeze=False, constrained_layout=True)
-    image = None
-    for ax, m in zip(axes[0], models, strict=True):
-        cells = m[task]["cells"]
-        lengths = sorted({c["length"] for c in cells})
-        depths = sorted({c["depth"] for c in cells})
-        grid = np.full((len(depths), len(lengths)), np.nan)
-        for c in cells:
-            grid[depths.index(c["depth"]), lengths.index(c["length"])] = _f(c["accuracy"])
-        image = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
-        ax.set_xticks(range(len(lengths)), [str(L) for L in lengths], rotation=45)
-        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("depth (%)")
-        ax.set_title(m["name"])
-    fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
-    fig.suptitle("Passkey retrieval" if task == "passkey" else "Needle in a haystack")
-    return save_figure(fig, folder, f"{task}_heatmap.png", tight=False)
 
 
 def _ruler_heatmap(plt: Any, models: list[dict[str, Any]], folder: Path) -> str:

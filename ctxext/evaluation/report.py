@@ -18,16 +18,17 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ctxext.artifacts.report import SCHEMA, EvalReport, Grid, ModelEntry, parse_report
+from ctxext.artifacts.report import SCHEMA, EvalReport, ModelEntry, parse_report
 from ctxext.artifacts.tables import (
     bucket_table,
+    chat_note,
     fmt,
-    grid_table,
     models_table,
     num_text,
     p_text,
     ppl_cell,
     ppl_length_table,
+    scoring_note,
     short_context_table,
     table,
 )
@@ -179,10 +180,6 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
     lines += ["## Models", "", *models_table(models), *beyond_target_markdown(raw)]
     if any(m.perplexity for m in models):
         lines += _ppl_markdown(report, raw, plots)
-    for task, title in (("passkey", "Passkey retrieval"), ("needle", "Needle in a haystack")):
-        grids = [(m.name, g) for m in models if (g := getattr(m, task)) is not None]
-        if grids:
-            lines += _grid_markdown(grids, task, title, plots)
     ruler_models = [m for m in raw["models"] if m.get("ruler")]
     if ruler_models:
         lines += _ruler_markdown(ruler_models, plots)
@@ -296,40 +293,6 @@ def _gain_cell(e: dict[str, Any]) -> str:
     low, high = num_text(e["gain_nll_ci_low"], "+.4f"), num_text(e["gain_nll_ci_high"], "+.4f")
     gain = f"{num_text(e['gain_nll'], '+.4f')} [{low}, {high}]"
     return f"{fmt(e['ppl'])}; gain {gain}"
-
-
-def _grid_markdown(grids: list[tuple[str, Grid]], task: str, title: str, plots: dict[str, str]) -> list[str]:
-    lines = [f"## {title}", ""]
-    if task in plots:
-        lines += [f"![{task}]({plots[task]})", ""]
-    lines += [scoring_note({g.scoring for _, g in grids}) + chat_note({g.chat_template for _, g in grids}), ""]
-    for name, g in grids:
-        lines += grid_table(name, g)
-    return lines
-
-
-SCORING_NOTES = {
-    "teacher-forced": "teacher-forced (one forward pass over prompt + answer; correct iff every answer token is the "
-    "argmax — exact for greedy decoding; no KV cache, no generation config)",
-    "generate": "generation (explicit greedy config; KV cache off for dynamic / longrope; correct iff the generated "
-    "tokens start with the answer's; RULER's string-match score beside it)",
-    "both": "teacher-forced and generated on the same trials (accuracy: teacher-forced; generated: RULER's "
-    "string-match score of greedy generations)",
-}
-
-
-def scoring_note(kinds: set[str | None]) -> str:
-    """One line naming how a retrieval section was scored (reports before scoring modes: generation)."""
-    names = sorted(k or "generate (legacy: first number / word recall)" for k in kinds)
-    return "Scoring: " + "; ".join(SCORING_NOTES.get(k, k) for k in names) + ". Prompt + answer fit the length."
-
-
-def chat_note(used: set[str | None]) -> str:
-    """One sentence naming the chat template prompts were wrapped in (nothing for reports before the setting)."""
-    named = sorted(u for u in used if u)
-    if not named:
-        return ""
-    return " Chat template: " + ", ".join("none (plain prompts)" if u == "none" else f"`{u}`" for u in named) + "."
 
 
 def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:

@@ -38,8 +38,6 @@ from ctxext.evaluation.settings import (
     CHAT_HELP,
     DEFAULT_LENGTHS,
     Length,
-    NeedleSettings,
-    PasskeySettings,
     PerplexitySettings,
     Scoring,
     auto_bucket,
@@ -50,10 +48,6 @@ from ctxext.evaluation.settings import (
 
 # Typed defaults (a bare lambda's list literal would be inferred as list[str] / list[int]).
 _RULER_DEPTHS: list[float] = [10, 50, 90]
-
-
-# The sections whose prompts a chat template can wrap (their ``chat_template`` key).
-CHAT_SECTIONS = ("passkey", "needle", "ruler")
 
 
 class _Section(BaseModel):
@@ -110,8 +104,6 @@ class Suite(_Section):
     description: str = ""
     allow_beyond_context: bool = False
     perplexity: PerplexitySettings | None = None
-    passkey: PasskeySettings | None = None
-    needle: NeedleSettings | None = None
     ruler: RulerSection | None = None
 
     @model_validator(mode="wrap")
@@ -198,8 +190,8 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     _resolve_paths(suite, p.resolve().parent)
     from ctxext.evaluation.sections import SECTIONS, sections_in
 
-    if not any((suite.perplexity, suite.passkey, suite.needle, suite.ruler)) and not sections_in(suite):
-        names = ", ".join(["perplexity", "passkey", "needle", "ruler", *SECTIONS])
+    if not any((suite.perplexity, suite.ruler)) and not sections_in(suite):
+        names = ", ".join(["perplexity", "ruler", *SECTIONS])
         raise InputError(f"suite {path} names no task ({names})")
     if suite.ruler:
         # Unknown tasks, options or templates fail now, before any model is loaded.
@@ -239,10 +231,9 @@ def _resolve_paths(suite: Suite, folder: Path) -> None:
 
     for task, key in (
         ("perplexity", "data"),
-        ("needle", "haystack"),
         ("qa", "data"),
         ("ruler", "haystack"),
-        *((task, "chat_template") for task in CHAT_SECTIONS),
+        ("ruler", "chat_template"),
         *((registered.name, key) for registered, _ in sections_in(suite) for key in registered.data_keys),
     ):
         section = getattr(suite, task)
@@ -407,10 +398,6 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
         limits = [k for k in limits if k < lengths[-1]]
         bucket = auto_bucket(lengths[-1]) if t.bucket_size == "auto" else t.bucket_size
         plan["perplexity"] = (lengths, limits, bucket)
-    if suite.passkey:
-        plan["passkey"] = lengths_of(suite.passkey.lengths, "passkey")
-    if suite.needle:
-        plan["needle"] = lengths_of(suite.needle.lengths, "needle")
     if suite.ruler:
         plan["ruler"] = lengths_of(suite.ruler.lengths, "ruler")
     from ctxext.evaluation.sections import sections_in
@@ -428,8 +415,6 @@ def _data_sources(suite: Suite) -> dict[str, Any]:
     data: dict[str, Any] = {}
     if suite.perplexity:
         data["perplexity"] = describe_source(suite.perplexity.data, suite.perplexity.text_field, suite.perplexity.split)
-    if suite.needle:
-        data["needle"] = describe_source(suite.needle.haystack, suite.needle.text_field, suite.needle.split)
     if suite.ruler and suite.ruler.haystack != "noise":
         data["ruler"] = describe_source(suite.ruler.haystack, suite.ruler.text_field, suite.ruler.split)
     from ctxext.evaluation.sections import sections_in
@@ -454,17 +439,6 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
         resolved = {"lengths": lengths, "context_limits": limits, "bucket_size": bucket}
         settings = t.model_copy(update={**resolved, "allow_beyond_context": beyond_ok or t.allow_beyond_context})
         entry["perplexity"] = evaluate_perplexity(loaded, None, settings, show)
-    for task in ("passkey", "needle"):
-        t = getattr(suite, task)
-        if t is None:
-            continue
-        from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle, evaluate_passkey
-
-        grid = GridSettings.from_settings(t, plan[task], beyond_ok)
-        if task == "passkey":
-            entry[task] = evaluate_passkey(loaded, grid, show)
-        else:
-            entry[task] = evaluate_needle(loaded, grid, NeedleTask.from_settings(t), show)
     if suite.ruler:
         from ctxext.evaluation.ruler import evaluate_ruler
 

@@ -23,7 +23,7 @@ import yaml
 
 from ctxext.artifacts.report import ModelEntry
 from ctxext.artifacts.run import Report
-from ctxext.artifacts.tables import bucket_table, fmt, grid_table, ppl_length_table, short_context_table
+from ctxext.artifacts.tables import bucket_table, fmt, ppl_length_table, short_context_table
 from ctxext.models.refs import is_hub_id
 from ctxext.publish.card_usage import load_section, rope_parameters, serving_section
 
@@ -367,11 +367,6 @@ def _eval_section(inputs: CardInputs) -> list[str]:
         buckets = bucket_table(models)
         if buckets:
             lines += ["Perplexity by position of the predicted token:", "", *buckets]
-        for task, title in (("passkey", "Passkey accuracy"), ("needle", "Needle-in-a-haystack accuracy")):
-            for m in models:
-                grid = getattr(m, task)
-                if grid is not None:
-                    lines += [f"{title}, {m.name}:", "", *grid_table(m.name, grid)]
         lines += _section_rows(report)
         plots = [p for p in report.plots if p in inputs.plot_names]
         lines += [f"![{plot.stem}]({inputs.plot_names[plot]})" for plot in plots]

@@ -9,8 +9,8 @@ validates, plans, runs and reports every registered section a suite names; nothi
 Modules of this package are found by listing it, so adding a section is adding its module; sections
 defined elsewhere register with :func:`register_section` once imported. See ``docs/extending.md``.
 
-(Built-in sections here: ``attention``, ``harness``, ``longppl``, ``qa``. The sections ``perplexity``,
-``passkey``, ``needle`` and ``ruler`` are still written out in ``ctxext.evaluation.suite`` and the report.)
+(Built-in sections here: ``passkey`` and ``needle`` (grids), ``qa``, ``attention``, ``harness``, ``longppl``.
+The sections ``perplexity`` and ``ruler`` are still written out in ``ctxext.evaluation.suite`` and the report.)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ SECTIONS: dict[str, SuiteSection] = {}
 # Suite keys that are not sections (the suite's own fields), the sections written out in suite.py, and the
 # keys of the report's comparisons (a section's paired rows are stored under its name there).
 RESERVED = frozenset(
-    {"name", "description", "allow_beyond_context", "perplexity", "passkey", "needle", "ruler"}
+    {"name", "description", "allow_beyond_context", "perplexity", "ruler"}
     | {"reference", "comparisons", "correction", "notes", "grids"}
 )
 
@@ -62,12 +62,14 @@ class SuiteSection:
         title: the heading of its part of ``report.md``.
         settings: the pydantic model of its YAML settings (use ``extra="forbid"``: typos are errors).
         data_keys: settings fields that name data (a file or folder is looked up relative to the suite file too).
+        order: where the section comes in the run, ``report.md`` and the card (lower first; built-ins below 100).
     """
 
     name: ClassVar[str] = ""
     title: ClassVar[str] = ""
     settings: ClassVar[type[BaseModel]]
     data_keys: ClassVar[tuple[str, ...]] = ()
+    order: ClassVar[int] = 100
 
     def lengths(self, settings: Any) -> list[Length]:
         """The suite lengths to evaluate at (``1024``, ``"2x"``, ``"target"``…); default ``settings.lengths``.
@@ -252,6 +254,9 @@ def register_section(cls: type[SuiteSection]) -> type[SuiteSection]:
         previous = type(SECTIONS[cls.name]).__name__
         raise ValueError(f"section {cls.name!r} is registered twice ({previous}, {cls.__name__})")
     SECTIONS[cls.name] = cls()
+    ordered = sorted(SECTIONS.items(), key=lambda item: type(item[1]).order)  # stable: registration order next
+    SECTIONS.clear()
+    SECTIONS.update(ordered)
     return cls
 
 

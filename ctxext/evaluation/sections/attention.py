@@ -37,6 +37,7 @@ class AttentionSection(SuiteSection):
     name = "attention"
     title = "Attention diagnostics"
     settings = AttentionTask
+    order = 50
     data_keys = ("data",)
 
     def lengths(self, settings: Any) -> list[Length]:

@@ -24,6 +24,7 @@ class QASection(SuiteSection):
     name = "qa"
     title = "Long-document QA"
     settings = QASettings
+    order = 40
     data_keys = ("data", "chat_template")
 
     def lengths(self, settings: Any) -> list[Length]:
