@@ -88,10 +88,6 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
         ax.legend()
         written["context_use"] = save_figure(fig, folder, "context_use.png")
 
-    ruler = [m for m in models if m.get("ruler")]
-    if ruler:
-        written["ruler"] = _ruler_heatmap(plt, ruler, folder)
-
     from ctxext.evaluation.sections import SECTIONS  # registered sections draw their own
 
     for key, registered in SECTIONS.items():
@@ -99,38 +95,3 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
         if have:
             written.update(registered.plots(plt, have, folder))
     return written
-
-
-def _ruler_heatmap(plt: Any, models: list[dict[str, Any]], folder: Path) -> str:
-    """Tasks × lengths accuracy per model, the effective length of each task marked by a black frame."""
-    import numpy as np
-    from matplotlib.patches import Rectangle
-
-    fig, axes = plt.subplots(
-        1,
-        len(models),
-        figsize=(3.2 * len(models) + 2, 0.45 * len(models[0]["ruler"]["tasks"]) + 2.2),
-        squeeze=False,
-        constrained_layout=True,
-    )
-    image = None
-    for ax, m in zip(axes[0], models, strict=True):
-        r = m["ruler"]
-        tasks = list(r["tasks"])
-        lengths = [str(L) for L in r["settings"]["lengths"]]
-        grid = np.array([[r["scores"][t].get(L, np.nan) for L in lengths] for t in tasks], dtype=float)
-        image = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
-        for i, t in enumerate(tasks):
-            eff = r["tasks"][t]["effective_length"].get("length")
-            if eff is not None and str(eff) in lengths:
-                j = lengths.index(str(eff))
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
-            for j in range(len(lengths)):
-                ax.text(j, i, f"{grid[i, j] * 100:.0f}", ha="center", va="center", fontsize=8)
-        ax.set_xticks(range(len(lengths)), lengths, rotation=45)
-        ax.set_yticks(range(len(tasks)), tasks)
-        ax.set_xlabel("length (tokens)")
-        ax.set_title(m["name"])
-    fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
-    fig.suptitle("RULER-style tasks (frame: effective length)")
-    return save_figure(fig, folder, "ruler_heatmap.png", tight=False)

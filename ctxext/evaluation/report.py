@@ -21,14 +21,12 @@ from typing import Any
 from ctxext.artifacts.report import SCHEMA, EvalReport, ModelEntry, parse_report
 from ctxext.artifacts.tables import (
     bucket_table,
-    chat_note,
     fmt,
     models_table,
     num_text,
     p_text,
     ppl_cell,
     ppl_length_table,
-    scoring_note,
     short_context_table,
     table,
 )
@@ -180,9 +178,6 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
     lines += ["## Models", "", *models_table(models), *beyond_target_markdown(raw)]
     if any(m.perplexity for m in models):
         lines += _ppl_markdown(report, raw, plots)
-    ruler_models = [m for m in raw["models"] if m.get("ruler")]
-    if ruler_models:
-        lines += _ruler_markdown(ruler_models, plots)
     from ctxext.evaluation.sections import SECTIONS  # sections registered as plugins render themselves
 
     for key, registered in SECTIONS.items():
@@ -293,89 +288,6 @@ def _gain_cell(e: dict[str, Any]) -> str:
     low, high = num_text(e["gain_nll_ci_low"], "+.4f"), num_text(e["gain_nll_ci_high"], "+.4f")
     gain = f"{num_text(e['gain_nll'], '+.4f')} [{low}, {high}]"
     return f"{fmt(e['ppl'])}; gain {gain}"
-
-
-def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
-    """The RULER-style section: score by task × length per model, and effective lengths side by side."""
-    first = models[0]["ruler"]
-    st = first["settings"]
-    ref = (
-        f"{st['threshold'] * 100:g} % of the model's own score at its original length"
-        if st["threshold_reference"] == "original"
-        else f"an absolute {st['threshold'] * 100:g} %"
-    )
-    lines = ["## RULER-style tasks", ""]
-    if "ruler" in plots:
-        lines += [f"![ruler]({plots['ruler']})", ""]
-    lines += [
-        f"Haystack: `{first['haystack']}`; depths {', '.join(f'{d:g}' for d in st['depths'])} %; {st['trials']} trials "
-        f"per cell; templates: {st['templates']}. {scoring_note({first.get('scoring')})}"
-        f"{chat_note({m['ruler'].get('chat_template') for m in models})} Effective length: the longest "
-        f"length up to which every evaluated length scores ≥ {ref} (the section's threshold setting; RULER's and "
-        "NoLiMa's named definitions follow); n/a: the task scores below "
-        f"{st.get('min_reference', 0) * 100:g} % at the original length, so it has no relative threshold. Cells: "
-        "accuracy % over all depths (trials); ✱ the model was fine-tuned on this task; † beyond the model's context.",
-        "",
-    ]
-    names = [m["name"] for m in models]
-    tasks = list(first["tasks"])
-    rows = []
-    for t in tasks:
-        row = [t]
-        for m in models:
-            e = m["ruler"]["tasks"].get(t, {}).get("effective_length", {})
-            trained = t in (m["ruler"].get("trained_tasks") or []) or (
-                m["ruler"]["tasks"].get(t, {}).get("registry_task") in (m["ruler"].get("trained_tasks") or [])
-            )
-            row.append(_eff(e) + (" ✱" if trained else ""))
-        rows.append(row)
-    rows.append(
-        ["**overall** (mean over the tasks with a reference)"] + [_eff(m["ruler"]["effective_length"]) for m in models]
-    )
-    lines += ["### Effective length", ""]
-    lines += table(["task"] + names, rows)
-    from ctxext.evaluation.ruler import named_effective_markdown
-
-    lines += named_effective_markdown(models)
-    from ctxext.evaluation.control import control_markdown
-
-    lines += control_markdown(models)
-    for m in models:
-        r = m["ruler"]
-        lengths = [str(L) for L in r["settings"]["lengths"]]
-        both = r.get("scoring") == "both"
-        lines += [f"### {m['name']}", ""]
-        lines += ["Cells: teacher-forced accuracy / generated string-match score (trials).", ""] if both else []
-        body = []
-        for t, res in r["tasks"].items():
-            row = [t + (" ✱" if res.get("registry_task") in (r.get("trained_tasks") or []) else "")]
-            for L in lengths:
-                bl = res["by_length"].get(L)
-                cell: dict[str, Any] = next((c for c in res["cells"] if str(c["length"]) == L), {})
-                gen = f" / {bl['generated']['score'] * 100:.0f}" if bl and both and bl.get("generated") else ""
-                row.append(
-                    "–"
-                    if bl is None
-                    else f"{bl['accuracy'] * 100:.0f}{gen} ({bl['trials']}){' †' if cell.get('beyond_context') else ''}"
-                )
-            body.append(row)
-        counted = ", ".join(r["effective_length"].get("tasks") or []) or "none"
-        body.append([f"**mean** ({counted})"] + [f"{r['mean_by_length'][L] * 100:.0f}" for L in lengths])
-        header = [f"{L}{' (orig.)' if int(L) == r['original_length'] else ''}" for L in lengths]
-        lines += table(["task \\ length", *header], body)
-    return lines
-
-
-def _eff(e: dict[str, Any]) -> str:
-    if not e:
-        return "–"
-    bar = e.get("threshold")
-    if e.get("length") is None:
-        if bar is None:
-            ref = e.get("reference_score")
-            return "n/a" + (f" ({ref * 100:.0f} % at the original length)" if ref is not None else "")
-        return f"< shortest (≥ {bar * 100:.0f} % needed)"
-    return f"{e['length']}" + (f" (≥ {bar * 100:.0f} %)" if bar is not None else "")
 
 
 def _ps(row: dict[str, Any]) -> list[str]:

@@ -25,74 +25,26 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ctxext.errors import InputError
 
 # The perplexity, passkey, needle and qa sections are the workflows' own settings models (the flags of
 # ctxext eval ppl / passkey / needle / qa are generated from them); lengths resolve the same way everywhere.
 from ctxext.evaluation.settings import (
-    CHAT_HELP,
-    DEFAULT_LENGTHS,
     Length,
     PerplexitySettings,
-    Scoring,
     auto_bucket,
-    check_chat_choice,
     is_beyond_target,
     resolve_length,
 )
 
-# Typed defaults (a bare lambda's list literal would be inferred as list[str] / list[int]).
-_RULER_DEPTHS: list[float] = [10, 50, 90]
-
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-TemplateChoice = Literal["heldout", "training", "all"] | list[int]
-
-
-class RulerTaskEntry(_Section):
-    """One task of the RULER-style section."""
-
-    task: str = Field(description="a registered task: needle, multikey, multivalue, multiquery, variable_tracking, …")
-    name: str | None = Field(default=None, description="label in the report (default: the task name)")
-    options: dict[str, int] = Field(default_factory=dict, description="task options, e.g. {distractors: 3}")
-    templates: TemplateChoice | None = None
-
-
-class RulerSection(_Section):
-    """RULER-style synthetic tasks × lengths × depths, with effective length."""
-
-    @field_validator("chat_template")
-    @classmethod
-    def _chat_template(cls, value: str, info: ValidationInfo) -> str:
-        return check_chat_choice(value, info)
-
-    tasks: list[RulerTaskEntry]
-    lengths: list[Length] = Field(default_factory=DEFAULT_LENGTHS.copy)
-    depths: list[float] = Field(default_factory=_RULER_DEPTHS.copy)
-    trials: int = Field(default=10, gt=0)
-    seed: int = 0
-    haystack: str = Field(default="builtin:stdlib", description="haystack text source, or noise")
-    text_field: str = "text"
-    split: str = "test"
-    templates: TemplateChoice = "heldout"
-    threshold: float = Field(default=0.85, gt=0, le=1)
-    threshold_reference: Literal["original", "absolute"] = "original"
-    min_reference: float = Field(default=0.25, ge=0, le=1)
-    scoring: Scoring = "teacher-forced"
-    max_new_tokens: int = Field(default=12, gt=0, description="generation: tokens generated at least")
-    answer_margin: int = Field(default=8, ge=0, description="generation: tokens generated beyond the answer's length")
-    chat_template: str = Field(default="auto", description=CHAT_HELP)
-    control: bool = Field(
-        default=False, description="also score every task with its needles replaced by haystack text (chance rate)"
-    )
 
 
 class Suite(_Section):
@@ -104,7 +56,6 @@ class Suite(_Section):
     description: str = ""
     allow_beyond_context: bool = False
     perplexity: PerplexitySettings | None = None
-    ruler: RulerSection | None = None
 
     @model_validator(mode="wrap")
     @classmethod
@@ -190,39 +141,12 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     _resolve_paths(suite, p.resolve().parent)
     from ctxext.evaluation.sections import SECTIONS, sections_in
 
-    if not any((suite.perplexity, suite.ruler)) and not sections_in(suite):
-        names = ", ".join(["perplexity", "ruler", *SECTIONS])
+    if not suite.perplexity and not sections_in(suite):
+        names = ", ".join(["perplexity", *SECTIONS])
         raise InputError(f"suite {path} names no task ({names})")
-    if suite.ruler:
-        # Unknown tasks, options or templates fail now, before any model is loaded.
-        ruler_settings(suite.ruler, [1], False).validate()
+    for registered, settings in sections_in(suite):
+        registered.check(settings)  # e.g. unknown tasks fail now, before any model is loaded
     return suite, raw
-
-
-def ruler_settings(section: RulerSection, lengths: list[int], allow_beyond: bool) -> Any:
-    """The :class:`~ctxext.evaluation.ruler.RulerSettings` of a suite's ``ruler`` section."""
-    from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec
-
-    return RulerSettings(
-        tasks=[RulerTaskSpec(t.task, t.name, dict(t.options), t.templates) for t in section.tasks],
-        lengths=lengths,
-        depths=list(section.depths),
-        trials=section.trials,
-        seed=section.seed,
-        haystack=section.haystack,
-        text_field=section.text_field,
-        split=section.split,
-        templates=section.templates,
-        threshold=section.threshold,
-        threshold_reference=section.threshold_reference,
-        min_reference=section.min_reference,
-        scoring=section.scoring,
-        max_new_tokens=section.max_new_tokens,
-        answer_margin=section.answer_margin,
-        chat_template=section.chat_template,
-        allow_beyond_context=allow_beyond,
-        control=section.control,
-    )
 
 
 def _resolve_paths(suite: Suite, folder: Path) -> None:
@@ -232,8 +156,6 @@ def _resolve_paths(suite: Suite, folder: Path) -> None:
     for task, key in (
         ("perplexity", "data"),
         ("qa", "data"),
-        ("ruler", "haystack"),
-        ("ruler", "chat_template"),
         *((registered.name, key) for registered, _ in sections_in(suite) for key in registered.data_keys),
     ):
         section = getattr(suite, task)
@@ -322,11 +244,8 @@ def run_suite(
                 or loaded.context_length < context
             )
             entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
-            if "ruler" in entry:
-                from ctxext.evaluation.ruler import trained_tasks
-
-                # Marks the tasks this model was fine-tuned on (from a run folder's recipe data.mixture).
-                entry["ruler"]["trained_tasks"] = trained_tasks(spec.adapter or spec.ref)
+            for registered, _ in registered_sections:
+                registered.annotate(entry[registered.name], spec)
             entries.append(entry)
             del loaded
             gc.collect()
@@ -398,8 +317,6 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
         limits = [k for k in limits if k < lengths[-1]]
         bucket = auto_bucket(lengths[-1]) if t.bucket_size == "auto" else t.bucket_size
         plan["perplexity"] = (lengths, limits, bucket)
-    if suite.ruler:
-        plan["ruler"] = lengths_of(suite.ruler.lengths, "ruler")
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):
@@ -415,8 +332,6 @@ def _data_sources(suite: Suite) -> dict[str, Any]:
     data: dict[str, Any] = {}
     if suite.perplexity:
         data["perplexity"] = describe_source(suite.perplexity.data, suite.perplexity.text_field, suite.perplexity.split)
-    if suite.ruler and suite.ruler.haystack != "noise":
-        data["ruler"] = describe_source(suite.ruler.haystack, suite.ruler.text_field, suite.ruler.split)
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):
@@ -439,10 +354,6 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
         resolved = {"lengths": lengths, "context_limits": limits, "bucket_size": bucket}
         settings = t.model_copy(update={**resolved, "allow_beyond_context": beyond_ok or t.allow_beyond_context})
         entry["perplexity"] = evaluate_perplexity(loaded, None, settings, show)
-    if suite.ruler:
-        from ctxext.evaluation.ruler import evaluate_ruler
-
-        entry["ruler"] = evaluate_ruler(loaded, ruler_settings(suite.ruler, plan["ruler"], beyond_ok), show)
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):

@@ -9,8 +9,8 @@ validates, plans, runs and reports every registered section a suite names; nothi
 Modules of this package are found by listing it, so adding a section is adding its module; sections
 defined elsewhere register with :func:`register_section` once imported. See ``docs/extending.md``.
 
-(Built-in sections here: ``passkey`` and ``needle`` (grids), ``qa``, ``attention``, ``harness``, ``longppl``.
-The sections ``perplexity`` and ``ruler`` are still written out in ``ctxext.evaluation.suite`` and the report.)
+(Built-in sections here: ``passkey`` and ``needle`` (grids), ``ruler``, ``qa``, ``attention``, ``harness``,
+``longppl``. The ``perplexity`` section is still written out in ``ctxext.evaluation.suite`` and the report.)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ SECTIONS: dict[str, SuiteSection] = {}
 # Suite keys that are not sections (the suite's own fields), the sections written out in suite.py, and the
 # keys of the report's comparisons (a section's paired rows are stored under its name there).
 RESERVED = frozenset(
-    {"name", "description", "allow_beyond_context", "perplexity", "ruler"}
+    {"name", "description", "allow_beyond_context", "perplexity"}
     | {"reference", "comparisons", "correction", "notes", "grids"}
 )
 
@@ -105,6 +105,18 @@ class SuiteSection:
         A section that measures models against one another (one model's choice applied to all) keeps its
         state from here to :meth:`finish`. Raise :class:`~ctxext.errors.InputError` for settings that only
         the run can judge (a model label): nothing has been computed yet.
+        """
+
+    def check(self, settings: Any) -> None:
+        """Checks beyond the settings model's, when the suite loads (before any model); default: none.
+
+        Raise :class:`~ctxext.errors.InputError` naming the key (e.g. a task name the task registry lacks).
+        """
+
+    def annotate(self, result: dict[str, Any], spec: Any) -> None:
+        """Add what the model's source says to its results (its :class:`~ctxext.evaluation.loading.ModelSpec`).
+
+        Called after :meth:`run`, with the run's model spec (a run folder's recipe, for instance); default: none.
         """
 
     def finish(self, settings: Any, entries: list[dict[str, Any]]) -> None:
