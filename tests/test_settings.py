@@ -94,13 +94,13 @@ def test_the_recipe_section_is_the_declared_search_options_plus_out():
 
 def test_suite_sections_are_the_commands_settings():
     from ctxext.evaluation.grid import GridSettings, NeedleTask
+    from ctxext.evaluation.sections import SECTIONS
     from ctxext.evaluation.suite import Suite
 
-    assert Suite.model_fields["perplexity"].annotation == PerplexitySettings | None
-    from ctxext.evaluation.sections import SECTIONS
-
-    # Registered sections: each one's settings model is its command's.
-    assert [SECTIONS[k].settings for k in ("passkey", "needle", "qa")] == [PasskeySettings, NeedleSettings, QASettings]
+    # Registered sections: each one's settings model is its command's, and a suite validates its key with it.
+    names = ("perplexity", "passkey", "needle", "qa")
+    assert [SECTIONS[k].settings for k in names] == [PerplexitySettings, PasskeySettings, NeedleSettings, QASettings]
+    assert isinstance(Suite.model_validate({"name": "s", "perplexity": {}}).perplexity, PerplexitySettings)
     # The grid engine's arguments take their defaults from the declaration (no second default).
     grid, declared = GridSettings(lengths=[64]), PasskeySettings()
     assert (grid.depths, grid.trials, grid.seed, grid.scoring) == (

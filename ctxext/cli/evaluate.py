@@ -328,7 +328,8 @@ def ppl_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) ->
 
     settings = build_settings(PerplexitySettings, ctx.meta.get(SETTINGS, {}))
     _note_work("perplexity", list(settings.lengths), settings.max_docs or 0)
-    suite = Suite(name="eval ppl", allow_beyond_context=settings.allow_beyond_context, perplexity=settings)
+    defined = {"name": "eval ppl", "allow_beyond_context": settings.allow_beyond_context, "perplexity": settings}
+    suite = Suite.model_validate(defined)
     _run_suite(suite, None, model, out, shared)
 
 

@@ -18,33 +18,18 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ctxext.artifacts.report import SCHEMA, EvalReport, ModelEntry, parse_report
+from ctxext.artifacts.report import SCHEMA, EvalReport, parse_report
 from ctxext.artifacts.tables import (
-    bucket_table,
-    fmt,
     models_table,
     num_text,
     p_text,
-    ppl_cell,
-    ppl_length_table,
-    short_context_table,
     table,
 )
 from ctxext.atomic import atomic_folder
+from ctxext.evaluation.settings import PPL_PROTOCOL, SLIDING_PROTOCOL
 
 # The kind of output folder a report is (``ctxext.atomic``): --overwrite replaces only another report.
 REPORT_KIND = "report"
-
-PPL_PROTOCOL = (
-    "truncated-document perplexity: each document tokenized with the tokenizer's defaults (BOS where it adds "
-    "one) and cut to L tokens; token t is predicted from tokens < t; every length and bucket over the same "
-    "documents (those reaching the longest length; 'all documents >= L' as a secondary view); 95% bootstrap CI "
-    "over documents"
-)
-SLIDING_PROTOCOL = (
-    "strided sliding window (transformers docs): whole documents, windows of L tokens moved by the stride, each "
-    "token scored once from its window; 95% bootstrap CI over documents"
-)
 
 
 def model_entry(loaded: Any) -> dict[str, Any]:
@@ -176,8 +161,6 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
     device = report.environment.get("device", "?")
     lines += [f"Created {report.created} with ctxext {report.ctxext_version} on {device}.", ""]
     lines += ["## Models", "", *models_table(models), *beyond_target_markdown(raw)]
-    if any(m.perplexity for m in models):
-        lines += _ppl_markdown(report, raw, plots)
     from ctxext.evaluation.sections import SECTIONS  # sections registered as plugins render themselves
 
     for key, registered in SECTIONS.items():
@@ -205,89 +188,14 @@ def _plot_of(plot: str, section: str) -> bool:
 
 def _with_plots(lines: list[str], plots: dict[str, str]) -> list[str]:
     # A section's plots go after its first paragraph (the heading's, or its first table); "a_b" reads "a b".
+    # A plot the section's markdown already shows (by its file name) stays where the section put it.
+    plots = {name: file for name, file in plots.items() if not any(f"({file})" in line for line in lines)}
     if not plots:
         return lines
     blanks = [i for i, line in enumerate(lines) if not line.strip()]
     at = blanks[1] + 1 if len(blanks) > 1 else len(lines)
     images = [f"![{name.replace('_', ' ')}]({file})" for name, file in plots.items()]
     return [*lines[:at], *images, "", *lines[at:]]
-
-
-def _ppl_markdown(report: EvalReport, raw: dict[str, Any], plots: dict[str, str]) -> list[str]:
-    models = [m for m in report.models if m.perplexity]
-    first = models[0].perplexity
-    assert first is not None
-    docs = first.documents
-    lines = ["## Perplexity", ""]
-    lines += [f"Data: `{report.data_source() or '?'}`. Protocol: {first.protocol or PPL_PROTOCOL}.", ""]
-    lines += [
-        f"Documents: {docs.read} read, {docs.too_short} skipped as shorter than {docs.min_tokens} "
-        f"tokens, {docs.evaluated} evaluated. Cells: ppl [95 % CI] (documents); † beyond the model's context.",
-        "",
-        "### By evaluation length",
-        "",
-    ]
-    if first.document_set == "common":
-        lines += [
-            f"Every length is scored on the same {docs.common} documents (those reaching "
-            f"{first.bucket_length} tokens), so changes across lengths are the model's.",
-            "",
-        ]
-    lines += ppl_length_table(models)
-    lines += ppl_all_documents_markdown(models)
-    short = short_context_table(models)
-    if short:
-        lines += ["### Short-context regression (perplexity at the original context)", "", *short]
-    buckets = bucket_table(models)
-    if buckets:
-        lines += [f"### By token position (documents reaching {first.bucket_length} tokens)", ""]
-        if "ppl_by_position" in plots:
-            lines += [f"![perplexity by position]({plots['ppl_by_position']})", ""]
-        lines += buckets
-    cu_models = [m for m in raw["models"] if (m.get("perplexity") or {}).get("context_use")]
-    if cu_models:
-        lines += _context_use_markdown(cu_models, plots)
-    return lines
-
-
-def _context_use_markdown(cu_models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
-    t = cu_models[0]["perplexity"]["context_use"]["targets"]
-    lines = [
-        "### Context use",
-        "",
-        f"The same target tokens (positions {t['start']}–{t['end']} of {t['documents']} documents) scored with "
-        "their context cut to k tokens (windows of k moved by k/2: each target sees k/2 to k tokens). "
-        "Gain = NLL(k) − NLL(full) in nats/token [95 % paired bootstrap CI]; > 0 means the far context helps. "
-        "At k = the original window, a gain whose interval is above 0 means the model uses context beyond "
-        "its original window.",
-        "",
-    ]
-    if "context_use" in plots:
-        lines += [f"![context use]({plots['context_use']})", ""]
-    limits = sorted({e["context"] for m in cu_models for e in m["perplexity"]["context_use"]["limits"]})
-    rows = []
-    originals = {m["perplexity"]["context_use"].get("original_window") for m in cu_models}
-    for k in limits:
-        row = [f"{k} (original window)" if k in originals else str(k)]
-        for m in cu_models:
-            e = next((x for x in m["perplexity"]["context_use"]["limits"] if x["context"] == k), None)
-            row.append("–" if e is None else _gain_cell(e))
-        rows.append(row)
-    rows.append(["full"] + [_ppl_dict_cell(m["perplexity"]["context_use"]["full"]) for m in cu_models])
-    lines += table(["context k"] + [m["name"] for m in cu_models], rows)
-    return lines
-
-
-def _ppl_dict_cell(e: dict[str, Any] | None) -> str:
-    if not e or e.get("ppl") is None:
-        return "–"
-    return f"{fmt(e['ppl'])} [{fmt(e.get('ci_low'))}, {fmt(e.get('ci_high'))}] ({e.get('documents')})"
-
-
-def _gain_cell(e: dict[str, Any]) -> str:
-    low, high = num_text(e["gain_nll_ci_low"], "+.4f"), num_text(e["gain_nll_ci_high"], "+.4f")
-    gain = f"{num_text(e['gain_nll'], '+.4f')} [{low}, {high}]"
-    return f"{fmt(e['ppl'])}; gain {gain}"
 
 
 def _ps(row: dict[str, Any]) -> list[str]:
@@ -390,40 +298,6 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
     for note in comp.get("notes") or []:
         lines += [f"Note: {note}", ""]
     return lines
-
-
-def ppl_all_documents_markdown(models: list[ModelEntry]) -> list[str]:
-    """The secondary perplexity table: at each length, every document with at least that many tokens.
-
-    Args:
-        models: model entries with a ``perplexity`` section.
-
-    Returns:
-        Markdown lines (none when no model has the view, or when it equals the main table).
-    """
-    have = [(m.name, m.perplexity) for m in models if m.perplexity and m.perplexity.by_length_all]
-    if not have:
-        return []
-    lengths = sorted({int(L) for _, p in have for L in p.by_length_all})
-    rows = []
-    differs = False
-    for L in lengths:
-        row = [str(L)]
-        for _, p in have:
-            e, main = p.by_length_all.get(str(L)), p.by_length.get(str(L))
-            differs |= e is not None and e.documents != (main.documents if main else None)
-            row.append(ppl_cell(e))
-        rows.append(row)
-    if not differs:
-        return []
-    return [
-        "#### All documents with at least L tokens (secondary view)",
-        "",
-        "A different document set at each length (more documents at short lengths): do not read a change "
-        "across lengths in this table as the model's.",
-        "",
-        *table(["length"] + [name for name, _ in have], rows),
-    ]
 
 
 def beyond_target_markdown(report: dict[str, Any]) -> list[str]:

@@ -32,15 +32,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ctxext.errors import InputError
 
-# The perplexity, passkey, needle and qa sections are the workflows' own settings models (the flags of
-# ctxext eval ppl / passkey / needle / qa are generated from them); lengths resolve the same way everywhere.
-from ctxext.evaluation.settings import (
-    Length,
-    PerplexitySettings,
-    auto_bucket,
-    is_beyond_target,
-    resolve_length,
-)
+# Lengths resolve the same way in every section (ctxext.evaluation.settings); the sections themselves,
+# settings models included, are registered in ctxext.evaluation.sections.
+from ctxext.evaluation.settings import Length, is_beyond_target, resolve_length
 
 
 class _Section(BaseModel):
@@ -48,14 +42,16 @@ class _Section(BaseModel):
 
 
 class Suite(_Section):
-    """An evaluation suite: the sections above, and any section registered in ``ctxext.evaluation.sections``."""
+    """An evaluation suite: its name, and one key per section registered in ``ctxext.evaluation.sections``.
+
+    Each registered section is an attribute (``suite.passkey``): its validated settings, or None.
+    """
 
     model_config = ConfigDict(extra="allow")
 
     name: str
     description: str = ""
     allow_beyond_context: bool = False
-    perplexity: PerplexitySettings | None = None
 
     @model_validator(mode="wrap")
     @classmethod
@@ -141,8 +137,8 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     _resolve_paths(suite, p.resolve().parent)
     from ctxext.evaluation.sections import SECTIONS, sections_in
 
-    if not suite.perplexity and not sections_in(suite):
-        names = ", ".join(["perplexity", *SECTIONS])
+    if not sections_in(suite):
+        names = ", ".join(SECTIONS)
         raise InputError(f"suite {path} names no task ({names})")
     for registered, settings in sections_in(suite):
         registered.check(settings)  # e.g. unknown tasks fail now, before any model is loaded
@@ -153,21 +149,19 @@ def _resolve_paths(suite: Suite, folder: Path) -> None:
     # Data paths in a suite may be relative to the working folder, the suite's folder or its parent.
     from ctxext.evaluation.sections import sections_in
 
-    for task, key in (
-        ("perplexity", "data"),
-        ("qa", "data"),
-        *((registered.name, key) for registered, _ in sections_in(suite) for key in registered.data_keys),
-    ):
-        section = getattr(suite, task)
-        if section is None:
-            continue
-        value = getattr(section, key)
-        if value.startswith("builtin:") or value == "noise" or Path(value).exists():
-            continue
-        for base in (folder, folder.parent):
-            if (base / value).exists():
-                setattr(section, key, str(base / value))
-                break
+    for registered, section in sections_in(suite):
+        for key in registered.data_keys:
+            _resolve_path(section, key, folder)
+
+
+def _resolve_path(section: Any, key: str, folder: Path) -> None:
+    value = getattr(section, key)
+    if not isinstance(value, str) or value.startswith("builtin:") or value == "noise" or Path(value).exists():
+        return
+    for base in (folder, folder.parent):
+        if (base / value).exists():
+            setattr(section, key, str(base / value))
+            return
 
 
 def resolve_lengths(
@@ -291,7 +285,7 @@ def _reference_context(specs: list[Any]) -> tuple[int, int]:
 
 
 def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, Any], list[str]]:
-    """The lengths in tokens of every section (perplexity: ``(lengths, context limits, bucket)``), with notes.
+    """The lengths in tokens of every section (resolved against the reference model), with notes.
 
     Raises:
         InputError: a section with no length left at or below the reference context.
@@ -310,13 +304,6 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
         return kept
 
     plan: dict[str, Any] = {}
-    if suite.perplexity:
-        t = suite.perplexity
-        lengths = lengths_of(t.lengths, "perplexity")
-        limits = [resolve_length(k, original, context) for k in t.context_limits]
-        limits = [k for k in limits if k < lengths[-1]]
-        bucket = auto_bucket(lengths[-1]) if t.bucket_size == "auto" else t.bucket_size
-        plan["perplexity"] = (lengths, limits, bucket)
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):
@@ -327,11 +314,7 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
 
 def _data_sources(suite: Suite) -> dict[str, Any]:
     """What each section reads (:func:`~ctxext.evaluation.data.describe_source`), for the report."""
-    from ctxext.evaluation.data import describe_source
-
     data: dict[str, Any] = {}
-    if suite.perplexity:
-        data["perplexity"] = describe_source(suite.perplexity.data, suite.perplexity.text_field, suite.perplexity.split)
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):
@@ -345,15 +328,6 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
     from ctxext.evaluation.report import model_entry
 
     entry = model_entry(loaded)
-    if suite.perplexity:
-        from ctxext.evaluation.perplexity import evaluate_perplexity
-
-        t = suite.perplexity
-        lengths, limits, bucket = plan["perplexity"]
-        # The section's own settings, with the lengths resolved against the reference model.
-        resolved = {"lengths": lengths, "context_limits": limits, "bucket_size": bucket}
-        settings = t.model_copy(update={**resolved, "allow_beyond_context": beyond_ok or t.allow_beyond_context})
-        entry["perplexity"] = evaluate_perplexity(loaded, None, settings, show)
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):

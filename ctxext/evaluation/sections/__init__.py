@@ -9,8 +9,8 @@ validates, plans, runs and reports every registered section a suite names; nothi
 Modules of this package are found by listing it, so adding a section is adding its module; sections
 defined elsewhere register with :func:`register_section` once imported. See ``docs/extending.md``.
 
-(Built-in sections here: ``passkey`` and ``needle`` (grids), ``ruler``, ``qa``, ``attention``, ``harness``,
-``longppl``. The ``perplexity`` section is still written out in ``ctxext.evaluation.suite`` and the report.)
+Built-in sections, each a module here: ``perplexity``, ``passkey`` and ``needle`` (``grids``), ``ruler``,
+``qa``, ``attention``, ``harness``, ``longppl``.
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ Length = int | str
 
 SECTIONS: dict[str, SuiteSection] = {}
 
-# Suite keys that are not sections (the suite's own fields), the sections written out in suite.py, and the
-# keys of the report's comparisons (a section's paired rows are stored under its name there).
+# Suite keys that are not sections (the suite's own fields) and the keys of the report's comparisons (a
+# section's paired rows are stored under its name there; perplexity's and the grids' rows are paired.py's).
 RESERVED = frozenset(
-    {"name", "description", "allow_beyond_context", "perplexity"}
-    | {"reference", "comparisons", "correction", "notes", "grids"}
+    {"name", "description", "allow_beyond_context"} | {"reference", "comparisons", "correction", "notes", "grids"}
 )
 
 
