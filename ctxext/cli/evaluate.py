@@ -31,7 +31,7 @@ class _EvalGroup(TyperGroup):
         from ctxext.evaluation.sections import SECTIONS
 
         own = list(super().list_commands(ctx))
-        return own + [c for c in (_command_name(n) for n in SECTIONS) if c not in own]
+        return own + [c for c in (_command_name(s) for s in SECTIONS.values()) if c not in own]
 
     def get_command(self, ctx: Any, cmd_name: str) -> Any:
         """A written command, else the generated command of the registered section of that name."""
@@ -40,12 +40,13 @@ class _EvalGroup(TyperGroup):
             return command
         from ctxext.evaluation.sections import SECTIONS
 
-        section = SECTIONS.get(cmd_name.replace("-", "_"))
+        section = next((s for s in SECTIONS.values() if _command_name(s) == cmd_name), None)
         return section_command(section) if section is not None else None
 
 
-def _command_name(section: str) -> str:
-    return section.replace("_", "-")
+def _command_name(section: Any) -> str:
+    # A section's command: its own name for it (perplexity: ppl), else its suite key with hyphens.
+    return section.command or section.name.replace("_", "-")
 
 
 eval_app = typer.Typer(
@@ -300,7 +301,7 @@ def section_command(section: Any) -> Any:
     doc = _inspect.getdoc(type(section)) or section.title or section.name
     panel = f"Settings (a suite's {section.name}: keys)"
 
-    @app.command(_command_name(section.name), cls=settings_command(section.settings, panel=panel), help=doc)
+    @app.command(_command_name(section), cls=settings_command(section.settings, panel=panel), help=doc)
     @_friendly
     @_shared
     def command(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:

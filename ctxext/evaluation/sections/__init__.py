@@ -62,6 +62,8 @@ class SuiteSection:
         settings: the pydantic model of its YAML settings (use ``extra="forbid"``: typos are errors).
         data_keys: settings fields that name data (a file or folder is looked up relative to the suite file too).
         order: where the section comes in the run, ``report.md`` and the card (lower first; built-ins below 100).
+        command: its ``ctxext eval`` subcommand (default: ``name`` with hyphens); one written by hand in
+            ``ctxext.cli.evaluate`` under that name wins over the generated one.
     """
 
     name: ClassVar[str] = ""
@@ -69,6 +71,7 @@ class SuiteSection:
     settings: ClassVar[type[BaseModel]]
     data_keys: ClassVar[tuple[str, ...]] = ()
     order: ClassVar[int] = 100
+    command: ClassVar[str] = ""
 
     def lengths(self, settings: Any) -> list[Length]:
         """The suite lengths to evaluate at (``1024``, ``"2x"``, ``"target"``…); default ``settings.lengths``.

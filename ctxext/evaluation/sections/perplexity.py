@@ -26,6 +26,7 @@ class PerplexitySection(SuiteSection):
     settings = PerplexitySettings
     data_keys = ("data",)
     order = 0
+    command = "ppl"
 
     def __init__(self) -> None:
         self._contexts: tuple[int, int] | None = None
