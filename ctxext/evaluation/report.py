@@ -13,7 +13,6 @@ percentages with 95 % bootstrap intervals over examples.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import platform
 from pathlib import Path
 from typing import Any
@@ -202,16 +201,8 @@ def _ps(row: dict[str, Any]) -> list[str]:
     return [p_text(row["p_value"]), p_text(row["p_holm"])]
 
 
-def _ratio_cell(r: dict[str, Any]) -> str:
-    low, high = r.get("ci_low"), r.get("ci_high")
-    if low is None or high is None or not math.isfinite(low):
-        return f"{num_text(r['ratio'], '.3f')}× [–]"
-    mark = "" if low <= 1 <= high else " **"
-    return f"{num_text(r['ratio'], '.3f')}× [{low:.3f}, {high:.3f}]{mark}"
-
-
 def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
-    """The paired model-vs-reference tables (perplexity ratios, McNemar tests on retrieval grids).
+    """The paired model-vs-reference tables: each section's own (perplexity ratios…), then the grids' McNemar tests.
 
     Args:
         comp: the report's ``comparisons`` section (:func:`ctxext.evaluation.paired.compare_models`).
@@ -228,41 +219,11 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
         "real when its adjusted p is small, not when one raw p among many is.",
         "",
     ]
-    ppl = comp.get("perplexity") or []
-    by_len = [r for r in ppl if r["view"] == "length"]
-    if by_len:
-        lines += [
-            "### Perplexity ratio by length",
-            "",
-            f"ppl(model) / ppl({ref}) on the same tokens of the same documents, with a 95 % paired bootstrap "
-            "interval (documents resampled jointly); ** the interval excludes 1.",
-            "",
-        ]
-        rows = [
-            [
-                r["model"],
-                str(r["length"]),
-                _ratio_cell(r),
-                str(r["documents"]),
-                p_text(r["p_value"]),
-                p_text(r["p_holm"]),
-            ]
-            for r in by_len
-        ]
-        lines += table(["model", "length", "ratio [95 % CI]", "docs", "p", "p Holm"], rows)
-    by_bucket = [r for r in ppl if r["view"] == "bucket"]
-    if by_bucket:
-        models = list(dict.fromkeys(r["model"] for r in by_bucket))
-        edges = list(dict.fromkeys((r["start"], r["end"]) for r in by_bucket))
-        lines += ["### Perplexity ratio by token position", "", f"ppl(model) / ppl({ref}) per position bucket.", ""]
-        rows = []
-        for start, end in edges:
-            row = [f"{start}–{end}"]
-            for name in models:
-                r = next((x for x in by_bucket if x["model"] == name and x["start"] == start), None)
-                row.append("–" if r is None else _ratio_cell(r))
-            rows.append(row)
-        lines += table(["positions"] + models, rows)
+    from ctxext.evaluation.sections import SECTIONS  # each section's paired rows, as it shows them
+
+    for key, registered in SECTIONS.items():
+        if comp.get(key):
+            lines += registered.paired_markdown(comp[key], ref)
     grids = comp.get("grids") or []
     if grids:
         lines += [
@@ -290,11 +251,6 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
             ["model", "task", "length", "model correct", f"{ref} correct", "discordant (+ / −)", "Δ", "p", "p Holm"],
             rows,
         )
-    from ctxext.evaluation.sections import SECTIONS
-
-    for key, registered in SECTIONS.items():
-        if comp.get(key):
-            lines += registered.paired_markdown(comp[key], ref)
     for note in comp.get("notes") or []:
         lines += [f"Note: {note}", ""]
     return lines

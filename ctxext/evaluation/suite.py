@@ -89,9 +89,10 @@ class Suite(_Section):
         if problems:
             raise ValidationError.from_exception_data(cls.__name__, problems)
         if suite.__pydantic_extra__ is not None:
-            # Every registered section is an attribute, None when the suite does not name it (as the fields are).
-            suite.__pydantic_extra__.update(sections)
-            suite.__pydantic_extra__.update({key: None for key in SECTIONS if key not in sections})
+            # Every registered section is an attribute, None when the suite does not name it, in the registry's
+            # order (the order sections run in, and the order of report.json's suite definition and data).
+            suite.__pydantic_extra__.clear()
+            suite.__pydantic_extra__.update({key: sections.get(key) for key in SECTIONS})
         return suite
 
 

@@ -291,7 +291,7 @@ def get_section(name: str) -> SuiteSection:
 
 
 def sections_in(suite: BaseModel) -> list[tuple[SuiteSection, Any]]:
-    """The registered sections a validated suite names, with their settings, in the suite's order."""
+    """The registered sections a validated suite names, with their settings, in the registry's order."""
     extra = suite.__pydantic_extra__ or {}
     return [(SECTIONS[key], settings) for key, settings in extra.items() if key in SECTIONS and settings is not None]
 

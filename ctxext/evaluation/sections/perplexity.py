@@ -61,6 +61,52 @@ class PerplexitySection(SuiteSection):
         """By length (and all documents), short-context regression, by position, context use."""
         return ppl_markdown(EvalReport.model_validate(report), report)
 
+    def paired_markdown(self, rows: list[dict[str, Any]], reference: str) -> list[str]:
+        """The ratios ppl(model) / ppl(reference) by length, then by token position."""
+        from ctxext.artifacts.tables import p_text, table
+
+        lines: list[str] = []
+        by_len = [r for r in rows if r["view"] == "length"]
+        if by_len:
+            lines += [
+                "### Perplexity ratio by length",
+                "",
+                f"ppl(model) / ppl({reference}) on the same tokens of the same documents, with a 95 % paired bootstrap "
+                "interval (documents resampled jointly); ** the interval excludes 1.",
+                "",
+            ]
+            cells = [
+                [
+                    r["model"],
+                    str(r["length"]),
+                    _ratio_cell(r),
+                    str(r["documents"]),
+                    p_text(r["p_value"]),
+                    p_text(r["p_holm"]),
+                ]
+                for r in by_len
+            ]
+            lines += table(["model", "length", "ratio [95 % CI]", "docs", "p", "p Holm"], cells)
+        by_bucket = [r for r in rows if r["view"] == "bucket"]
+        if by_bucket:
+            models = list(dict.fromkeys(r["model"] for r in by_bucket))
+            edges = list(dict.fromkeys((r["start"], r["end"]) for r in by_bucket))
+            lines += [
+                "### Perplexity ratio by token position",
+                "",
+                f"ppl(model) / ppl({reference}) per position bucket.",
+                "",
+            ]
+            grid: list[list[str]] = []
+            for start, end in edges:
+                row = [f"{start}–{end}"]
+                for name in models:
+                    r = next((x for x in by_bucket if x["model"] == name and x["start"] == start), None)
+                    row.append("–" if r is None else _ratio_cell(r))
+                grid.append(row)
+            lines += table(["positions"] + models, grid)
+        return lines
+
     def card_rows(self, models: list[dict[str, Any]], report: dict[str, Any]) -> list[str]:
         """None here: the card writes its perplexity tables, metadata and short-context part itself."""
         return []
@@ -249,3 +295,15 @@ def ppl_all_documents_markdown(models: list[ModelEntry]) -> list[str]:
         "",
         *table(["length"] + [name for name, _ in have], rows),
     ]
+
+
+def _ratio_cell(r: dict[str, Any]) -> str:
+    import math
+
+    from ctxext.artifacts.tables import num_text
+
+    low, high = r.get("ci_low"), r.get("ci_high")
+    if low is None or high is None or not math.isfinite(low):
+        return f"{num_text(r['ratio'], '.3f')}× [–]"
+    mark = "" if low <= 1 <= high else " **"
+    return f"{num_text(r['ratio'], '.3f')}× [{low:.3f}, {high:.3f}]{mark}"
