@@ -43,7 +43,9 @@ class RulerSuiteSettings(BaseModel):
     def _chat_template(cls, value: str, info: ValidationInfo) -> str:
         return check_chat_choice(value, info)
 
-    tasks: list[RulerTaskEntry]
+    tasks: list[RulerTaskEntry] = Field(
+        description='registered tasks, each {task, name, options, templates}; as a flag, JSON: [{"task": "needle"}]'
+    )
     lengths: list[Length] = Field(default_factory=DEFAULT_LENGTHS.copy)
     depths: list[float] = Field(default_factory=_RULER_DEPTHS.copy)
     trials: int = Field(default=10, gt=0)
