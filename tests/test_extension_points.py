@@ -2,7 +2,8 @@
 
 The method's one declaration must appear in the recipe schema and the ``ctxext extend`` flags, and the
 method must extend a tiny model that passes runtime verification; the section must validate, run in a
-suite and render in the report. Nothing else is edited to add them.
+suite, render in the report, and get its own ``ctxext eval`` subcommand, a plot, paired statistics in the
+report's comparisons and rows in the model card. Nothing else is edited to add them.
 """
 
 from __future__ import annotations
@@ -96,6 +97,44 @@ def test_a_section_file_runs_in_a_suite_and_renders(toy_section, tiny_model_dir,
     path.write_text("name: toy\ntoy_repeet: {}\n")
     with pytest.raises(InputError, match="toy_repeet: Extra inputs are not permitted"):
         load_suite(path)
+
+
+def test_a_section_file_gets_a_command_a_plot_paired_statistics_and_card_rows(toy_section, tiny_model_dir, tmp_path):
+    from ctxext.artifacts.run import load_report
+    from ctxext.publish.card import card_inputs, render_card
+
+    runner = CliRunner()
+    assert "toy-repeat" in runner.invoke(app, ["eval", "--help"], terminal_width=200).output
+    assert "--trials" in runner.invoke(app, ["eval", "toy-repeat", "--help"], terminal_width=200).output
+    out = tmp_path / "rep"
+    models = ["--model", str(tiny_model_dir), "--name", "a", "--model", str(tiny_model_dir), "--name", "b"]
+    args = ["eval", "toy-repeat", *models, "--lengths", "64,128", "--trials", "3", "-q", "--out", str(out)]
+    result = runner.invoke(app, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "toy_repeat — a: 64: " in result.output  # the section's console summary
+    report = json.loads((out / "report.json").read_text())
+    assert [len(m["toy_repeat"]["per_trial"]["128"]) for m in report["models"]] == [3, 3]
+
+    # A plot (the default: the section's numbers by length), shown in report.md under the section.
+    assert (out / "toy_repeat.png").read_bytes()[:4] == b"\x89PNG"
+    markdown = (out / "report.md").read_text()
+    assert "![toy repeat](toy_repeat.png)" in markdown
+
+    # Paired statistics (the section's hook): the same seeded trials for both models, so b − a is exactly 0,
+    # stored under the section's name and counted in the report's Holm family.
+    rows = report["comparisons"]["toy_repeat"]
+    assert [(r["model"], r["length"]) for r in rows] == [("b", 64), ("b", 128)]
+    assert all(r["difference"] == 0 and r["documents"] == 3 and "p_holm" in r for r in rows)
+    assert "### Repeated-sequence copying (toy section), paired against `a`" in markdown
+
+    # Rows in the model card (the default: the section's report table under a line of its own).
+    card = render_card(card_inputs(tiny_model_dir, {}, [load_report(out)]))
+    assert "Repeated-sequence copying (toy section):" in card and "| by_length.128 |" in card
+    assert "(plots/toy_repeat.png)" in card
+
+    # A bad flag: exit 2 naming it, nothing written.
+    bad = runner.invoke(app, [*args[:-1], str(tmp_path / "bad"), "--trials", "0"])
+    assert bad.exit_code == 2 and "--trials" in bad.output and not (tmp_path / "bad").exists()
 
 
 def test_generated_flags_take_lists_and_booleans(tiny_model_dir, tmp_path):

@@ -36,8 +36,8 @@ EVAL_OWN = {"model", "out", "adapter", "name", "reference", "device", "quiet", "
 
 def _command(*path: str):
     command = typer.main.get_command(app)
-    for name in path:
-        command = command.commands[name]
+    for name in path:  # get_command: `eval qa` is generated from its registered section when asked for
+        command = command.get_command(click.Context(command), name)
     return command
 
 
@@ -94,12 +94,13 @@ def test_the_recipe_section_is_the_declared_search_options_plus_out():
 
 def test_suite_sections_are_the_commands_settings():
     from ctxext.evaluation.grid import GridSettings, NeedleTask
+    from ctxext.evaluation.sections import SECTIONS
     from ctxext.evaluation.suite import Suite
 
-    assert Suite.model_fields["perplexity"].annotation == PerplexitySettings | None
-    assert Suite.model_fields["passkey"].annotation == PasskeySettings | None
-    assert Suite.model_fields["needle"].annotation == NeedleSettings | None
-    assert Suite.model_fields["qa"].annotation == QASettings | None
+    # Registered sections: each one's settings model is its command's, and a suite validates its key with it.
+    names = ("perplexity", "passkey", "needle", "qa")
+    assert [SECTIONS[k].settings for k in names] == [PerplexitySettings, PasskeySettings, NeedleSettings, QASettings]
+    assert isinstance(Suite.model_validate({"name": "s", "perplexity": {}}).perplexity, PerplexitySettings)
     # The grid engine's arguments take their defaults from the declaration (no second default).
     grid, declared = GridSettings(lengths=[64]), PasskeySettings()
     assert (grid.depths, grid.trials, grid.seed, grid.scoring) == (

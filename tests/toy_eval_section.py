@@ -2,7 +2,9 @@
 
 Each trial is ``L/2`` random tokens repeated once; the score is the share of the second copy's tokens
 that the model predicts (argmax, teacher-forced), a plain induction / long-range copy measure.
-Registered when imported; tests/test_extension_points.py runs it in a suite.
+Registered when imported; tests/test_extension_points.py runs it in a suite and as ``ctxext eval toy-repeat``.
+Its plot and model-card rows are the defaults (its ``by_length`` numbers, its report table); it adds paired
+statistics: every model sees the same seeded sequences, so trials pair across models.
 """
 
 from __future__ import annotations
@@ -43,18 +45,42 @@ class RepeatCopy(SuiteSection):
 
         generator = torch.Generator().manual_seed(settings.seed)
         vocab = int(loaded.model.config.vocab_size)
-        by_length = {}
+        by_length: dict[str, float] = {}
+        per_trial: dict[str, list[float]] = {}
         for length in lengths:
             if length > loaded.context_length and not beyond_context_ok:
                 raise InputError(f"toy_repeat: length {length} is beyond {loaded.name}'s context")
             half = length // 2
-            correct = 0
+            scores = []
             for _ in range(settings.trials):
                 copy = torch.randint(0, vocab, (1, half), generator=generator)
                 ids = torch.cat([copy, copy], dim=1).to(loaded.device)
                 reset_dynamic_rope(loaded.model)
                 with torch.no_grad():
                     logits = loaded.model(ids).logits
-                correct += int((logits[0, half - 1 : -1].argmax(-1) == ids[0, half:]).sum())
-            by_length[str(length)] = correct / (half * settings.trials)
-        return {"by_length": by_length, "trials": settings.trials}
+                scores.append(float((logits[0, half - 1 : -1].argmax(-1) == ids[0, half:]).float().mean()))
+            by_length[str(length)] = sum(scores) / len(scores)
+            per_trial[str(length)] = scores
+        return {"by_length": by_length, "trials": settings.trials, "per_trial": per_trial}
+
+    def paired(
+        self, model: dict[str, Any], reference: dict[str, Any], resamples: int, seed: int, notes: list[str]
+    ) -> list[dict[str, Any]]:
+        """Copy accuracy, model − reference, per length: paired bootstrap over the (same) trials."""
+        import numpy as np
+
+        from ctxext.evaluation.stats import paired_mean_difference
+
+        a, b = model[self.name]["per_trial"], reference[self.name]["per_trial"]
+        rows = []
+        for length in sorted(set(a) & set(b), key=int):
+            if len(a[length]) != len(b[length]):
+                notes.append(f"{model['name']}: {self.name} at {length} not paired (different trial counts)")
+                continue
+            stat = paired_mean_difference(np.array(a[length]), np.array(b[length]), resamples, seed)
+            rows.append({"model": model["name"], "length": int(length), **stat})
+        return rows
+
+    def summary(self, entry: dict[str, Any]) -> str | None:
+        """Copy accuracy per length."""
+        return ", ".join(f"{L}: {v * 100:.0f} %" for L, v in entry[self.name]["by_length"].items())

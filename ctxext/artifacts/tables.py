@@ -26,6 +26,18 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + [""]
 
 
+def p_text(p: float | None) -> str:
+    """A p-value in a table: two significant digits, "<0.001" below, "–" when not computed."""
+    if p is None or not math.isfinite(p):
+        return "–"
+    return f"{p:.2g}" if p >= 0.001 else "<0.001"
+
+
+def num_text(x: float | None, spec: str, scale: float = 1.0) -> str:
+    """A number of the report's JSON form in ``spec`` (times ``scale``); null or NaN (not measured) is "–"."""
+    return "–" if x is None or not math.isfinite(x) else f"{x * scale:{spec}}"
+
+
 def ppl_cell(e: PplEntry | None) -> str:
     """``ppl [ci_low, ci_high] (documents)``, † when beyond the model's context."""
     if e is None or e.ppl is None:
@@ -179,3 +191,27 @@ def qa_table(models: list[ModelEntry]) -> list[str]:
             name = b if b.startswith("answer") else f"{label} {b}"
             rows.append([name] + [qa_cell(getattr(qa, key).get(b)) for _, qa in have])
     return table(["bucket"] + [name for name, _ in have], rows)
+
+
+SCORING_NOTES = {
+    "teacher-forced": "teacher-forced (one forward pass over prompt + answer; correct iff every answer token is the "
+    "argmax — exact for greedy decoding; no KV cache, no generation config)",
+    "generate": "generation (explicit greedy config; KV cache off for dynamic / longrope; correct iff the generated "
+    "tokens start with the answer's; RULER's string-match score beside it)",
+    "both": "teacher-forced and generated on the same trials (accuracy: teacher-forced; generated: RULER's "
+    "string-match score of greedy generations)",
+}
+
+
+def scoring_note(kinds: set[str | None]) -> str:
+    """One line naming how a retrieval section was scored (reports before scoring modes: generation)."""
+    names = sorted(k or "generate (legacy: first number / word recall)" for k in kinds)
+    return "Scoring: " + "; ".join(SCORING_NOTES.get(k, k) for k in names) + ". Prompt + answer fit the length."
+
+
+def chat_note(used: set[str | None]) -> str:
+    """One sentence naming the chat template prompts were wrapped in (nothing for reports before the setting)."""
+    named = sorted(u for u in used if u)
+    if not named:
+        return ""
+    return " Chat template: " + ", ".join("none (plain prompts)" if u == "none" else f"`{u}`" for u in named) + "."

@@ -13,10 +13,44 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.main
+from typer.core import TyperGroup
 
 from ctxext.recipe.flags import SETTINGS, build_settings, settings_command
 
+
+class _EvalGroup(TyperGroup):
+    """The ``eval`` commands: those written below, and one per registered suite section without one.
+
+    A section's command is generated when ``ctxext eval`` runs (:func:`section_command`), so a section
+    registered by then (a plugin module imported first) has its subcommand; ``ctxext --help`` builds none.
+    """
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        """The written commands, then the registered sections' (``toy_repeat`` → ``toy-repeat``)."""
+        from ctxext.evaluation.sections import SECTIONS
+
+        own = list(super().list_commands(ctx))
+        return own + [c for c in (_command_name(s) for s in SECTIONS.values()) if c not in own]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        """A written command, else the generated command of the registered section of that name."""
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        from ctxext.evaluation.sections import SECTIONS
+
+        section = next((s for s in SECTIONS.values() if _command_name(s) == cmd_name), None)
+        return section_command(section) if section is not None else None
+
+
+def _command_name(section: Any) -> str:
+    # A section's command: its own name for it (perplexity: ppl), else its suite key with hyphens.
+    return section.command or section.name.replace("_", "-")
+
+
 eval_app = typer.Typer(
+    cls=_EvalGroup,
     help="Evaluate long-context quality: perplexity by length / position, passkey and needle grids, QA, suites.",
     no_args_is_help=True,
 )
@@ -189,19 +223,6 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
                     str(s["tokens"]),
                 )
             console.print(table)
-        for task in ("passkey", "needle"):
-            if m.get(task):
-                ov = m[task]["overall"]
-                console.print(
-                    f"{task} — {name}: {ov['accuracy'] * 100:.1f} % [{ov['ci_low'] * 100:.1f}, "
-                    f"{ov['ci_high'] * 100:.1f}] over {ov['trials']} trials "
-                    f"({m[task].get('scoring', 'generate')})"
-                    + (
-                        f"; generated {ov['generated']['score'] * 100:.1f} (string match)"
-                        if ov.get("generated")
-                        else ""
-                    )
-                )
         if m.get("ruler"):
             eff = m["ruler"]["effective_length"]
             per_task = ", ".join(
@@ -211,22 +232,18 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
             for scoring, named in (m["ruler"].get("effective_lengths") or {}).items():
                 both = "; ".join(f"{e['name']} {e['length'] or 'n/a'}" for e in named.values())
                 console.print(f"ruler — {name} ({scoring.replace('_', '-')}): {plain(both)}")
-        if m.get("attention"):
-            a = m["attention"]
-            console.print(
-                f"attention — {name} at {a['length']} tokens: mass beyond the original window "
-                f"({a['original_length']}) {a['mean']['beyond_original'] * 100:.1f} %, on the first "
-                f"{a['settings']['sink_tokens']} tokens {a['mean']['sinks'] * 100:.1f} %, entropy "
-                f"{a['mean']['entropy']:.2f} nats (means over layers)"
-            )
-        if m.get("qa"):
-            q = m["qa"]["overall"]
-            console.print(
-                f"qa — {name}: EM {q['exact_match']:.1f}, F1 {q['f1']:.1f} over {q['examples']} examples "
-                f"({m['qa']['truncated']} truncated in the middle)"
-            )
+        for line in _section_summaries(m):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     _print_comparisons(report.get("comparisons"))
     console.print(f"[green]✓[/] report written to {plain(out)}/report.json, report.md and PNG plots")
+
+
+def _section_summaries(entry: dict[str, Any]) -> list[str]:
+    # The console lines of the registered sections a model entry has (SuiteSection.summary).
+    from ctxext.evaluation.sections import SECTIONS
+
+    found = (registered.summary(entry) if entry.get(key) else None for key, registered in SECTIONS.items())
+    return [f"{key} — {entry['name']}: {line}" for key, line in zip(SECTIONS, found, strict=True) if line]
 
 
 def _print_comparisons(comp: dict[str, Any] | None) -> None:
@@ -266,6 +283,38 @@ def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
     return friendly_errors(fn)
 
 
+def section_command(section: Any) -> Any:
+    """The ``ctxext eval <name>`` command of a registered suite section: a suite holding only that section.
+
+    Its flags are the section's settings fields (generated, with the model's defaults); ``--model``, ``--out``
+    and the options every ``eval`` command takes come with it; the report is ``ctxext eval run``'s.
+
+    Args:
+        section: a registered :class:`~ctxext.evaluation.sections.SuiteSection`.
+
+    Returns:
+        The click command.
+    """
+    import inspect as _inspect
+
+    app = typer.Typer(add_completion=False)
+    doc = _inspect.getdoc(type(section)) or section.title or section.name
+    panel = f"Settings (a suite's {section.name}: keys)"
+
+    @app.command(_command_name(section), cls=settings_command(section.settings, panel=panel), help=doc)
+    @_friendly
+    @_shared
+    def command(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
+        from ctxext.evaluation.suite import Suite
+
+        settings = build_settings(section.settings, ctx.meta.get(SETTINGS, {}))
+        beyond = bool(getattr(settings, "allow_beyond_context", False))
+        defined = {"name": f"eval {section.name}", "allow_beyond_context": beyond, section.name: settings}
+        _run_suite(Suite.model_validate(defined), None, model, out, shared)
+
+    return typer.main.get_command(app)
+
+
 @eval_app.command("ppl", cls=_settings("PerplexitySettings", "perplexity"))
 @_friendly
 @_shared
@@ -280,7 +329,8 @@ def ppl_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) ->
 
     settings = build_settings(PerplexitySettings, ctx.meta.get(SETTINGS, {}))
     _note_work("perplexity", list(settings.lengths), settings.max_docs or 0)
-    suite = Suite(name="eval ppl", allow_beyond_context=settings.allow_beyond_context, perplexity=settings)
+    defined = {"name": "eval ppl", "allow_beyond_context": settings.allow_beyond_context, "perplexity": settings}
+    suite = Suite.model_validate(defined)
     _run_suite(suite, None, model, out, shared)
 
 
@@ -297,7 +347,8 @@ def passkey_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt
 
     settings = build_settings(PasskeySettings, ctx.meta.get(SETTINGS, {}))
     _note_work("passkey", list(settings.lengths), len(settings.depths) * settings.trials)
-    suite = Suite(name="eval passkey", allow_beyond_context=settings.allow_beyond_context, passkey=settings)
+    defined = {"name": "eval passkey", "allow_beyond_context": settings.allow_beyond_context, "passkey": settings}
+    suite = Suite.model_validate(defined)
     _run_suite(suite, None, model, out, shared)
 
 
@@ -314,23 +365,9 @@ def needle_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt)
 
     settings = build_settings(NeedleSettings, ctx.meta.get(SETTINGS, {}))
     _note_work("needle", list(settings.lengths), len(settings.depths) * settings.trials)
-    suite = Suite(name="eval needle", allow_beyond_context=settings.allow_beyond_context, needle=settings)
+    defined = {"name": "eval needle", "allow_beyond_context": settings.allow_beyond_context, "needle": settings}
+    suite = Suite.model_validate(defined)
     _run_suite(suite, None, model, out, shared)
-
-
-@eval_app.command("qa", cls=_settings("QASettings", "qa"))
-@_friendly
-@_shared
-def qa_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
-    """Long-document QA: greedy answers, SQuAD EM / F1 by answer position and context length.
-
-    A suite holding only a qa: section (ctxext eval run), its keys as flags with the same defaults.
-    """
-    from ctxext.evaluation.settings import QASettings
-    from ctxext.evaluation.suite import Suite
-
-    settings = build_settings(QASettings, ctx.meta.get(SETTINGS, {}))
-    _run_suite(Suite(name="eval qa", qa=settings), None, model, out, shared)
 
 
 @eval_app.command("attention")

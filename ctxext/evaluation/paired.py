@@ -10,10 +10,13 @@ resampled jointly for both models) and the same trials, the differences that are
   matched by a hash of their tokens, so models with different tokenizers are not paired (and say so);
 * retrieval grids (any task section with ``cells`` holding ``outcomes``), per length and overall:
   the exact McNemar test on the discordant trials (:func:`~ctxext.evaluation.stats.mcnemar_exact`);
-* attention diagnostics: the difference in the share of attention beyond the original window (mean
-  over layers), paired bootstrap over documents;
+* attention diagnostics (its section, :mod:`ctxext.evaluation.sections.attention`): the difference in the
+  share of attention beyond the original window (mean over layers), paired bootstrap over documents;
 * every p-value of a report is also Holm-adjusted over all the comparisons the report makes, and the
-  number of comparisons is recorded: with dozens of cells, a few raw p < 0.05 are expected by chance.
+  number of comparisons is recorded: with dozens of cells, a few raw p < 0.05 are expected by chance;
+* a registered suite section (:mod:`ctxext.evaluation.sections`) pairs its own results
+  (:meth:`~ctxext.evaluation.sections.SuiteSection.paired`): its rows are stored under its name and join
+  the Holm family.
 
 The ``comparisons`` section of ``report.json``::
 
@@ -22,7 +25,8 @@ The ``comparisons`` section of ``report.json``::
                      p_value, p_holm, documents}],
      "grids": [{model, task, length: int | "all", trials, a_correct, b_correct, only_a, only_b,
                 difference, p_value, p_holm}],
-     "attention": [{model, length, difference, ci_low, ci_high, p_value, p_holm, documents}]}
+     "attention": [{model, length, difference, ci_low, ci_high, p_value, p_holm, documents}],
+     "<section>": [{model, …, p_value, p_holm}]}
 
 (in grid rows ``a`` is the model, ``b`` the reference).
 """
@@ -34,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ctxext.errors import InputError
-from ctxext.evaluation.stats import DEFAULT_RESAMPLES, holm, mcnemar_exact, paired_mean_difference, paired_ppl_ratio
+from ctxext.evaluation.stats import DEFAULT_RESAMPLES, holm, mcnemar_exact, paired_ppl_ratio
 
 
 def choose_reference(models: list[dict[str, Any]], reference: str | None) -> str:
@@ -72,14 +76,19 @@ def compare_models(
     notes: list[str] = []
     ppl_rows: list[dict[str, Any]] = []
     grid_rows: list[dict[str, Any]] = []
-    attn_rows: list[dict[str, Any]] = []
+    from ctxext.evaluation.sections import SECTIONS
+
+    section_rows: dict[str, list[dict[str, Any]]] = {}
     for m in models:
         if m is ref:
             continue
         ppl_rows += _ppl_rows(m, ref, resamples, seed, notes)
         grid_rows += _grid_rows(m, ref, notes)
-        attn_rows += _attention_rows(m, ref, resamples, seed)
-    rows = ppl_rows + grid_rows + attn_rows
+        for key, registered in SECTIONS.items():  # a registered section pairs its own results
+            if m.get(key) and ref.get(key):
+                section_rows.setdefault(key, []).extend(registered.paired(m, ref, resamples, seed, notes))
+    section_rows = {key: rows for key, rows in section_rows.items() if rows}
+    rows = ppl_rows + grid_rows + [row for found in section_rows.values() for row in found]
     # Retrieval comparisons without a discordant trial cannot reject (p is 1 whatever happens): they stay
     # out of the Holm family, or a suite of tasks every model fails would dilute every real difference.
     family = [r for r in rows if r["p_value"] == r["p_value"] and r.get("only_a", 1) + r.get("only_b", 1) > 0]
@@ -100,7 +109,8 @@ def compare_models(
         "notes": notes,
         "perplexity": ppl_rows,
         "grids": grid_rows,
-        "attention": attn_rows,
+        "attention": [],  # the attention section's rows (sections/attention.py), in their place of the schema
+        **section_rows,
     }
 
 
@@ -198,17 +208,3 @@ def _grid_rows(m: dict[str, Any], ref: dict[str, Any], notes: list[str]) -> list
         if len(by_len) > 1:
             rows.append({"model": m["name"], "task": task, "length": "all", **mcnemar_exact(all_a, all_b)})
     return rows
-
-
-def _attention_rows(m: dict[str, Any], ref: dict[str, Any], resamples: int, seed: int) -> list[dict[str, Any]]:
-    a, b = m.get("attention") or {}, ref.get("attention") or {}
-    da, db = a.get("per_document"), b.get("per_document")
-    if not da or not db or a.get("length") != b.get("length"):
-        return []
-    b_pos = {k: i for i, k in enumerate(db["keys"])}
-    pairs = [(i, b_pos[k]) for i, k in enumerate(da["keys"]) if k in b_pos]
-    if not pairs:
-        return []
-    xa = np.array([da["beyond_original"][i] for i, _ in pairs])
-    xb = np.array([db["beyond_original"][j] for _, j in pairs])
-    return [{"model": m["name"], "length": a["length"], **paired_mean_difference(xa, xb, resamples, seed)}]

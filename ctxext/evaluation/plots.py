@@ -1,4 +1,4 @@
-"""PNG plots of an evaluation report: perplexity by position / length / context limit, retrieval, QA, attention.
+"""PNG plots of an evaluation report: each suite section draws its own (:meth:`SuiteSection.plots`).
 
 Every plot reads the report's JSON form (:meth:`ctxext.artifacts.report.EvalReport.to_json_dict`, NaN written
 as null); matplotlib is imported only when plots are written.
@@ -6,24 +6,12 @@ as null); matplotlib is imported only when plots are written.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 
-def _f(x: float | None) -> float:
-    # The JSON form writes an unmeasured value as null; matplotlib wants NaN (a gap).
-    return math.nan if x is None else x
-
-
-def _ppl_with_ci(ax: Any, x: list[float], entries: list[dict[str, Any]], label: str) -> None:
-    # One model's perplexity curve (entries with ppl / ci_low / ci_high) and its 95 % band.
-    ax.plot(x, [_f(e["ppl"]) for e in entries], marker="o", label=label)
-    ax.fill_between(x, [_f(e["ci_low"]) for e in entries], [_f(e["ci_high"]) for e in entries], alpha=0.2)
-
-
 def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
-    """Write the PNG plots that the report's data supports.
+    """Write the PNG plots that the report's data supports: every registered section's, for its models.
 
     Args:
         report: the report dict.
@@ -37,204 +25,11 @@ def write_plots(report: dict[str, Any], folder: Path) -> dict[str, str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    models = report["models"]
+    from ctxext.evaluation.sections import SECTIONS
+
     written: dict[str, str] = {}
-
-    ppl = [m for m in models if m.get("perplexity", {}).get("by_bucket")]
-    if ppl:
-        fig, ax = plt.subplots(figsize=(7, 4.2))
-        for m in ppl:
-            bb = m["perplexity"]["by_bucket"]
-            _ppl_with_ci(ax, [(b["start"] + b["end"]) / 2 for b in bb], bb, m["name"])
-        for m in ppl:
-            ax.axvline(m["rope"]["original_length"], color="grey", linestyle=":", linewidth=1)
-        ax.set_xlabel("token position (bucket centre)")
-        ax.set_ylabel("perplexity")
-        ax.set_yscale("log")
-        ax.set_title("Perplexity by position (95 % CI; dotted: original context)")
-        ax.legend()
-        written["ppl_by_position"] = _save(fig, folder, "ppl_by_position.png")
-
-    by_len = [m for m in models if m.get("perplexity", {}).get("by_length")]
-    if by_len:
-        fig, ax = plt.subplots(figsize=(7, 4.2))
-        for m in by_len:
-            items = sorted(
-                ((int(L), e) for L, e in m["perplexity"]["by_length"].items() if e.get("ppl")), key=lambda t: t[0]
-            )
-            _ppl_with_ci(ax, [L for L, _ in items], [e for _, e in items], m["name"])
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("evaluation length (tokens)")
-        ax.set_ylabel("perplexity")
-        ax.set_title("Perplexity by evaluation length (95 % CI)")
-        ax.legend()
-        written["ppl_by_length"] = _save(fig, folder, "ppl_by_length.png")
-
-    cu = [m for m in models if m.get("perplexity", {}).get("context_use")]
-    if cu:
-        fig, ax = plt.subplots(figsize=(7, 4.2))
-        for m in cu:
-            c = m["perplexity"]["context_use"]
-            lim = c["limits"]
-            (line,) = ax.plot([e["context"] for e in lim], [_f(e["ppl"]) for e in lim], marker="o", label=m["name"])
-            ax.axhline(_f(c["full"]["ppl"]), color=line.get_color(), linestyle="--", linewidth=1)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context limit k (tokens)")
-        ax.set_ylabel("perplexity of the same target tokens")
-        ax.set_title("Context use (dashed: full context)")
-        ax.legend()
-        written["context_use"] = _save(fig, folder, "context_use.png")
-
-    for task in ("passkey", "needle"):
-        grid = [m for m in models if m.get(task)]
-        if grid:
-            written[task] = _heatmap(plt, grid, task, folder)
-    ruler = [m for m in models if m.get("ruler")]
-    if ruler:
-        written["ruler"] = _ruler_heatmap(plt, ruler, folder)
-
-    qa = [m for m in models if m.get("qa")]
-    if qa:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for ax, key, title in ((axes[0], "by_position", "answer position"), (axes[1], "by_length", "context length")):
-            labels: list[str] = []
-            for m in qa:
-                labels += [b for b in m["qa"][key] if b not in labels]
-            width = 0.8 / len(qa)
-            for i, m in enumerate(qa):
-                vals = [(m["qa"][key].get(b) or {}).get("f1") or 0.0 for b in labels]
-                ax.bar([j + i * width for j in range(len(labels))], vals, width=width, label=m["name"])
-            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, rotation=30)
-            ax.set_ylim(0, 100)
-            ax.set_ylabel("F1 (%)")
-            ax.set_title(f"QA F1 by {title}")
-        axes[0].legend()
-        written["qa"] = _save(fig, folder, "qa_by_bucket.png")
-    written.update(attention_plot(plt, models, folder))
+    for key, registered in SECTIONS.items():
+        have = [m for m in report["models"] if m.get(key)]
+        if have:
+            written.update(registered.plots(plt, have, folder))
     return written
-
-
-def _heatmap(plt: Any, models: list[dict[str, Any]], task: str, folder: Path) -> str:
-    import numpy as np
-
-    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models) + 1, 4), squeeze=False, constrained_layout=True)
-    image = None
-    for ax, m in zip(axes[0], models, strict=True):
-        cells = m[task]["cells"]
-        lengths = sorted({c["length"] for c in cells})
-        depths = sorted({c["depth"] for c in cells})
-        grid = np.full((len(depths), len(lengths)), np.nan)
-        for c in cells:
-            grid[depths.index(c["depth"]), lengths.index(c["length"])] = _f(c["accuracy"])
-        image = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
-        ax.set_xticks(range(len(lengths)), [str(L) for L in lengths], rotation=45)
-        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("depth (%)")
-        ax.set_title(m["name"])
-    fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
-    fig.suptitle("Passkey retrieval" if task == "passkey" else "Needle in a haystack")
-    return _save(fig, folder, f"{task}_heatmap.png", tight=False)
-
-
-def _ruler_heatmap(plt: Any, models: list[dict[str, Any]], folder: Path) -> str:
-    """Tasks × lengths accuracy per model, the effective length of each task marked by a black frame."""
-    import numpy as np
-    from matplotlib.patches import Rectangle
-
-    fig, axes = plt.subplots(
-        1,
-        len(models),
-        figsize=(3.2 * len(models) + 2, 0.45 * len(models[0]["ruler"]["tasks"]) + 2.2),
-        squeeze=False,
-        constrained_layout=True,
-    )
-    image = None
-    for ax, m in zip(axes[0], models, strict=True):
-        r = m["ruler"]
-        tasks = list(r["tasks"])
-        lengths = [str(L) for L in r["settings"]["lengths"]]
-        grid = np.array([[r["scores"][t].get(L, np.nan) for L in lengths] for t in tasks], dtype=float)
-        image = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
-        for i, t in enumerate(tasks):
-            eff = r["tasks"][t]["effective_length"].get("length")
-            if eff is not None and str(eff) in lengths:
-                j = lengths.index(str(eff))
-                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
-            for j in range(len(lengths)):
-                ax.text(j, i, f"{grid[i, j] * 100:.0f}", ha="center", va="center", fontsize=8)
-        ax.set_xticks(range(len(lengths)), lengths, rotation=45)
-        ax.set_yticks(range(len(tasks)), tasks)
-        ax.set_xlabel("length (tokens)")
-        ax.set_title(m["name"])
-    fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
-    fig.suptitle("RULER-style tasks (frame: effective length)")
-    return _save(fig, folder, "ruler_heatmap.png", tight=False)
-
-
-def _save(fig: Any, folder: Path, name: str, tight: bool = True) -> str:
-    import matplotlib.pyplot as plt
-
-    if tight:
-        fig.tight_layout()
-    fig.savefig(folder / name, dpi=110)
-    plt.close(fig)
-    return name
-
-
-def attention_plot(plt: Any, models: list[dict[str, Any]], folder: Path) -> dict[str, str]:
-    """``attention.png``: mass beyond the original window per layer, and entropy by query position.
-
-    Args:
-        plt: ``matplotlib.pyplot``.
-        models: report model entries (those without ``attention`` are skipped).
-        folder: where to write.
-
-    Returns:
-        ``{"attention": file name}``, or empty without attention sections.
-    """
-    have = [m for m in models if m.get("attention")]
-    if not have:
-        return {}
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    width = 0.8 / len(have)
-    for i, m in enumerate(have):
-        a = m["attention"]
-        layers = [lay["layer"] for lay in a["layers"]]
-        axes[0].bar(
-            [x + i * width for x in layers],
-            [lay["beyond_original"] * 100 for lay in a["layers"]],
-            width=width,
-            label=m["name"],
-        )
-        bottom = 0.0
-        for b, (label, share) in enumerate(zip(a["band_labels"], a["mean"]["bands"], strict=True)):
-            axes[1].bar(
-                i,
-                share * 100,
-                bottom=bottom,
-                color=plt.cm.viridis(b / max(1, len(a["band_labels"]) - 1)),
-                label=label if i == 0 else None,
-            )
-            bottom += share * 100
-        centres = [(s + e) / 2 for s, e in a["position_buckets"]]
-        mean_ent = [
-            sum(col) / len(col) for col in zip(*[lay["entropy_by_position"] for lay in a["layers"]], strict=True)
-        ]
-        axes[2].plot(centres, mean_ent, marker="o", label=m["name"])
-    n_layers = max(len(m["attention"]["layers"]) for m in have)
-    axes[0].set_xticks([x + 0.4 - width / 2 for x in range(n_layers)], [str(x) for x in range(n_layers)])
-    axes[0].set_xlabel("layer")
-    axes[0].set_ylabel("% of attention mass")
-    axes[0].set_title(f"Beyond the original window ({have[0]['attention']['original_length']} tokens)")
-    axes[0].legend()
-    axes[1].set_xticks(range(len(have)), [m["name"] for m in have])
-    axes[1].set_ylabel("% of attention mass (mean over layers)")
-    axes[1].set_title("By query–key distance (share of length)")
-    axes[1].legend(fontsize=8)
-    axes[2].set_xlabel("query position (bucket centre)")
-    axes[2].set_ylabel("entropy (nats, mean over layers)")
-    axes[2].set_title("Attention entropy by position")
-    axes[2].legend()
-    return {"attention": _save(fig, folder, "attention.png")}

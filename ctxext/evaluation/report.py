@@ -13,38 +13,22 @@ percentages with 95 % bootstrap intervals over examples.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import platform
 from pathlib import Path
 from typing import Any
 
-from ctxext.artifacts.report import SCHEMA, EvalReport, Grid, ModelEntry, parse_report
+from ctxext.artifacts.report import SCHEMA, EvalReport, parse_report
 from ctxext.artifacts.tables import (
-    bucket_table,
-    fmt,
-    grid_table,
     models_table,
-    ppl_cell,
-    ppl_length_table,
-    qa_table,
-    short_context_table,
+    num_text,
+    p_text,
     table,
 )
 from ctxext.atomic import atomic_folder
+from ctxext.evaluation.settings import PPL_PROTOCOL, SLIDING_PROTOCOL
 
 # The kind of output folder a report is (``ctxext.atomic``): --overwrite replaces only another report.
 REPORT_KIND = "report"
-
-PPL_PROTOCOL = (
-    "truncated-document perplexity: each document tokenized with the tokenizer's defaults (BOS where it adds "
-    "one) and cut to L tokens; token t is predicted from tokens < t; every length and bucket over the same "
-    "documents (those reaching the longest length; 'all documents >= L' as a secondary view); 95% bootstrap CI "
-    "over documents"
-)
-SLIDING_PROTOCOL = (
-    "strided sliding window (transformers docs): whole documents, windows of L tokens moved by the stride, each "
-    "token scored once from its window; 95% bootstrap CI over documents"
-)
 
 
 def model_entry(loaded: Any) -> dict[str, Any]:
@@ -176,27 +160,12 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
     device = report.environment.get("device", "?")
     lines += [f"Created {report.created} with ctxext {report.ctxext_version} on {device}.", ""]
     lines += ["## Models", "", *models_table(models), *beyond_target_markdown(raw)]
-    if any(m.perplexity for m in models):
-        lines += _ppl_markdown(report, raw, plots)
-    for task, title in (("passkey", "Passkey retrieval"), ("needle", "Needle in a haystack")):
-        grids = [(m.name, g) for m in models if (g := getattr(m, task)) is not None]
-        if grids:
-            lines += _grid_markdown(grids, task, title, plots)
-    ruler_models = [m for m in raw["models"] if m.get("ruler")]
-    if ruler_models:
-        lines += _ruler_markdown(ruler_models, plots)
-    if any(m.qa for m in models):
-        lines += ["## Long-document QA", ""]
-        lines += [f"![qa by bucket]({plots['qa']})", ""] if "qa" in plots else []
-        lines += qa_table(models)
-    attn_models = [m for m in raw["models"] if m.get("attention")]
-    if attn_models:
-        lines += attention_markdown(attn_models, plots)
     from ctxext.evaluation.sections import SECTIONS  # sections registered as plugins render themselves
 
     for key, registered in SECTIONS.items():
         if any(m.get(key) for m in raw["models"]):
-            lines += registered.markdown([m for m in raw["models"] if m.get(key)], raw)
+            section = registered.markdown([m for m in raw["models"] if m.get(key)], raw)
+            lines += _with_plots(section, {name: file for name, file in plots.items() if _plot_of(name, key)})
     comp = raw.get("comparisons")
     if comp and (comp["comparisons"] or comp["notes"]):
         lines += comparisons_markdown(comp)
@@ -211,221 +180,29 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
     return "\n".join(lines)
 
 
-def _ppl_markdown(report: EvalReport, raw: dict[str, Any], plots: dict[str, str]) -> list[str]:
-    models = [m for m in report.models if m.perplexity]
-    first = models[0].perplexity
-    assert first is not None
-    docs = first.documents
-    lines = ["## Perplexity", ""]
-    lines += [f"Data: `{report.data_source() or '?'}`. Protocol: {first.protocol or PPL_PROTOCOL}.", ""]
-    lines += [
-        f"Documents: {docs.read} read, {docs.too_short} skipped as shorter than {docs.min_tokens} "
-        f"tokens, {docs.evaluated} evaluated. Cells: ppl [95 % CI] (documents); † beyond the model's context.",
-        "",
-        "### By evaluation length",
-        "",
-    ]
-    if first.document_set == "common":
-        lines += [
-            f"Every length is scored on the same {docs.common} documents (those reaching "
-            f"{first.bucket_length} tokens), so changes across lengths are the model's.",
-            "",
-        ]
-    lines += ppl_length_table(models)
-    lines += ppl_all_documents_markdown(models)
-    short = short_context_table(models)
-    if short:
-        lines += ["### Short-context regression (perplexity at the original context)", "", *short]
-    buckets = bucket_table(models)
-    if buckets:
-        lines += [f"### By token position (documents reaching {first.bucket_length} tokens)", ""]
-        if "ppl_by_position" in plots:
-            lines += [f"![perplexity by position]({plots['ppl_by_position']})", ""]
-        lines += buckets
-    cu_models = [m for m in raw["models"] if (m.get("perplexity") or {}).get("context_use")]
-    if cu_models:
-        lines += _context_use_markdown(cu_models, plots)
-    return lines
+def _plot_of(plot: str, section: str) -> bool:
+    # A registered section's plots are named after it (SuiteSection.plots).
+    return plot == section or plot.startswith(f"{section}_")
 
 
-def _context_use_markdown(cu_models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
-    t = cu_models[0]["perplexity"]["context_use"]["targets"]
-    lines = [
-        "### Context use",
-        "",
-        f"The same target tokens (positions {t['start']}–{t['end']} of {t['documents']} documents) scored with "
-        "their context cut to k tokens (windows of k moved by k/2: each target sees k/2 to k tokens). "
-        "Gain = NLL(k) − NLL(full) in nats/token [95 % paired bootstrap CI]; > 0 means the far context helps. "
-        "At k = the original window, a gain whose interval is above 0 means the model uses context beyond "
-        "its original window.",
-        "",
-    ]
-    if "context_use" in plots:
-        lines += [f"![context use]({plots['context_use']})", ""]
-    limits = sorted({e["context"] for m in cu_models for e in m["perplexity"]["context_use"]["limits"]})
-    rows = []
-    originals = {m["perplexity"]["context_use"].get("original_window") for m in cu_models}
-    for k in limits:
-        row = [f"{k} (original window)" if k in originals else str(k)]
-        for m in cu_models:
-            e = next((x for x in m["perplexity"]["context_use"]["limits"] if x["context"] == k), None)
-            row.append("–" if e is None else _gain_cell(e))
-        rows.append(row)
-    rows.append(["full"] + [_ppl_dict_cell(m["perplexity"]["context_use"]["full"]) for m in cu_models])
-    lines += table(["context k"] + [m["name"] for m in cu_models], rows)
-    return lines
+def _with_plots(lines: list[str], plots: dict[str, str]) -> list[str]:
+    # A section's plots go after its first paragraph (the heading's, or its first table); "a_b" reads "a b".
+    # A plot the section's markdown already shows (by its file name) stays where the section put it.
+    plots = {name: file for name, file in plots.items() if not any(f"({file})" in line for line in lines)}
+    if not plots:
+        return lines
+    blanks = [i for i, line in enumerate(lines) if not line.strip()]
+    at = blanks[1] + 1 if len(blanks) > 1 else len(lines)
+    images = [f"![{name.replace('_', ' ')}]({file})" for name, file in plots.items()]
+    return [*lines[:at], *images, "", *lines[at:]]
 
 
-def _ppl_dict_cell(e: dict[str, Any] | None) -> str:
-    if not e or e.get("ppl") is None:
-        return "–"
-    return f"{fmt(e['ppl'])} [{fmt(e.get('ci_low'))}, {fmt(e.get('ci_high'))}] ({e.get('documents')})"
-
-
-def _gain_cell(e: dict[str, Any]) -> str:
-    low, high = _num(e["gain_nll_ci_low"], "+.4f"), _num(e["gain_nll_ci_high"], "+.4f")
-    gain = f"{_num(e['gain_nll'], '+.4f')} [{low}, {high}]"
-    return f"{fmt(e['ppl'])}; gain {gain}"
-
-
-def _grid_markdown(grids: list[tuple[str, Grid]], task: str, title: str, plots: dict[str, str]) -> list[str]:
-    lines = [f"## {title}", ""]
-    if task in plots:
-        lines += [f"![{task}]({plots[task]})", ""]
-    lines += [scoring_note({g.scoring for _, g in grids}) + chat_note({g.chat_template for _, g in grids}), ""]
-    for name, g in grids:
-        lines += grid_table(name, g)
-    return lines
-
-
-SCORING_NOTES = {
-    "teacher-forced": "teacher-forced (one forward pass over prompt + answer; correct iff every answer token is the "
-    "argmax — exact for greedy decoding; no KV cache, no generation config)",
-    "generate": "generation (explicit greedy config; KV cache off for dynamic / longrope; correct iff the generated "
-    "tokens start with the answer's; RULER's string-match score beside it)",
-    "both": "teacher-forced and generated on the same trials (accuracy: teacher-forced; generated: RULER's "
-    "string-match score of greedy generations)",
-}
-
-
-def scoring_note(kinds: set[str | None]) -> str:
-    """One line naming how a retrieval section was scored (reports before scoring modes: generation)."""
-    names = sorted(k or "generate (legacy: first number / word recall)" for k in kinds)
-    return "Scoring: " + "; ".join(SCORING_NOTES.get(k, k) for k in names) + ". Prompt + answer fit the length."
-
-
-def chat_note(used: set[str | None]) -> str:
-    """One sentence naming the chat template prompts were wrapped in (nothing for reports before the setting)."""
-    named = sorted(u for u in used if u)
-    if not named:
-        return ""
-    return " Chat template: " + ", ".join("none (plain prompts)" if u == "none" else f"`{u}`" for u in named) + "."
-
-
-def _ruler_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
-    """The RULER-style section: score by task × length per model, and effective lengths side by side."""
-    first = models[0]["ruler"]
-    st = first["settings"]
-    ref = (
-        f"{st['threshold'] * 100:g} % of the model's own score at its original length"
-        if st["threshold_reference"] == "original"
-        else f"an absolute {st['threshold'] * 100:g} %"
-    )
-    lines = ["## RULER-style tasks", ""]
-    if "ruler" in plots:
-        lines += [f"![ruler]({plots['ruler']})", ""]
-    lines += [
-        f"Haystack: `{first['haystack']}`; depths {', '.join(f'{d:g}' for d in st['depths'])} %; {st['trials']} trials "
-        f"per cell; templates: {st['templates']}. {scoring_note({first.get('scoring')})}"
-        f"{chat_note({m['ruler'].get('chat_template') for m in models})} Effective length: the longest "
-        f"length up to which every evaluated length scores ≥ {ref} (the section's threshold setting; RULER's and "
-        "NoLiMa's named definitions follow); n/a: the task scores below "
-        f"{st.get('min_reference', 0) * 100:g} % at the original length, so it has no relative threshold. Cells: "
-        "accuracy % over all depths (trials); ✱ the model was fine-tuned on this task; † beyond the model's context.",
-        "",
-    ]
-    names = [m["name"] for m in models]
-    tasks = list(first["tasks"])
-    rows = []
-    for t in tasks:
-        row = [t]
-        for m in models:
-            e = m["ruler"]["tasks"].get(t, {}).get("effective_length", {})
-            trained = t in (m["ruler"].get("trained_tasks") or []) or (
-                m["ruler"]["tasks"].get(t, {}).get("registry_task") in (m["ruler"].get("trained_tasks") or [])
-            )
-            row.append(_eff(e) + (" ✱" if trained else ""))
-        rows.append(row)
-    rows.append(
-        ["**overall** (mean over the tasks with a reference)"] + [_eff(m["ruler"]["effective_length"]) for m in models]
-    )
-    lines += ["### Effective length", ""]
-    lines += table(["task"] + names, rows)
-    from ctxext.evaluation.ruler import named_effective_markdown
-
-    lines += named_effective_markdown(models)
-    from ctxext.evaluation.control import control_markdown
-
-    lines += control_markdown(models)
-    for m in models:
-        r = m["ruler"]
-        lengths = [str(L) for L in r["settings"]["lengths"]]
-        both = r.get("scoring") == "both"
-        lines += [f"### {m['name']}", ""]
-        lines += ["Cells: teacher-forced accuracy / generated string-match score (trials).", ""] if both else []
-        body = []
-        for t, res in r["tasks"].items():
-            row = [t + (" ✱" if res.get("registry_task") in (r.get("trained_tasks") or []) else "")]
-            for L in lengths:
-                bl = res["by_length"].get(L)
-                cell: dict[str, Any] = next((c for c in res["cells"] if str(c["length"]) == L), {})
-                gen = f" / {bl['generated']['score'] * 100:.0f}" if bl and both and bl.get("generated") else ""
-                row.append(
-                    "–"
-                    if bl is None
-                    else f"{bl['accuracy'] * 100:.0f}{gen} ({bl['trials']}){' †' if cell.get('beyond_context') else ''}"
-                )
-            body.append(row)
-        counted = ", ".join(r["effective_length"].get("tasks") or []) or "none"
-        body.append([f"**mean** ({counted})"] + [f"{r['mean_by_length'][L] * 100:.0f}" for L in lengths])
-        header = [f"{L}{' (orig.)' if int(L) == r['original_length'] else ''}" for L in lengths]
-        lines += table(["task \\ length", *header], body)
-    return lines
-
-
-def _eff(e: dict[str, Any]) -> str:
-    if not e:
-        return "–"
-    bar = e.get("threshold")
-    if e.get("length") is None:
-        if bar is None:
-            ref = e.get("reference_score")
-            return "n/a" + (f" ({ref * 100:.0f} % at the original length)" if ref is not None else "")
-        return f"< shortest (≥ {bar * 100:.0f} % needed)"
-    return f"{e['length']}" + (f" (≥ {bar * 100:.0f} %)" if bar is not None else "")
-
-
-def _p(p: float | None) -> str:
-    if p is None or not math.isfinite(p):
-        return "–"
-    return f"{p:.2g}" if p >= 0.001 else "<0.001"
-
-
-def _num(x: float | None, spec: str, scale: float = 1.0) -> str:
-    # A number of the JSON form: NaN was written as null, shown as "–".
-    return "–" if x is None or not math.isfinite(x) else f"{x * scale:{spec}}"
-
-
-def _ratio_cell(r: dict[str, Any]) -> str:
-    low, high = r.get("ci_low"), r.get("ci_high")
-    if low is None or high is None or not math.isfinite(low):
-        return f"{_num(r['ratio'], '.3f')}× [–]"
-    mark = "" if low <= 1 <= high else " **"
-    return f"{_num(r['ratio'], '.3f')}× [{low:.3f}, {high:.3f}]{mark}"
+def _ps(row: dict[str, Any]) -> list[str]:
+    return [p_text(row["p_value"]), p_text(row["p_holm"])]
 
 
 def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
-    """The paired model-vs-reference tables (perplexity ratios, McNemar tests on retrieval grids).
+    """The paired model-vs-reference tables: each section's own (perplexity ratios…), then the grids' McNemar tests.
 
     Args:
         comp: the report's ``comparisons`` section (:func:`ctxext.evaluation.paired.compare_models`).
@@ -442,34 +219,11 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
         "real when its adjusted p is small, not when one raw p among many is.",
         "",
     ]
-    ppl = comp.get("perplexity") or []
-    by_len = [r for r in ppl if r["view"] == "length"]
-    if by_len:
-        lines += [
-            "### Perplexity ratio by length",
-            "",
-            f"ppl(model) / ppl({ref}) on the same tokens of the same documents, with a 95 % paired bootstrap "
-            "interval (documents resampled jointly); ** the interval excludes 1.",
-            "",
-        ]
-        rows = [
-            [r["model"], str(r["length"]), _ratio_cell(r), str(r["documents"]), _p(r["p_value"]), _p(r["p_holm"])]
-            for r in by_len
-        ]
-        lines += table(["model", "length", "ratio [95 % CI]", "docs", "p", "p Holm"], rows)
-    by_bucket = [r for r in ppl if r["view"] == "bucket"]
-    if by_bucket:
-        models = list(dict.fromkeys(r["model"] for r in by_bucket))
-        edges = list(dict.fromkeys((r["start"], r["end"]) for r in by_bucket))
-        lines += ["### Perplexity ratio by token position", "", f"ppl(model) / ppl({ref}) per position bucket.", ""]
-        rows = []
-        for start, end in edges:
-            row = [f"{start}–{end}"]
-            for name in models:
-                r = next((x for x in by_bucket if x["model"] == name and x["start"] == start), None)
-                row.append("–" if r is None else _ratio_cell(r))
-            rows.append(row)
-        lines += table(["positions"] + models, rows)
+    from ctxext.evaluation.sections import SECTIONS  # each section's paired rows, as it shows them
+
+    for key, registered in SECTIONS.items():
+        if comp.get(key):
+            lines += registered.paired_markdown(comp[key], ref)
     grids = comp.get("grids") or []
     if grids:
         lines += [
@@ -487,9 +241,9 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
                 f"{r['a_correct']}/{r['trials']}",
                 f"{r['b_correct']}/{r['trials']}",
                 f"{r['only_a']} / {r['only_b']}",
-                f"{_num(r['difference'], '+.0f', 100)} pts",
-                _p(r["p_value"]),
-                _p(r["p_holm"]),
+                f"{num_text(r['difference'], '+.0f', 100)} pts",
+                p_text(r["p_value"]),
+                p_text(r["p_holm"]),
             ]
             for r in grids
         ]
@@ -497,65 +251,9 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
             ["model", "task", "length", "model correct", f"{ref} correct", "discordant (+ / −)", "Δ", "p", "p Holm"],
             rows,
         )
-    attn = comp.get("attention") or []
-    if attn:
-        lines += [
-            "### Attention beyond the original window, paired documents",
-            "",
-            f"Share of attention on keys beyond the original window (mean over layers), model − {ref}, in "
-            "percentage points [95 % paired bootstrap CI over documents].",
-            "",
-        ]
-        rows = [
-            [
-                r["model"],
-                str(r["length"]),
-                f"{_num(r['difference'], '+.1f', 100)} [{_num(r['ci_low'], '+.1f', 100)}, "
-                f"{_num(r['ci_high'], '+.1f', 100)}]",
-                str(r["documents"]),
-                _p(r["p_value"]),
-                _p(r["p_holm"]),
-            ]
-            for r in attn
-        ]
-        lines += table(["model", "length", "Δ share (pts)", "docs", "p", "p Holm"], rows)
     for note in comp.get("notes") or []:
         lines += [f"Note: {note}", ""]
     return lines
-
-
-def ppl_all_documents_markdown(models: list[ModelEntry]) -> list[str]:
-    """The secondary perplexity table: at each length, every document with at least that many tokens.
-
-    Args:
-        models: model entries with a ``perplexity`` section.
-
-    Returns:
-        Markdown lines (none when no model has the view, or when it equals the main table).
-    """
-    have = [(m.name, m.perplexity) for m in models if m.perplexity and m.perplexity.by_length_all]
-    if not have:
-        return []
-    lengths = sorted({int(L) for _, p in have for L in p.by_length_all})
-    rows = []
-    differs = False
-    for L in lengths:
-        row = [str(L)]
-        for _, p in have:
-            e, main = p.by_length_all.get(str(L)), p.by_length.get(str(L))
-            differs |= e is not None and e.documents != (main.documents if main else None)
-            row.append(ppl_cell(e))
-        rows.append(row)
-    if not differs:
-        return []
-    return [
-        "#### All documents with at least L tokens (secondary view)",
-        "",
-        "A different document set at each length (more documents at short lengths): do not read a change "
-        "across lengths in this table as the model's.",
-        "",
-        *table(["length"] + [name for name, _ in have], rows),
-    ]
 
 
 def beyond_target_markdown(report: dict[str, Any]) -> list[str]:
@@ -578,46 +276,3 @@ def beyond_target_markdown(report: dict[str, Any]) -> list[str]:
         "there; † marks them in the tables.",
         "",
     ]
-
-
-def attention_markdown(models: list[dict[str, Any]], plots: dict[str, str]) -> list[str]:
-    """The attention-diagnostics section: per model and layer, mass by distance band, beyond the window, sinks.
-
-    Args:
-        models: model entries with an ``attention`` section.
-        plots: plot name → file name.
-
-    Returns:
-        Markdown lines.
-    """
-    first = models[0]["attention"]
-    lines = [
-        "## Attention diagnostics",
-        "",
-        f"Per layer, averaged over heads and {first['documents']} documents of {first['length']} tokens: the share "
-        "of attention mass by query–key distance (as a fraction of the length), on keys beyond the model's "
-        f"original window, and on the first {first['settings']['sink_tokens']} tokens (sinks), for queries in the "
-        "second half of the sequence; entropy (nats) over all queries. Recomputed from each layer's q and k "
-        "with the model's own rotary embedding.",
-        "",
-    ]
-    if "attention" in plots:
-        lines += [f"![attention diagnostics]({plots['attention']})", ""]
-    labels = first["band_labels"]
-    rows = []
-    for m in models:
-        a = m["attention"]
-        mark = " †" if a.get("beyond_context") else ""
-        for lay in [*a["layers"], {"layer": "mean", **a["mean"]}]:
-            rows.append(
-                [
-                    f"{m['name']}{mark}",
-                    str(lay["layer"]),
-                    *[_num(x, ".1f", 100) for x in lay["bands"]],
-                    f"{_num(lay['beyond_original'], '.1f', 100)} (> {a['original_length']})",
-                    _num(lay["sinks"], ".1f", 100),
-                    f"{lay['entropy']:.2f}",
-                ]
-            )
-    lines += table(["model", "layer", *[f"d {x} of L" for x in labels], "beyond window %", "sinks %", "entropy"], rows)
-    return lines

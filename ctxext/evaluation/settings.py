@@ -43,6 +43,18 @@ def check_chat_choice(value: str, info: ValidationInfo | None = None) -> str:
 
 
 Length = int | str
+
+# How the report describes a perplexity run (older reports without the key read as the truncated protocol).
+PPL_PROTOCOL = (
+    "truncated-document perplexity: each document tokenized with the tokenizer's defaults (BOS where it adds "
+    "one) and cut to L tokens; token t is predicted from tokens < t; every length and bucket over the same "
+    "documents (those reaching the longest length; 'all documents >= L' as a secondary view); 95% bootstrap CI "
+    "over documents"
+)
+SLIDING_PROTOCOL = (
+    "strided sliding window (transformers docs): whole documents, windows of L tokens moved by the stride, each "
+    "token scored once from its window; 95% bootstrap CI over documents"
+)
 # The default lengths of every evaluation (typed: a bare lambda's list literal would be inferred as list[str]).
 DEFAULT_LENGTHS: list[Length] = ["1x", "2x", "4x"]
 # A bootstrap interval over one or two documents has (almost) zero width and means nothing.

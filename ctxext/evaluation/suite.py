@@ -25,109 +25,33 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ctxext.errors import InputError
 
-# The perplexity, passkey, needle and qa sections are the workflows' own settings models (the flags of
-# ctxext eval ppl / passkey / needle / qa are generated from them); lengths resolve the same way everywhere.
-from ctxext.evaluation.settings import (
-    CHAT_HELP,
-    DEFAULT_LENGTHS,
-    Length,
-    NeedleSettings,
-    PasskeySettings,
-    PerplexitySettings,
-    QASettings,
-    Scoring,
-    auto_bucket,
-    check_chat_choice,
-    is_beyond_target,
-    resolve_length,
-)
-
-# Typed defaults (a bare lambda's list literal would be inferred as list[str] / list[int]).
-_RULER_DEPTHS: list[float] = [10, 50, 90]
-
-
-# The sections whose prompts a chat template can wrap (their ``chat_template`` key).
-CHAT_SECTIONS = ("passkey", "needle", "ruler", "qa")
+# Lengths resolve the same way in every section (ctxext.evaluation.settings); the sections themselves,
+# settings models included, are registered in ctxext.evaluation.sections.
+from ctxext.evaluation.settings import Length, is_beyond_target, resolve_length
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-TemplateChoice = Literal["heldout", "training", "all"] | list[int]
-
-
-class RulerTaskEntry(_Section):
-    """One task of the RULER-style section."""
-
-    task: str = Field(description="a registered task: needle, multikey, multivalue, multiquery, variable_tracking, …")
-    name: str | None = Field(default=None, description="label in the report (default: the task name)")
-    options: dict[str, int] = Field(default_factory=dict, description="task options, e.g. {distractors: 3}")
-    templates: TemplateChoice | None = None
-
-
-class RulerSection(_Section):
-    """RULER-style synthetic tasks × lengths × depths, with effective length."""
-
-    @field_validator("chat_template")
-    @classmethod
-    def _chat_template(cls, value: str, info: ValidationInfo) -> str:
-        return check_chat_choice(value, info)
-
-    tasks: list[RulerTaskEntry]
-    lengths: list[Length] = Field(default_factory=DEFAULT_LENGTHS.copy)
-    depths: list[float] = Field(default_factory=_RULER_DEPTHS.copy)
-    trials: int = Field(default=10, gt=0)
-    seed: int = 0
-    haystack: str = Field(default="builtin:stdlib", description="haystack text source, or noise")
-    text_field: str = "text"
-    split: str = "test"
-    templates: TemplateChoice = "heldout"
-    threshold: float = Field(default=0.85, gt=0, le=1)
-    threshold_reference: Literal["original", "absolute"] = "original"
-    min_reference: float = Field(default=0.25, ge=0, le=1)
-    scoring: Scoring = "teacher-forced"
-    max_new_tokens: int = Field(default=12, gt=0, description="generation: tokens generated at least")
-    answer_margin: int = Field(default=8, ge=0, description="generation: tokens generated beyond the answer's length")
-    chat_template: str = Field(default="auto", description=CHAT_HELP)
-    control: bool = Field(
-        default=False, description="also score every task with its needles replaced by haystack text (chance rate)"
-    )
-
-
-class AttentionTask(_Section):
-    """Attention diagnostics (mass by distance band, beyond the original window, sinks, entropy)."""
-
-    data: str = "builtin:stdlib"
-    text_field: str = "text"
-    split: str = "test"
-    length: Length = "target"
-    docs: int = Field(default=4, gt=0)
-    bands: list[float] = Field(default_factory=lambda: [0.01, 0.1, 0.5])
-    sink_tokens: int = Field(default=4, gt=0)
-
-
 class Suite(_Section):
-    """An evaluation suite: the sections above, and any section registered in ``ctxext.evaluation.sections``."""
+    """An evaluation suite: its name, and one key per section registered in ``ctxext.evaluation.sections``.
+
+    Each registered section is an attribute (``suite.passkey``): its validated settings, or None.
+    """
 
     model_config = ConfigDict(extra="allow")
 
     name: str
     description: str = ""
     allow_beyond_context: bool = False
-    perplexity: PerplexitySettings | None = None
-    passkey: PasskeySettings | None = None
-    needle: NeedleSettings | None = None
-    qa: QASettings | None = None
-    ruler: RulerSection | None = None
-    attention: AttentionTask | None = None
 
     @model_validator(mode="wrap")
     @classmethod
@@ -165,7 +89,10 @@ class Suite(_Section):
         if problems:
             raise ValidationError.from_exception_data(cls.__name__, problems)
         if suite.__pydantic_extra__ is not None:
-            suite.__pydantic_extra__.update(sections)
+            # Every registered section is an attribute, None when the suite does not name it, in the registry's
+            # order (the order sections run in, and the order of report.json's suite definition and data).
+            suite.__pydantic_extra__.clear()
+            suite.__pydantic_extra__.update({key: sections.get(key) for key in SECTIONS})
         return suite
 
 
@@ -211,66 +138,31 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     _resolve_paths(suite, p.resolve().parent)
     from ctxext.evaluation.sections import SECTIONS, sections_in
 
-    if not any((suite.perplexity, suite.passkey, suite.needle, suite.qa, suite.ruler, suite.attention)) and not (
-        sections_in(suite)
-    ):
-        names = ", ".join(["perplexity", "passkey", "needle", "qa", "ruler", "attention", *SECTIONS])
+    if not sections_in(suite):
+        names = ", ".join(SECTIONS)
         raise InputError(f"suite {path} names no task ({names})")
-    if suite.ruler:
-        # Unknown tasks, options or templates fail now, before any model is loaded.
-        ruler_settings(suite.ruler, [1], False).validate()
+    for registered, settings in sections_in(suite):
+        registered.check(settings)  # e.g. unknown tasks fail now, before any model is loaded
     return suite, raw
-
-
-def ruler_settings(section: RulerSection, lengths: list[int], allow_beyond: bool) -> Any:
-    """The :class:`~ctxext.evaluation.ruler.RulerSettings` of a suite's ``ruler`` section."""
-    from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec
-
-    return RulerSettings(
-        tasks=[RulerTaskSpec(t.task, t.name, dict(t.options), t.templates) for t in section.tasks],
-        lengths=lengths,
-        depths=list(section.depths),
-        trials=section.trials,
-        seed=section.seed,
-        haystack=section.haystack,
-        text_field=section.text_field,
-        split=section.split,
-        templates=section.templates,
-        threshold=section.threshold,
-        threshold_reference=section.threshold_reference,
-        min_reference=section.min_reference,
-        scoring=section.scoring,
-        max_new_tokens=section.max_new_tokens,
-        answer_margin=section.answer_margin,
-        chat_template=section.chat_template,
-        allow_beyond_context=allow_beyond,
-        control=section.control,
-    )
 
 
 def _resolve_paths(suite: Suite, folder: Path) -> None:
     # Data paths in a suite may be relative to the working folder, the suite's folder or its parent.
     from ctxext.evaluation.sections import sections_in
 
-    for task, key in (
-        ("perplexity", "data"),
-        ("needle", "haystack"),
-        ("qa", "data"),
-        ("ruler", "haystack"),
-        ("attention", "data"),
-        *((task, "chat_template") for task in CHAT_SECTIONS),
-        *((registered.name, key) for registered, _ in sections_in(suite) for key in registered.data_keys),
-    ):
-        section = getattr(suite, task)
-        if section is None:
-            continue
-        value = getattr(section, key)
-        if value.startswith("builtin:") or value == "noise" or Path(value).exists():
-            continue
-        for base in (folder, folder.parent):
-            if (base / value).exists():
-                setattr(section, key, str(base / value))
-                break
+    for registered, section in sections_in(suite):
+        for key in registered.data_keys:
+            _resolve_path(section, key, folder)
+
+
+def _resolve_path(section: Any, key: str, folder: Path) -> None:
+    value = getattr(section, key)
+    if not isinstance(value, str) or value.startswith("builtin:") or value == "noise" or Path(value).exists():
+        return
+    for base in (folder, folder.parent):
+        if (base / value).exists():
+            setattr(section, key, str(base / value))
+            return
 
 
 def resolve_lengths(
@@ -347,11 +239,8 @@ def run_suite(
                 or loaded.context_length < context
             )
             entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
-            if "ruler" in entry:
-                from ctxext.evaluation.ruler import trained_tasks
-
-                # Marks the tasks this model was fine-tuned on (from a run folder's recipe data.mixture).
-                entry["ruler"]["trained_tasks"] = trained_tasks(spec.adapter or spec.ref)
+            for registered, _ in registered_sections:
+                registered.annotate(entry[registered.name], spec)
             entries.append(entry)
             del loaded
             gc.collect()
@@ -397,7 +286,7 @@ def _reference_context(specs: list[Any]) -> tuple[int, int]:
 
 
 def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, Any], list[str]]:
-    """The lengths in tokens of every section (perplexity: ``(lengths, context limits, bucket)``), with notes.
+    """The lengths in tokens of every section (resolved against the reference model), with notes.
 
     Raises:
         InputError: a section with no length left at or below the reference context.
@@ -416,21 +305,6 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
         return kept
 
     plan: dict[str, Any] = {}
-    if suite.perplexity:
-        t = suite.perplexity
-        lengths = lengths_of(t.lengths, "perplexity")
-        limits = [resolve_length(k, original, context) for k in t.context_limits]
-        limits = [k for k in limits if k < lengths[-1]]
-        bucket = auto_bucket(lengths[-1]) if t.bucket_size == "auto" else t.bucket_size
-        plan["perplexity"] = (lengths, limits, bucket)
-    if suite.passkey:
-        plan["passkey"] = lengths_of(suite.passkey.lengths, "passkey")
-    if suite.needle:
-        plan["needle"] = lengths_of(suite.needle.lengths, "needle")
-    if suite.ruler:
-        plan["ruler"] = lengths_of(suite.ruler.lengths, "ruler")
-    if suite.attention:
-        plan["attention"] = lengths_of([suite.attention.length], "attention")
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):
@@ -441,20 +315,7 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
 
 def _data_sources(suite: Suite) -> dict[str, Any]:
     """What each section reads (:func:`~ctxext.evaluation.data.describe_source`), for the report."""
-    from ctxext.evaluation.data import describe_source
-
     data: dict[str, Any] = {}
-    if suite.perplexity:
-        data["perplexity"] = describe_source(suite.perplexity.data, suite.perplexity.text_field, suite.perplexity.split)
-    if suite.needle:
-        data["needle"] = describe_source(suite.needle.haystack, suite.needle.text_field, suite.needle.split)
-    if suite.qa:
-        data["qa"] = describe_source(suite.qa.data, split=suite.qa.split)
-    if suite.ruler and suite.ruler.haystack != "noise":
-        data["ruler"] = describe_source(suite.ruler.haystack, suite.ruler.text_field, suite.ruler.split)
-    if suite.attention:
-        a = suite.attention
-        data["attention"] = describe_source(a.data, a.text_field, a.split)
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):
@@ -468,37 +329,6 @@ def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool,
     from ctxext.evaluation.report import model_entry
 
     entry = model_entry(loaded)
-    if suite.perplexity:
-        from ctxext.evaluation.perplexity import evaluate_perplexity
-
-        t = suite.perplexity
-        lengths, limits, bucket = plan["perplexity"]
-        # The section's own settings, with the lengths resolved against the reference model.
-        resolved = {"lengths": lengths, "context_limits": limits, "bucket_size": bucket}
-        settings = t.model_copy(update={**resolved, "allow_beyond_context": beyond_ok or t.allow_beyond_context})
-        entry["perplexity"] = evaluate_perplexity(loaded, None, settings, show)
-    for task in ("passkey", "needle"):
-        t = getattr(suite, task)
-        if t is None:
-            continue
-        from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle, evaluate_passkey
-
-        grid = GridSettings.from_settings(t, plan[task], beyond_ok)
-        if task == "passkey":
-            entry[task] = evaluate_passkey(loaded, grid, show)
-        else:
-            entry[task] = evaluate_needle(loaded, grid, NeedleTask.from_settings(t), show)
-    if suite.ruler:
-        from ctxext.evaluation.ruler import evaluate_ruler
-
-        entry["ruler"] = evaluate_ruler(loaded, ruler_settings(suite.ruler, plan["ruler"], beyond_ok), show)
-    if suite.qa:
-        from ctxext.evaluation.qa import evaluate_qa
-
-        # The section is the QA settings; its max_length resolves against each model's contexts.
-        entry["qa"] = evaluate_qa(loaded, suite.qa, show)
-    if suite.attention:
-        entry["attention"] = _run_attention(suite.attention, loaded, plan["attention"][0], beyond_ok, show)
     from ctxext.evaluation.sections import sections_in
 
     for registered, settings in sections_in(suite):
@@ -513,20 +343,6 @@ def find_suite(ref: str | Path) -> Path:
         shipped = Path(__file__).resolve().parents[2] / suite_path
         suite_path = shipped if shipped.is_file() else suite_path
     return suite_path
-
-
-def _run_attention(task: AttentionTask, loaded: Any, length: int, beyond_ok: bool, show: bool) -> dict[str, Any]:
-    from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
-    from ctxext.evaluation.data import iter_texts
-
-    settings = AttentionSettings(
-        length=length,
-        docs=task.docs,
-        bands=list(task.bands),
-        sink_tokens=task.sink_tokens,
-        allow_beyond_context=beyond_ok,
-    )
-    return evaluate_attention(loaded, iter_texts(task.data, task.text_field, task.split), settings, show)
 
 
 def run_suite_for_run(run_dir: str | Path, recipe: Any, show_progress: bool = True) -> Path:

@@ -23,7 +23,7 @@ import yaml
 
 from ctxext.artifacts.report import ModelEntry
 from ctxext.artifacts.run import Report
-from ctxext.artifacts.tables import bucket_table, fmt, grid_table, ppl_length_table, qa_table, short_context_table
+from ctxext.artifacts.tables import bucket_table, fmt, ppl_length_table, short_context_table
 from ctxext.models.refs import is_hub_id
 from ctxext.publish.card_usage import load_section, rope_parameters, serving_section
 
@@ -367,17 +367,23 @@ def _eval_section(inputs: CardInputs) -> list[str]:
         buckets = bucket_table(models)
         if buckets:
             lines += ["Perplexity by position of the predicted token:", "", *buckets]
-        for task, title in (("passkey", "Passkey accuracy"), ("needle", "Needle-in-a-haystack accuracy")):
-            for m in models:
-                grid = getattr(m, task)
-                if grid is not None:
-                    lines += [f"{title}, {m.name}:", "", *grid_table(m.name, grid)]
-        qa = qa_table(models)
-        if qa:
-            lines += ["Long-document QA (exact match / F1, %):", "", *qa]
+        lines += _section_rows(report)
         plots = [p for p in report.plots if p in inputs.plot_names]
         lines += [f"![{plot.stem}]({inputs.plot_names[plot]})" for plot in plots]
         lines.append("")
+    return lines
+
+
+def _section_rows(report: Report) -> list[str]:
+    # Every registered suite section in the report gives its own rows (SuiteSection.card_rows).
+    from ctxext.evaluation.sections import SECTIONS
+
+    raw = report.data.to_json_dict()
+    lines: list[str] = []
+    for key, registered in SECTIONS.items():
+        have = [m for m in raw["models"] if m.get(key)]
+        if have:
+            lines += registered.card_rows(have, raw)
     return lines
 
 

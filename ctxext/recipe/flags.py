@@ -217,12 +217,15 @@ def load_model_class(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def settings_command(model: str, exclude: Iterable[str] = (), panel: str | None = None) -> type[TyperCommand]:
+def settings_command(
+    model: str | type[Any], exclude: Iterable[str] = (), panel: str | None = None
+) -> type[TyperCommand]:
     """A command class whose flags are generated from a settings model's fields (``@app.command(cls=…)``).
 
     Args:
         model: the pydantic settings model, as ``"package.module:Name"``: it is imported only when the
-            command is parsed or its help shown (pydantic and the model cost time at every start).
+            command is parsed or its help shown (pydantic and the model cost time at every start); or the
+            model class itself, where it is imported already (a registered suite section's).
         exclude: fields the command does not take as flags.
         panel: the ``--help`` panel of the generated flags.
 
@@ -236,9 +239,10 @@ def settings_command(model: str, exclude: Iterable[str] = (), panel: str | None 
         model_path = model
 
         def specs(self) -> list[FlagSpec]:
-            return settings_specs(load_model_class(model), skip, panel)
+            return settings_specs(load_model_class(model) if isinstance(model, str) else model, skip, panel)
 
-    SettingsCommand.__name__ = f"{model.rpartition(':')[2]}Command"
+    name = model.rpartition(":")[2] if isinstance(model, str) else model.__name__
+    SettingsCommand.__name__ = f"{name}Command"
     return SettingsCommand
 
 

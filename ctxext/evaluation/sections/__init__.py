@@ -1,13 +1,16 @@
 """Suite sections as plugins: one module per section, each one class registered by its suite key.
 
-A section declares its YAML settings (a pydantic model), the lengths it is evaluated at, the data it
-reads, how it measures one loaded model, and how its results read in ``report.md``. ``ctxext eval run``
+A section owns everything about one measurement: its YAML settings (a pydantic model, declared once), the
+lengths it is evaluated at, the data it reads, how it measures one loaded model, how its results read in
+``report.md``, its plots, its paired statistics (model against reference, in the report's ``comparisons``),
+its rows in the model card, its console summary and its ``ctxext eval <name>`` subcommand (flags generated
+from the settings model). Every hook but :meth:`SuiteSection.run` has a default. ``ctxext eval run``
 validates, plans, runs and reports every registered section a suite names; nothing else needs editing.
 Modules of this package are found by listing it, so adding a section is adding its module; sections
 defined elsewhere register with :func:`register_section` once imported. See ``docs/extending.md``.
 
-(The original sections, ``perplexity``, ``passkey``, ``needle``, ``qa``, ``ruler`` and ``attention``,
-are still written out in ``ctxext.evaluation.suite`` and the report.)
+Built-in sections, each a module here: ``perplexity``, ``passkey`` and ``needle`` (``grids``), ``ruler``,
+``qa``, ``attention``, ``harness``, ``longppl``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
@@ -25,9 +29,10 @@ Length = int | str
 
 SECTIONS: dict[str, SuiteSection] = {}
 
-# Suite keys that are not sections (the suite's own fields) or are the sections written out in suite.py.
+# Suite keys that are not sections (the suite's own fields) and the keys of the report's comparisons (a
+# section's paired rows are stored under its name there; perplexity's and the grids' rows are paired.py's).
 RESERVED = frozenset(
-    {"name", "description", "allow_beyond_context", "perplexity", "passkey", "needle", "qa", "ruler", "attention"}
+    {"name", "description", "allow_beyond_context"} | {"reference", "comparisons", "correction", "notes", "grids"}
 )
 
 
@@ -56,12 +61,17 @@ class SuiteSection:
         title: the heading of its part of ``report.md``.
         settings: the pydantic model of its YAML settings (use ``extra="forbid"``: typos are errors).
         data_keys: settings fields that name data (a file or folder is looked up relative to the suite file too).
+        order: where the section comes in the run, ``report.md`` and the card (lower first; built-ins below 100).
+        command: its ``ctxext eval`` subcommand (default: ``name`` with hyphens); one written by hand in
+            ``ctxext.cli.evaluate`` under that name wins over the generated one.
     """
 
     name: ClassVar[str] = ""
     title: ClassVar[str] = ""
     settings: ClassVar[type[BaseModel]]
     data_keys: ClassVar[tuple[str, ...]] = ()
+    order: ClassVar[int] = 100
+    command: ClassVar[str] = ""
 
     def lengths(self, settings: Any) -> list[Length]:
         """The suite lengths to evaluate at (``1024``, ``"2x"``, ``"target"``…); default ``settings.lengths``.
@@ -99,6 +109,18 @@ class SuiteSection:
         the run can judge (a model label): nothing has been computed yet.
         """
 
+    def check(self, settings: Any) -> None:
+        """Checks beyond the settings model's, when the suite loads (before any model); default: none.
+
+        Raise :class:`~ctxext.errors.InputError` naming the key (e.g. a task name the task registry lacks).
+        """
+
+    def annotate(self, result: dict[str, Any], spec: Any) -> None:
+        """Add what the model's source says to its results (its :class:`~ctxext.evaluation.loading.ModelSpec`).
+
+        Called after :meth:`run`, with the run's model spec (a run folder's recipe, for instance); default: none.
+        """
+
     def finish(self, settings: Any, entries: list[dict[str, Any]]) -> None:
         """Called once after every model ran, with every model's report entry; default: nothing.
 
@@ -125,6 +147,93 @@ class SuiteSection:
             cells = [_cell(_flat(m[self.name]).get(key)) for m in models]
             lines.append(f"| {key} | " + " | ".join(cells) + " |")
         return lines + [""]
+
+    def plots(self, plt: Any, models: list[dict[str, Any]], folder: Path) -> dict[str, str]:
+        """Write the section's PNG plots into ``folder``; by default one plot of its numbers by length.
+
+        The default draws, per model, the numbers of the results' ``by_length`` mapping (``{"512": 0.9}``),
+        if it has one; a section without such numbers gets no plot. Plot names should start with the
+        section's name: ``report.md`` shows each one under the section's tables.
+
+        Args:
+            plt: ``matplotlib.pyplot`` (the ``Agg`` backend is set).
+            models: the report's model entries (JSON form) that have this section.
+            folder: where to write.
+
+        Returns:
+            Plot name → file name (in ``folder``).
+        """
+        curves = {m["name"]: _numbers_by_length(m[self.name]) for m in models}
+        curves = {name: points for name, points in curves.items() if points}
+        if not curves:
+            return {}
+        from ctxext.artifacts.figures import save_figure
+
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for name, points in curves.items():
+            ax.plot([L for L, _ in points], [v for _, v in points], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("length (tokens)")
+        ax.set_title(self.title or self.name)
+        ax.legend()
+        return {self.name: save_figure(fig, folder, f"{self.name}.png")}
+
+    def paired(
+        self, model: dict[str, Any], reference: dict[str, Any], resamples: int, seed: int, notes: list[str]
+    ) -> list[dict[str, Any]]:
+        """Paired statistics of one model against the reference on the same items; default: none.
+
+        Each row needs ``p_value`` (two-sided; NaN when untestable): the report Holm-adjusts it together with
+        every other comparison of the report (``p_holm`` is added). The rows are stored under the section's
+        name in the report's ``comparisons``.
+
+        Args:
+            model: the model's report entry (``model[self.name]`` holds its results).
+            reference: the reference model's entry.
+            resamples: bootstrap resamples.
+            seed: bootstrap seed.
+            notes: append a note when the two cannot be paired (say why).
+
+        Returns:
+            JSON-ready rows, each naming ``model``.
+        """
+        return []
+
+    def paired_markdown(self, rows: list[dict[str, Any]], reference: str) -> list[str]:
+        """The section's part of the paired comparisons in ``report.md``; by default one table of the rows."""
+        keys = list(dict.fromkeys(k for row in rows for k in row))
+        lines = [f"### {self.title or self.name}, paired against `{reference}`", ""]
+        lines += ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
+        lines += ["| " + " | ".join(_cell(row.get(k)) for k in keys) + " |" for row in rows]
+        return lines + [""]
+
+    def card_rows(self, models: list[dict[str, Any]], report: dict[str, Any]) -> list[str]:
+        """The section's lines in the model card's evaluation part; by default its ``report.md`` part.
+
+        The card's headings are its own, so the section's ``## `` heading becomes a line ending in a colon.
+
+        Args:
+            models: the report's model entries that have this section.
+            report: the whole report (JSON form).
+
+        Returns:
+            Markdown lines.
+        """
+        lines = self.markdown(models, report)
+        return [f"{line[3:]}:" if line.startswith("## ") else line for line in lines]
+
+    def summary(self, entry: dict[str, Any]) -> str | None:
+        """One console line for a model after ``ctxext eval``; default: none (the report has the tables)."""
+        return None
+
+
+def _numbers_by_length(result: dict[str, Any]) -> list[tuple[int, float]]:
+    # The (length, number) points of a result's "by_length" mapping, in length order.
+    by_length = result.get("by_length") if isinstance(result, dict) else None
+    if not isinstance(by_length, dict):
+        return []
+    points = [(int(L), float(v)) for L, v in by_length.items() if str(L).isdigit() and isinstance(v, (int, float))]
+    return sorted(points)
 
 
 def _flat(result: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -159,6 +268,9 @@ def register_section(cls: type[SuiteSection]) -> type[SuiteSection]:
         previous = type(SECTIONS[cls.name]).__name__
         raise ValueError(f"section {cls.name!r} is registered twice ({previous}, {cls.__name__})")
     SECTIONS[cls.name] = cls()
+    ordered = sorted(SECTIONS.items(), key=lambda item: type(item[1]).order)  # stable: registration order next
+    SECTIONS.clear()
+    SECTIONS.update(ordered)
     return cls
 
 
@@ -179,9 +291,9 @@ def get_section(name: str) -> SuiteSection:
 
 
 def sections_in(suite: BaseModel) -> list[tuple[SuiteSection, Any]]:
-    """The registered sections a validated suite names, with their settings, in the suite's order."""
+    """The registered sections a validated suite names, with their settings, in the registry's order."""
     extra = suite.__pydantic_extra__ or {}
-    return [(SECTIONS[key], settings) for key, settings in extra.items() if key in SECTIONS]
+    return [(SECTIONS[key], settings) for key, settings in extra.items() if key in SECTIONS and settings is not None]
 
 
 def load_builtin_sections() -> None:

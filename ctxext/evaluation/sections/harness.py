@@ -19,6 +19,7 @@ class HarnessSection(SuiteSection):
     name = "harness"
     title = "lm-evaluation-harness"
     settings = HarnessSettings
+    order = 60
     data_keys = ("include_path",)
 
     def lengths(self, settings: Any) -> list[int | str]:

@@ -20,6 +20,7 @@ class LongPPLSection(SuiteSection):
     name = "longppl"
     title = "LongPPL: perplexity on the tokens that need the far context"
     settings = LongPPLSettings
+    order = 70
     data_keys = ("data",)
 
     def __init__(self) -> None:
