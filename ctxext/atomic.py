@@ -80,6 +80,11 @@ def check_output(out: str | Path, kind: str, overwrite: bool = False, flag: str 
         )
     if out.exists() and not out.is_dir():
         raise InputError(f"{flag} {out}: is a file, not a folder; choose a folder path that does not exist yet")
+    if out.is_symlink() and not out.exists():
+        raise InputError(
+            f"{flag} {out}: is a symbolic link to {out.readlink()}, which does not exist; remove the link or choose "
+            "another folder"
+        )
     if out.is_dir() and any(out.iterdir()):
         _check_replaceable(out, kind, overwrite, flag)
     parent = out.parent if str(out.parent) else Path(".")

@@ -45,6 +45,7 @@ def world(tmp_path, tiny_model_dir, monkeypatch):
         "".join(json.dumps({"text": "def f(x):\n    return x\n" * 300}) + "\n" for _ in range(3))
     )
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     (tmp_path / "far.yaml").write_text("name: far\npasskey: {lengths: [128, 100000], depths: [50], trials: 1}\n")
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -88,6 +89,22 @@ CASES = {
     "config value of the wrong type": (["inspect", "strtheta", "--config-only"], None, "must be a finite number"),
     "unknown rope type": (["extend", "footype", "-m", "yarn", "-t", "1024", "-o", "out"], None, "unknown rope type"),
     "output is a file": ([*EXTEND[:-1], "afile"], None, "is a file"),
+    "output is a dangling symbolic link": ([*EXTEND[:-1], "dangling"], None, "is a symbolic link to"),
+    "target of 10^20 tokens": (
+        ["extend", "{model}", "-m", "yarn", "-t", str(10**20), "-o", "out"],
+        None,
+        "--target-length 100000000000000000000: must be a number of tokens between 1 and 134,217,728",
+    ),
+    "recipe target of 10^20 tokens": (
+        ["validate", "{recipe}"],
+        {"rope": f"  method: yarn\n  target_length: {10**20}\n"},
+        "rope.target_length",
+    ),
+    "a custom needle without its question": (
+        ["eval", "needle", "--model", "{model}", "--lengths", "128", "--needle", "the code is 42", "--out", "out"],
+        None,
+        "needle given without question and answer: a custom needle needs all three",
+    ),
     "output is the current folder": ([*PPL[:-2], ".", "-q", "--data", "latin.txt"], None, "current folder"),
     "output inside a file": ([*EXTEND[:-1], "afile/sub"], None, "is a file"),
     "yarn beta NaN": ([*EXTEND, "--beta-fast", "nan"], None, "beta_fast: must be a finite number > 0"),

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ctxext.errors import InputError
 from ctxext.evaluation.stats import DEFAULT_RESAMPLES
@@ -281,6 +281,19 @@ class NeedleSettings(PasskeySettings):
     answer: str | None = Field(
         default=None, description="expected continuation of the question, scored token by token (none: the built-in)"
     )
+
+    @model_validator(mode="after")
+    def _custom_needle_is_whole(self) -> NeedleSettings:
+        # The built-in question asks for the built-in needle's answer: a custom needle scored against it is 0 %
+        # by construction, and half a custom needle is always a mistake.
+        given = [k for k in ("needle", "question", "answer") if getattr(self, k)]
+        if given and len(given) < 3:
+            missing = [k for k in ("needle", "question", "answer") if k not in given]
+            raise ValueError(
+                f"{', '.join(given)} given without {' and '.join(missing)}: a custom needle needs all three (the "
+                "built-in question and answer belong to the built-in needle)"
+            )
+        return self
 
 
 QA_TEMPLATE = "{context}\n\nQuestion: {question}\nAnswer:"

@@ -265,6 +265,7 @@ def build_settings(model: Any, given: Mapping[str, Any], base: Mapping[str, Any]
         problems = []
         for error in exc.errors():
             loc = error["loc"]
-            where = flag_name(str(loc[0])) if loc else "(settings)"
-            problems.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
+            message = error["msg"].removeprefix("Value error, ")
+            # A check across fields (no location) names its keys in its own message.
+            problems.append(f"{flag_name(str(loc[0]))}: {message}" if loc else message)
         raise InputError("; ".join(problems)) from None

@@ -16,6 +16,7 @@ from ctxext.recipe.memory import MemorySection
 from ctxext.recipe.parallel import LENGTH_DEPENDENT_METHODS
 from ctxext.recipe.search import SearchOptions
 from ctxext.rope.methods import METHODS, declared_options
+from ctxext.rope.plan import MAX_TARGET_LENGTH
 
 # A Hub repository id: namespace/name, each of letters, digits, '-', '_', '.'.
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
@@ -75,7 +76,7 @@ class RopeSection(Section):
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     method: str = Field(description="one of: none, " + ", ".join(METHODS))
-    target_length: int | None = Field(default=None, gt=0)
+    target_length: int | None = Field(default=None, gt=0, le=MAX_TARGET_LENGTH)
     relative_to: Literal["original", "current"] | None = Field(
         default=None,
         description="for an already-extended model: replace its extension (original) or stack on it (current)",

@@ -17,6 +17,9 @@ from ctxext.rope.scaling_types import SCALING_TYPES, check_rope_parameters, refe
 from ctxext.rope.types import RopeConfigError, RopeError, RopeMismatchError, RopePlan, RopeState
 
 RELATIVE_TO = ("original", "current")
+# The longest target ctxext plans: 2^27 tokens (134M), beyond every context a model has been trained for; far
+# larger numbers overflow the integer types the RoPE and config code use.
+MAX_TARGET_LENGTH = 1 << 27
 
 
 def describe_extension(state: RopeState) -> str | None:
@@ -108,6 +111,11 @@ def plan_extension(
         RopeError: unknown method, unknown option, a target not above the current context, bad values,
             or an already-extended model without ``relative_to``.
     """
+    if isinstance(target_length, bool) or not 0 < int(target_length) <= MAX_TARGET_LENGTH:
+        raise RopeError(
+            f"--target-length {target_length}: must be a number of tokens between 1 and {MAX_TARGET_LENGTH:,} "
+            "(rope.target_length in a recipe)"
+        )
     spec = get_method(method)
     if relative_to is not None and relative_to not in RELATIVE_TO:
         raise RopeError(f"--relative-to {relative_to!r}: choose one of {', '.join(RELATIVE_TO)}")
