@@ -84,7 +84,10 @@ def _profile(lm, grid, task, hay, repeats: int) -> dict[str, float | bool]:
     for _ in range(repeats):
         cpu = time.process_time()
         samples = [
-            s for L in grid.lengths for d in grid.depths for s in make_samples(lm, "needle", hay, L, d, grid, task)
+            s
+            for L in grid.lengths
+            for d in grid.depths
+            for s in make_samples(lm.tokenizer, "needle", hay, L, d, grid, task)
         ]
         best["build"] = min(best["build"], time.process_time() - cpu)
         seqs, spans = [s.ids for s in samples], [s.answer_span for s in samples]

@@ -36,7 +36,7 @@ def test_control_sample_keeps_length_question_and_answer_and_drops_the_inserts(g
 
     settings = GridSettings(lengths=[64], depths=[50], trials=4)
     for task, opts in (("needle", {}), ("multikey", {"distractors": 2})):
-        for s in make_samples(grown, task, haystack, 64, 50.0, settings, 0, opts):
+        for s in make_samples(grown.tokenizer, task, haystack, 64, 50.0, settings, 0, opts):
             c = control_sample(s, haystack)
             assert len(c.ids) == len(s.ids) == 64 and c.answer_span == s.answer_span
             assert c.ids[s.answer_span[0] - 3 :] == s.ids[s.answer_span[0] - 3 :]  # question end and answer

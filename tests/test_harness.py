@@ -82,7 +82,7 @@ def test_lm_eval_scores_exported_prompts_trial_for_trial_as_ctxext(yarn_model, t
 def test_exported_prompts_are_the_grid_samples(yarn_model, tmp_path):
     """The documents are the retrieval grid's own seeded samples for the model's tokenizer, decoded."""
     from ctxext.evaluation.export_tasks import export_lm_eval
-    from ctxext.evaluation.grid import GridSettings, cell_samples, text_haystack
+    from ctxext.evaluation.grid import GridSettings, make_samples, text_haystack
     from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec
     from ctxext.models.load import load_tokenizer_and_config
 
@@ -92,7 +92,7 @@ def test_exported_prompts_are_the_grid_samples(yarn_model, tmp_path):
     tok, _ = load_tokenizer_and_config(str(yarn_model))
     hay = text_haystack(tok, settings.haystack, settings.text_field, settings.split, 256)
     grid = GridSettings(lengths=[128], depths=[0, 100], trials=3)
-    samples = [s for d in (0, 100) for s in cell_samples(tok, "needle", hay, 128, d, grid, [0])]
+    samples = [s for d in (0, 100) for s in make_samples(tok, "needle", hay, 128, d, grid, [0])]
     assert [d["prompt"] for d in docs] == [tok.decode(s.prompt, skip_special_tokens=False) for s in samples]
     assert [d["answer"] for d in docs] == [s.answer for s in samples]
     assert all(d["prompt"].startswith(tok.bos_token) for d in docs)

@@ -64,7 +64,7 @@ def evaluate_control(
     by_length: dict[str, Any] = {}
     outcomes: list[int] = []
     for L in sorted({int(x) for x in settings.lengths}):
-        samples = make_samples(loaded, task, haystack, L, depth, settings, template, options, chat)
+        samples = make_samples(loaded.tokenizer, task, haystack, L, depth, settings, template, options, chat)
         if not samples[0].needle_spans:
             return {"note": f"task {task} inserts nothing into the haystack: no control"}
         results = score_trials(loaded, [control_sample(s, haystack) for s in samples], settings)

@@ -3,7 +3,7 @@
 Each task × length becomes one lm-eval task, ``ctxext_<task>_<length>`` (tagged ``ctxext_<task>``): a YAML file
 over a local JSONL file (``dataset_path: json``), so ``lm_eval --include_path DIR --tasks ctxext_needle`` runs
 offline. Its documents are the prompts of ctxext's own retrieval grid for the model's tokenizer — the same
-seeded samples (:func:`ctxext.evaluation.grid.cell_samples`, the settings of the RULER-style suite:
+seeded samples (:func:`ctxext.evaluation.grid.make_samples`, the settings of the RULER-style suite:
 :class:`~ctxext.evaluation.ruler.RulerSettings`) — written as text: the grid's prompt tokens decoded with their
 special tokens (a leading BOS string makes lm-eval add no second one). lm-eval tokenizes that text again; a
 byte-level BPE can merge across a piece boundary (haystack / needle / question), so each document records
@@ -26,7 +26,7 @@ from typing import Any
 from ctxext.atomic import atomic_folder, check_output
 from ctxext.errors import InputError
 from ctxext.evaluation.exact_match import STRIP_PATTERNS
-from ctxext.evaluation.grid import GridSettings, cell_samples, text_haystack
+from ctxext.evaluation.grid import GridSettings, make_samples, text_haystack
 from ctxext.evaluation.ruler import RulerSettings, template_indices
 from ctxext.tasks import TaskSample
 
@@ -198,7 +198,7 @@ def export_lm_eval(
                     _document(tokenizer, s, length, float(depth), trial)
                     for depth in grid.depths
                     for trial, s in enumerate(
-                        cell_samples(tokenizer, spec.task, hay, length, float(depth), grid, templates, spec.options)
+                        make_samples(tokenizer, spec.task, hay, length, float(depth), grid, templates, spec.options)
                     )
                 ]
                 name = f"{tag}_{length}"

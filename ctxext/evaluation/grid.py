@@ -238,7 +238,7 @@ def _needle_default(name: str) -> Any:
 
 
 def make_samples(
-    loaded: LoadedModel,
+    tokenizer: Any,
     task: str,
     haystack: Haystack,
     length: int,
@@ -250,24 +250,10 @@ def make_samples(
 ) -> list[TaskSample]:
     """The ``trials`` samples of one cell (depth in percent), seeded by the cell alone.
 
-    A list of template indices is cycled over the trials (trial ``t`` uses ``template[t % n]``); ``chat``
-    wraps each prompt in a chat template.
+    Only the tokenizer is needed, so exports build a grid's prompts without loading weights. A list of template
+    indices is cycled over the trials (trial ``t`` uses ``template[t % n]``); ``chat`` wraps each prompt in a chat
+    template.
     """
-    return cell_samples(loaded.tokenizer, task, haystack, length, depth, settings, template, options, chat)
-
-
-def cell_samples(
-    tokenizer: Any,
-    task: str,
-    haystack: Haystack,
-    length: int,
-    depth: float,
-    settings: GridSettings,
-    template: int | Template | list[int] = 0,
-    options: dict[str, int] | None = None,
-    chat: ChatWrap | None = None,
-) -> list[TaskSample]:
-    """:func:`make_samples` for a tokenizer alone (exports build a grid's prompts without loading weights)."""
     t = get_task(task)
     out = []
     for trial in range(settings.trials):
@@ -370,8 +356,12 @@ def evaluate_task_grid(
     with progress(f"{label or task} {loaded.name}", total, enabled=show_progress) as advance:
         for L in lengths:
             # Every sample of a length is built first, so the scorer batches across depths too.
+            tok = loaded.tokenizer
             built = [
-                (float(d), make_samples(loaded, task, haystack, L, float(d), settings, template, options, chat))
+                (
+                    float(d),
+                    make_samples(loaded.tokenizer, task, haystack, L, float(d), settings, template, options, chat),
+                )
                 for d in settings.depths
             ]
             flat = [s for _, samples in built for s in samples]
