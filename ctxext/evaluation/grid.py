@@ -356,7 +356,6 @@ def evaluate_task_grid(
     with progress(f"{label or task} {loaded.name}", total, enabled=show_progress) as advance:
         for L in lengths:
             # Every sample of a length is built first, so the scorer batches across depths too.
-            tok = loaded.tokenizer
             built = [
                 (
                     float(d),
