@@ -116,7 +116,7 @@ def worker(model: str, length: int, repeats: int, out: str, model_dir: str, thre
     import torch
 
     torch.set_num_threads(threads)
-    from ctxext.models.load import build_training_model
+    from ctxext.models.training_model import build_training_model
     from ctxext.training.data.rows import build_inputs
     from ctxext.training.launch import start_accelerator
     from ctxext.training.losses import micro_batch_loss
