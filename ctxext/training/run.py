@@ -183,7 +183,8 @@ def _train(
     accelerator.wait_for_everyone()
     if cfg.tracker != "none":
         accelerator.end_training()
-    accelerator.print(f"run complete: {out} (train loss {loop.last_loss:.4f}, val loss {loop.last_val})")
+    val = "none" if loop.last_val is None else f"{loop.last_val:.4f}"
+    accelerator.print(f"run complete: {out} (train loss {loop.last_loss:.4f}, val loss {val})")
     unwrapped = accelerator.unwrap_model(model).peft_model.eval() if launch.main else None
     return TrainResult(run_dir=out, model=unwrapped, run=dict(writer.run))
 
