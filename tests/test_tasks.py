@@ -25,6 +25,7 @@ ALL = [
     "json_kv",
     "doc_qa",
     "icl",
+    "rerank",
 ]
 
 

@@ -22,6 +22,7 @@ BUILTIN_MODULES = (
     "json_kv",
     "doc_qa",
     "icl",
+    "rerank",
 )
 
 
