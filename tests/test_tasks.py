@@ -24,6 +24,7 @@ ALL = [
     "copy_span",
     "json_kv",
     "doc_qa",
+    "mrcr",
 ]
 
 

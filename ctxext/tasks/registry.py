@@ -21,6 +21,7 @@ BUILTIN_MODULES = (
     "copy_span",
     "json_kv",
     "doc_qa",
+    "mrcr",
 )
 
 
