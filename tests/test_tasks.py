@@ -26,6 +26,7 @@ ALL = [
     "doc_qa",
     "icl",
     "rerank",
+    "mrcr",
 ]
 
 

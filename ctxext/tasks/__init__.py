@@ -12,8 +12,8 @@ answer's span)::
     s.ids, s.answer_span   # train with loss on s.ids[s.answer_span[0]:], or score with score_answers
 
 Tasks: ``passkey``, ``needle``, ``multikey``, ``multivalue``, ``multiquery``, ``variable_tracking``,
-``common_words``, ``copy_span``, ``json_kv``, ``doc_qa``, ``icl``, ``rerank``. Tasks work on token ids and need only a
-tokenizer; importing this package does not import torch.
+``common_words``, ``copy_span``, ``json_kv``, ``doc_qa``, ``icl``, ``rerank``, ``mrcr``. Tasks work on token ids
+and need only a tokenizer; importing this package does not import torch.
 """
 
 from ctxext.tasks.base import Haystack, Prompt, Task, TaskSample, Template

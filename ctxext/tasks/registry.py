@@ -23,6 +23,7 @@ BUILTIN_MODULES = (
     "doc_qa",
     "icl",
     "rerank",
+    "mrcr",
 )
 
 
