@@ -305,12 +305,8 @@ def section_command(section: Any) -> Any:
     @_friendly
     @_shared
     def command(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) -> None:
-        from ctxext.evaluation.suite import Suite
-
         settings = build_settings(section.settings, ctx.meta.get(SETTINGS, {}))
-        beyond = bool(getattr(settings, "allow_beyond_context", False))
-        defined = {"name": f"eval {section.name}", "allow_beyond_context": beyond, section.name: settings}
-        _run_suite(Suite.model_validate(defined), None, model, out, shared)
+        _run_section(f"eval {section.name}", section.name, settings, model, out, shared)
 
     return typer.main.get_command(app)
 
@@ -325,13 +321,10 @@ def ppl_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt) ->
     section's keys, generated from their declaration, with the same defaults (the same documents).
     """
     from ctxext.evaluation.settings import PerplexitySettings
-    from ctxext.evaluation.suite import Suite
 
     settings = build_settings(PerplexitySettings, ctx.meta.get(SETTINGS, {}))
     _note_work("perplexity", list(settings.lengths), settings.max_docs or 0)
-    defined = {"name": "eval ppl", "allow_beyond_context": settings.allow_beyond_context, "perplexity": settings}
-    suite = Suite.model_validate(defined)
-    _run_suite(suite, None, model, out, shared)
+    _run_section("eval ppl", "perplexity", settings, model, out, shared)
 
 
 @eval_app.command("passkey", cls=_settings("PasskeySettings", "passkey"))
@@ -343,13 +336,10 @@ def passkey_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt
     A suite holding only a passkey: section (ctxext eval run), its keys as flags with the same defaults.
     """
     from ctxext.evaluation.settings import PasskeySettings
-    from ctxext.evaluation.suite import Suite
 
     settings = build_settings(PasskeySettings, ctx.meta.get(SETTINGS, {}))
     _note_work("passkey", list(settings.lengths), len(settings.depths) * settings.trials)
-    defined = {"name": "eval passkey", "allow_beyond_context": settings.allow_beyond_context, "passkey": settings}
-    suite = Suite.model_validate(defined)
-    _run_suite(suite, None, model, out, shared)
+    _run_section("eval passkey", "passkey", settings, model, out, shared)
 
 
 @eval_app.command("needle", cls=_settings("NeedleSettings", "needle"))
@@ -361,13 +351,10 @@ def needle_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt)
     A suite holding only a needle: section (ctxext eval run), its keys as flags with the same defaults.
     """
     from ctxext.evaluation.settings import NeedleSettings
-    from ctxext.evaluation.suite import Suite
 
     settings = build_settings(NeedleSettings, ctx.meta.get(SETTINGS, {}))
     _note_work("needle", list(settings.lengths), len(settings.depths) * settings.trials)
-    defined = {"name": "eval needle", "allow_beyond_context": settings.allow_beyond_context, "needle": settings}
-    suite = Suite.model_validate(defined)
-    _run_suite(suite, None, model, out, shared)
+    _run_section("eval needle", "needle", settings, model, out, shared)
 
 
 @eval_app.command("attention")
@@ -423,6 +410,15 @@ def run_cmd(
 
     parsed, _ = load_suite(suite, overrides or [])
     _run_suite(parsed, str(suite), model, out, shared)
+
+
+def _run_section(name: str, key: str, settings: Any, model: list[str], out: Path, shared: Shared) -> None:
+    """Run a suite holding one section (``key``: its settings), as every one-section ``eval`` command does."""
+    from ctxext.evaluation.suite import Suite
+
+    beyond = bool(getattr(settings, "allow_beyond_context", False))
+    suite = Suite.model_validate({"name": name, "allow_beyond_context": beyond, key: settings})
+    _run_suite(suite, None, model, out, shared)
 
 
 def _run_suite(suite: Any, suite_path: str | None, model: list[str], out: Path, shared: Shared) -> None:
