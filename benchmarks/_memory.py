@@ -11,7 +11,9 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def status_kb(field: str, pid: int | str = "self") -> int:
@@ -79,3 +81,33 @@ def run_watched(cmd: list[str], threads: int, budget_mb: float, timeout: float, 
         last = (stderr.strip().splitlines() or ["?"])[-1]
         reason = f"exit {proc.returncode}: {last[:160]}"
     return {"ok": False, "reason": reason, "peak_mb": watched_peak / 1024, "wall": wall}
+
+
+def training_step(recipe: Any, loaded: Any, loss: str) -> Callable[[Any], float]:
+    """One optimizer step of ctxext's training path on a ``(1, T)`` id tensor; returns the step's loss.
+
+    ``loss``: ``chunked`` (the training loop's :class:`ctxext.training.run.CausalLMWithChunkedLoss`) or ``full``
+    (transformers' own loss over the full logits, the baseline).
+    """
+    import torch
+
+    from ctxext.training.run import CausalLMWithChunkedLoss, shifted_labels
+    from ctxext.training.steps import make_optimizer
+
+    peft_model = loaded.model
+    wrapper = CausalLMWithChunkedLoss(peft_model, recipe.train.loss_chunk_size).train()
+    params = [p for p in wrapper.parameters() if p.requires_grad]
+    optimizer, _ = make_optimizer(recipe, params, torch.device("cpu"))
+
+    def step(x: Any) -> float:
+        if loss == "chunked":
+            total, n = wrapper(x, shifted_labels(x))
+            value = total / n
+        else:
+            value = peft_model(input_ids=x, labels=x).loss
+        value.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(value.detach())
+
+    return step

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from _memory import mem_total_gb, peak_rss_mb, run_watched
+from _memory import mem_total_gb, peak_rss_mb, run_watched, training_step
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's ctxext, not another installed copy
@@ -75,28 +75,13 @@ def child(folder: str, length: int, cell: str) -> dict:
     import torch
 
     from ctxext.models.training_model import build_training_model
-    from ctxext.training.run import CausalLMWithChunkedLoss, shifted_labels
-    from ctxext.training.steps import make_optimizer
 
     tiled, loss = CELLS[cell]
     recipe = recipe_for(folder, length, tiled)
     loaded = build_training_model(recipe)
-    peft_model = loaded.model
-    wrapper = CausalLMWithChunkedLoss(peft_model, recipe.train.loss_chunk_size).train()
-    optimizer, _ = make_optimizer(recipe, [p for p in wrapper.parameters() if p.requires_grad], torch.device("cpu"))
-    vocab = peft_model.get_base_model().config.vocab_size
+    step = training_step(recipe, loaded, loss)
+    vocab = loaded.model.get_base_model().config.vocab_size
     ids = torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(0))
-
-    def step(x: torch.Tensor) -> float:
-        if loss == "chunked":
-            total, n = wrapper(x, shifted_labels(x))
-            value = total / n
-        else:
-            value = peft_model(input_ids=x, labels=x).loss
-        value.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(value.detach())
 
     step(ids[:, :128])
     start = time.perf_counter()
