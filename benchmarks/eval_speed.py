@@ -91,7 +91,7 @@ def worker(args: argparse.Namespace) -> None:
     from ctxext.evaluation.loading import LoadedModel
     from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
     from ctxext.evaluation.scoring import token_nll
-    from ctxext.rope.core import read_rope
+    from ctxext.rope.read import read_rope
 
     lengths = [int(x) for x in args.lengths.split(",")]
     tok = _tokenizer()

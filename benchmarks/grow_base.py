@@ -174,7 +174,7 @@ def multikey_accuracy(model, needles: Needles, docs: list[np.ndarray], s: Settin
 
 
 def patched(path: Path, method: str, target: int):
-    from ctxext.rope.core import patch_model
+    from ctxext.rope.runtime import patch_model
 
     model, _ = load_saved(path)
     if method != "none":

@@ -78,7 +78,7 @@ def run_factor(factor: int, args: argparse.Namespace, timings: dict[str, float])
     from ctxext.evaluation.suite import run_suite
     from ctxext.extend.folder import extend_folder
     from ctxext.models.sources import load_config
-    from ctxext.rope.core import read_rope
+    from ctxext.rope.read import read_rope
     from ctxext.training.run import read_run
     from ctxext.training.run import train as run_training
 

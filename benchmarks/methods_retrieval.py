@@ -44,7 +44,8 @@ def main() -> None:
 
     from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.rope.core import patch_model, read_rope
+    from ctxext.rope.read import read_rope
+    from ctxext.rope.runtime import patch_model
 
     torch.set_num_threads(args.threads)
     task = NeedleTask(haystack="builtin:stdlib", split="test", **NEEDLE)

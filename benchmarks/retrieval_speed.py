@@ -39,7 +39,8 @@ NEEDLE = {"needle": "\nKEY_{name} = {key}\n", "question": "\nassert KEY_{name} =
 
 def _load(method: str | None):
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.rope.core import patch_model, read_rope
+    from ctxext.rope.read import read_rope
+    from ctxext.rope.runtime import patch_model
 
     lm = load_model(ModelSpec("builtin:grown-code-64"), device="cpu")
     if method:
@@ -116,7 +117,7 @@ def main() -> None:
     import torch
 
     from ctxext.evaluation.grid import GridSettings, NeedleTask, load_haystack
-    from ctxext.rope.core import LENGTH_DEPENDENT_TYPES
+    from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
 
     torch.set_num_threads(args.threads)
     grid = GridSettings(

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from ctxext.evaluation.loading import LoadedModel
 from ctxext.models.builtin import stdlib_files
-from ctxext.rope.core import patch_model, read_rope
+from ctxext.rope.read import read_rope
+from ctxext.rope.runtime import patch_model
 
 
 def stdlib_texts(n: int, min_chars: int = 4000) -> list[str]:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ctxext.errors import InputError
 from ctxext.evaluation.answer_scoring import answer_only_last_layer, score_answers
 from ctxext.models.builtin import GROWN_DIR
-from ctxext.rope.core import patch_model, reset_dynamic_rope
+from ctxext.rope.runtime import patch_model, reset_dynamic_rope
 from tests.conftest import tiny_model
 
 
@@ -148,7 +148,7 @@ def test_length_dependent_rope_no_kv_cache_bug(cache_root, method):
     # longrope: short factors 1 (the original rotation in-window), long factors 4 (interpolation past it).
     options = {"short_factor": [1.0] * 32, "long_factor": [4.0] * 32} if method == "longrope" else None
     patch_model(lm.model, method, 256, options)
-    from ctxext.rope.core import read_rope
+    from ctxext.rope.read import read_rope
 
     lm.rope = read_rope(lm.model.config)
     task = NeedleTask(needle="\nKEY_{name} = {key}\n", question="\nassert KEY_{name} ==", answer="{key}")

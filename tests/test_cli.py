@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
-from ctxext.rope.core import read_rope, verify_model_rope
+from ctxext.rope.read import read_rope
+from ctxext.rope.runtime import verify_model_rope
 
 runner = CliRunner()
 

@@ -23,7 +23,7 @@ from tests._eval_helpers import (
 def _eager(tokenizer, method=None):
     from transformers import AutoModelForCausalLM
 
-    from ctxext.rope.core import patch_model
+    from ctxext.rope.runtime import patch_model
     from tests.conftest import tiny_config
 
     torch.manual_seed(0)

@@ -90,7 +90,7 @@ def test_dynamic_uses_per_length_and_matches_fresh_passes(tiny_tokenizer, texts)
     # The one-pass shortcut would be wrong here: the 400-token prefix of a 600-token pass differs.
     x = torch.tensor(docs[0][:600])[None]
     long_prefix = token_nll(model, x)[0, :399]
-    from ctxext.rope.core import reset_dynamic_rope
+    from ctxext.rope.runtime import reset_dynamic_rope
 
     reset_dynamic_rope(model)
     fresh = token_nll(model, x[:, :400])[0]
@@ -187,7 +187,7 @@ def test_common_document_set_and_minimum(tiny_tokenizer, texts):
 def test_longrope_scores_each_length_in_its_own_pass(tiny_tokenizer, texts):
     # head_dim 16 -> 8 rotary frequency pairs; long factors interpolate, short factors keep.
     opts = {"short_factor": [1.0] * 8, "long_factor": [1.0 + i for i in range(8)]}
-    from ctxext.rope.core import patch_model
+    from ctxext.rope.runtime import patch_model
     from tests.conftest import tiny_model
 
     def fresh():

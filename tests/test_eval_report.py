@@ -94,7 +94,7 @@ def run_dir(tmp_path_factory, tiny_model_dir):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ctxext.rope.core import patch_model
+    from ctxext.rope.runtime import patch_model
 
     run = tmp_path_factory.mktemp("run")
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

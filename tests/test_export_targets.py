@@ -41,7 +41,7 @@ def _plan(run_dir: Path):
 def test_lm_eval_loads_the_folder_with_the_planned_rope(exported):
     from lm_eval.models.huggingface import HFLM
 
-    from ctxext.rope.core import verify_against_plan
+    from ctxext.rope.runtime import verify_against_plan
 
     run_dir, out, commands = exported
     assert f"pretrained={out},max_length={TARGET}" in commands
@@ -52,7 +52,7 @@ def test_lm_eval_loads_the_folder_with_the_planned_rope(exported):
 def test_helmet_loads_the_folder_with_the_planned_rope(exported):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ctxext.rope.core import verify_against_plan
+    from ctxext.rope.runtime import verify_against_plan
 
     run_dir, out, commands = exported
     helmet = next(line for line in commands.splitlines() if line.startswith("python eval.py"))

@@ -44,7 +44,8 @@ def toy_section():
 def test_a_method_file_reaches_schema_and_cli_and_extends_a_model(toy_method, tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from ctxext.rope.core import read_rope, verify_model_rope
+    from ctxext.rope.read import read_rope
+    from ctxext.rope.runtime import verify_model_rope
 
     # The recipe schema: listed, converted, checked, refused for another method.
     assert any(line.strip().startswith("rope.theta_power: float") for line in schema_lines())

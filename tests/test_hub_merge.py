@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
-from ctxext.rope.core import verify_model_rope
+from ctxext.rope.runtime import verify_model_rope
 
 runner = CliRunner()
 PREFIX = "base_model.model."

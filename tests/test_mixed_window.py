@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from ctxext.rope.core import patch_model, rotary_modules
+from ctxext.rope.runtime import patch_model, rotary_modules
 from ctxext.training.data.rows import build_inputs
 from ctxext.training.steps import CausalLMWithChunkedLoss, micro_batches, short_rows
 

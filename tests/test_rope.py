@@ -11,18 +11,12 @@ import torch
 from conftest import tiny_config, tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from ctxext.rope import core as rope
-from ctxext.rope.core import (
-    RopeConfigError,
-    RopeError,
-    RopeMismatchError,
-    check_model_rope,
-    patch_model,
-    plan_extension,
-    read_rope,
-    reference_rope,
-    verify_model_rope,
-)
+from ctxext.rope.methods import METHODS
+from ctxext.rope.plan import apply_plan, plan_extension
+from ctxext.rope.read import read_rope
+from ctxext.rope.runtime import check_model_rope, patch_model, rebuild_rotary, reset_dynamic_rope, verify_model_rope
+from ctxext.rope.scaling_types import reference_rope
+from ctxext.rope.types import RopeConfigError, RopeError, RopeMismatchError
 
 D = 16  # tiny models: head_dim 64 / 4
 L = 256
@@ -52,7 +46,7 @@ def runtime_inv_freq(model, seq_len: int) -> tuple[torch.Tensor, float]:
 
 
 def test_registry_has_all_methods():
-    assert set(rope.METHODS) == {"linear", "ntk", "dynamic", "yarn", "llama3", "theta", "longrope"}
+    assert set(METHODS) == {"linear", "ntk", "dynamic", "yarn", "llama3", "theta", "longrope"}
 
 
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
@@ -180,11 +174,11 @@ def test_longrope_short_within_original_long_beyond():
 def test_changing_config_without_rebuild_is_caught():
     model = tiny_model()
     plan = plan_extension(model.config, "yarn", N)
-    rope.apply_plan(model.config, plan)  # config says yarn, the rotary module still computes plain RoPE
+    apply_plan(model.config, plan)  # config says yarn, the rotary module still computes plain RoPE
     assert not check_model_rope(model).ok
     with pytest.raises(RopeMismatchError, match="rebuild_rotary"):
         verify_model_rope(model)
-    rope.rebuild_rotary(model)
+    rebuild_rotary(model)
     assert verify_model_rope(model).ok
 
 
@@ -194,7 +188,7 @@ def test_reset_dynamic_rope_restores_short_state():
     with torch.no_grad():
         model(torch.randint(0, 512, (1, N)))
     grown = model.model.rotary_emb.inv_freq.clone()
-    rope.reset_dynamic_rope(model)
+    reset_dynamic_rope(model)
     assert not torch.allclose(grown, model.model.rotary_emb.inv_freq)
     torch.testing.assert_close(model.model.rotary_emb.inv_freq.double(), plain_inv_freq(1e4), rtol=1e-5, atol=0)
 
@@ -221,7 +215,7 @@ def test_legacy_config_in_standard_config_out(tmp_path):
     with pytest.raises(RopeError, match="already scaled: linear"):
         plan_extension(config, "yarn", 2048)
     plan = plan_extension(config, "yarn", 2048, relative_to="original")
-    rope.apply_plan(config, plan)
+    apply_plan(config, plan)
     out = tmp_path / "out"
     config.save_pretrained(out)
     saved = json.loads((out / "config.json").read_text())

@@ -19,7 +19,8 @@ from typing import Any
 
 from conftest import tiny_config
 
-from ctxext.rope.core import RopeError, apply_plan, plan_extension
+from ctxext.rope.plan import apply_plan, plan_extension
+from ctxext.rope.types import RopeError
 
 GOLDEN = Path(__file__).parent / "data" / "rope_plans.json"
 D = 16

@@ -13,15 +13,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
-from ctxext.rope.core import (
-    RopeError,
-    RopeMismatchError,
-    apply_plan,
-    intent_problems,
-    plan_extension,
-    read_rope,
-    runtime_model_from_config,
-)
+from ctxext.rope.plan import apply_plan, plan_extension
+from ctxext.rope.read import read_rope
+from ctxext.rope.runtime import intent_problems, runtime_model_from_config
+from ctxext.rope.types import RopeError, RopeMismatchError
 from ctxext.rope.verify import verify_folder
 
 runner = CliRunner()
@@ -237,7 +232,8 @@ def test_methods_state_the_dynamic_definition():
 
 def test_patched_runtime_matches_plan_for_every_method(tmp_path):
     # Every method's plan, applied to a config and built as transformers builds it, passes the plan check.
-    from ctxext.rope.core import METHODS, verify_against_plan
+    from ctxext.rope.methods import METHODS
+    from ctxext.rope.runtime import verify_against_plan
 
     options = {"theta": {"rope_theta": 1e6}, "longrope": {"short_factor": [1.0] * 8, "long_factor": [4.0] * 8}}
     for method in METHODS:

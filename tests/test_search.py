@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from ctxext.cli.commands import app
 from ctxext.errors import CtxextError, InputError
 from ctxext.recipe.budget import parse_budget
-from ctxext.rope.core import patch_model, reference_rope, rotary_modules, verify_model_rope
+from ctxext.rope.runtime import patch_model, rotary_modules, verify_model_rope
+from ctxext.rope.scaling_types import reference_rope
 from ctxext.search.evolution import Evolution, EvolutionSettings
 from ctxext.search.factors import base_inv_freq, is_monotone, method_factors, seeds
 from ctxext.search.run import SearchSettings, run_search
@@ -216,7 +217,7 @@ def test_written_folder_loads_in_plain_transformers(first_search, tiny_model_dir
 
 
 def base_inv_freq_of(model) -> np.ndarray:
-    from ctxext.rope.core import read_rope
+    from ctxext.rope.read import read_rope
 
     return base_inv_freq(read_rope(model.config))
 

@@ -107,7 +107,7 @@ def test_extra_modules_saved_and_reload_reproduces_logits(trained):
     from safetensors.torch import load_file
 
     from ctxext.models.load import load_for_inference
-    from ctxext.rope.core import check_model_rope
+    from ctxext.rope.runtime import check_model_rope
 
     result, _ = trained
     saved = load_file(str(result.run_dir / "adapter_model.safetensors"))

@@ -41,7 +41,7 @@ class RepeatCopy(SuiteSection):
         """``{"by_length": {L: accuracy}, "trials": n}``."""
         import torch
 
-        from ctxext.rope.core import reset_dynamic_rope
+        from ctxext.rope.runtime import reset_dynamic_rope
 
         generator = torch.Generator().manual_seed(settings.seed)
         vocab = int(loaded.model.config.vocab_size)

@@ -426,7 +426,7 @@ class ModelInfo(Section):
 
 
 class RopeInfo(Section):
-    """The model's RoPE as evaluated (``ctxext.rope.core.RopeState`` plus the factor)."""
+    """The model's RoPE as evaluated (``ctxext.rope.types.RopeState`` plus the factor)."""
 
     rope_type: str
     rope_theta: float

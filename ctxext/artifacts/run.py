@@ -213,9 +213,10 @@ def plan_from_run(run: dict[str, Any], config: Any) -> Any:
         config: the base config (for the rotary dimension and ``max_position_embeddings``).
 
     Returns:
-        A :class:`ctxext.rope.core.RopePlan`, or ``None``.
+        A :class:`ctxext.rope.types.RopePlan`, or ``None``.
     """
-    from ctxext.rope.core import RopePlan, read_rope
+    from ctxext.rope.read import read_rope
+    from ctxext.rope.types import RopePlan
 
     params = run.get("rope_parameters")
     method = run.get("method")

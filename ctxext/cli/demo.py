@@ -252,7 +252,7 @@ def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str
     from ctxext.evaluation.suite import run_suite
     from ctxext.extend.folder import extend_folder
     from ctxext.models.sources import load_config
-    from ctxext.rope.core import read_rope
+    from ctxext.rope.read import read_rope
     from ctxext.training.run import read_run
     from ctxext.training.run import train as run_training
 

@@ -81,7 +81,9 @@ def _check_corpus(key: str, path: str, problems: list[tuple[str, str]]) -> None:
 def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list[str]) -> None:
     from ctxext.models.builtin import BUILTIN_PREFIX
     from ctxext.models.sources import load_config
-    from ctxext.rope.core import RopeError, plan_extension, read_rope
+    from ctxext.rope.plan import plan_extension
+    from ctxext.rope.read import read_rope
+    from ctxext.rope.types import RopeError
 
     path = recipe.model.path
     local = Path(path).expanduser()
@@ -146,7 +148,8 @@ def _check_search(recipe: Recipe, config: Any, state: Any, problems: list[tuple[
         A plan of the same lengths (linear: the search's own check of the target), or ``None`` after a problem.
     """
     from ctxext.errors import InputError
-    from ctxext.rope.core import RopeError, describe_extension, plan_extension
+    from ctxext.rope.plan import describe_extension, plan_extension
+    from ctxext.rope.types import RopeError
     from ctxext.search.recipe import settings_from_recipe
 
     existing = describe_extension(state)

@@ -36,7 +36,7 @@ import torch
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel, base_model
 from ctxext.progress import progress
-from ctxext.rope.core import reset_dynamic_rope
+from ctxext.rope.runtime import reset_dynamic_rope
 
 # Elements of one block of attention scores (heads × query rows × keys): 16M floats = 64 MB.
 BLOCK_ELEMENTS = 1 << 24

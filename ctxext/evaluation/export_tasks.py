@@ -173,7 +173,7 @@ def export_lm_eval(
             short for a task, or an output folder that cannot be written.
     """
     from ctxext.models.load import load_tokenizer_and_config
-    from ctxext.rope.core import read_rope
+    from ctxext.rope.read import read_rope
 
     settings.validate()
     if not settings.lengths or min(settings.lengths) < 1:

@@ -49,7 +49,8 @@ from ctxext.evaluation.perplexity import check_lengths
 from ctxext.evaluation.settings import NeedleSettings, PasskeySettings
 from ctxext.evaluation.stats import wilson_interval
 from ctxext.progress import progress
-from ctxext.rope.core import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
+from ctxext.rope.runtime import reset_dynamic_rope
+from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
 from ctxext.tasks import Haystack, TaskSample, Template, get_task
 from ctxext.tasks.base import NOISE_TEXT, ChatWrap
 from ctxext.tasks.chat import chat_wrap, check_chat_template, describe_chat

@@ -169,7 +169,7 @@ def run_harness(loaded: LoadedModel, settings: HarnessSettings, manager: Any | N
     lm_eval = _require_lm_eval()
     from lm_eval.models.huggingface import HFLM
 
-    from ctxext.rope.core import LENGTH_DEPENDENT_TYPES
+    from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
 
     manager = manager or task_manager(settings)
     max_length = default_max_length(loaded, settings)

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from ctxext.errors import InputError
-from ctxext.rope.core import RopeState, read_rope
+from ctxext.rope.read import read_rope
+from ctxext.rope.types import RopeState
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -117,7 +118,7 @@ def load_model(
 
     Raises:
         InputError: a missing adapter folder or an unusable run folder.
-        ctxext.rope.core.RopeMismatchError: the runtime RoPE differs from the config.
+        ctxext.rope.types.RopeMismatchError: the runtime RoPE differs from the config.
     """
     from ctxext.artifacts.run import is_run_folder
     from ctxext.models.load import load_inference_model

@@ -198,7 +198,8 @@ def score_model(loaded: Any, settings: LongPPLSettings, run: LongPPLRun, lengths
     from ctxext.evaluation.documents import document_key
     from ctxext.evaluation.scoring import sliding_nll, token_nll
     from ctxext.progress import progress
-    from ctxext.rope.core import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
+    from ctxext.rope.runtime import reset_dynamic_rope
+    from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
 
     run.lengths = list(lengths)
     longest = lengths[-1]

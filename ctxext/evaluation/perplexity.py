@@ -48,7 +48,8 @@ from ctxext.evaluation.scoring import (
 from ctxext.evaluation.settings import PerplexitySettings
 from ctxext.evaluation.stats import bootstrap_mean_diff, ppl_entry
 from ctxext.progress import progress
-from ctxext.rope.core import LENGTH_DEPENDENT_TYPES, reset_dynamic_rope
+from ctxext.rope.runtime import reset_dynamic_rope
+from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
 
 # ---------------------------------------------------------------------------------------------
 # Checks (the settings are declared in ctxext.evaluation.settings)

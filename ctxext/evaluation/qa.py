@@ -26,7 +26,7 @@ from ctxext.evaluation.loading import LoadedModel
 from ctxext.evaluation.settings import QASettings
 from ctxext.evaluation.stats import bootstrap_nll
 from ctxext.progress import progress
-from ctxext.rope.core import reset_dynamic_rope
+from ctxext.rope.runtime import reset_dynamic_rope
 from ctxext.tasks.base import ChatWrap, encode
 from ctxext.tasks.chat import chat_wrap, describe_chat
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import base_model
-from ctxext.rope.core import reset_dynamic_rope
+from ctxext.rope.runtime import reset_dynamic_rope
 
 # Positions projected onto the vocabulary at once. On the CPU a 256-row chunk of logits (32 MB at a 32k
 # vocabulary) stays in cache and scores ~15 % faster than 1024 rows (measured, benchmarks/eval_speed.py);

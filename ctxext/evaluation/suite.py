@@ -269,7 +269,7 @@ def _reference_context(specs: list[Any]) -> tuple[int, int]:
     """
     from ctxext.artifacts.run import is_run_folder
     from ctxext.models.sources import load_config
-    from ctxext.rope.core import read_rope
+    from ctxext.rope.read import read_rope
 
     states = []
     for spec in specs:

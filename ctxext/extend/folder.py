@@ -19,7 +19,8 @@ from ctxext.artifacts.lock import folder_lock
 from ctxext.atomic import atomic_folder, check_inputs_outside, check_output
 from ctxext.models.sources import load_config, resolve_model_path
 from ctxext.models.weights import check_weights_readable
-from ctxext.rope.core import RopePlan, apply_plan, legacy_fields, plan_extension
+from ctxext.rope.plan import apply_plan, legacy_fields, plan_extension
+from ctxext.rope.types import RopePlan
 from ctxext.rope.verify import verify_folder
 
 MODEL_KIND = "model"
@@ -66,7 +67,7 @@ def extend_folder(
         write_legacy: also write ``rope_scaling`` / ``rope_theta`` for pre-5 transformers consumers.
         overwrite: replace an existing output folder that ctxext wrote.
         relative_to: for an already-extended model, ``original`` or ``current`` (see
-            :func:`ctxext.rope.core.plan_extension`).
+            :func:`ctxext.rope.plan.plan_extension`).
 
     Returns:
         The applied :class:`RopePlan`; its last note is the verification summary.

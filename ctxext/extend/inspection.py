@@ -5,15 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ctxext.models.sources import load_config, resolve_model_path
-from ctxext.rope.core import (
-    check_model_rope,
-    check_rope_parameters,
-    intent_problems,
-    read_rope,
-    reference_rope,
-    runtime_model_from_config,
-    wavelengths,
-)
+from ctxext.rope.read import read_rope, wavelengths
+from ctxext.rope.runtime import check_model_rope, intent_problems, runtime_model_from_config
+from ctxext.rope.scaling_types import check_rope_parameters, reference_rope
 
 
 def inspect_model(

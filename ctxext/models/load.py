@@ -17,7 +17,7 @@ import torch
 
 from ctxext.errors import InputError
 from ctxext.models.sources import resolve_model_path
-from ctxext.rope.core import RopeCheck, verify_model_rope
+from ctxext.rope.runtime import RopeCheck, verify_model_rope
 
 # Quantization modes → the BitsAndBytesConfig arguments they need (None: full precision).
 QUANTIZATION_MODES: dict[str, dict[str, Any] | None] = {
@@ -252,7 +252,7 @@ def load_inference_model(
 
     Raises:
         InputError: an adapter folder without an adapter, an unusable run folder, damaged files, no tokenizer.
-        ctxext.rope.core.RopeMismatchError: the runtime RoPE differs from the config.
+        ctxext.rope.types.RopeMismatchError: the runtime RoPE differs from the config.
     """
     from ctxext.artifacts.run import RUN_FILE, run_base_model
     from ctxext.models.sources import config_from_folder

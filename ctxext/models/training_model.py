@@ -24,7 +24,8 @@ import torch
 from ctxext.errors import InputError
 from ctxext.models.load import attention_for, compute_dtype_for, load_weights
 from ctxext.models.sources import resolve_model_path
-from ctxext.rope.core import RopePlan, patch_model, verify_model_rope
+from ctxext.rope.runtime import patch_model, verify_model_rope
+from ctxext.rope.types import RopePlan
 
 
 @dataclass

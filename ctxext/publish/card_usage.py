@@ -84,7 +84,7 @@ def serving_section(run: dict[str, Any], config: dict[str, Any], merged: bool, r
     Returns:
         Markdown lines.
     """
-    from ctxext.rope.core import legacy_fields
+    from ctxext.rope.plan import legacy_fields
 
     params = rope_parameters(run, config)
     target = run.get("target_length")

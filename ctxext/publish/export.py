@@ -75,7 +75,7 @@ def serving_facts(folder: str | Path) -> ServingFacts:
         InputError: a folder without ``config.json`` or one whose config has no ``rope_parameters``.
     """
     from ctxext.models.sources import config_from_folder
-    from ctxext.rope.core import read_rope
+    from ctxext.rope.read import read_rope
 
     folder = Path(folder)
     path = folder / "config.json"

@@ -195,7 +195,7 @@ def _positions(length: int, count: int) -> torch.Tensor:
 
 @torch.no_grad()
 def _logits_at(model: Any, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    from ctxext.rope.core import reset_dynamic_rope
+    from ctxext.rope.runtime import reset_dynamic_rope
 
     reset_dynamic_rope(model)
     out = model(input_ids=ids, logits_to_keep=positions.to(ids.device), use_cache=False)
@@ -206,7 +206,7 @@ def _logits_at(model: Any, ids: torch.Tensor, positions: torch.Tensor) -> torch.
 def _nll(causal_lm: Any, ids: torch.Tensor) -> tuple[float, int]:
     # Mean next-token NLL through the evaluator's one scorer (chunked projection, logit softcapping).
     from ctxext.evaluation.scoring import token_nll
-    from ctxext.rope.core import reset_dynamic_rope
+    from ctxext.rope.runtime import reset_dynamic_rope
 
     reset_dynamic_rope(causal_lm)
     nll = token_nll(causal_lm, ids)
@@ -279,7 +279,7 @@ def passkey_trial(model: Any, tokenizer: Any, length: int, seed: int = 0, depth:
         ``(key, the model's argmax continuation at the answer positions, correct)``.
     """
     from ctxext.evaluation.answer_scoring import score_answers
-    from ctxext.rope.core import reset_dynamic_rope
+    from ctxext.rope.runtime import reset_dynamic_rope
 
     sample = passkey_prompt(tokenizer, length, depth, seed)
     (score,) = score_answers(model, [sample.ids], [sample.answer_span])
@@ -417,7 +417,7 @@ def _base_with_adapter(
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from ctxext.rope.core import verify_model_rope
+    from ctxext.rope.runtime import verify_model_rope
 
     log(f"loading the base {base_dir} in {str(dtype).replace('torch.', '')} on {dev} with the run's RoPE")
     model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, dtype=dtype, attn_implementation="sdpa")
@@ -472,7 +472,7 @@ def _check_written(
     """Reload the written folder the way a user will, verify its RoPE and compare it with the probe."""
     from transformers import AutoModelForCausalLM
 
-    from ctxext.rope.core import verify_model_rope
+    from ctxext.rope.runtime import verify_model_rope
 
     log(f"reloading {folder.name} with plain transformers")
     reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")

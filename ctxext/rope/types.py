@@ -1,8 +1,8 @@
 """The data types every RoPE module shares, without torch: the errors, what a config says, what a plan writes.
 
-Kept apart from :mod:`ctxext.rope.core` (which needs torch for its reference and runtime checks) so that the
-method declarations in :mod:`ctxext.rope.methods`, the recipe schema and the command line can use them
-without importing torch.
+Kept apart from :mod:`ctxext.rope.runtime` and :mod:`ctxext.rope.scaling_types` (which need torch for their
+reference and runtime checks) so that the method declarations in :mod:`ctxext.rope.methods`, the recipe schema and
+the command line can use them without importing torch.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from ctxext.errors import InputError
 from ctxext.models.weights import check_weights_readable
-from ctxext.rope.core import RopeMismatchError, RopePlan, runtime_model_from_config, verify_against_plan
+from ctxext.rope.runtime import runtime_model_from_config, verify_against_plan
+from ctxext.rope.types import RopeMismatchError, RopePlan
 
 
 def verify_folder(folder: str | Path, plan: RopePlan) -> str:

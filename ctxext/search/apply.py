@@ -2,7 +2,7 @@
 
 Loading a model per candidate would dominate a search; instead the model is loaded once and, for each
 candidate, its config's RoPE fields are reset to the original ones and the new setting is applied with
-:func:`ctxext.rope.core.patch_model` — which rebuilds the rotary modules and verifies their runtime
+:func:`ctxext.rope.runtime.patch_model` — which rebuilds the rotary modules and verifies their runtime
 frequencies against ctxext's reference, so every scored candidate runs with exactly the factors logged.
 """
 
@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctxext.rope.core import RopePlan, patch_model, read_rope, rebuild_rotary, text_config, verify_model_rope
+from ctxext.rope.read import read_rope, text_config
+from ctxext.rope.runtime import patch_model, rebuild_rotary, verify_model_rope
+from ctxext.rope.types import RopePlan
 
 # The searched model keeps the original behaviour inside the original window: short factors of 1 and
 # no attention scaling (transformers applies ``attention_factor`` at every length, short ones included).

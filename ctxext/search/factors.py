@@ -3,7 +3,7 @@
 A *long factor* vector ``λ`` (``d/2`` values, LongRoPE's ``long_factor``) divides the model's own
 frequencies: ``inv_freq_i = b^(−2i/d) / λ_i``. Every named method is such a vector —
 ``λ_i = inv_freq_orig_i / inv_freq_method_i`` with the method's frequencies taken from ctxext's
-independent reference (:func:`ctxext.rope.core.reference_rope`), so a seed reproduces its method's
+independent reference (:func:`ctxext.rope.scaling_types.reference_rope`), so a seed reproduces its method's
 frequencies exactly (PI: ``λ_i = s``; NTK: ``λ_i = α^(2i/(d−2))``; YaRN / llama3: a ramp from 1 to
 ``s``). Attention scaling is not part of a factor vector: see ``docs/search.md``.
 
@@ -19,7 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ctxext.rope.core import RopeError, RopeState, plan_extension, read_rope, reference_rope
+from ctxext.rope.plan import plan_extension
+from ctxext.rope.read import read_rope
+from ctxext.rope.scaling_types import reference_rope
+from ctxext.rope.types import RopeError, RopeState
 
 # Tolerance of the monotone check: seeds are computed in float64 and may carry rounding noise.
 MONOTONE_TOL = 1e-12

@@ -107,7 +107,7 @@ class ObjectiveSet:
 
 def _score_far(model: torch.nn.Module, objective: ObjectiveSet, batch_tokens: int) -> ItemScores:
     from ctxext.evaluation.scoring import token_nll
-    from ctxext.rope.core import reset_dynamic_rope
+    from ctxext.rope.runtime import reset_dynamic_rope
 
     start = objective.spans[0][0]
     per_batch = max(1, batch_tokens // objective.length)

@@ -78,7 +78,7 @@ def run_search(
     Raises:
         InputError: bad settings, a log that belongs to another search, or another process writing ``out``.
         FileExistsError: ``out`` exists without ``--resume`` / ``--overwrite``.
-        ctxext.rope.core.RopeError: a model without RoPE, or a target not above its context.
+        ctxext.rope.types.RopeError: a model without RoPE, or a target not above its context.
     """
     from ctxext.artifacts.lock import folder_lock
 
@@ -104,7 +104,8 @@ def _search(
     """:func:`run_search` with the output folder's lock held."""
     from ctxext.evaluation.loading import ModelSpec, load_model
     from ctxext.models.sources import load_config
-    from ctxext.rope.core import describe_extension, plan_extension, read_rope
+    from ctxext.rope.plan import describe_extension, plan_extension
+    from ctxext.rope.read import read_rope
     from ctxext.search.apply import RopeSwitch, longrope_options
 
     settings.validate_run()
@@ -196,7 +197,8 @@ def _verify_folder(folder: Path, long_factor: list[float]) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ctxext.rope.core import RopeMismatchError, verify_model_rope
+    from ctxext.rope.runtime import verify_model_rope
+    from ctxext.rope.types import RopeMismatchError
 
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     verify_model_rope(model)

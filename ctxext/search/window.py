@@ -29,7 +29,7 @@ WINDOW_DOCS = 256
 def doc_nll(model: torch.nn.Module, docs: list[list[int]]) -> np.ndarray:
     """``[docs, T − 1]`` token NLLs of documents of one length (token ``t`` at column ``t − 1``)."""
     from ctxext.evaluation.scoring import token_nll
-    from ctxext.rope.core import reset_dynamic_rope
+    from ctxext.rope.runtime import reset_dynamic_rope
 
     rows = []
     per_batch = max(1, 16384 // len(docs[0]))

@@ -285,7 +285,8 @@ class RunWriter:
     def _write_outputs(self, stage: Path, peft_model: Any, state_dict: dict, loaded: Any) -> None:
         from transformers import AutoConfig
 
-        from ctxext.rope.core import apply_plan, runtime_model_from_config, verify_against_plan
+        from ctxext.rope.plan import apply_plan
+        from ctxext.rope.runtime import runtime_model_from_config, verify_against_plan
 
         out, plan = self.out, loaded.plan
         if stage.exists():

@@ -20,7 +20,7 @@ import torch
 
 from ctxext.errors import InputError
 from ctxext.recipe.schema import Recipe
-from ctxext.rope.core import reset_dynamic_rope, rotary_modules
+from ctxext.rope.runtime import reset_dynamic_rope, rotary_modules
 from ctxext.training.losses import chunked_cross_entropy
 
 

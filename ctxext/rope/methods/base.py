@@ -2,7 +2,7 @@
 
 A method is one class. Its options are declared once, as :class:`Option` objects; the recipe schema
 (``rope.<option>`` keys, ``ctxext validate --schema``), the ``ctxext extend --<option>`` flags and the
-checks of :func:`ctxext.rope.core.plan_extension` are all generated from that declaration. Nothing here
+checks of :func:`ctxext.rope.plan.plan_extension` are all generated from that declaration. Nothing here
 imports torch: the command line builds its flags from these classes.
 """
 
@@ -161,7 +161,7 @@ class RopeMethod:
         """What in a plan's parameters contradicts this method's definition (checked after :meth:`plan`).
 
         The checks every method shares (factor, lengths, the rope type's relations) live in
-        :func:`ctxext.rope.core.check_plan_intent`; a method adds its own here.
+        :func:`ctxext.rope.plan.check_plan_intent`; a method adds its own here.
         """
         return []
 

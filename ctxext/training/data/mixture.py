@@ -318,7 +318,7 @@ def _whole_path_source(data: Any) -> Any:
 
 
 def _length_dependent(plan: Any) -> bool:
-    from ctxext.rope.core import LENGTH_DEPENDENT_TYPES
+    from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
 
     return getattr(plan, "rope_parameters", {}).get("rope_type") in LENGTH_DEPENDENT_TYPES
 
