@@ -2,15 +2,18 @@
 
 A wide random Llama (hidden 2048, intermediate 6144, 2 layers, 32k vocabulary: the shape of
 ``benchmarks/train_memory.py``'s ``build_model``) through ctxext's own training path (nf4 double-quant, YaRN,
-LoRA r=8 on every projection, gradient checkpointing, AdamW) at ``--length`` tokens (default 8,192). Four cells,
+LoRA r=8 on every projection, gradient checkpointing, AdamW) at ``--length`` tokens (default 8,192). Six cells,
 each in a fresh process (``benchmarks/_memory.py``): no tiling (transformers' own full-logit loss), the tiled
 logits/loss (ctxext's chunked loss), the tiled MLP (``train.memory.tiled_mlp=true``) with the full-logit loss,
-and both. Each cell: load, a 128-token warm-up step, then one timed step (forward, backward, AdamW step).
-Measured: the process's peak resident set (``VmHWM``); planned: ``ctxext plan`` for the same recipe against this
-machine's RAM; speed: tokens/s of the timed step and its ratio to the untiled cell of the same run.
+both; then bf16 compute (``quantization.compute_dtype: bfloat16``) with peft's fp32 residual stream and with
+``train.memory.residual_dtype: bf16``, both with the tiled loss. Each cell: load, a 128-token warm-up step,
+then one timed step (forward, backward, AdamW step). Measured: the process's peak resident set (``VmHWM``);
+planned: ``ctxext plan`` for the same recipe against this machine's RAM; speed: tokens/s of the timed step and
+its ratio to the first cell of the same run. Measurements are kept in ``benchmarks/results/memory_levers.json``
+(a rerun measures only missing cells unless ``--remeasure``, and re-plans every cell).
 
-The bf16 residual stream and checkpoint offload are GPU-only (bf16 compute, pinned CUDA memory):
-``scripts/gpu-check.sh`` measures them. Results: ``benchmarks/results/memory_levers.md``.
+Checkpoint offload needs pinned CUDA memory: ``scripts/gpu-check.sh`` measures it. Results:
+``benchmarks/results/memory_levers.md``.
 
 Usage::
 
@@ -32,12 +35,16 @@ from _memory import mem_total_gb, peak_rss_mb, run_watched, training_step
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's ctxext, not another installed copy
 RESULTS_MD = ROOT / "benchmarks" / "results" / "memory_levers.md"
-# name → (train.memory.tiled_mlp, loss)
+RESULTS_JSON = RESULTS_MD.with_suffix(".json")
+# name → (train.memory.tiled_mlp, loss, quantization.compute_dtype, train.memory.residual_dtype)
 CELLS = {
-    "untiled (full-logit loss)": (False, "full"),
-    "tiled logits/loss (chunked)": (False, "chunked"),
-    "tiled MLP, full-logit loss": (True, "full"),
-    "tiled MLP + tiled loss": (True, "chunked"),
+    "untiled (full-logit loss)": (False, "full", "float32", "auto"),
+    "tiled logits/loss (chunked)": (False, "chunked", "float32", "auto"),
+    "tiled MLP, full-logit loss": (True, "full", "float32", "auto"),
+    "tiled MLP + tiled loss": (True, "chunked", "float32", "auto"),
+    # bf16 compute (nf4 matmuls and attention in bf16): peft's fp32 residual stream, then the bf16 stream.
+    "bf16 compute, fp32 residual (peft), tiled loss": (False, "chunked", "bfloat16", "fp32"),
+    "bf16 compute, bf16 residual, tiled loss": (False, "chunked", "bfloat16", "bf16"),
 }
 
 
@@ -54,17 +61,24 @@ def model_dir(hidden: int) -> Path:
     return folder
 
 
-def recipe_for(folder: str, length: int, tiled: bool):
+def recipe_for(folder: str, length: int, cell: str):
     """The recipe of one cell (the same for the measurement and the prediction)."""
     from ctxext.recipe.schema import parse_recipe
 
+    tiled, _, dtype, residual = CELLS[cell]
     return parse_recipe(
         {
             "model": {"path": folder, "attn_implementation": "sdpa"},
             "rope": {"method": "yarn", "target_length": max(length, 1024)},
             "lora": {"r": 8, "alpha": 16, "extra_trainable": []},
+            "quantization": {"compute_dtype": dtype},
             "data": {"path": "builtin:stdlib"},
-            "train": {"seq_len": length, "optimizer": "adamw", "memory": {"tiled_mlp": tiled}, "seed": 0},
+            "train": {
+                "seq_len": length,
+                "optimizer": "adamw",
+                "memory": {"tiled_mlp": tiled, "residual_dtype": residual},
+                "seed": 0,
+            },
         },
         source="benchmarks/memory_levers.py",
     )
@@ -76,8 +90,8 @@ def child(folder: str, length: int, cell: str) -> dict:
 
     from ctxext.models.training_model import build_training_model
 
-    tiled, loss = CELLS[cell]
-    recipe = recipe_for(folder, length, tiled)
+    loss = CELLS[cell][1]
+    recipe = recipe_for(folder, length, cell)
     loaded = build_training_model(recipe)
     step = training_step(recipe, loaded, loss)
     vocab = loaded.model.get_base_model().config.vocab_size
@@ -95,8 +109,9 @@ def predict(folder: str, length: int, cell: str) -> float:
     from ctxext.models.devices import cpu_device
     from ctxext.planner.plan import plan_recipe
 
-    tiled, loss = CELLS[cell]
-    plan = plan_recipe(recipe_for(folder, length, tiled), cpu_device(), loss=loss, advise_changes=False, search=False)
+    plan = plan_recipe(
+        recipe_for(folder, length, cell), cpu_device(), loss=CELLS[cell][1], advise_changes=False, search=False
+    )
     return plan.memory.total / 2**20
 
 
@@ -108,6 +123,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--budget-mb", type=float, default=mem_total_gb() * 1024 * 0.8)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--remeasure", action="store_true", help="measure cells already in the JSON again")
     parser.add_argument("--child", nargs=3, metavar=("FOLDER", "LENGTH", "CELL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -115,10 +131,15 @@ def main() -> None:
         print(json.dumps(child(folder, int(length), cell)))
         return
     folder = str(model_dir(args.hidden))
+    store = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.is_file() else {}
     rows, base_speed = [], None
     for cell in CELLS:
-        cmd = [sys.executable, __file__, "--child", folder, str(args.length), cell]
-        result = run_watched(cmd, args.threads, args.budget_mb, args.timeout)
+        key = f"h{args.hidden}-t{args.length}-{cell}"
+        if args.remeasure or not store.get(key, {}).get("ok"):
+            cmd = [sys.executable, __file__, "--child", folder, str(args.length), cell]
+            store[key] = run_watched(cmd, args.threads, args.budget_mb, args.timeout)
+            RESULTS_JSON.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
+        result = store[key]
         planned = predict(folder, args.length, cell)
         if not result["ok"]:
             rows.append(f"| {cell} | {result['reason']} | {planned:,.0f} | | | |")
@@ -139,8 +160,10 @@ def main() -> None:
             "# Memory levers on the CPU (`benchmarks/memory_levers.py`)",
             "",
             f"Command: `{command}` ({platform.processor() or platform.machine()}, {args.threads} threads, "
-            f"{mem_total_gb():.0f} GiB RAM). Model: random Llama, hidden {args.hidden}, 2 layers, 32k vocabulary, "
-            f"nf4 + LoRA r=8, checkpointing, AdamW; {args.length:,} tokens. Speed ratio: to the first cell, same run.",
+            f"{mem_total_gb():.0f} GiB RAM). Model: random Llama, hidden {args.hidden}, "
+            f"intermediate {3 * args.hidden}, "
+            f"2 layers, 32k vocabulary, nf4 + LoRA r=8, checkpointing, AdamW; {args.length:,} tokens; fp32 compute "
+            "unless the cell says bf16. Speed ratio: to the first cell, same run. Error: measured / planned - 1.",
             "",
             "| cell | measured peak MiB | planned MiB | error | tokens/s | speed ratio | loss |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",

@@ -191,13 +191,16 @@ def test_resolution_auto_on_a_gpu_and_on_the_cpu():
     assert gpu == Levers("bf16", True, 0, True)
     no_ckpt = resolve_levers(auto, device_type="cuda", compute_dtype="bfloat16", quantized=True, checkpointing=False)
     assert not no_ckpt.offload_checkpoints
+    # A bf16 run on the CPU (quantization.compute_dtype: bfloat16) gets the bf16 stream; nothing CUDA-only.
+    cpu_bf16 = resolve_levers(auto, device_type="cpu", compute_dtype="bfloat16", quantized=True, checkpointing=True)
+    assert cpu_bf16 == Levers("bf16", False, None, False)
 
 
 @pytest.mark.parametrize(
     ("memory", "device", "dtype", "message"),
     [
         ({"offload_checkpoints": True}, "cpu", "float32", "train.memory.offload_checkpoints: offloading"),
-        ({"residual_dtype": "bf16"}, "cpu", "float32", "train.memory.residual_dtype: bf16 needs a bf16 GPU run"),
+        ({"residual_dtype": "bf16"}, "cpu", "float32", "train.memory.residual_dtype: bf16 needs a bf16 run"),
         ({"residual_dtype": "bf16"}, "cuda", "float16", "this run computes in float16"),
     ],
 )
@@ -212,7 +215,7 @@ def test_levers_that_cannot_run_are_refused(memory, device, dtype, message):
     ("override", "message"),
     [
         ("train.memory.offload_checkpoints=true", "train.memory.offload_checkpoints: offloading checkpoints needs"),
-        ("train.memory.residual_dtype=bf16", "train.memory.residual_dtype: bf16 needs a bf16 GPU run"),
+        ("train.memory.residual_dtype=bf16", "train.memory.residual_dtype: bf16 needs a bf16 run"),
         ("train.memory.tiled_mlp=1", "train.memory.tiled_mlp"),
         ("train.memory.tiled=true", "train.memory.tiled"),
     ],

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from ctxext.models.devices import GIB, Device
-from ctxext.planner.footprint import FWD_BWD, PHASES, Footprint, ModelShape, Setup, footprint, layer_bytes
+from ctxext.planner.footprint import FWD_BWD, PHASES, Footprint, ModelShape, Setup, footprint, heap_layer_bytes
 
 # CUDA: the context, cuBLAS/cuDNN workspaces and NCCL buffers live outside PyTorch's allocator; the caching
 # allocator holds more than it hands out (fragmentation). Not calibrated here (no GPU): typical values.
@@ -22,12 +22,16 @@ CUDA_FRAGMENTATION_EXPANDABLE = 0.03
 # CPU (peak resident memory, what `ctxext train` reports there): the resident memory of Python + torch +
 # transformers + peft + bitsandbytes with a model loaded and one warm-up step taken, less the model itself —
 # fitted as the mean over the benchmark cells of benchmarks/plan_accuracy.py (its "warm" column). And glibc
-# malloc's retention: activation tensors under its 32 MiB mmap threshold live in heap arenas that are not given
-# back when freed, so the resident peak holds, beside the live tensors, about one forward pass's worth of
-# activations (all layers' saved tensors) even with checkpointing. docs/planning.md shows, from runs with mmap
-# forced, that the activation formulas are conservative for the live peak and this term is below glibc's real
-# retention: on this CPU the two offset.
+# malloc's retention: activation tensors under its mmap threshold live in heap arenas that are not given back
+# when freed, so the resident peak holds, beside the live tensors, about one forward pass's worth of those
+# activations (all layers' saved tensors) even with checkpointing. Tensors of 32 MiB or more are always mapped
+# on their own and returned when freed (glibc's dynamic threshold never rises above DEFAULT_MMAP_THRESHOLD_MAX,
+# 32 MiB on 64-bit), so they are left out: a hidden-2048 model at 8k tokens keeps nothing back, the same model at
+# 2k tokens keeps its whole forward pass. docs/planning.md shows, from runs with mmap forced, that the activation
+# formulas are conservative for the live peak and this term is below glibc's real retention: on this CPU the two
+# offset.
 CPU_RUNTIME = 553 * 2**20
+MMAP_THRESHOLD_MAX = 32 * 2**20
 # Memory held back from the device's capacity before a plan "fits": what the formulas do not count (CUDA
 # graphs, NCCL buffers growing, a longer-than-usual document mask) and their own error (docs/planning.md).
 HEADROOM = 0.05
@@ -49,8 +53,8 @@ def device_footprint(shape: ModelShape, setup: Setup, device: Device) -> Footpri
         fp.add(
             "overhead",
             "malloc retention",
-            shape.layers * layer_bytes(shape, setup),
-            "freed activation memory glibc keeps: one forward pass of saved tensors",
+            shape.layers * heap_layer_bytes(shape, setup, MMAP_THRESHOLD_MAX),
+            "freed activation memory glibc keeps: one forward pass of saved tensors under 32 MiB each",
             FWD_BWD,
         )
     return fp

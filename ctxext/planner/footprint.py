@@ -352,20 +352,25 @@ def mlp_tokens(shape: ModelShape, s: Setup) -> int:
     return -(-t // shards)
 
 
-def lora_saved_bytes(shape: ModelShape, s: Setup) -> float:
-    """What peft's LoRA layers save per decoder layer beyond the base model's tensors.
+def lora_saved_tensors(shape: ModelShape, s: Setup) -> list[int]:
+    """Bytes of each tensor peft's LoRA layers save per decoder layer beyond the base model's tensors.
 
     peft casts a projection's input to the adapter's dtype (fp32) before ``lora_A``: with an fp32 residual stream
     and no dropout that is the input itself (already saved); with a bf16 stream each adapted projection keeps its
     own fp32 copy. With dropout (p > 0) each keeps the dropped fp32 copy and its boolean mask.
     """
-    per_value = 5 if s.lora_dropout > 0 else (4 if s.residual != 4 else 0)
-    if not per_value:
-        return 0.0
+    if s.lora_dropout <= 0 and s.residual == 4:
+        return []
+    per_value = [4, 1] if s.lora_dropout > 0 else [4]
     dims = shape.projection_dims()
     mlp = ("gate_proj", "up_proj", "down_proj")
     t, tm = s.local_tokens, mlp_tokens(shape, s)
-    return sum(dims[p][0] * (tm if p in mlp else t) * per_value for p in s.lora_targets if p in dims)
+    return [dims[p][0] * (tm if p in mlp else t) * b for p in s.lora_targets if p in dims for b in per_value]
+
+
+def lora_saved_bytes(shape: ModelShape, s: Setup) -> float:
+    """What peft's LoRA layers save per decoder layer beyond the base model's tensors (:func:`lora_saved_tensors`)."""
+    return float(sum(lora_saved_tensors(shape, s)))
 
 
 def layer_activation_elems(shape: ModelShape) -> int:
@@ -405,6 +410,27 @@ def layer_bytes(shape: ModelShape, s: Setup) -> float:
     mlp = 4 * shape.intermediate
     attn_and_norms = t * (layer_activation_elems(shape) - mlp) + mlp_tokens(shape, s) * mlp
     return attn_and_norms * s.residual + lora_saved_bytes(shape, s) + attention_extra_bytes(shape, s, t)
+
+
+def heap_layer_bytes(shape: ModelShape, s: Setup, threshold: int) -> float:
+    """The part of :func:`layer_bytes` that glibc's heap holds on to once freed (the CPU's malloc retention).
+
+    glibc maps an allocation of ``threshold`` bytes or more on its own (returned when freed) unless a free chunk
+    of its heap can serve it, and serves smaller ones from heap arenas that keep freed memory. When the
+    residual-stream tensors (tokens × hidden, the most numerous) are under the threshold the heap grows to a
+    forward pass and the larger tensors reuse its free chunks: the whole layer counts (measured: grown-code-64 at
+    16k tokens, 45 MiB MLP tensors retained). When they are not, the heap stays small and only the tensors under
+    the threshold count (measured: a hidden-2048 Llama at 8k tokens retains almost nothing).
+    """
+    t, tm = s.local_tokens, mlp_tokens(shape, s)
+    if t * shape.hidden * s.residual < threshold:
+        return layer_bytes(shape, s)
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    # (tensors, elements each): layer_activation_elems' terms, one tensor per saved value.
+    tensors = [(5, t * q), (4, t * kv), (4, tm * shape.intermediate)]
+    saved = sum(n * e * s.residual for n, e in tensors if e * s.residual < threshold)
+    lora = sum(b for b in lora_saved_tensors(shape, s) if b < threshold)
+    return saved + lora + attention_extra_bytes(shape, s, t)
 
 
 def activations(shape: ModelShape, s: Setup, fp: Footprint) -> None:
@@ -450,10 +476,10 @@ def activations(shape: ModelShape, s: Setup, fp: Footprint) -> None:
         largest = max(a_ * b_ for a_, b_ in shape.projection_dims().values())
         fp.add("activations", "dequantized projection", largest * s.compute_bytes, "transient, one at a time", FWD_BWD)
     fp.add("activations", "final norm + hidden states", 3 * t * shape.hidden * a, "final norm's saved tensors", FWD_BWD)
-    if s.row_mask and s.attention != "flash_attention_2":
+    if s.row_mask and s.attention != "flash_attention_2" and s.sequence_parallel == 1:
         # Rows with segments (document mask, short rows, task rows) reach SDPA as a (B, 1, T, T) bool mask, which
-        # SDPA turns into an additive mask in the activations' dtype: quadratic in T.
-        # Local queries × all keys: Ulysses attends over the whole sequence on every rank.
+        # SDPA turns into an additive mask in the activations' dtype: quadratic in T. Under the Ulysses split no
+        # mask is built: each document is attended on its own (training/sequence_parallel.py).
         mask = s.micro_batch * -(-s.seq_len // s.context_parallel) * s.seq_len * (1 + a)
         fp.add("activations", "T×T attention mask (rows with segments)", mask, f"bool + a {a}-byte copy", FWD_BWD)
 

@@ -78,7 +78,7 @@ def lever_candidates(s: Setup, device: Device) -> list[tuple[str, str, dict[str,
     """(name, key, setup fields when on, when off, on in this setup) of the levers that apply here."""
     rep: list[tuple[str, str, dict[str, Any], dict[str, Any], bool]] = []
     cuda = device.kind == "cuda"
-    if cuda and s.quantized and s.compute_bytes == 2:
+    if s.quantized and s.compute_bytes == 2:
         rep.append(
             (
                 "bf16 residual stream",
@@ -123,7 +123,7 @@ def lever_candidates(s: Setup, device: Device) -> list[tuple[str, str, dict[str,
         rep.append(
             ("no LoRA dropout", "lora.dropout=0", {"lora_dropout": 0.0}, {"lora_dropout": s.lora_dropout}, False)
         )
-    if s.row_mask and s.attention != "flash_attention_2" and cuda:
+    if s.row_mask and s.attention != "flash_attention_2" and s.sequence_parallel == 1 and cuda:
         rep.append(
             (
                 "no T×T mask (flash-attn's varlen path)",

@@ -1,10 +1,10 @@
 """``train.memory``: the levers that lower training memory at long lengths (ALST, unsloth), declared once.
 
-Each lever is a recipe key; ``auto`` turns it on where it is safe (a CUDA run) and off on the CPU, where the
-training path computes in fp32 and has no pinned accelerator memory. What each one does to memory is modelled by
-``ctxext plan`` (``ctxext/planner/footprint.py``) and written out in ``docs/planning.md``; how it is applied is in
-``ctxext/models/levers.py``; :func:`resolve_levers` decides, for a device, which levers a run uses (training and
-the planner call the same function).
+Each lever is a recipe key; ``auto`` turns it on where it is safe (a CUDA run; the bf16 stream on any bf16 run)
+and off on the CPU, where the training path computes in fp32 by default and has no pinned accelerator memory. What
+each one does to memory is modelled by ``ctxext plan`` (``ctxext/planner/footprint.py``) and written out in
+``docs/planning.md``; how it is applied is in ``ctxext/models/levers.py``; :func:`resolve_levers` decides, for a
+device, which levers a run uses (training and the planner call the same function).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class MemorySection(BaseModel):
     residual_dtype: Literal["auto", "bf16", "fp32"] = Field(
         default="auto",
         description="dtype of the residual stream: bf16 keeps peft's fp32 embeddings/norms but casts their "
-        "outputs (auto: bf16 on a bf16 GPU run, else the compute dtype)",
+        "outputs (auto: bf16 on a bf16 run, else the compute dtype)",
     )
     offload_checkpoints: Literal["auto"] | bool = Field(
         default="auto",
@@ -95,12 +95,13 @@ def resolve_levers(
     natural = "fp32" if quantized or compute_dtype == "float32" else "bf16"
     residual: str = memory.residual_dtype
     if residual == "auto":
-        residual = "bf16" if cuda and compute_dtype == "bfloat16" else natural
-    if residual == "bf16" and (not cuda or compute_dtype != "bfloat16"):
-        where = "a CPU run computes in fp32" if not cuda else f"this run computes in {compute_dtype}"
+        residual = "bf16" if compute_dtype == "bfloat16" else natural
+    if residual == "bf16" and compute_dtype != "bfloat16":
+        how = "a CPU run computes in fp32 unless quantization.compute_dtype says otherwise" if not cuda else ""
         raise InputError(
-            f"{KEY}.residual_dtype: bf16 needs a bf16 GPU run; {where}, so the residual stream is fp32 there. "
-            "Use auto (or fp32)"
+            f"{KEY}.residual_dtype: bf16 needs a bf16 run; this run computes in {compute_dtype}"
+            + (f" ({how})" if how else "")
+            + ". Use auto (or fp32), or set quantization.compute_dtype: bfloat16"
         )
     if residual == "fp32" and natural != "fp32":
         raise InputError(
