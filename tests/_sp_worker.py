@@ -2,8 +2,10 @@
 
 ``python tests/_sp_worker.py RECIPE OUT CASES``: builds the recipe's model (:func:`build_training_model`), starts
 the split (:func:`start_sequence_parallel`), wraps and prepares the model as ``ctxext train`` does, feeds one
-fixed micro-batch per case (``CASES``, comma-separated: ``plain``, ``pose`` or ``ignored``: the second half of
-every row unlabelled, so with two processes one shard has no labelled token), backpropagates, and writes the
+fixed micro-batch per case (``CASES``, comma-separated: ``plain``, ``pose``, ``masked``: packed documents of
+random lengths, one crossing the shard boundary, kept apart by ``data.document_mask``'s block-causal mask, or
+``ignored``: the second half of every row unlabelled, so with two processes one shard has no labelled token),
+backpropagates, and writes the
 loss as the training loop logs it and every trainable gradient to ``OUT`` (main process). Launched with one
 process it is the reference; launched with ``accelerate launch --num_processes 2`` and
 ``train.sequence_parallel_size=2`` it is the split.
@@ -50,8 +52,15 @@ def main(recipe_path: str, out: str, cases: str) -> None:
     results = {}
     for case in cases.split(","):
         ids = torch.randint(0, loaded.model.config.vocab_size, (cfg.micro_batch_size, recipe.seq_len), generator=gen)
+        rows = {"input_ids": ids}
+        if case == "masked":
+            # Document starts at random places in each row (a row of one document included), as packing makes.
+            starts = torch.zeros_like(ids)
+            for row in range(1, ids.shape[0]):
+                starts[row, torch.randint(1, recipe.seq_len, (5,), generator=gen)] = 1
+            rows["segments"] = starts.cumsum(dim=1)
         inputs = build_inputs(
-            {"input_ids": ids},
+            rows,
             attn_implementation=loaded.attn_implementation,
             target_length=loaded.plan.target_length if loaded.plan else None,
             pose_chunks=2 if case == "pose" else None,

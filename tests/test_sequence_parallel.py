@@ -21,7 +21,7 @@ from _train_helpers import ROOT, accelerate_cmd, adapter_tensors, ctxext_cmd, en
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
-from ctxext.errors import CtxextError, InputError
+from ctxext.errors import InputError
 from ctxext.planner.footprint import ModelShape, Setup, footprint
 from ctxext.recipe.schema import RecipeError, load_recipe
 from ctxext.training.data.rows import IGNORE_INDEX, ModelInputs, build_inputs
@@ -91,11 +91,38 @@ def test_a_short_validation_batch_is_filled_with_row_0():
     assert real == 0 and rows["input_ids"].tolist() == [[1, 2], [1, 2]]
 
 
-def test_rows_of_several_documents_are_refused():
+def test_rows_of_several_documents_drop_the_mask_and_restart_positions_at_each_document():
     rows = {"input_ids": torch.arange(8).reshape(1, 8), "segments": torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])}
     inputs = build_inputs(rows, attn_implementation="sdpa")
-    with pytest.raises(CtxextError, match="train.sequence_parallel_size: a row holds several documents"):
-        SequenceSplit(size=2, rank=0).shard(inputs)
+    assert inputs.attention_mask.dim() == 4
+    shards = [SequenceSplit(size=2, rank=r).shard(inputs) for r in range(2)]
+    # No 4D mask reaches DeepSpeed (it would drop it); the positions carry the documents.
+    assert all(s.attention_mask.shape == (1, 4) for s in shards)
+    assert torch.cat([s.position_ids for s in shards], dim=1).tolist() == [[0, 1, 2, 0, 1, 2, 3, 4]]
+
+
+def test_segment_attention_equals_the_block_causal_mask():
+    # What the split runs after the all-to-all: the gathered sequence, positions restarting at each document
+    # (the third row PoSE-like, with a skip that is not a restart).
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from ctxext.training.data.rows import block_causal_mask
+    from ctxext.training.sequence_parallel import segment_attention
+
+    gen = torch.Generator().manual_seed(0)
+    segments = torch.tensor([[0] * 5 + [1] * 7 + [2] * 4, [0] * 16, [0] * 9 + [1] * 7])
+    positions = torch.tensor([[*range(5), *range(7), *range(4)], [*range(16)], [*range(4), *range(40, 45), *range(7)]])
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, True
+    q = torch.randn(3, 4, 16, 8, generator=gen)
+    k, v = (torch.randn(3, 2, 16, 8, generator=gen) for _ in range(2))
+    want, _ = sdpa_attention_forward(module, q, k, v, block_causal_mask(segments), scaling=0.3)
+    got, _ = segment_attention(sdpa_attention_forward)(module, q, k, v, None, scaling=0.3, position_ids=positions)
+    assert got.shape == want.shape == (3, 16, 4, 8)
+    assert torch.allclose(got, want, atol=1e-6)
+    # Without a restart it is the plain causal call.
+    causal, _ = sdpa_attention_forward(module, q[1:2], k[1:2], v[1:2], None)
+    assert torch.equal(segment_attention(sdpa_attention_forward)(module, q[1:2], k[1:2], v[1:2], None)[0], causal)
 
 
 @pytest.mark.parametrize(
@@ -103,8 +130,6 @@ def test_rows_of_several_documents_are_refused():
     [
         ("rope.method=dynamic", "rope.method 'dynamic'"),
         ("rope.method=longrope", "rope.method 'longrope'"),
-        ("data.document_mask=true", "data.document_mask"),
-        ("data.short_fraction=0.3", "data.short_fraction"),
         ("model.attn_implementation=eager", "eager"),
         ("train.context_parallel_size=2", "train.context_parallel_size"),
     ],
@@ -117,11 +142,11 @@ def test_recipes_the_split_cannot_serve_are_refused(tmp_path, override, says):
     assert key == "train.sequence_parallel_size" and says in message
 
 
-def test_task_rows_are_refused(tmp_path):
+def test_rows_of_several_documents_are_accepted(tmp_path):
     mixture = [{"path": "builtin:stdlib", "weight": 1}, {"task": "passkey", "weight": 1}]
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", data={"path": None, "mixture": mixture}, **SPLIT)
-    with pytest.raises(RecipeError, match="task sources in data.mixture"):
-        load_recipe(recipe, ["train.sequence_parallel_size=2"])
+    loaded = load_recipe(recipe, ["train.sequence_parallel_size=2", "data.document_mask=true"])
+    assert loaded.train.sequence_parallel_size == 2 and loaded.data.document_mask
 
 
 def test_heads_and_launch_size_are_checked(cache_root):
@@ -204,7 +229,7 @@ def test_two_process_split_gives_the_one_process_loss_and_gradients(tmp_path, ca
     split = write_recipe(
         tmp_path / "s.yaml", tmp_path / "run", **{**SPLIT, "train": {**SPLIT["train"], "sequence_parallel_size": 2}}
     )
-    cases = "plain,pose,ignored"
+    cases = "plain,pose,masked,ignored"
     worker = str(ROOT / "tests" / "_sp_worker.py")
     one = run([sys.executable, worker, str(recipe), str(tmp_path / "one.pt"), cases], CTXEXT_CACHE=str(cache_root))
     assert one.returncode == 0, one.stderr[-3000:]

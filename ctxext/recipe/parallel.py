@@ -1,8 +1,9 @@
 """Recipe rules for splitting one sequence over processes (``train.sequence_parallel_size``).
 
 The split (DeepSpeed Ulysses, :mod:`ctxext.training.sequence_parallel`) attends causally over the whole gathered
-row and rotates each shard at its global positions. That is exact for static RoPE methods and for PoSE rows; it is
-not for the settings refused here.
+row (each packed document on its own, found from the positions that restart at 0) and rotates each shard at its
+global positions. That is exact for static RoPE methods, PoSE rows and rows of several documents; it is not for the
+settings refused here.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def sequence_parallel_refusal(recipe: Any) -> str | None:
     Returns:
         A message that names the key at fault and the way out, or ``None``.
     """
-    size, data = recipe.train.sequence_parallel_size, recipe.data
+    size = recipe.train.sequence_parallel_size
     if size == 1:
         return None
     key = f"train.sequence_parallel_size: {size}"
@@ -39,23 +40,5 @@ def sequence_parallel_refusal(recipe: Any) -> str | None:
         return (
             f"{key} needs sdpa or flash attention (eager builds a full mask the split cannot use); "
             "set model.attn_implementation: sdpa"
-        )
-    # Rows with several segments need a mask rebuilt from the gathered positions; until then the split would
-    # let packed documents attend to each other, silently.
-    if data.document_mask:
-        return (
-            f"{key} with data.document_mask: packed documents would attend to each other under the split; "
-            "set data.document_mask: false or sequence_parallel_size 1"
-        )
-    if data.short_fraction > 0:
-        return (
-            f"{key} with data.short_fraction: short blocks packed in one row would attend to each other under "
-            "the split; set data.short_fraction: 0 or sequence_parallel_size 1"
-        )
-    tasks = [s.task for s in data.mixture or [] if s.task is not None]
-    if tasks:
-        return (
-            f"{key} with task sources in data.mixture ({', '.join(tasks)}): task samples packed in one row would "
-            "attend to each other under the split; drop them or use sequence_parallel_size 1"
         )
     return None

@@ -23,17 +23,24 @@ What ctxext adds around it (:class:`SequenceSplit`):
   shard total over its own positions: no all-reduce, and no division by a count that may be zero (a shard whose
   labels are all ignored adds 0). The result is the data-parallel mean of the per-row gradients, as without the
   split.
+* Rows of several documents (``data.document_mask``, short rows, task samples) keep their documents apart. DeepSpeed
+  drops every 4D mask (it would be the shard's, and quadratic in T), so the block-causal structure is rebuilt after
+  the all-to-all from the gathered positions, which restart at 0 at every document start
+  (:mod:`ctxext.training.data.rows`; PoSE skips never return to 0). With SDPA (:func:`segment_attention`) each
+  document is attended causally on its own, so no T x T mask is ever built; flash attention's variable-length
+  path in transformers cuts the row at the same restarts itself.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ctxext.errors import CtxextError, InputError
+from ctxext.errors import InputError
 from ctxext.training.data.rows import IGNORE_INDEX, ModelInputs
 
 KEY = "train.sequence_parallel_size"
@@ -60,19 +67,11 @@ class SequenceSplit:
     def shard(self, inputs: ModelInputs) -> ModelInputs:
         """This process's slice of a micro-batch: padded to a multiple of N, global positions kept.
 
-        Raises:
-            CtxextError: rows whose tokens must not attend across segments (a 4D mask): the split attends
-                causally over the whole row, which would silently mix documents.
+        A row of several documents arrives with a 4D mask and positions that restart at 0 at each document: the
+        mask is dropped here and rebuilt from the gathered positions after the all-to-all (module doc).
         """
         if self.size == 1:
             return inputs
-        if inputs.attention_mask is not None and inputs.attention_mask.dim() == 4:
-            raise CtxextError(
-                f"{KEY}: a row holds several documents or samples that must not attend to each other; the split "
-                "attends over the whole row. Drop data.document_mask / data.short_fraction / task sources, or set "
-                f"{KEY}=1",
-                exit_code=2,
-            )
         ids, labels, positions = inputs.input_ids, inputs.labels, inputs.position_ids
         if positions is None:
             positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
@@ -91,6 +90,47 @@ class SequenceSplit:
         # builds the shard's mask; DeepSpeed drops that mask and attends causally over the gathered row.
         mask = None if self.flatten else torch.ones_like(ids, dtype=torch.bool)
         return ModelInputs(ids.contiguous(), labels.contiguous(), positions, mask)
+
+
+def segment_attention(core: Callable[..., Any]) -> Callable[..., Any]:
+    """An attention function that attends causally within each document of a row, found from its positions.
+
+    Under the split it runs after DeepSpeed's all-to-all, on the whole gathered sequence (``heads/N`` heads) with
+    the gathered ``position_ids``; DeepSpeed passes no mask. A document starts wherever a position is 0 (every row
+    and every document starts there: :mod:`ctxext.training.data.rows`), the same rule as flash attention's
+    variable-length path. Each document goes through ``core`` on its own, causal, so the result is the
+    block-causal attention of the one-process run without a T x T mask. A row with no restart is one call.
+
+    Args:
+        core: transformers' attention function for the backend (``sdpa_attention_forward``).
+
+    Returns:
+        A function with the same signature, to register under the backend's name before DeepSpeed wraps it.
+    """
+
+    def attend(
+        module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, Any]:
+        positions = kwargs.get("position_ids")
+        if mask is not None or positions is None or not bool((positions[:, 1:] == 0).any()):
+            return core(module, query, key, value, mask, *args, **kwargs)
+        rows = []
+        for b in range(query.shape[0]):
+            starts = sorted({0, *(positions[b] == 0).nonzero().squeeze(1).tolist()})
+            bounds = zip(starts, [*starts[1:], query.shape[2]], strict=True)
+            # transformers' attention functions return (B, T, heads, head_dim): documents join along dim 1.
+            rows.append(
+                torch.cat(
+                    [
+                        core(module, *(t[b : b + 1, :, s:e] for t in (query, key, value)), None, *args, **kwargs)[0]
+                        for s, e in bounds
+                    ],
+                    dim=1,
+                )
+            )
+        return torch.cat(rows, dim=0), None
+
+    return attend
 
 
 def split_rows(data: Any, first: int, n: int, micro_batch_size: int) -> tuple[dict[str, torch.Tensor], int]:
@@ -176,6 +216,13 @@ def start_sequence_parallel(size: int, model: Any, attn_implementation: str, mic
     # accelerate initialised torch.distributed; DeepSpeed's comm layer wraps that process group.
     deepspeed.init_distributed(dist_backend=dist.get_backend(), verbose=False)
     flatten = attn_implementation.startswith("flash")
+    if not flatten:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        # Registered under the backend's own name (the table the models read) before DeepSpeed captures it as its
+        # core attention and registers its own wrapper there in turn.
+        core = ALL_ATTENTION_FUNCTIONS[attn_implementation]
+        ALL_ATTENTION_FUNCTIONS[attn_implementation] = segment_attention(core)
     mpu = UlyssesSPAttentionHF.register_with_transformers(
         model_name_or_path=model,
         core_attn_implementation=attn_implementation,
