@@ -331,7 +331,7 @@ OFF = {"residual_dtype": "fp32", "offload_checkpoints": False, "tiled_mlp": Fals
 def test_each_gpu_lever_moves_the_measured_peak_as_planned(lever):
     """Each lever lowers the measured peak as the plan says; both within 0.5–1.25× of the plan.
 
-    The lower bound is loose: the activation terms are conservative (by up to a third on the CPU).
+    The bounds are loose: no GPU has checked the plan's CUDA terms (context, fragmentation) yet.
     """
     base = _gpu_step(**OFF)
     with_lever = _gpu_step(**{**OFF, **lever})

@@ -194,9 +194,9 @@ def test_plan_divides_activations_by_the_split_but_not_the_all_to_all_buffers():
     per_token = ["layer inputs (checkpoints)", "recomputed layer", "backward working set", "final norm + hidden states"]
     for name in [*per_token, "grad of hidden states"]:
         assert abs(size_two[name] - size_one[name] / 2) <= 1, name
-    # Not divided: the exchange buffers (gathered q, k, v, output of one layer + as much in flight), fp32 stream.
+    # Not divided: the exchange buffers (the gathered q, k, v and output of the recomputed layer), fp32 stream.
     q_k_v_out = 2 * 64 + 2 * 32
-    assert size_two["Ulysses all-to-all buffers"] == 2 * 4096 * q_k_v_out * 4
+    assert size_two["Ulysses all-to-all buffers"] == 4096 * q_k_v_out * 4
     assert "Ulysses all-to-all buffers" not in size_one and one.all_to_all == 0
     # Sent per micro-batch: 2 layers x 3 passes (forward, recomputation, backward) x the half that leaves.
     assert two.all_to_all == 2 * 3 * (4096 * q_k_v_out // 2) * 4

@@ -24,12 +24,11 @@ CUDA_FRAGMENTATION_EXPANDABLE = 0.03
 # fitted as the mean over the benchmark cells of benchmarks/plan_accuracy.py (its "warm" column). And glibc
 # malloc's retention: activation tensors under its mmap threshold live in heap arenas that are not given back
 # when freed, so the resident peak holds, beside the live tensors, about one forward pass's worth of those
-# activations (all layers' saved tensors) even with checkpointing. Tensors of 32 MiB or more are always mapped
-# on their own and returned when freed (glibc's dynamic threshold never rises above DEFAULT_MMAP_THRESHOLD_MAX,
-# 32 MiB on 64-bit), so they are left out: a hidden-2048 model at 8k tokens keeps nothing back, the same model at
-# 2k tokens keeps its whole forward pass. docs/planning.md shows, from runs with mmap forced, that the activation
-# formulas are conservative for the live peak and this term is below glibc's real retention: on this CPU the two
-# offset.
+# activations (all layers' saved tensors) even with checkpointing. Tensors of 32 MiB or more (glibc's dynamic
+# threshold never rises above DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on 64-bit) are mapped on their own and returned
+# when freed unless the heap has grown: see footprint.heap_layer_bytes. A hidden-2048 model at 8k tokens keeps
+# almost nothing back, the same model at 2k tokens keeps its whole forward pass. docs/planning.md compares the
+# activation formulas with runs where mmap is forced (the live peak) and this term with glibc's real retention.
 CPU_RUNTIME = 553 * 2**20
 MMAP_THRESHOLD_MAX = 32 * 2**20
 # Memory held back from the device's capacity before a plan "fits": what the formulas do not count (CUDA

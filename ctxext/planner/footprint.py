@@ -438,9 +438,11 @@ def activations(shape: ModelShape, s: Setup, fp: Footprint) -> None:
     t = s.local_tokens
     a = s.residual  # the residual stream's dtype (see the module docstring)
     layer = layer_bytes(shape, s)
-    # Backward of one layer: the incoming and outgoing residual gradients and the MLP's intermediate gradients
-    # (one shard's with the tiled MLP).
-    working = a * (2 * t * shape.hidden + 3 * mlp_tokens(shape, s) * shape.intermediate)
+    # Backward of one layer beyond its saved tensors: the residual-stream gradient it receives. The gradients it
+    # forms inside the layer (the MLP's intermediates included) replace saved tensors of the same size, which
+    # autograd frees once their node has run: the forced-mmap runs (live peaks, docs/planning.md) measured no
+    # more than that, and the earlier 2·t·H + 3·t·I working set put every checkpointed live peak 15–45 % high.
+    working = a * t * shape.hidden
     per_tok = f"{t:,} tokens × {a} B"
     checkpoints = shape.layers * t * shape.hidden * a
     if s.checkpointing and s.offload_checkpoints:
@@ -470,7 +472,7 @@ def activations(shape: ModelShape, s: Setup, fp: Footprint) -> None:
             f"{shape.layers} layers, {s.attention}",
             FWD_BWD,
         )
-    fp.add("activations", "backward working set", working, "one layer's gradients in flight", ("backward",))
+    fp.add("activations", "backward working set", working, "the residual gradient the layer receives", ("backward",))
     if s.quantized:
         # bitsandbytes dequantizes one projection at a time to the compute dtype for its matmul.
         largest = max(a_ * b_ for a_, b_ in shape.projection_dims().values())
@@ -505,7 +507,8 @@ def all_to_all(shape: ModelShape, s: Setup, fp: Footprint) -> None:
     """Ulysses' exchange buffers: the one tensor class the split does not divide by N (it reshapes, not shrinks).
 
     Per layer, the gathered q, k, v and the attention output (whole sequence, heads/N: as many elements as the
-    local tokens × all heads) are kept for the backward pass, and as much again is in flight as send buffers.
+    local tokens × all heads) are kept for the backward pass, and one layer's set is in flight. What is sent is the
+    projections' own output (already counted in the layer's saved tensors), so only what is received is new.
     """
     if s.sequence_parallel == 1:
         return
@@ -516,8 +519,8 @@ def all_to_all(shape: ModelShape, s: Setup, fp: Footprint) -> None:
     fp.add(
         "activations",
         "Ulysses all-to-all buffers",
-        (kept + 1) * per_layer,
-        f"gathered q/k/v/out of {kept} layer(s) + send buffers, heads/{s.sequence_parallel}",
+        kept * per_layer,
+        f"gathered q/k/v/out of {kept} layer(s), heads/{s.sequence_parallel}",
         FWD_BWD,
     )
 

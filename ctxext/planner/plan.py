@@ -321,9 +321,9 @@ def cpu_runtime_note() -> str:
         f"CPU runtime terms in `ctxext/planner/fit.py`: Python + torch runtime {CPU_RUNTIME / 2**20:.0f} MiB (the one "
         "fitted constant: the mean, over all cells, of the resident memory after loading and a 128-token warm-up "
         "step, less the model's predicted weights and trainable state) and malloc retention = one forward pass "
-        "of saved activations (a structural term with coefficient 1, chosen after forced-mmap runs showed that "
-        "glibc keeps freed heap memory; the second table shows it is below the real retention while the "
-        "activation formulas are above the live peak, errors that offset here; see docs/planning.md)."
+        "of saved activations, without tensors of 32 MiB or more once the residual stream's are (a structural "
+        "term with coefficient 1, chosen after forced-mmap runs showed that glibc keeps freed heap memory; the "
+        "second table compares the activation formulas with the live peak; see docs/planning.md)."
     )
 
 
