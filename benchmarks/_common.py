@@ -21,3 +21,69 @@ def mcnemar_vs_reference(a: list[int], b: list[int]) -> dict[str, Any]:
 
     test = mcnemar_exact([bool(x) for x in a], [bool(y) for y in b])
     return {"only_this": test["only_a"], "only_reference": test["only_b"], "p_value": test["p_value"]}
+
+
+def demo_recipe(
+    run_dir: Any,
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    original: int = 64,
+    factor: int = 4,
+    steps: int | None = None,
+    plain: bool = False,
+    pose_factor: int | None = None,
+    task_weight: float | None = None,
+    multikey_share: float = 0.0,
+) -> Any:
+    """The demo's fine-tune (``ctxext/resources/recipes/demo.yaml``) with a benchmark arm's settings as overrides.
+
+    Args:
+        run_dir: the run's ``output.dir``.
+        overrides: further ``key=value`` (applied last).
+        original: the model's window (the needle rows' shortest length).
+        factor: ``rope.target_length`` is ``original × factor``.
+        steps: optimizer steps; warmup, eval and save cadence scale with them (steps/20, /4, /2) as in the
+            demo's recipe (240 steps: 12, 60, 120).
+        plain: the demo's ``--plain`` (training-split code alone).
+        pose_factor: PoSE rows of ``pose_factor × original`` tokens (2 chunks).
+        task_weight: share of task rows (default: the recipe's); ``multikey_share`` of them are multi-key rows
+            (2 distractors), the rest single-key needle rows.
+        multikey_share: see ``task_weight``.
+
+    Returns:
+        The validated recipe.
+    """
+    import json
+
+    from ctxext.cli.demo import PLAIN, RECIPE
+    from ctxext.recipe.schema import load_recipe
+
+    target = original * factor
+    given = [f"rope.target_length={target}", f"output.dir={run_dir}"]
+    if steps is not None:
+        given += [f"train.max_steps={steps}", f"train.warmup_steps={max(1, steps // 20)}"]
+        given += [f"train.eval_every={max(5, steps // 4)}", f"train.save_every={max(1, steps // 2)}"]
+    if plain:
+        given += list(PLAIN)
+    else:
+        if task_weight is None:
+            task_weight = sum(s.weight for s in load_recipe(RECIPE).data.mixture or [] if s.task)
+        multikey = task_weight * multikey_share
+        mixture: list[dict[str, Any]] = [
+            {"path": "builtin:stdlib", "weight": 1.0 - task_weight},
+            {"task": "needle", "weight": task_weight - multikey, "min_length": original, "templates": [0, 1, 2]},
+        ]
+        if multikey > 0:
+            mixture.append(
+                {
+                    "task": "multikey",
+                    "weight": multikey,
+                    "distractors": 2,
+                    "min_length": 2 * original,
+                    "templates": [0, 1, 2],
+                }
+            )
+        given.append(f"data.mixture={json.dumps(mixture)}")
+        if pose_factor is not None:
+            given += [f"train.seq_len={min(target, pose_factor * original)}", "train.pose.chunks=2"]
+    return load_recipe(RECIPE, [*given, *overrides])

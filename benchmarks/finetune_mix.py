@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import mcnemar_vs_reference  # noqa: E402
+from benchmarks._common import demo_recipe, mcnemar_vs_reference  # noqa: E402
 
 DEPTHS = [0, 25, 50, 75, 100]
 
@@ -51,31 +51,35 @@ def train_arm(arm: str, seed: int, args: argparse.Namespace, out: Path) -> dict[
     """Train one arm in its own process (its peak memory is its own); return time, memory, run.json."""
     import yaml
 
-    from ctxext.cli.demo import DemoSettings, finetune_recipe
     from ctxext.recipe.schema import dump_recipe
 
     run_dir = out / f"{arm}-s{seed}"
     if (run_dir / "run.json").is_file() and json.loads((run_dir / "run.json").read_text()).get("status") == "complete":
         return json.loads((run_dir / "arm.json").read_text())
-    settings = DemoSettings(
-        model=args.model,
-        method=args.method,
+    overrides = [
+        f"model.path={args.model}",
+        f"rope.method={args.method}",
+        f"train.micro_batch_size={args.micro_batch_size}",
+        f"train.learning_rate={args.lr}",
+        f"lora.r={args.lora_r}",
+        f"lora.alpha={2 * args.lora_r}",
+        f"train.gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
+        f"train.seed={seed}",
+        "train.save_every=null",
+    ]
+    if arm != "plain":
+        overrides.append(f"data.short_fraction={args.short_fraction}")
+    recipe = demo_recipe(
+        run_dir,
+        overrides,
+        original=args.original,
         factor=args.factor,
-        train_steps=args.steps,
-        micro_batch_size=args.micro_batch_size,
-        learning_rate=args.lr,
+        steps=args.steps,
         plain=arm == "plain",
-        pose=arm == "mix-pose",
-        pose_seq_factor=args.pose_factor,
-        short_fraction=args.short_fraction,
+        pose_factor=args.pose_factor if arm == "mix-pose" else None,
         task_weight=args.task_weight,
         multikey_share=args.multikey_share,
-        lora_r=args.lora_r,
-        gradient_checkpointing=args.gradient_checkpointing,
     )
-    recipe = finetune_recipe(settings, args.original, args.original * args.factor, run_dir)
-    recipe.train.seed = seed
-    recipe.train.save_every = None
     recipe_file = out / f"{arm}-s{seed}.yaml"
     recipe_file.write_text(dump_recipe(recipe))
     if run_dir.exists():
@@ -236,31 +240,30 @@ def markdown(payload: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from ctxext.cli.demo import DemoSettings
+    from ctxext.cli.demo import RECIPE
+    from ctxext.recipe.schema import load_recipe
 
-    demo = DemoSettings()  # every training default is the demo's, so the `mix` arm is the demo's fine-tune
-    parser.add_argument("--model", default=demo.model)
+    demo = load_recipe(RECIPE)  # every training default is the demo's, so the `mix` arm is the demo's fine-tune
+    parser.add_argument("--model", default=demo.model.path)
     parser.add_argument("--original", type=int, default=64)
-    parser.add_argument("--factor", type=int, default=demo.factor)
-    parser.add_argument("--method", default=demo.method, help="the RoPE method of the fine-tuned arms")
+    parser.add_argument("--factor", type=int, default=int(demo.rope.target_length or 256) // 64)
+    parser.add_argument("--method", default=demo.rope.method, help="the RoPE method of the fine-tuned arms")
     parser.add_argument(
         "--gradient-checkpointing",
         action=argparse.BooleanOptionalAction,
-        default=demo.gradient_checkpointing,
+        default=demo.train.gradient_checkpointing,
         help="train with activation checkpointing (saves memory, costs time)",
     )
     parser.add_argument("--arms", default="plain,mix,mix-pose")
     parser.add_argument("--seeds", default="0")
-    parser.add_argument("--steps", type=int, default=demo.train_steps)
-    parser.add_argument("--micro-batch-size", type=int, default=demo.micro_batch_size)
-    parser.add_argument("--lr", type=float, default=demo.learning_rate)
-    parser.add_argument("--lora-r", type=int, default=demo.lora_r)
-    parser.add_argument("--short-fraction", type=float, default=demo.short_fraction)
-    parser.add_argument("--task-weight", type=float, default=demo.task_weight)
-    parser.add_argument(
-        "--multikey-share", type=float, default=demo.multikey_share, help="part of the task rows that are multi-key"
-    )
-    parser.add_argument("--pose-factor", type=int, default=demo.pose_seq_factor)
+    parser.add_argument("--steps", type=int, default=demo.train.max_steps)
+    parser.add_argument("--micro-batch-size", type=int, default=demo.train.micro_batch_size)
+    parser.add_argument("--lr", type=float, default=demo.train.learning_rate)
+    parser.add_argument("--lora-r", type=int, default=demo.lora.r)
+    parser.add_argument("--short-fraction", type=float, default=demo.data.short_fraction)
+    parser.add_argument("--task-weight", type=float, default=sum(s.weight for s in demo.data.mixture or [] if s.task))
+    parser.add_argument("--multikey-share", type=float, default=0.0, help="part of the task rows that are multi-key")
+    parser.add_argument("--pose-factor", type=int, default=2)
     parser.add_argument("--trials", type=int, default=50)
     parser.add_argument("--docs", type=int, default=32, help="held-out documents for perplexity")
     parser.add_argument("--threads", type=int, default=1)

@@ -24,6 +24,7 @@ import argparse
 import json
 import platform
 import shutil
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,18 +39,18 @@ METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
 
 def recipe(method: str, original: int, target: int, run_dir: Path, args: argparse.Namespace) -> Any:
     """The demo's plain-code fine-tune with this benchmark's steps; identical for every method but the RoPE method."""
-    from ctxext.cli.demo import DemoSettings, finetune_recipe
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks._common import demo_recipe
 
-    settings = DemoSettings(
-        model=MODEL,
-        method=method,
-        train_steps=args.steps,
-        micro_batch_size=args.micro_batch,
-        learning_rate=args.lr,
-        max_documents=args.max_documents,
-        plain=True,
-    )
-    return finetune_recipe(settings, original, target, run_dir)
+    overrides = [
+        f"model.path={MODEL}",
+        f"rope.method={method}",
+        f"train.micro_batch_size={args.micro_batch}",
+        f"train.learning_rate={args.lr}",
+        f"data.max_documents={args.max_documents}",
+    ]
+    return demo_recipe(run_dir, overrides, original=original, factor=target // original, steps=args.steps, plain=True)
 
 
 def suite_for(factor: int, args: argparse.Namespace) -> Any:
@@ -60,6 +61,7 @@ def suite_for(factor: int, args: argparse.Namespace) -> Any:
     ppl_lengths = ["1x", f"{half}x", f"{factor}x"]
     overrides = [
         f"needle.trials={args.trials}",
+        "ruler.trials=10",  # the suite's 50 are the demo's; this benchmark's protocol kept 10
         "needle.depths=[10,30,50,70,90]",
         f'needle.lengths=["1x","{factor}x"]',
         f"perplexity.max_docs={args.max_docs}",

@@ -5,8 +5,8 @@ torch, datasets, the tokenized data), which does not depend on the row length. S
 peak RSS (``VmHWM``, what ``metrics.jsonl`` reports as ``peak_mem_mb``) this benchmark reports the
 **training memory**: the highest resident set sampled (every 5 ms) while the training loop runs, minus
 the resident set when the loop starts (model loaded, data prepared, optimizer built). Both arms train the
-demo's ×F mixture recipe (``ctxext.cli.demo.finetune_recipe``) for a few steps, each in its own fresh process,
-one after the other in the same run:
+demo's ×F mixture recipe (``ctxext/resources/recipes/demo.yaml`` through ``benchmarks._common.demo_recipe``) for
+a few steps, each in its own fresh process, one after the other in the same run:
 
 * ``full`` — rows of the target length (``rope.target_length``);
 * ``pose`` — PoSE rows of ``--pose-factor`` × the original window, positions reaching the target.
@@ -38,12 +38,10 @@ from benchmarks._memory import status_kb  # noqa: E402
 def child(arm: str, model: str, factor: int, steps: int, pose_factor: int, out: Path) -> None:
     """Train one arm in this process and print its memory as one JSON line."""
     import ctxext.training.run as training
-    from ctxext.cli.demo import DemoSettings, finetune_recipe
+    from benchmarks._common import demo_recipe
 
-    settings = DemoSettings(
-        model=model, factor=factor, train_steps=steps, pose=arm == "pose", pose_seq_factor=pose_factor
-    )
-    recipe = finetune_recipe(settings, 64, 64 * factor, out / arm)
+    pose = pose_factor if arm == "pose" else None
+    recipe = demo_recipe(out / arm, [f"model.path={model}"], factor=factor, steps=steps, pose_factor=pose)
     recipe.train.eval_every = None  # only the training loop
     recipe.train.save_every = None
     seen = {"start_kb": 0, "max_kb": 0}
@@ -83,9 +81,10 @@ def child(arm: str, model: str, factor: int, steps: int, pose_factor: int, out: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    from ctxext.cli.demo import DemoSettings
+    from ctxext.cli.demo import RECIPE
+    from ctxext.recipe.schema import load_recipe
 
-    parser.add_argument("--model", default=DemoSettings().model, help="base model (default: the demo's)")
+    parser.add_argument("--model", default=load_recipe(RECIPE).model.path, help="base model (default: the demo's)")
     parser.add_argument("--factor", type=int, default=8)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--pose-factor", type=int, default=2)

@@ -91,6 +91,23 @@ def test_overrides_are_typed_and_nested():
         apply_overrides({}, ["no-equals-sign"])
 
 
+def test_overrides_index_lists_and_name_the_key():
+    data = {**yaml.safe_load(yaml.safe_dump(MINIMAL)), "data": {"mixture": [{"path": "builtin:stdlib", "weight": 1}]}}
+    apply_overrides(data, ["data.mixture.0.weight=0.5", "data.mixture.1={task: needle, weight: 0.5}"])
+    assert data["data"]["mixture"] == [{"path": "builtin:stdlib", "weight": 0.5}, {"task": "needle", "weight": 0.5}]
+    with pytest.raises(RecipeError) as info:
+        apply_overrides(
+            data, ["data.mixture.3.weight=1", "data.mixture.x=1", "train.max_steps=1", "train.max_steps.x=1"]
+        )
+    problems = dict(info.value.problems)
+    assert (
+        problems["data.mixture.3.weight"]
+        == "data.mixture is a list of 2 item(s): give an index below 2, or 2 to add one"
+    )
+    assert "data.mixture.x" in problems and problems["train.max_steps.x"] == "max_steps is not a section"
+    assert len(data["data"]["mixture"]) == 2
+
+
 def test_push_needs_repo_id():
     with pytest.raises(RecipeError) as info:
         parse_recipe({**MINIMAL, "hub": {"push": True}})

@@ -21,9 +21,10 @@ def grown_tokenizer():
 
 
 def _demo_recipe(tmp_path, **data):
-    from ctxext.cli.demo import DemoSettings, finetune_recipe
+    from ctxext.cli.demo import QUICK, RECIPE, split_overrides
+    from ctxext.recipe.schema import load_recipe
 
-    recipe = finetune_recipe(DemoSettings.quick(tmp_path), 64, 256, tmp_path / "run")
+    recipe = load_recipe(RECIPE, [*split_overrides(list(QUICK))[0], f"output.dir={tmp_path / 'run'}"])
     return recipe.model_copy(update={"data": recipe.data.model_copy(update=data)})
 
 

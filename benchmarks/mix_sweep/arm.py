@@ -3,7 +3,8 @@
     python benchmarks/mix_sweep/arm.py NAME '{"steps": 240, "rope": {"method": "llama3"}}'
 
 Overrides: ``steps``, ``lr``, ``r``, ``short``, ``tasks``, ``multikey``, ``factor``, ``pose``, ``pose_factor`` (the
-:class:`ctxext.cli.demo.DemoSettings` knobs) and any recipe section (deep-merged into the recipe). The run
+arm's knobs over the demo's recipe file, :func:`benchmarks._common.demo_recipe`) and any recipe section
+(deep-merged into the recipe). The run
 goes to ``runs/sweep/NAME``; ``THREADS`` sets the training's thread count (default 1). ``cpu_s`` is the
 training process's user + system CPU time (data preparation and loading included): on a quiet machine
 that is the single-core wall time, the honest measure on a shared one.
@@ -23,7 +24,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ctxext.cli.demo import DemoSettings, finetune_recipe  # noqa: E402
+from benchmarks._common import demo_recipe  # noqa: E402
 from ctxext.recipe.schema import dump_recipe  # noqa: E402
 
 
@@ -36,23 +37,29 @@ def deep_merge(a: dict, b: dict) -> None:
             a[k] = v
 
 
+# The arm's knobs that are one recipe key each.
+KNOBS = {"lr": "train.learning_rate", "short": "data.short_fraction"}
+
+
 def main() -> None:
     name, ov = sys.argv[1], json.loads(sys.argv[2])
-    demo = DemoSettings()
-    factor = ov.pop("factor", demo.factor)
-    settings = DemoSettings(
-        factor=factor,
-        train_steps=ov.pop("steps", demo.train_steps),
-        learning_rate=ov.pop("lr", demo.learning_rate),
-        lora_r=ov.pop("r", demo.lora_r),
-        short_fraction=ov.pop("short", demo.short_fraction),
-        task_weight=ov.pop("tasks", demo.task_weight),
-        multikey_share=ov.pop("multikey", demo.multikey_share),
-        pose=ov.pop("pose", False),
-        pose_seq_factor=ov.pop("pose_factor", demo.pose_seq_factor),
-    )
+    factor = ov.pop("factor", 4)
+    pose = ov.pop("pose", False)
+    pose_factor = ov.pop("pose_factor", 2)
+    given = [f"{key}={ov.pop(knob)}" for knob, key in KNOBS.items() if knob in ov]
+    if "r" in ov:
+        given += [f"lora.r={ov['r']}", f"lora.alpha={2 * ov.pop('r')}"]
     run = ROOT / "runs" / "sweep" / name
-    recipe = yaml.safe_load(dump_recipe(finetune_recipe(settings, 64, 64 * factor, run)))
+    recipe = demo_recipe(
+        run,
+        given,
+        factor=factor,
+        steps=ov.pop("steps", None),
+        pose_factor=pose_factor if pose else None,
+        task_weight=ov.pop("tasks", None),
+        multikey_share=ov.pop("multikey", 0.0),
+    )
+    recipe = yaml.safe_load(dump_recipe(recipe))
     deep_merge(recipe, ov)
     recipe["train"]["save_every"] = None
     file = run.parent / f"{name}.yaml"

@@ -12,19 +12,24 @@ measures at 4×: it retrieves a key/value needle, and picks the asked key among 
 3. fine-tunes the ``llama3``-extended model with nf4 QLoRA (``ctxext train``) on a training mixture: training-split
    source files, synthetic key/value retrieval tasks on them (``ctxext.tasks``) and short blocks at the
    original window (``--plain``: source files only, the comparison),
-4. evaluates all four on held-out files with the same suite (``eval/demo.yaml``): perplexity by
+4. evaluates all four on held-out files with the same suite (``resources/demo-suite.yaml``): perplexity by
    length and position bucket, the context-use curve, and in-domain needle retrieval by depth
    (``KEY_xy = 68310`` hidden in code, retrieved after ``assert KEY_xy ==``),
 
 then prints the comparison table and where the report and plots are. Every step is a public ctxext
-API, the same a user calls; the demo only chains them. Results are cached per step in the output
-folder, so a second run only re-prints (``--fresh`` recomputes).
+API, the same a user calls; the demo only chains them. The fine-tune is an ordinary recipe file
+(``resources/recipes/demo.yaml``: ``ctxext demo --print-recipe``), read by the recipe loader with the
+command line's ``key=value`` overrides; a key of the suite (``needle.trials=10``) overrides the suite.
+``--quick`` and ``--plain`` are sets of such overrides (:data:`QUICK`, :data:`PLAIN`). Results are cached
+per step in the output folder, so a second run only re-prints (``--fresh`` recomputes); a cache made with
+other settings is refused, never shown as if it were this run's.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,171 +40,180 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from ctxext.cli.console import console as terminal
-from ctxext.cli.console import friendly_errors, plain
+from ctxext.cli.console import err_console, friendly_errors, plain
 from ctxext.errors import InputError
 from ctxext.resources import RESOURCES
 
+RECIPE = RESOURCES / "recipes" / "demo.yaml"
 SUITE = RESOURCES / "demo-suite.yaml"
 
+# --quick (CI): every stage, far less work. The user's key=value overrides come after these, and win.
+QUICK = (
+    "train.max_steps=6",
+    "train.micro_batch_size=2",
+    "train.warmup_steps=1",
+    "train.eval_every=5",
+    "train.save_every=3",
+    "data.max_documents=40",
+    "needle.trials=2",
+    "ruler.trials=2",
+    "perplexity.max_docs=4",
+    "perplexity.resamples=200",
+)
+# --plain: the comparison fine-tune, on the training-split files alone (no tasks, no short blocks).
+PLAIN = ("data.mixture=null", "data.short_fraction=0", "data.path=builtin:stdlib")
 
-@dataclass
-class DemoSettings:
-    """What the demo runs.
+
+@dataclass(frozen=True)
+class DemoRun:
+    """One demo run, resolved before anything is written: its recipe, its suite and where each goes.
 
     Attributes:
-        model: the base model (default: the grown model).
-        method: the extension method of the fine-tune (and its training-free row).
-        reference_method: a second training-free row (the usual reference), when it differs from ``method``.
-        factor: target length / original length.
-        out: the output folder.
-        train_steps: QLoRA optimizer steps.
-        micro_batch_size: sequences per step.
-        learning_rate: LoRA learning rate.
-        max_documents: training documents (standard-library train split).
-        trials: needle trials per (length, depth) cell.
-        max_docs: held-out documents for perplexity.
-        fresh: recompute every step.
-        plain: fine-tune on plain code only (the mixture's baseline) instead of the mixture.
-        short_fraction: mixture: share of rows made of blocks at the original length.
-        task_weight: mixture: share of rows of synthetic key/value retrieval tasks.
-        multikey_share: mixture: the part of ``task_weight`` given to ``multikey`` rows (2 distractor
-            keys) instead of single-key ``needle`` rows. 0 by default: on the demo's model they change
-            neither multi-key nor single-key retrieval at 4× measurably (one seed, answer-only rows), and on
-            ``grown-code-64``, which cannot select a key by name, they cost single-key retrieval.
-        pose: mixture: train with PoSE at ``pose_seq_factor`` × the window instead of the full target.
-        pose_seq_factor: PoSE row length in windows.
-        lora_r: LoRA rank.
-        gradient_checkpointing: recompute activations in the backward pass (saves memory, costs time;
-            the grown model needs no saving, so the demo trains without it).
+        recipe: the fine-tune's validated recipe (``output.dir`` is ``run_dir``).
+        suite: the evaluation suite, overrides applied.
+        out: the demo folder.
+        plain: ``--plain``: the fine-tune and its report go to ``finetuned-plain`` and ``report-plain``.
+        reference: the training-free reference row shown beside the fine-tune's own method.
+        original: the base model's window.
+        warnings: what ``ctxext validate`` would warn about the recipe.
     """
 
-    model: str = "builtin:grown-code-64-mk"
-    method: str = "llama3"
-    reference_method: str = "yarn"
-    factor: int = 4
-    out: Path = Path("runs/demo")
-    train_steps: int = 240
-    micro_batch_size: int = 8
-    learning_rate: float = 1e-3
-    max_documents: int = 400
-    trials: int = 50
-    max_docs: int = 24
-    fresh: bool = False
-    plain: bool = False
-    short_fraction: float = 0.2
-    task_weight: float = 0.5
-    multikey_share: float = 0.0
-    pose: bool = False
-    pose_seq_factor: int = 2
-    lora_r: int = 16
-    gradient_checkpointing: bool = False
+    recipe: Any
+    suite: Any
+    out: Path
+    plain: bool
+    reference: str
+    original: int
+    warnings: tuple[str, ...] = ()
 
-    @classmethod
-    def quick(cls, out: Path) -> DemoSettings:
-        """A reduced setting for CI: every stage of the demo, far less work (6 QLoRA steps)."""
-        return cls(out=out, train_steps=6, micro_batch_size=2, max_documents=40, trials=2, max_docs=4)
+    @property
+    def target(self) -> int:
+        """The extended length (``rope.target_length``)."""
+        return int(self.recipe.rope.target_length)
 
+    @property
+    def factor(self) -> str:
+        """``target / original`` as the row names show it (``4``)."""
+        return f"{self.target / self.original:g}"
 
-def training_mixture(settings: DemoSettings, original: int) -> list[dict[str, Any]]:
-    """The demo's training mixture: training-split stdlib code and key/value retrieval tasks on it.
+    @property
+    def run_dir(self) -> Path:
+        """The fine-tune's run folder."""
+        return run_folder(self.out, self.plain)
 
-    The tasks use the registry's training templates (template 4, ``{name}_id = {key}``, is held out
-    for evaluation); samples are at least the original window long and their needle-to-question
-    distances are uniform over the whole target (``data.task_distance``, docs/training.md). ``multikey``
-    rows are off by default (see :class:`DemoSettings`); a model that retrieves one of several keys
-    inside its window should keep a share of them, so that the fine-tune carries that skill to the new
-    length too.
-    """
-    tasks, multikey = settings.task_weight, settings.task_weight * settings.multikey_share
-    # Templates 0-2 (code and comment forms) fit a 64-token window; the prose template 3 needs more.
-    mixture: list[dict[str, Any]] = [
-        {"path": "builtin:stdlib", "weight": 1.0 - tasks},
-        {"task": "needle", "weight": tasks - multikey, "min_length": original, "templates": [0, 1, 2]},
-    ]
-    if multikey > 0:
-        mixture.append(
-            {
-                "task": "multikey",
-                "weight": multikey,
-                "distractors": 2,
-                "min_length": 2 * original,
-                "templates": [0, 1, 2],
-            }
-        )
-    return mixture
+    @property
+    def report_dir(self) -> Path:
+        """The evaluation report's folder."""
+        return self.out / ("report-plain" if self.plain else "report")
+
+    @property
+    def kind(self) -> str:
+        """What the fine-tune trained on, as its row names it: ``mix`` (a mixture) or ``plain``."""
+        return "mix" if self.recipe.data.mixture else "plain"
 
 
-def finetune_recipe(settings: DemoSettings, original: int, target: int, run_dir: Path) -> Any:
-    """The demo's fine-tuning recipe (the mixture by default; plain code with ``settings.plain``).
+def run_folder(out: Path, plain: bool) -> Path:
+    """The fine-tune's run folder inside the demo folder ``out``."""
+    return out / ("finetuned-plain" if plain else "finetuned")
+
+
+def split_overrides(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """Route each ``key=value`` by its first key: recipe sections to the recipe, suite sections to the suite.
 
     Args:
-        settings: what to run.
-        original: the base model's window.
-        target: the extended length.
-        run_dir: the run's output folder.
+        overrides: e.g. ``["train.max_steps=60", "needle.trials=10"]``.
 
     Returns:
-        The validated :class:`ctxext.recipe.schema.Recipe`.
+        ``(recipe overrides, suite overrides)``, each in the given order.
+
+    Raises:
+        RecipeError: a key that is neither, or ``output.dir`` (the demo's folder is ``--out``).
     """
-    from ctxext.recipe.schema import parse_recipe
+    from ctxext.evaluation.sections import SECTIONS
+    from ctxext.evaluation.suite import Suite
+    from ctxext.recipe.schema import Recipe, RecipeError
 
-    # builtin:stdlib trains on the standard library's train split; the evaluation reads held-out files.
-    data: dict[str, Any] = {
-        "path": "builtin:stdlib",
-        "max_documents": settings.max_documents,
-        "validation_fraction": 0.05,
-    }
-    seq_len = target
-    train_extra: dict[str, Any] = {}
-    if not settings.plain:
-        data = {
-            "mixture": training_mixture(settings, original),
-            "short_fraction": settings.short_fraction,
-            "max_documents": settings.max_documents,
-            "validation_fraction": 0.05,
-        }
-        if settings.pose:
-            seq_len = min(target, settings.pose_seq_factor * original)
-            train_extra["pose"] = {"chunks": 2}
-    return parse_recipe(
-        {
-            "model": {"path": settings.model},
-            "rope": {"method": settings.method, "target_length": target},
-            "quantization": {"mode": "nf4", "double_quant": True},
-            "lora": {"r": settings.lora_r, "alpha": 2 * settings.lora_r, "extra_trainable": ["embed_tokens", "norm"]},
-            "data": data,
-            "train": {
-                "seq_len": seq_len,
-                "micro_batch_size": settings.micro_batch_size,
-                "max_steps": settings.train_steps,
-                "learning_rate": settings.learning_rate,
-                "warmup_steps": max(1, settings.train_steps // 20),
-                "scheduler": "cosine",
-                "eval_every": max(5, settings.train_steps // 4),
-                "save_every": max(1, settings.train_steps // 2),
-                "loss_chunk_size": 256,
-                "seed": 0,
-                "gradient_checkpointing": settings.gradient_checkpointing,
-                **train_extra,
-            },
-            "output": {"dir": str(run_dir)},
-        },
-        source="ctxext demo",
-    )
+    recipe: list[str] = []
+    suite: list[str] = []
+    problems: list[tuple[str, str]] = []
+    suite_keys = set(Suite.model_fields) | set(SECTIONS)
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        head = key.split(".")[0]
+        if key == "output.dir" or key == "output":
+            problems.append((key, "the demo writes its fine-tune to <--out>/finetuned; choose the folder with --out"))
+        elif head in Recipe.model_fields or "=" not in item:  # the recipe parser names a malformed override
+            recipe.append(item)
+        elif head in suite_keys:
+            suite.append(item)
+        else:
+            problems.append(
+                (
+                    key,
+                    f"neither a recipe key ({', '.join(Recipe.model_fields)}: `ctxext validate --schema`) nor a "
+                    f"key of the demo's suite ({', '.join(sorted(suite_keys))})",
+                )
+            )
+    if problems:
+        raise RecipeError("command line", problems)
+    return recipe, suite
 
 
-def _suite(settings: DemoSettings) -> Any:
+def resolve_demo(
+    out: Path,
+    overrides: list[str] | None = None,
+    recipe_file: Path = RECIPE,
+    quick: bool = False,
+    plain: bool = False,
+    reference: str = "yarn",
+) -> DemoRun:
+    """Read and check everything the demo will run, before anything is written.
+
+    Args:
+        out: the demo folder.
+        overrides: the user's ``key=value`` (after ``--quick`` and ``--plain``'s own, so they win).
+        recipe_file: the fine-tune's recipe (the packaged one, or ``--recipe``).
+        quick: apply :data:`QUICK`.
+        plain: apply :data:`PLAIN`; the run goes to ``finetuned-plain``.
+        reference: the training-free reference method.
+
+    Returns:
+        The resolved :class:`DemoRun`.
+
+    Raises:
+        InputError: a bad override, recipe, suite or method, each naming its key, file or flag.
+    """
+    from ctxext.cli.validate import check_recipe
     from ctxext.evaluation.suite import load_suite
+    from ctxext.models.sources import load_config
+    from ctxext.recipe.schema import RecipeError, load_recipe
+    from ctxext.rope.methods import get_method
+    from ctxext.rope.read import read_rope
+    from ctxext.rope.types import RopeError
 
-    overrides = [
-        f"needle.trials={settings.trials}",
-        f"ruler.trials={settings.trials}",
-        f"perplexity.max_docs={settings.max_docs}",
-    ]
-    if settings.trials < 5:
-        overrides.append("perplexity.resamples=200")
-    suite, _ = load_suite(SUITE, overrides)
-    return suite
+    try:
+        get_method(reference)
+    except RopeError as exc:
+        raise InputError(f"--reference: {exc}") from None
+    given = [*(QUICK if quick else ()), *(PLAIN if plain else ()), *(overrides or [])]
+    recipe_overrides, suite_overrides = split_overrides(given)
+    recipe = load_recipe(recipe_file, recipe_overrides)
+    if recipe.rope.target_length is None:
+        raise RecipeError(str(recipe_file), [("rope.method", "the demo extends the model: choose a method, not none")])
+    folder = str(run_folder(out, plain))
+    recipe = recipe.model_copy(update={"output": recipe.output.model_copy(update={"dir": folder})})
+    warnings = tuple(check_recipe(recipe, str(recipe_file)))
+    suite, _ = load_suite(SUITE, suite_overrides)
+    config, _ = load_config(recipe.model.path, recipe.model.revision)
+    original = read_rope(config, original_length=recipe.model.original_length).original_length
+    return DemoRun(recipe, suite, out, plain, reference, original, warnings)
+
+
+def print_recipe(recipe_file: Path = RECIPE) -> None:
+    """Write the recipe file the demo reads, comments included, to stdout (``ctxext demo --print-recipe``)."""
+    if not recipe_file.is_file():
+        raise InputError(f"--recipe: {recipe_file} does not exist")
+    sys.stdout.write(recipe_file.read_text())
 
 
 # What the demo writes inside its folder; --fresh deletes these and nothing else.
@@ -237,87 +251,142 @@ def prepare_demo_folder(out: Path, fresh: bool) -> Path:
     return out
 
 
-def run_demo(settings: DemoSettings, console: Console | None = None) -> dict[str, Any]:
+def run_demo(run: DemoRun, fresh: bool = False, console: Console | None = None) -> dict[str, Any]:
     """Run the demo and return the evaluation report.
 
     Args:
-        settings: what to run.
+        run: what to run (:func:`resolve_demo`).
+        fresh: recompute every step instead of reusing the demo folder.
         console: where to print (default: a new rich console).
 
     Returns:
         The report dict (also in ``<out>/report/report.json``).
     """
-    from ctxext.artifacts.report import read_report
-    from ctxext.evaluation.loading import ModelSpec
-    from ctxext.evaluation.suite import run_suite
-    from ctxext.extend.folder import extend_folder
-    from ctxext.models.sources import load_config
-    from ctxext.rope.read import read_rope
-    from ctxext.training.run import read_run
-    from ctxext.training.run import train as run_training
-
     console = console or Console()
-    out = prepare_demo_folder(Path(settings.out), settings.fresh)
+    for warning in run.warnings:
+        err_console.print(f"[yellow]warning:[/] {plain(warning)}", soft_wrap=True)
+    if not fresh:  # a cache of another recipe or suite is refused before anything is written
+        _cached_run(run)
+        _cached_report(run)
+    prepare_demo_folder(run.out, fresh)
     started = time.time()
-
-    config, _ = load_config(settings.model)
-    original = read_rope(config).original_length
-    target = original * settings.factor
-    console.rule(f"[bold]ctxext demo[/]: {plain(settings.model)}, {original} → {target} tokens with {settings.method}")
-
-    # 1-2. Training-free extension: plain model folders that vanilla transformers loads.
-    methods = list(dict.fromkeys([settings.reference_method, settings.method]))
-    for method in methods:
-        patched = out / f"patched-{method}"
-        if not (patched / "config.json").is_file():
-            console.print(
-                f"[cyan]1/3[/] extending {plain(settings.model)} ×{settings.factor} with {method} → {plain(patched)}"
-            )
-            extend_folder(settings.model, patched, method, target, overwrite=True)
-        else:
-            console.print(f"[cyan]1/3[/] extended model cached: {plain(patched)}")
-
-    # 3. nf4 QLoRA fine-tune of the extended model: the retrieval mixture, or plain code (--plain).
-    kind = "plain" if settings.plain else "mix"
-    run_dir = out / ("finetuned-plain" if settings.plain else "finetuned")
-    try:
-        read_run(run_dir)
-        console.print(f"[cyan]2/3[/] fine-tuned run cached: {plain(run_dir)}")
-    except InputError:
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        what = "plain code" if settings.plain else "code + retrieval tasks + short blocks"
-        console.print(f"[cyan]2/3[/] fine-tuning with nf4 QLoRA on {what}: {settings.train_steps} steps")
-        run_training(finetune_recipe(settings, original, target, run_dir), command=["ctxext", "demo"])
-
-    # 4. One suite, three models, the same held-out data.
-    report_dir = out / ("report-plain" if settings.plain else "report")
-    report_file = report_dir / "report.json"
-    if report_file.is_file():
-        console.print(f"[cyan]3/3[/] report cached: {plain(report_file)}")
-        report = read_report(report_file).to_json_dict()  # through the schema: an old layout is refused
-    else:
-        console.print("[cyan]3/3[/] evaluating base (unpatched, past its window), training-free, fine-tuned")
-        specs = [
-            ModelSpec(settings.model, name="base"),
-            *(ModelSpec(str(out / f"patched-{m}"), name=f"{m}×{settings.factor}") for m in methods),
-            ModelSpec(str(run_dir), name=f"{settings.method}×{settings.factor}+QLoRA {kind}"),
-        ]
-        report = run_suite(
-            _suite(settings),
-            specs,
-            report_dir,
-            suite_path=str(SUITE),
-            allow_beyond_for={0},
-            command="ctxext demo",
-            overwrite=True,
-        )
-    console.print(comparison_table(report, original, target))
-    console.print(f"report: {report_dir / 'report.md'}  (JSON: {report_file})", markup=False, highlight=False)
-    for png in sorted(report_dir.glob("*.png")):
+    model, method = run.recipe.model.path, run.recipe.rope.method
+    console.rule(f"[bold]ctxext demo[/]: {plain(model)}, {run.original} → {run.target} tokens with {method}")
+    methods = _extend(run, console)
+    _finetune(run, console)
+    report = _evaluate(run, methods, console)
+    console.print(comparison_table(report, run.original, run.target))
+    report_file = run.report_dir / "report.json"
+    console.print(f"report: {run.report_dir / 'report.md'}  (JSON: {report_file})", markup=False, highlight=False)
+    for png in sorted(run.report_dir.glob("*.png")):
         console.print(f"plot:   {png}", markup=False, highlight=False)
     console.print(f"[dim]{time.time() - started:.0f} s[/]")
     return report
+
+
+def _extend(run: DemoRun, console: Console) -> list[str]:
+    """1-2. Training-free extension: plain model folders that vanilla transformers loads; returns the methods."""
+    from ctxext.extend.folder import extend_folder
+
+    rope, model = run.recipe.rope, run.recipe.model
+    methods = list(dict.fromkeys([run.reference, rope.method]))
+    for method in methods:
+        patched = run.out / f"patched-{method}"
+        if (patched / "config.json").is_file():
+            console.print(f"[cyan]1/3[/] extended model cached: {plain(patched)}")
+            continue
+        console.print(f"[cyan]1/3[/] extending {plain(model.path)} ×{run.factor} with {method} → {plain(patched)}")
+        # The fine-tune's own method as the recipe sets it, so that its row is the fine-tune's starting point.
+        options = rope.options() if method == rope.method else None
+        extend_folder(model.path, patched, method, run.target, options, model.original_length, overwrite=True)
+    return methods
+
+
+def _finetune(run: DemoRun, console: Console) -> None:
+    """3. nf4 QLoRA fine-tune of the extended model (cached: a run of another recipe is refused, not reused)."""
+    from ctxext.training.run import train as run_training
+
+    if _cached_run(run):
+        console.print(f"[cyan]2/3[/] fine-tuned run cached: {plain(run.run_dir)}")
+        return
+    if run.run_dir.exists():
+        shutil.rmtree(run.run_dir)
+    what = "plain code" if run.kind == "plain" else "code + retrieval tasks + short blocks"
+    console.print(f"[cyan]2/3[/] fine-tuning with nf4 QLoRA on {what}: {run.recipe.train.max_steps} steps")
+    run_training(run.recipe, command=["ctxext", "demo"])
+
+
+def _cached_run(run: DemoRun) -> bool:
+    """Whether the demo folder holds the complete fine-tune of this recipe.
+
+    Raises:
+        InputError: it holds a complete fine-tune of another recipe (reusing it would show the wrong row).
+    """
+    from ctxext.recipe.schema import dump_recipe
+    from ctxext.training.folder import RECIPE_FILE, recipe_diffs
+    from ctxext.training.run import read_run
+
+    try:
+        read_run(run.run_dir)
+    except InputError:
+        return False
+    diffs = recipe_diffs((run.run_dir / RECIPE_FILE).read_text(), dump_recipe(run.recipe))
+    if diffs:
+        raise InputError(
+            f"--out: the fine-tune cached in {run.run_dir} was trained with another recipe ({'; '.join(diffs)}); "
+            "add --fresh to recompute the demo, or choose another --out"
+        )
+    return True
+
+
+def _cached_report(run: DemoRun) -> dict[str, Any] | None:
+    """The report in the demo folder when it holds one, made with this suite.
+
+    Raises:
+        InputError: the cached report was made with other suite settings (it would show other numbers).
+    """
+    from ctxext.artifacts.report import read_report
+
+    report_file = run.report_dir / "report.json"
+    if not report_file.is_file():
+        return None
+    report = read_report(report_file).to_json_dict()  # through the schema: an old layout is refused
+    cached = report.get("suite", {}).get("definition") or {}
+    wanted = json.loads(json.dumps(run.suite.model_dump(), default=str))
+    changed = sorted(k for k in set(cached) | set(wanted) if cached.get(k) != wanted.get(k))
+    if changed:
+        raise InputError(
+            f"--out: the report cached in {run.report_dir} was made with other suite settings ({', '.join(changed)}); "
+            "add --fresh to recompute the demo, or choose another --out"
+        )
+    return report
+
+
+def _evaluate(run: DemoRun, methods: list[str], console: Console) -> dict[str, Any]:
+    """4. One suite, every model, the same held-out data (cached in the report folder)."""
+    from ctxext.evaluation.loading import ModelSpec
+    from ctxext.evaluation.suite import run_suite
+
+    cached = _cached_report(run)
+    if cached is not None:
+        console.print(f"[cyan]3/3[/] report cached: {plain(run.report_dir / 'report.json')}")
+        return cached
+    console.print("[cyan]3/3[/] evaluating base (unpatched, past its window), training-free, fine-tuned")
+    method = run.recipe.rope.method
+    specs = [
+        ModelSpec(run.recipe.model.path, name="base"),
+        *(ModelSpec(str(run.out / f"patched-{m}"), name=f"{m}×{run.factor}") for m in methods),
+        ModelSpec(str(run.run_dir), name=f"{method}×{run.factor}+QLoRA {run.kind}"),
+    ]
+    return run_suite(
+        run.suite,
+        specs,
+        run.report_dir,
+        suite_path=str(SUITE),
+        allow_beyond_for={0},
+        command="ctxext demo",
+        overwrite=True,
+    )
 
 
 def _ppl(entry: dict[str, Any] | None) -> str:
@@ -384,12 +453,22 @@ def comparison_table(report: dict[str, Any], original: int, target: int) -> Grou
 
 @friendly_errors
 def demo(
-    out: Annotated[Path, typer.Option(help="output folder (reused as a cache by later runs)")] = Path("runs/demo"),
-    model: Annotated[str, typer.Option(help="base model")] = "builtin:grown-code-64-mk",
-    method: Annotated[
-        str | None, typer.Option(help="extension method of the fine-tune (default llama3; YaRN is always shown too)")
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="key=value overrides of the demo's recipe (train.max_steps=60, rope.method=yarn, model.path=…) "
+            "or of its eval suite (needle.trials=10)",
+            show_default=False,
+        ),
     ] = None,
-    steps: Annotated[int | None, typer.Option(help="QLoRA steps (default 240; 6 with --quick)")] = None,
+    out: Annotated[Path, typer.Option(help="output folder (reused as a cache by later runs)")] = Path("runs/demo"),
+    recipe: Annotated[
+        Path | None,
+        typer.Option(help="fine-tune with this recipe file instead of the demo's (start from --print-recipe)"),
+    ] = None,
+    reference: Annotated[
+        str, typer.Option(help="training-free reference row shown beside rope.method's (the recipe's method)")
+    ] = "yarn",
     quick: Annotated[
         bool, typer.Option("--quick", help="a reduced setting (CI): every stage, little work (6 QLoRA steps)")
     ] = False,
@@ -397,15 +476,24 @@ def demo(
     plain: Annotated[
         bool, typer.Option("--plain", help="fine-tune on plain code only, not the retrieval mixture (comparison)")
     ] = False,
+    print_recipe_file: Annotated[
+        bool,
+        typer.Option("--print-recipe", help="print the demo's recipe file (to copy: > my.yaml) and exit"),
+    ] = False,
 ) -> None:
     """Grown model → evaluate unpatched at 4× → extend (YaRN, llama3) → nf4 QLoRA → evaluate all, compared."""
     from ctxext.artifacts.lock import folder_lock
 
-    settings = DemoSettings.quick(out) if quick else DemoSettings(out=out)
-    settings.model, settings.fresh, settings.plain = model, fresh, plain
-    if method is not None:
-        settings.method = method
-    if steps is not None:
-        settings.train_steps = steps
+    recipe_file = recipe if recipe is not None else RECIPE
+    if print_recipe_file:
+        if overrides or quick or plain:
+            raise InputError(
+                "--print-recipe prints the recipe file as it is; drop the overrides, --quick and --plain (give "
+                "them to `ctxext demo` or `ctxext train FILE` after copying it)"
+            )
+        print_recipe(recipe_file)
+        return
+    # Everything is read and checked before the folder is touched: bad input writes nothing.
+    run = resolve_demo(out, overrides, recipe_file, quick=quick, plain=plain, reference=reference)
     with folder_lock(out):  # one demo per folder: --fresh deletes what a running demo is writing
-        run_demo(settings, terminal)
+        run_demo(run, fresh, terminal)

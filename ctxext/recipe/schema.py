@@ -156,21 +156,42 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         if not sep or not key:
             problems.append((item, "an override must look like section.key=value, e.g. train.max_steps=10"))
             continue
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                problems.append((key, f"{part} is not a section"))
-                break
-            node = child
-        else:
-            node[parts[-1]] = _parse_value(value)
+        problem = _set_dotted(data, key.strip(), _parse_value(value))
+        if problem:
+            problems.append((key, problem))
     if problems:
         raise RecipeError("command line", problems)
     return data
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> str | None:
+    """Set ``key`` (dotted; a list item by its index, ``data.mixture.1.weight``); return the problem, if any."""
+    node: Any = data
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            # A list item by index; one past the end appends (data.mixture.2={task: multikey, ...}).
+            if not part.isdigit() or int(part) > len(node) or (int(part) == len(node) and not last):
+                where, size = ".".join(parts[:depth]), len(node)
+                return f"{where} is a list of {size} item(s): give an index below {size}, or {size} to add one"
+            if int(part) == len(node):
+                node.append(value)
+                return None
+            if last:
+                node[int(part)] = value
+                return None
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+                return None
+            if node.get(part) is None:
+                node[part] = {}
+            node = node[part]
+        else:
+            return f"{parts[depth - 1]} is not a section"
+    return None
 
 
 def _format_errors(exc: ValidationError) -> list[tuple[str, str]]:

@@ -54,7 +54,7 @@ def check_output_dir(
             raise InputError(f"--resume: the run in {out} is already complete")
         saved = (out / RECIPE_FILE).read_text() if (out / RECIPE_FILE).is_file() else None
         if saved is not None and saved != recipe_text:
-            diffs = _recipe_diffs(saved, recipe_text)
+            diffs = recipe_diffs(saved, recipe_text)
             if diffs:
                 raise InputError(
                     "--resume: the recipe differs from the run's recipe.yaml (" + "; ".join(diffs) + "); "
@@ -108,7 +108,7 @@ def run_folder_lock(out: Path, launch: Any) -> Iterator[None]:
         yield
 
 
-def _recipe_diffs(saved: str, new: str) -> list[str]:
+def recipe_diffs(saved: str, new: str) -> list[str]:
     """``key: old → new`` for every recipe setting that changed (sorted), the run folder's place excepted."""
     import yaml
 
