@@ -517,8 +517,6 @@ def _export_for_harness(
     model: str, names: list[str], picked: tuple[str, str, int, int, str, bool], tmp: str
 ) -> tuple[list[str], Path, dict[str, Any]]:
     """Export the registered tasks among ``names`` into ``tmp``; their tags replace them in the task list."""
-    from dataclasses import asdict
-
     from ctxext.cli.tasks import export_settings
     from ctxext.evaluation.export_tasks import TASK_PREFIX, export_lm_eval
     from ctxext.tasks import task_names
@@ -530,11 +528,10 @@ def _export_for_harness(
         known = ", ".join(task_names())
         raise InputError(f"--lengths exports ctxext's tasks, and --tasks names none of them ({known})")
     lengths, depths, trials, seed, templates, allow_beyond = picked
-    settings = export_settings(
-        ",".join(own), lengths, depths, trials, seed, templates=templates, allow_beyond_context=allow_beyond
-    )
+    given = {"depths": depths, "trials": trials, "seed": seed, "templates": templates}
+    settings = export_settings(",".join(own), lengths, **given, allow_beyond_context=allow_beyond)
     folder = Path(tmp) / "tasks"
     export_lm_eval(model, folder, settings)
     tags = [f"{TASK_PREFIX}{n}" if n in own else n for n in names]
     # The prompts are built with the first model's tokenizer: the report says which, with the sampling settings.
-    return tags, folder, {"harness": {"export": {"tokenizer_of": model, "settings": asdict(settings)}}}
+    return tags, folder, {"harness": {"export": {"tokenizer_of": model, "settings": settings.model_dump()}}}

@@ -58,6 +58,8 @@ from ctxext.tasks.chat import chat_wrap, check_chat_template, describe_chat
 if TYPE_CHECKING:
     from transformers import GenerationMixin
 
+    from ctxext.evaluation.ruler import RulerSettings
+
 SCORINGS = ("teacher-forced", "generate", "both")
 # Prompt + new tokens per generate call (generation's per-step overhead favours large batches).
 GENERATE_BATCH_TOKENS = 32768
@@ -188,8 +190,10 @@ class GridSettings:
     chat_template: str = field(default_factory=lambda: _declared("chat_template"))
 
     @classmethod
-    def from_settings(cls, settings: PasskeySettings, lengths: list[int], allow_beyond_context: bool) -> GridSettings:
-        """The grid of a suite's (or a command's) passkey / needle settings, at lengths resolved in tokens."""
+    def from_settings(
+        cls, settings: PasskeySettings | RulerSettings, lengths: list[int], allow_beyond_context: bool
+    ) -> GridSettings:
+        """The grid of a suite's (or a command's) passkey / needle / ruler settings, at lengths resolved in tokens."""
         return cls(
             lengths=lengths,
             depths=list(settings.depths),

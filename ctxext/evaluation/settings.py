@@ -333,3 +333,62 @@ class QASettings(BaseModel):
     def prompt_length(self, original: int, context: int) -> int:
         """The prompt budget in tokens for a model with these contexts (its configured context by default)."""
         return context if self.max_length is None else resolve_length(self.max_length, original, context)
+
+
+# Typed default (a bare lambda's list literal would be inferred as list[int]).
+_RULER_DEPTHS: list[float] = [10, 50, 90]
+
+TemplateChoice = Literal["heldout", "training", "all"] | list[int]
+
+
+class RulerTaskEntry(BaseModel):
+    """One task of the RULER-style section."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(description="a registered task: needle, multikey, multivalue, multiquery, variable_tracking, …")
+    name: str | None = Field(default=None, description="label in the report (default: the task name)")
+    options: dict[str, int] = Field(default_factory=dict, description="task options, e.g. {distractors: 3}")
+    templates: TemplateChoice | None = None
+
+    @property
+    def label(self) -> str:
+        """The report label (the name, else the task)."""
+        return self.name or self.task
+
+
+class RulerSuiteSettings(BaseModel):
+    """RULER-style synthetic tasks × lengths × depths, with effective length.
+
+    The ``ruler:`` section of a suite and the flags of ``ctxext eval ruler``; the engine runs it as
+    :class:`ctxext.evaluation.ruler.RulerSettings` (this model at lengths resolved in tokens).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, value: str, info: ValidationInfo) -> str:
+        return check_chat_choice(value, info)
+
+    tasks: list[RulerTaskEntry] = Field(
+        description='registered tasks, each {task, name, options, templates}; as a flag, JSON: [{"task": "needle"}]'
+    )
+    lengths: list[Length] = Field(default_factory=DEFAULT_LENGTHS.copy)
+    depths: list[float] = Field(default_factory=_RULER_DEPTHS.copy)
+    trials: int = Field(default=10, gt=0)
+    seed: int = 0
+    haystack: str = Field(default="builtin:stdlib", description="haystack text source, or noise")
+    text_field: str = "text"
+    split: str = "test"
+    templates: TemplateChoice = "heldout"
+    threshold: float = Field(default=0.85, gt=0, le=1)
+    threshold_reference: Literal["original", "absolute"] = "original"
+    min_reference: float = Field(default=0.25, ge=0, le=1)
+    scoring: Scoring = "teacher-forced"
+    max_new_tokens: int = Field(default=12, gt=0, description="generation: tokens generated at least")
+    answer_margin: int = Field(default=8, ge=0, description="generation: tokens generated beyond the answer's length")
+    chat_template: str = Field(default="auto", description=CHAT_HELP)
+    control: bool = Field(
+        default=False, description="also score every task with its needles replaced by haystack text (chance rate)"
+    )
