@@ -46,7 +46,7 @@ import torch
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel, base_model
 from ctxext.evaluation.perplexity import check_lengths
-from ctxext.evaluation.settings import NeedleSettings, PasskeySettings
+from ctxext.evaluation.settings import NeedleSettings, PasskeySettings, RulerSuiteSettings
 from ctxext.evaluation.stats import wilson_interval
 from ctxext.progress import progress
 from ctxext.rope.runtime import reset_dynamic_rope
@@ -57,8 +57,6 @@ from ctxext.tasks.chat import chat_wrap, check_chat_template, describe_chat
 
 if TYPE_CHECKING:
     from transformers import GenerationMixin
-
-    from ctxext.evaluation.ruler import RulerSettings
 
 SCORINGS = ("teacher-forced", "generate", "both")
 # Prompt + new tokens per generate call (generation's per-step overhead favours large batches).
@@ -191,7 +189,7 @@ class GridSettings:
 
     @classmethod
     def from_settings(
-        cls, settings: PasskeySettings | RulerSettings, lengths: list[int], allow_beyond_context: bool
+        cls, settings: PasskeySettings | RulerSuiteSettings, lengths: list[int], allow_beyond_context: bool
     ) -> GridSettings:
         """The grid of a suite's (or a command's) passkey / needle / ruler settings, at lengths resolved in tokens."""
         return cls(
@@ -201,7 +199,8 @@ class GridSettings:
             seed=settings.seed,
             max_new_tokens=settings.max_new_tokens,
             answer_margin=settings.answer_margin,
-            allow_beyond_context=allow_beyond_context or settings.allow_beyond_context,
+            # A section without the key (ruler: the suite's) leaves it to the argument.
+            allow_beyond_context=allow_beyond_context or getattr(settings, "allow_beyond_context", False),
             scoring=settings.scoring,
             chat_template=settings.chat_template,
         )
