@@ -374,18 +374,34 @@ class RulerSuiteSettings(BaseModel):
     tasks: list[RulerTaskEntry] = Field(
         description='registered tasks, each {task, name, options, templates}; as a flag, JSON: [{"task": "needle"}]'
     )
-    lengths: list[Length] = Field(default_factory=DEFAULT_LENGTHS.copy)
-    depths: list[float] = Field(default_factory=_RULER_DEPTHS.copy)
-    trials: int = Field(default=10, gt=0)
-    seed: int = 0
+    lengths: list[Length] = Field(
+        default_factory=DEFAULT_LENGTHS.copy,
+        description="sample lengths: tokens, Nx (× the original context), target, Nx target",
+    )
+    depths: list[float] = Field(default_factory=_RULER_DEPTHS.copy, description="needle depths in percent")
+    trials: int = Field(default=10, gt=0, description="samples per (task, length, depth)")
+    seed: int = Field(default=0, description="sample seed (the same samples for every model: paired trials)")
     haystack: str = Field(default="builtin:stdlib", description="haystack text source, or noise")
-    text_field: str = "text"
-    split: str = "test"
-    templates: TemplateChoice = "heldout"
-    threshold: float = Field(default=0.85, gt=0, le=1)
-    threshold_reference: Literal["original", "absolute"] = "original"
-    min_reference: float = Field(default=0.25, ge=0, le=1)
-    scoring: Scoring = "teacher-forced"
+    text_field: str = Field(default="text", description="text column of a table-like haystack")
+    split: str = Field(default="test", description="split of a Hub data set")
+    templates: TemplateChoice = Field(
+        default="heldout", description="templates of the tasks that set none: heldout, training, all, or indices"
+    )
+    threshold: float = Field(default=0.85, gt=0, le=1, description="the effective-length threshold (a fraction)")
+    threshold_reference: Literal["original", "absolute"] = Field(
+        default="original",
+        description="original (threshold × the model's score at its original length) or absolute",
+    )
+    min_reference: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="with original: the least score at the original length for a task to get an effective length",
+    )
+    scoring: Scoring = Field(
+        default="teacher-forced",
+        description="teacher-forced, generate (greedy decoding scored by RULER's string match) or both",
+    )
     max_new_tokens: int = Field(default=12, gt=0, description="generation: tokens generated at least")
     answer_margin: int = Field(default=8, ge=0, description="generation: tokens generated beyond the answer's length")
     chat_template: str = Field(default="auto", description=CHAT_HELP)
