@@ -101,9 +101,6 @@ def _declared() -> dict[tuple[str, ...], Declared]:
     from ctxext.publish.merge import merge_run
     from ctxext.training.run import train
 
-    def attention(name: str, read: Callable[[Any], Any] = _same) -> tuple[DefaultOf, Any]:
-        return (lambda: getattr(AttentionSettings(), name)), read
-
     ruler = {name: _field(RulerSettings, name) for name in ("trials", "seed", "templates", "allow_beyond_context")}
     ruler["depths"] = _field(RulerSettings, "depths", _numbers)
     declared = {("eval", _command_name(s)): Declared(models=(s.settings,), own=EVAL_OWN) for s in SECTIONS.values()}
@@ -139,14 +136,13 @@ def _declared() -> dict[tuple[str, ...], Declared]:
             literal={k: _field(SearchSettings, k) for k in SEARCH_RUN},
         ),
         ("eval",): Declared(),
-        # `eval attention` and `eval harness` are written commands of registered sections (their flags differ).
+        # `eval attention`: its section's keys, and --allow-beyond-context (the suite's key, the run's field).
         ("eval", "attention"): Declared(
-            own=EVAL_OWN | {"data", "text_field", "split"},  # the documents, as the section's keys
-            literal={
-                **{k: attention(k) for k in ("length", "docs", "sink_tokens", "allow_beyond_context")},
-                "bands": attention("bands", _numbers),
-            },
+            models=(SECTIONS["attention"].settings,),
+            own=EVAL_OWN,
+            literal={"allow_beyond_context": (lambda: AttentionSettings().allow_beyond_context, _same)},
         ),
+        # `eval harness`: a written command of a registered section, with the export's flags (--lengths …).
         ("eval", "harness"): Declared(
             own=EVAL_OWN | {"tasks", "include_path", "lengths"},
             literal={
@@ -266,6 +262,14 @@ def test_suite_sections_are_the_commands_settings():
     )
     needle, declared_needle = NeedleTask(), NeedleSettings()
     assert (needle.haystack, needle.split) == (declared_needle.haystack, declared_needle.split)
+    from ctxext.evaluation.attention import AttentionSettings
+
+    run, declared_attention = AttentionSettings(), SECTIONS["attention"].settings()
+    assert (run.docs, run.bands, run.sink_tokens) == (
+        declared_attention.docs,
+        declared_attention.bands,
+        declared_attention.sink_tokens,
+    )
 
 
 def test_the_ruler_engine_runs_the_section_declaration():

@@ -408,3 +408,32 @@ class RulerSuiteSettings(BaseModel):
     control: bool = Field(
         default=False, description="also score every task with its needles replaced by haystack text (chance rate)"
     )
+
+
+# Typed default (a bare lambda's list literal would be inferred as list[int]).
+_ATTENTION_BANDS: list[float] = [0.01, 0.1, 0.5]
+
+
+class AttentionTask(BaseModel):
+    """Attention diagnostics (mass by distance band, beyond the original window, sinks, entropy)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    data: str = Field(
+        default="builtin:stdlib", description="documents: text file, folder, jsonl/parquet/csv, Hub id, builtin:NAME"
+    )
+    text_field: str = Field(default="text", description="text column of table-like data")
+    split: str = Field(default="test", description="split of a Hub data set")
+    length: Length = Field(
+        default="target", description="tokens per document: tokens, Nx (× the original context), target"
+    )
+    docs: int = Field(default=4, gt=0, description="documents (each reaching the length)")
+    bands: list[float] = Field(
+        default_factory=_ATTENTION_BANDS.copy, description="distance band edges as fractions of the length"
+    )
+    sink_tokens: int = Field(default=4, gt=0, description="first tokens counted as attention sinks")
+
+    @field_validator("length")
+    @classmethod
+    def _length(cls, value: Length) -> Length:
+        return _check_lengths([value])[0]
