@@ -68,8 +68,13 @@ class AttentionSettings:
     @classmethod
     def of_section(cls, section: AttentionTask, length: int | None, allow_beyond: bool) -> AttentionSettings:
         """The run of a suite's (or ``ctxext eval attention``'s) settings at a length in tokens (None: the context)."""
-        shared = {"docs": section.docs, "bands": list(section.bands), "sink_tokens": section.sink_tokens}
-        return cls(length=length, **shared, allow_beyond_context=allow_beyond)
+        return cls(
+            length=length,
+            docs=section.docs,
+            bands=list(section.bands),
+            sink_tokens=section.sink_tokens,
+            allow_beyond_context=allow_beyond,
+        )
 
     def validate(self) -> None:
         """Raise :class:`InputError` for settings that cannot give sensible numbers."""
