@@ -67,7 +67,7 @@ def test_ruler_section_reports_the_control(grown, tmp_path):
     from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec, evaluate_ruler
 
     settings = RulerSettings(
-        tasks=[RulerTaskSpec("needle"), RulerTaskSpec("copy_span", options={"span": 4})],
+        tasks=[RulerTaskSpec(task="needle"), RulerTaskSpec(task="copy_span", options={"span": 4})],
         lengths=[64],
         depths=[50],
         trials=3,

@@ -86,7 +86,9 @@ def test_exported_prompts_are_the_grid_samples(yarn_model, tmp_path):
     from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec
     from ctxext.models.load import load_tokenizer_and_config
 
-    settings = RulerSettings(tasks=[RulerTaskSpec("needle")], lengths=[128], depths=[0, 100], trials=3, templates=[0])
+    settings = RulerSettings(
+        tasks=[RulerTaskSpec(task="needle")], lengths=[128], depths=[0, 100], trials=3, templates=[0]
+    )
     export_lm_eval(str(yarn_model), tmp_path / "t", settings)
     docs = [json.loads(x) for x in (tmp_path / "t" / "ctxext_needle_128.jsonl").read_text().splitlines()]
     tok, _ = load_tokenizer_and_config(str(yarn_model))

@@ -1,15 +1,22 @@
-"""Settings are declared once: every flag of ``ctxext search`` / ``ctxext eval ppl`` comes from the declared model.
+"""Settings are declared once: every option of every ``ctxext`` command comes from its declaration.
 
-A setting with two defaults (a hand-written flag next to a model field) is what these tests catch: each option
-of the two commands is either generated from its workflow's settings model (same name, help from the
-description, no default of its own) or names the run and has the runtime model's default.
+A setting with two defaults (a hand-written flag next to a model field) is what these tests catch. The CLI tree
+is walked (``eval`` subcommands of registered sections and the RoPE method flags of ``extend`` included), so a new
+command cannot escape: each option is generated from a settings model (same name, help from the description, no
+default of its own), or is a generated method option, or has a literal default equal to the declared one (the
+model field or workflow keyword it feeds), or is the command's own (where the input comes from, where the output
+goes, …).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import click
 import pytest
@@ -27,58 +34,202 @@ from ctxext.search.run import SearchSettings
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
-# Options that are not settings of the workflow, and why each is the command's own.
-SEARCH_RUN = {"model", "target_length", "out", "original_length", "device", "resume", "overwrite"}  # SearchSettings
-SEARCH_OWN = {"recipe"}  # where the settings come from
-# The options every `ctxext eval` command shares (ctxext/cli/evaluate.py Shared, --model, --out).
-EVAL_OWN = {"model", "out", "adapter", "name", "reference", "device", "quiet", "overwrite"}
+# Options that are not settings of a workflow, each the command's own: where the input comes from (a model,
+# a recipe, a suite, key=value overrides), where the output goes (--out, --overwrite), where it runs
+# (--device, --gpu …), and how the command talks (--json, --quiet, labels of the compared models).
+EVAL_OWN = frozenset({"model", "out", "adapter", "name", "reference", "device", "quiet", "overwrite"})
+# search: the run's own fields (SearchSettings beyond the declared SearchOptions) are checked as literal defaults.
+SEARCH_RUN = ("model", "target_length", "out", "original_length", "device", "resume", "overwrite")
+# Not walked, and why: the demo moves to a recipe file (its flags then come from that recipe's declaration).
+SKIPPED = {("demo",): "the demo moves to a recipe file; its flags follow that move"}
+
+DefaultOf = Callable[[], Any]
 
 
-def _command(*path: str):
-    command = typer.main.get_command(app)
-    for name in path:  # get_command: `eval qa` is generated from its registered section when asked for
-        command = command.get_command(click.Context(command), name)
-    return command
+@dataclass(frozen=True)
+class Declared:
+    """Where a command's options come from; every option is in exactly one of these.
+
+    Attributes:
+        models: settings models each of whose fields is a generated flag (name, help, no default of its own).
+        own: the command's own options (not a workflow setting, see above).
+        literal: options with a literal default of their own, each with the declared default it must equal and
+            how the command reads its flag value (a comma-separated string → the declared list).
+        rope: the RoPE method options are generated flags (``ctxext extend``).
+    """
+
+    models: tuple[Any, ...] = ()
+    own: frozenset[str] = frozenset()
+    literal: Mapping[str, tuple[DefaultOf, Callable[[Any], Any]]] = field(default_factory=dict)
+    rope: bool = False
 
 
-COMMANDS = [
-    pytest.param(("search",), SearchOptions, SearchSettings, SEARCH_RUN, SEARCH_OWN, id="search"),
-    pytest.param(("eval", "ppl"), PerplexitySettings, PerplexitySettings, set(), EVAL_OWN, id="eval ppl"),
-    pytest.param(("eval", "passkey"), PasskeySettings, PasskeySettings, set(), EVAL_OWN, id="eval passkey"),
-    pytest.param(("eval", "needle"), NeedleSettings, NeedleSettings, set(), EVAL_OWN, id="eval needle"),
-    pytest.param(("eval", "qa"), QASettings, QASettings, set(), EVAL_OWN, id="eval qa"),
-]
+def _same(value: Any) -> Any:
+    return value
 
 
-@pytest.mark.parametrize(("path", "declared", "runtime", "run_fields", "own"), COMMANDS)
-def test_every_option_is_generated_from_the_declared_settings(path, declared, runtime, run_fields, own):
-    command = _command(*path)
+def _numbers(text: str) -> list[float]:
+    return [float(x) for x in text.split(",")]
+
+
+def _arg(fn: Callable[..., Any], name: str, read: Callable[[Any], Any] = _same) -> tuple[DefaultOf, Any]:
+    """The default of a workflow function's keyword (the flag's value is passed to it)."""
+    return (lambda: inspect.signature(fn).parameters[name].default), read
+
+
+def _field(model: Any, name: str, read: Callable[[Any], Any] = _same) -> tuple[DefaultOf, Any]:
+    """A model field's default (a required field: the flag is optional, another input gives it)."""
+
+    def default() -> Any:
+        info = model.model_fields[name]
+        return None if info.is_required() else info.get_default(call_default_factory=True)
+
+    return default, read
+
+
+def _declared() -> dict[tuple[str, ...], Declared]:
+    """Every command of the CLI tree and where its options come from (built when asked: sections register late)."""
+    from ctxext.cli.evaluate import _command_name
+    from ctxext.evaluation.attention import AttentionSettings
+    from ctxext.evaluation.harness import HarnessSettings
+    from ctxext.evaluation.ruler import RulerSettings
+    from ctxext.evaluation.sections import SECTIONS
+    from ctxext.extend.folder import extend_folder
+    from ctxext.extend.inspection import inspect_model
+    from ctxext.planner.plan import plan_recipe
+    from ctxext.publish.hub import push
+    from ctxext.publish.merge import merge_run
+    from ctxext.training.run import train
+
+    ruler = {name: _field(RulerSettings, name) for name in ("trials", "seed", "templates", "allow_beyond_context")}
+    ruler["depths"] = _field(RulerSettings, "depths", _numbers)
+    declared = {("eval", _command_name(s)): Declared(models=(s.settings,), own=EVAL_OWN) for s in SECTIONS.values()}
+    declared |= {
+        (): Declared(own=frozenset({"verbose"})),  # third-party warnings and progress bars, no workflow's
+        ("inspect",): Declared(
+            own=frozenset({"model", "as_json"}),
+            literal={k: _arg(inspect_model, k) for k in ("config_only", "revision", "original_length")},
+        ),
+        ("extend",): Declared(
+            own=frozenset({"model", "method", "target_length", "out", "overwrite"}),
+            literal={
+                "original_length": _arg(extend_folder, "original_length"),
+                "legacy_fields": _arg(extend_folder, "write_legacy"),
+                "relative_to": _arg(extend_folder, "relative_to"),
+            },
+            rope=True,
+        ),
+        ("validate",): Declared(own=frozenset({"recipes", "overrides", "schema"})),
+        ("methods",): Declared(),
+        # --strict: whether to start at all (the plan's verdict), not a setting of the run.
+        ("train",): Declared(
+            own=frozenset({"recipe", "overrides", "strict"}), literal={"resume": _arg(train, "resume")}
+        ),
+        # --sp is a recipe override (train.sequence_parallel_size); --gpu/--gpu-memory/--tflops/--cpu: the device.
+        ("plan",): Declared(
+            own=frozenset({"recipe", "overrides", "gpu", "gpu_memory", "tflops", "cpu", "sp", "as_json", "list_gpus"}),
+            literal={k: _arg(plan_recipe, k) for k in ("num_gpus", "nodes", "sharding", "loss", "utilization")},
+        ),
+        ("search",): Declared(
+            models=(SearchOptions,),
+            own=frozenset({"recipe"}),  # where the settings come from
+            literal={k: _field(SearchSettings, k) for k in SEARCH_RUN},
+        ),
+        ("eval",): Declared(),
+        # `eval attention`: its section's keys, and --allow-beyond-context (the suite's key, the run's field).
+        ("eval", "attention"): Declared(
+            models=(SECTIONS["attention"].settings,),
+            own=EVAL_OWN,
+            literal={"allow_beyond_context": (lambda: AttentionSettings().allow_beyond_context, _same)},
+        ),
+        # `eval harness`: a written command of a registered section, with the export's flags (--lengths …).
+        ("eval", "harness"): Declared(
+            own=EVAL_OWN | {"tasks", "include_path", "lengths"},
+            literal={
+                **{k: _field(HarnessSettings, k) for k in ("batch_size", "max_length", "limit", "num_fewshot")},
+                **ruler,  # with --lengths: the export's sampling (tasks export)
+            },
+        ),
+        ("eval", "run"): Declared(own=EVAL_OWN | {"suite", "overrides"}),
+        ("tasks",): Declared(),
+        ("tasks", "list"): Declared(),
+        ("tasks", "export"): Declared(
+            own=frozenset({"out", "model", "tasks", "lengths", "fmt", "overwrite"}),
+            literal={**ruler, "haystack": _field(RulerSettings, "haystack")},
+        ),
+        ("export",): Declared(own=frozenset({"src", "targets", "out", "overwrite"})),
+        ("merge",): Declared(
+            own=frozenset({"run", "out", "device", "overwrite"}),
+            literal={
+                **{k: _arg(merge_run, k) for k in ("tolerance", "smoke_length", "sequences", "dtype")},
+                "force": _arg(merge_run, "allow_incomplete"),
+            },
+        ),
+        ("push",): Declared(
+            own=frozenset({"run_or_dir", "repo_id", "report", "message"}),
+            literal={k: _arg(push, k) for k in ("private", "revision", "merged", "dry_run", "force")},
+        ),
+    }
+    return declared
+
+
+def _walk(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every command of the tree, groups included (``eval`` lists the registered sections' commands too)."""
+    yield path, command
+    if hasattr(command, "list_commands"):
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            yield from _walk(command.get_command(ctx, name), (*path, name))
+
+
+def _tree() -> dict[tuple[str, ...], Any]:
+    return {path: cmd for path, cmd in _walk(typer.main.get_command(app)) if path not in SKIPPED}
+
+
+def test_the_walk_covers_every_command():
+    # A new command (or a registered section's) without its declaration fails here, not silently.
+    walked = {path for path, _ in _walk(typer.main.get_command(app))}
+    assert set(SKIPPED) <= walked, set(SKIPPED) - walked  # a stale skip is noticed
+    assert walked - set(SKIPPED) == set(_declared()), (walked - set(SKIPPED)) ^ set(_declared())
+
+
+@pytest.mark.parametrize("path", sorted(_tree()), ids=lambda p: " ".join(p) or "ctxext")
+def test_every_option_is_generated_from_the_declared_settings(path):
+    from ctxext.rope.methods import declared_options
+
+    command, declared = _tree()[path], _declared()[path]
     # get_params: the generated flags are added when the command is parsed or its help shown.
     params = {p.name: p for p in command.get_params(click.Context(command)) if p.name != "help"}
-    # Every declared field is a flag of the command, and nothing else declares a setting.
-    assert set(declared.model_fields) <= set(params)
-    assert set(params) == set(declared.model_fields) | run_fields | own, set(params) ^ (
-        set(declared.model_fields) | run_fields | own
-    )
+    fields = {name: info for model in declared.models for name, info in model.model_fields.items()}
+    rope = declared_options() if declared.rope else {}
+    groups = [set(fields), set(rope), set(declared.own), set(declared.literal)]
+    assert sum(map(len, groups)) == len(set().union(*groups)), groups  # each option comes from one place
+    assert set(params) == set().union(*groups), set(params) ^ set().union(*groups)
     for name, param in params.items():
-        if name in declared.model_fields:
-            info = declared.model_fields[name]
-            assert param.opts == [flag_name(name)], (name, param.opts)
-            # No default of its own: an option not given is left out and the model's default applies.
-            assert param.default is None, (name, param.default)
-            assert param.help == field_help(info) and info.description and info.description in param.help
-            # The model's default, shown from the declaration (or that the model requires the field).
-            assert ("(required)" if info.is_required() else "(default: ") in param.help
-            if info.annotation is bool:
-                assert param.secondary_opts == [f"--no-{flag_name(name)[2:]}"]
-        elif name in run_fields:
-            info = runtime.model_fields[name]
-            # A run field the model requires may still be optional on the command line (--recipe gives it).
-            expected = None if info.is_required() else info.get_default(call_default_factory=True)
-            assert param.default == expected, (name, param.default, expected)
-    # With no flag given, the command's settings are exactly the declared defaults.
-    required = {name: "x" for name, info in declared.model_fields.items() if info.is_required()}
-    assert build_settings(declared, {}, required) == declared(**required)
+        if name in fields:
+            _check_generated(param, name, fields[name])
+        elif name in rope:
+            # A method option: generated from the method declarations (its help shows each method's default).
+            assert param.opts == [flag_name(name)] and param.default is None, (name, param.opts, param.default)
+            assert param.help == rope[name].help
+        elif name in declared.literal:
+            default, read = declared.literal[name]
+            assert read(param.default) == default(), (name, param.default, default())
+    for model in declared.models:
+        # With no flag given, the command's settings are exactly the declared defaults.
+        if not any(info.is_required() for info in model.model_fields.values()):
+            assert build_settings(model, {}) == model()
+
+
+def _check_generated(param: Any, name: str, info: Any) -> None:
+    assert param.opts == [flag_name(name)], (name, param.opts)
+    # No default of its own: an option not given is left out and the model's default applies.
+    assert param.default is None, (name, param.default)
+    assert param.help == field_help(info) and info.description and info.description in param.help, name
+    # The model's default, shown from the declaration (or that the model requires the field).
+    assert ("(required)" if info.is_required() else "(default: ") in param.help
+    if info.annotation is bool:
+        assert param.secondary_opts == [f"--no-{flag_name(name)[2:]}"]
 
 
 def test_the_recipe_section_is_the_declared_search_options_plus_out():
@@ -111,6 +262,42 @@ def test_suite_sections_are_the_commands_settings():
     )
     needle, declared_needle = NeedleTask(), NeedleSettings()
     assert (needle.haystack, needle.split) == (declared_needle.haystack, declared_needle.split)
+    from ctxext.evaluation.attention import AttentionSettings
+
+    run, declared_attention = AttentionSettings(), SECTIONS["attention"].settings()
+    assert (run.docs, run.bands, run.sink_tokens) == (
+        declared_attention.docs,
+        declared_attention.bands,
+        declared_attention.sink_tokens,
+    )
+
+
+def test_the_ruler_engine_runs_the_section_declaration():
+    import dataclasses
+
+    from ctxext.evaluation.grid import GridSettings
+    from ctxext.evaluation.ruler import RulerSettings
+    from ctxext.evaluation.sections import SECTIONS
+
+    declared = SECTIONS["ruler"].settings
+    # The engine's settings are the section's model at resolved lengths: no key listed twice, no second default.
+    assert issubclass(RulerSettings, declared)
+    assert set(RulerSettings.model_fields) - set(declared.model_fields) == {"allow_beyond_context"}
+    given = {"depths": [0, 100], "trials": 3, "seed": 7, "scoring": "both", "max_new_tokens": 5, "answer_margin": 2}
+    section = declared.model_validate(
+        {"tasks": [{"task": "needle"}], "chat_template": "none", "control": True, **given}
+    )
+    run = RulerSettings.of_section(section, [64, 128], True)
+    assert run.model_dump(exclude={"lengths", "allow_beyond_context"}) == section.model_dump(exclude={"lengths"})
+    assert (run.lengths, run.allow_beyond_context) == ([64, 128], True)
+    # The grid every task runs takes each key it shares with the section from the section.
+    grid = run.grid([64], False)
+    shared = [
+        f.name for f in dataclasses.fields(GridSettings) if f.name in declared.model_fields and f.name != "lengths"
+    ]
+    assert set(given) | {"chat_template"} <= set(shared)
+    assert all(getattr(grid, name) == getattr(section, name) for name in shared), shared
+    assert grid.lengths == [64] and grid.allow_beyond_context
 
 
 def test_search_defaults_are_the_published_recommended_settings():

@@ -131,15 +131,6 @@ def _check_reference(specs: list[Any], reference: str | None) -> None:
     choose_reference([{"name": s.label()} for s in specs], reference)
 
 
-def _floats(text: str, what: str) -> list[float]:
-    from ctxext.errors import InputError
-
-    try:
-        return [float(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise InputError(f"{what}: expected comma-separated numbers, got {text!r}") from None
-
-
 def _note_work(what: str, lengths: list[Any], per_length: int) -> None:
     """Before a large evaluation starts: how much it scores (:func:`~ctxext.evaluation.perplexity.work_estimate`).
 
@@ -357,41 +348,30 @@ def needle_cmd(ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt)
     _run_section("eval needle", "needle", settings, model, out, shared)
 
 
-@eval_app.command("attention")
+@eval_app.command("attention", cls=_settings("AttentionTask", "attention"))
 @_friendly
 @_shared
 def attention_cmd(
-    shared: Shared,
-    model: ModelOpt,
-    out: OutOpt,
-    data: Annotated[str, typer.Option(help="documents: file, folder, jsonl, Hub data set, builtin:stdlib")] = (
-        "builtin:stdlib"
-    ),
-    length: Annotated[int | None, typer.Option(help="tokens per document (default: each model's context)")] = None,
-    docs: Annotated[int, typer.Option(help="documents (each reaching the length)")] = 4,
-    bands: Annotated[str, typer.Option(help="distance band edges as fractions of the length")] = "0.01,0.1,0.5",
-    sink_tokens: Annotated[int, typer.Option(help="first tokens counted as attention sinks")] = 4,
-    allow_beyond_context: BeyondOpt = False,
-    text_field: Annotated[str, typer.Option(help="text column of table-like data")] = "text",
-    split: Annotated[str, typer.Option(help="split of a Hub data set")] = "test",
+    ctx: typer.Context, shared: Shared, model: ModelOpt, out: OutOpt, allow_beyond_context: BeyondOpt = False
 ) -> None:
-    """Attention diagnostics per layer: mass by distance band, beyond the original window, on sinks; entropy."""
+    """Attention diagnostics per layer: mass by distance band, beyond the original window, on sinks; entropy.
+
+    The flags are the keys of a suite's attention: section, generated from their declaration (the same defaults).
+    """
     from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
     from ctxext.evaluation.data import describe_source, iter_texts
+    from ctxext.evaluation.settings import AttentionTask, resolve_length
 
-    settings = AttentionSettings(
-        length=length,
-        docs=docs,
-        bands=_floats(bands, "--bands"),
-        sink_tokens=sink_tokens,
-        allow_beyond_context=allow_beyond_context,
-    )
-    settings.validate()
+    declared = build_settings(AttentionTask, ctx.meta.get(SETTINGS, {}))
+    AttentionSettings.of_section(declared, None, allow_beyond_context).validate()  # the bands, before any model
 
     def task(loaded: Any) -> dict[str, Any]:
-        return evaluate_attention(loaded, iter_texts(data, text_field, split), settings, not shared.quiet)
+        length = resolve_length(declared.length, loaded.original_length, loaded.context_length)
+        settings = AttentionSettings.of_section(declared, length, allow_beyond_context)
+        texts = iter_texts(declared.data, declared.text_field, declared.split)
+        return evaluate_attention(loaded, texts, settings, not shared.quiet)
 
-    data_info = {"attention": describe_source(data, text_field, split)}
+    data_info = {"attention": describe_source(declared.data, declared.text_field, declared.split)}
     _run(model, out, shared, "attention", task, data_info)
 
 
@@ -517,8 +497,6 @@ def _export_for_harness(
     model: str, names: list[str], picked: tuple[str, str, int, int, str, bool], tmp: str
 ) -> tuple[list[str], Path, dict[str, Any]]:
     """Export the registered tasks among ``names`` into ``tmp``; their tags replace them in the task list."""
-    from dataclasses import asdict
-
     from ctxext.cli.tasks import export_settings
     from ctxext.evaluation.export_tasks import TASK_PREFIX, export_lm_eval
     from ctxext.tasks import task_names
@@ -530,11 +508,10 @@ def _export_for_harness(
         known = ", ".join(task_names())
         raise InputError(f"--lengths exports ctxext's tasks, and --tasks names none of them ({known})")
     lengths, depths, trials, seed, templates, allow_beyond = picked
-    settings = export_settings(
-        ",".join(own), lengths, depths, trials, seed, templates=templates, allow_beyond_context=allow_beyond
-    )
+    given = {"depths": depths, "trials": trials, "seed": seed, "templates": templates}
+    settings = export_settings(",".join(own), lengths, **given, allow_beyond_context=allow_beyond)
     folder = Path(tmp) / "tasks"
     export_lm_eval(model, folder, settings)
     tags = [f"{TASK_PREFIX}{n}" if n in own else n for n in names]
     # The prompts are built with the first model's tokenizer: the report says which, with the sampling settings.
-    return tags, folder, {"harness": {"export": {"tokenizer_of": model, "settings": asdict(settings)}}}
+    return tags, folder, {"harness": {"export": {"tokenizer_of": model, "settings": settings.model_dump()}}}

@@ -25,19 +25,22 @@ HaystackOpt = Annotated[str, typer.Option(help="haystack text: file, folder, jso
 TemplatesOpt = Annotated[str, typer.Option(help="templates: heldout, training, all, or indices like 0,2")]
 
 
-def export_settings(
-    tasks: str,
-    lengths: str,
-    depths: str = "10,50,90",
-    trials: int = 10,
-    seed: int = 0,
-    haystack: str = "builtin:stdlib",
-    templates: str = "heldout",
-    allow_beyond_context: bool = False,
-) -> Any:
-    """The validated sampling settings of an export (those of the RULER-style suite, from the flags)."""
+def export_settings(tasks: str, lengths: str, **given: Any) -> Any:
+    """The validated sampling settings of an export (the RULER-style suite's, from the flags).
+
+    Args:
+        tasks: comma-separated registered task names (``--tasks``).
+        lengths: comma-separated lengths in tokens (``--lengths``).
+        **given: ``depths`` (comma-separated, as the flag), ``trials``, ``seed``, ``haystack``, ``templates``
+            (``heldout``/``training``/``all`` or comma-separated indices), ``allow_beyond_context``; one not given
+            takes the declared default (:class:`~ctxext.evaluation.ruler.RulerSettings`).
+
+    Raises:
+        InputError: a value the declaration refuses, named by its flag.
+    """
     from ctxext.errors import InputError
-    from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec
+    from ctxext.evaluation.ruler import RulerSettings
+    from ctxext.recipe.flags import build_settings
 
     def numbers(text: str, flag: str, kind: type) -> list[Any]:
         try:
@@ -48,20 +51,14 @@ def export_settings(
     names = [t for t in tasks.replace(" ", "").split(",") if t]
     if not names:
         raise InputError("--tasks: name at least one task (see `ctxext tasks list`)")
-    choice: str | list[int] = (
-        templates if templates in ("heldout", "training", "all") else numbers(templates, "--templates", int)
-    )
-    settings = RulerSettings(
-        tasks=[RulerTaskSpec(task=n) for n in names],
-        lengths=numbers(lengths, "--lengths", int),
-        depths=numbers(depths, "--depths", float),
-        trials=trials,
-        seed=seed,
-        haystack=haystack,
-        templates=choice,
-        allow_beyond_context=allow_beyond_context,
-    )
-    settings.validate()
+    if "depths" in given:
+        given["depths"] = numbers(given["depths"], "--depths", float)
+    templates = given.get("templates")
+    if templates is not None and templates not in ("heldout", "training", "all"):
+        given["templates"] = numbers(templates, "--templates", int)
+    run = {"tasks": [{"task": n} for n in names], "lengths": numbers(lengths, "--lengths", int)}
+    settings = build_settings(RulerSettings, given, run)
+    settings.check()
     return settings
 
 
@@ -109,7 +106,8 @@ def export_cmd(
 
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt!r}: supported formats are {', '.join(FORMATS)}")
-    settings = export_settings(tasks, lengths, depths, trials, seed, haystack, templates, allow_beyond_context)
+    picked = {"depths": depths, "trials": trials, "seed": seed, "haystack": haystack, "templates": templates}
+    settings = export_settings(tasks, lengths, **picked, allow_beyond_context=allow_beyond_context)
     command = " ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]])
     result = export_lm_eval(model, out, settings, overwrite=overwrite, command=command)
     for t in result.tasks:

@@ -35,6 +35,7 @@ import torch
 
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel, base_model
+from ctxext.evaluation.settings import AttentionTask
 from ctxext.progress import progress
 from ctxext.rope.runtime import reset_dynamic_rope
 
@@ -56,12 +57,24 @@ class AttentionSettings:
             attends past its window).
     """
 
+    # The defaults are the declared ones (ctxext.evaluation.settings.AttentionTask, the suite section): one each.
     length: int | None = None
-    docs: int = 4
-    bands: list[float] = field(default_factory=lambda: [0.01, 0.1, 0.5])
-    sink_tokens: int = 4
+    docs: int = field(default_factory=lambda: _declared("docs"))
+    bands: list[float] = field(default_factory=lambda: _declared("bands"))
+    sink_tokens: int = field(default_factory=lambda: _declared("sink_tokens"))
     position_buckets: int = 8
     allow_beyond_context: bool = False
+
+    @classmethod
+    def of_section(cls, section: AttentionTask, length: int | None, allow_beyond: bool) -> AttentionSettings:
+        """The run of a suite's (or ``ctxext eval attention``'s) settings at a length in tokens (None: the context)."""
+        return cls(
+            length=length,
+            docs=section.docs,
+            bands=list(section.bands),
+            sink_tokens=section.sink_tokens,
+            allow_beyond_context=allow_beyond,
+        )
 
     def validate(self) -> None:
         """Raise :class:`InputError` for settings that cannot give sensible numbers."""
@@ -73,6 +86,10 @@ class AttentionSettings:
             raise InputError(f"attention bands {self.bands}: increasing fractions strictly between 0 and 1")
         if self.sink_tokens < 1 or self.position_buckets < 1:
             raise InputError("sink tokens and position buckets must be at least 1")
+
+
+def _declared(name: str) -> Any:
+    return AttentionTask.model_fields[name].get_default(call_default_factory=True)
 
 
 def band_labels(bands: list[float]) -> list[str]:

@@ -175,7 +175,7 @@ def export_lm_eval(
     from ctxext.models.load import load_tokenizer_and_config
     from ctxext.rope.read import read_rope
 
-    settings.validate()
+    settings.check()
     if not settings.lengths or min(settings.lengths) < 1:
         raise InputError("--lengths: give at least one positive length in tokens, e.g. --lengths 256,1024")
     out = check_output(out, EXPORT_KIND, overwrite)
@@ -216,7 +216,7 @@ def export_lm_eval(
             "context_length": context,
             "max_length": result.max_length,
             "command": command,
-            "settings": asdict(settings),
+            "settings": settings.model_dump(),
             "haystack": hay.name,
             "tags": result.tags,
             "tasks": [asdict(t) for t in result.tasks],

@@ -46,7 +46,7 @@ import torch
 from ctxext.errors import InputError
 from ctxext.evaluation.loading import LoadedModel, base_model
 from ctxext.evaluation.perplexity import check_lengths
-from ctxext.evaluation.settings import NeedleSettings, PasskeySettings
+from ctxext.evaluation.settings import NeedleSettings, PasskeySettings, RulerSuiteSettings
 from ctxext.evaluation.stats import wilson_interval
 from ctxext.progress import progress
 from ctxext.rope.runtime import reset_dynamic_rope
@@ -188,8 +188,10 @@ class GridSettings:
     chat_template: str = field(default_factory=lambda: _declared("chat_template"))
 
     @classmethod
-    def from_settings(cls, settings: PasskeySettings, lengths: list[int], allow_beyond_context: bool) -> GridSettings:
-        """The grid of a suite's (or a command's) passkey / needle settings, at lengths resolved in tokens."""
+    def from_settings(
+        cls, settings: PasskeySettings | RulerSuiteSettings, lengths: list[int], allow_beyond_context: bool
+    ) -> GridSettings:
+        """The grid of a suite's (or a command's) passkey / needle / ruler settings, at lengths resolved in tokens."""
         return cls(
             lengths=lengths,
             depths=list(settings.depths),
@@ -197,7 +199,8 @@ class GridSettings:
             seed=settings.seed,
             max_new_tokens=settings.max_new_tokens,
             answer_margin=settings.answer_margin,
-            allow_beyond_context=allow_beyond_context or settings.allow_beyond_context,
+            # A section without the key (ruler: the suite's) leaves it to the argument.
+            allow_beyond_context=allow_beyond_context or getattr(settings, "allow_beyond_context", False),
             scoring=settings.scoring,
             chat_template=settings.chat_template,
         )

@@ -38,8 +38,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from ctxext.errors import InputError
+from ctxext.evaluation.settings import MIN_DOCS, Length
+from ctxext.evaluation.stats import DEFAULT_RESAMPLES
 
-Length = int | str
 _TARGET: list[Length] = ["target"]  # typed (a bare lambda's list literal would be list[str])
 
 DEFINITION = (
@@ -57,8 +58,8 @@ class LongPPLSettings(BaseModel):
     data: str = Field(
         default="builtin:stdlib-long", description="documents: text file, folder, jsonl/parquet, Hub id, builtin:"
     )
-    text_field: str = "text"
-    split: str = "test"
+    text_field: str = Field(default="text", description="text column of table-like data")
+    split: str = Field(default="test", description="split of a Hub data set")
     lengths: list[Length] = Field(
         default_factory=_TARGET.copy, description="evaluation lengths (documents truncated to each)"
     )
@@ -74,9 +75,9 @@ class LongPPLSettings(BaseModel):
         default=None, description="label of the model that picks the key tokens (default: the reference model)"
     )
     max_docs: int = Field(default=20, gt=0, description="documents reaching the longest length")
-    min_docs: int = Field(default=3, gt=0, description="fewest documents (a bootstrap interval needs several)")
-    resamples: int = Field(default=1000, gt=0)
-    seed: int = 0
+    min_docs: int = Field(default=MIN_DOCS, gt=0, description="fewest documents (a bootstrap interval needs several)")
+    resamples: int = Field(default=DEFAULT_RESAMPLES, gt=0, description="bootstrap resamples for the 95% CIs")
+    seed: int = Field(default=0, description="bootstrap seed")
 
 
 def select_key_tokens(long_nll: Any, short_nll: Any, lsd_threshold: float, lcl_threshold: float) -> Any:

@@ -25,7 +25,6 @@ generations, :mod:`ctxext.evaluation.string_match`), as the section's ``scoring`
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from ctxext.errors import InputError
 from ctxext.evaluation.control import evaluate_control
 from ctxext.evaluation.grid import GridSettings, evaluate_task_grid, load_haystack
 from ctxext.evaluation.loading import LoadedModel
+from ctxext.evaluation.settings import RulerSuiteSettings, RulerTaskEntry
 from ctxext.tasks import get_task
 
 THRESHOLD_REFERENCES = ("original", "absolute")
@@ -44,76 +44,30 @@ NAMED_THRESHOLDS = {
 }
 
 
-@dataclass
-class RulerTaskSpec:
-    """One task of a RULER-style suite.
+# One task of a RULER-style evaluation: the section's declaration (its label: the name, else the task).
+RulerTaskSpec = RulerTaskEntry
+
+
+class RulerSettings(RulerSuiteSettings):
+    """A RULER-style evaluation: a suite's ``ruler:`` section (every key, its one default) at resolved lengths.
 
     Attributes:
-        task: a registered task name.
-        name: its label in the report (default: the task name); unique within the suite.
-        options: task options (e.g. ``{"distractors": 3}``).
-        templates: ``heldout`` (default), ``training``, ``all``, or template indices.
-    """
-
-    task: str
-    name: str | None = None
-    options: dict[str, int] = field(default_factory=dict)
-    templates: str | list[int] | None = None
-
-    @property
-    def label(self) -> str:
-        """The report label."""
-        return self.name or self.task
-
-
-@dataclass
-class RulerSettings:
-    """A RULER-style evaluation.
-
-    Attributes:
-        tasks: the tasks.
         lengths: sample lengths in tokens (the model's original length is added for the threshold).
-        depths: depths in percent.
-        trials: samples per (task, length, depth) cell.
-        seed: sample seed (the same samples for every model: paired trials).
-        haystack: data source for the haystack (``noise`` for the noise filler).
-        text_field: column of table-like sources.
-        split: split of a Hub data set.
-        templates: the default template choice for tasks that do not set one.
-        threshold: the effective-length threshold (a fraction).
-        threshold_reference: ``original`` (threshold × the model's score at its original length) or
-            ``absolute``.
-        min_reference: with ``original``: the least score at the original length for a task to get an
-            effective length (and count in the overall one).
-        scoring: ``teacher-forced``, ``generate`` or ``both`` (:class:`~ctxext.evaluation.grid.GridSettings`).
-        answer_margin: generation: tokens generated beyond the answer's length.
-        max_new_tokens: generation: tokens generated at least.
-        chat_template: ``auto``, ``none`` or a Jinja chat template file (:mod:`ctxext.tasks.chat`).
         allow_beyond_context: evaluate lengths above the model's context (marked).
-        control: also score each task's no-needle control (:func:`~ctxext.evaluation.control.evaluate_control`).
     """
 
-    tasks: list[RulerTaskSpec]
-    lengths: list[int]
-    depths: list[float] = field(default_factory=lambda: [10, 50, 90])
-    trials: int = 10
-    seed: int = 0
-    haystack: str = "builtin:stdlib"
-    text_field: str = "text"
-    split: str = "test"
-    templates: str | list[int] = "heldout"
-    threshold: float = 0.85
-    threshold_reference: str = "original"
-    min_reference: float = 0.25
-    scoring: str = "teacher-forced"
-    answer_margin: int = 8
-    max_new_tokens: int = 12
-    chat_template: str = "auto"
+    lengths: list[int]  # type: ignore[assignment]  # resolved: the section's relative lengths (2x) in tokens
     allow_beyond_context: bool = False
-    control: bool = False
 
-    def validate(self) -> None:
-        """Raise :class:`InputError` for a malformed suite section (unknown tasks, duplicate labels …)."""
+    @classmethod
+    def of_section(cls, section: RulerSuiteSettings, lengths: list[int], allow_beyond: bool) -> RulerSettings:
+        """The settings of a suite's validated ``ruler:`` section at lengths resolved in tokens."""
+        # Not validated again: the suite validated the section (a chat template against the suite's folders).
+        values = {**dict(section), "lengths": list(lengths), "allow_beyond_context": allow_beyond}
+        return cls.model_construct(**values)
+
+    def check(self) -> None:
+        """Raise :class:`InputError` for what the declaration cannot check: unknown tasks, duplicate labels …"""
         if not self.tasks:
             raise InputError("ruler: give at least one task (ruler.tasks)")
         labels = [t.label for t in self.tasks]
@@ -124,27 +78,11 @@ class RulerSettings:
             task = get_task(spec.task)
             task.resolve_options(spec.options)
             template_indices(spec.task, spec.templates or self.templates)
-        if not 0 <= self.min_reference <= 1:
-            raise InputError(f"ruler.min_reference {self.min_reference} must be a fraction in [0, 1]")
-        if not 0 < self.threshold <= 1:
-            raise InputError(f"ruler.threshold {self.threshold} must be a fraction in (0, 1]")
-        if self.threshold_reference not in THRESHOLD_REFERENCES:
-            raise InputError(f"ruler.threshold_reference {self.threshold_reference!r}: use original or absolute")
         self.grid([1], False).validate()
 
     def grid(self, lengths: list[int], allow_beyond: bool) -> GridSettings:
         """The retrieval-grid settings every task of the section runs with."""
-        return GridSettings(
-            lengths=lengths,
-            depths=list(self.depths),
-            trials=self.trials,
-            seed=self.seed,
-            scoring=self.scoring,
-            answer_margin=self.answer_margin,
-            max_new_tokens=self.max_new_tokens,
-            chat_template=self.chat_template,
-            allow_beyond_context=allow_beyond,
-        )
+        return GridSettings.from_settings(self, lengths, allow_beyond)
 
 
 def template_indices(task: str, choice: str | list[int]) -> list[int]:
@@ -285,7 +223,7 @@ def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: 
     Returns:
         The ``ruler`` section of a report: per-task grids, score by task × length, effective lengths.
     """
-    settings.validate()
+    settings.check()
     started = time.perf_counter()
     original = loaded.original_length
     # The original length is always evaluated: NoLiMa's threshold is relative to the score there.
@@ -327,8 +265,8 @@ def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: 
     mean_by, overall_by = _overall_by_scoring(by_scoring, tasks, lengths, original, settings.min_reference)
     return {
         "settings": {
-            **{k: v for k, v in settings.__dict__.items() if k != "tasks"},
-            "tasks": [s.__dict__ for s in settings.tasks],
+            **settings.model_dump(exclude={"tasks"}),
+            "tasks": [s.model_dump() for s in settings.tasks],
             "lengths": lengths,
         },
         "original_length": original,

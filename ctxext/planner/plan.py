@@ -224,7 +224,7 @@ def plan_recipe(
     *,
     num_gpus: int = 1,
     nodes: int = 1,
-    sharding: str | None = None,
+    sharding: str | None = "auto",
     loss: str = "chunked",
     utilization: float = DEFAULT_UTILIZATION,
     advise_changes: bool = True,
@@ -239,7 +239,8 @@ def plan_recipe(
         device: the device each process runs on (:mod:`ctxext.models.devices`).
         num_gpus: GPUs per node.
         nodes: nodes.
-        sharding: ``none`` / ``ddp``, ``fsdp2`` or ``zero3`` (default: FSDP2 with context parallelism, else none).
+        sharding: ``auto`` (FSDP2 with context parallelism, else none; ``None`` too), ``none`` / ``ddp``, ``fsdp2``
+            or ``zero3``.
         loss: ``chunked`` (what ctxext trains with) or ``full`` (full-length logits, for comparison).
         utilization: the fraction of the device's bf16 peak assumed for tokens/s.
         advise_changes: re-plan changes when the recipe does not fit.

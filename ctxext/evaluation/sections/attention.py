@@ -10,24 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from ctxext.evaluation.sections import SuiteSection, register_section
-from ctxext.evaluation.settings import Length
-
-
-class AttentionTask(BaseModel):
-    """Attention diagnostics (mass by distance band, beyond the original window, sinks, entropy)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    data: str = "builtin:stdlib"
-    text_field: str = "text"
-    split: str = "test"
-    length: Length = "target"
-    docs: int = Field(default=4, gt=0)
-    bands: list[float] = Field(default_factory=lambda: [0.01, 0.1, 0.5])
-    sink_tokens: int = Field(default=4, gt=0)
+from ctxext.evaluation.settings import AttentionTask, Length
 
 
 @register_section
@@ -57,13 +41,7 @@ class AttentionSection(SuiteSection):
         from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
         from ctxext.evaluation.data import iter_texts
 
-        measured = AttentionSettings(
-            length=lengths[0],
-            docs=settings.docs,
-            bands=list(settings.bands),
-            sink_tokens=settings.sink_tokens,
-            allow_beyond_context=beyond_context_ok,
-        )
+        measured = AttentionSettings.of_section(settings, lengths[0], beyond_context_ok)
         texts = iter_texts(settings.data, settings.text_field, settings.split)
         return evaluate_attention(loaded, texts, measured, show)
 

@@ -8,62 +8,10 @@ Paired statistics need no hook: each task's grid (``cells`` with ``outcomes``) i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from typing import Any
 
 from ctxext.evaluation.sections import SuiteSection, register_section
-from ctxext.evaluation.settings import CHAT_HELP, DEFAULT_LENGTHS, Length, Scoring, check_chat_choice
-
-# Typed defaults (a bare lambda's list literal would be inferred as list[str] / list[int]).
-_RULER_DEPTHS: list[float] = [10, 50, 90]
-
-
-TemplateChoice = Literal["heldout", "training", "all"] | list[int]
-
-
-class RulerTaskEntry(BaseModel):
-    """One task of the RULER-style section."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    task: str = Field(description="a registered task: needle, multikey, multivalue, multiquery, variable_tracking, …")
-    name: str | None = Field(default=None, description="label in the report (default: the task name)")
-    options: dict[str, int] = Field(default_factory=dict, description="task options, e.g. {distractors: 3}")
-    templates: TemplateChoice | None = None
-
-
-class RulerSuiteSettings(BaseModel):
-    """RULER-style synthetic tasks × lengths × depths, with effective length."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    @field_validator("chat_template")
-    @classmethod
-    def _chat_template(cls, value: str, info: ValidationInfo) -> str:
-        return check_chat_choice(value, info)
-
-    tasks: list[RulerTaskEntry] = Field(
-        description='registered tasks, each {task, name, options, templates}; as a flag, JSON: [{"task": "needle"}]'
-    )
-    lengths: list[Length] = Field(default_factory=DEFAULT_LENGTHS.copy)
-    depths: list[float] = Field(default_factory=_RULER_DEPTHS.copy)
-    trials: int = Field(default=10, gt=0)
-    seed: int = 0
-    haystack: str = Field(default="builtin:stdlib", description="haystack text source, or noise")
-    text_field: str = "text"
-    split: str = "test"
-    templates: TemplateChoice = "heldout"
-    threshold: float = Field(default=0.85, gt=0, le=1)
-    threshold_reference: Literal["original", "absolute"] = "original"
-    min_reference: float = Field(default=0.25, ge=0, le=1)
-    scoring: Scoring = "teacher-forced"
-    max_new_tokens: int = Field(default=12, gt=0, description="generation: tokens generated at least")
-    answer_margin: int = Field(default=8, ge=0, description="generation: tokens generated beyond the answer's length")
-    chat_template: str = Field(default="auto", description=CHAT_HELP)
-    control: bool = Field(
-        default=False, description="also score every task with its needles replaced by haystack text (chance rate)"
-    )
+from ctxext.evaluation.settings import RulerSuiteSettings
 
 
 @register_section
@@ -78,7 +26,9 @@ class RulerTasks(SuiteSection):
 
     def check(self, settings: Any) -> None:
         """Unknown tasks, options or templates fail when the suite loads."""
-        ruler_settings(settings, [1], False).validate()
+        from ctxext.evaluation.ruler import RulerSettings
+
+        RulerSettings.of_section(settings, [1], False).check()
 
     def describe_data(self, settings: Any) -> dict[str, Any] | None:
         """The haystack's source (nothing for noise)."""
@@ -92,9 +42,9 @@ class RulerTasks(SuiteSection):
         self, loaded: Any, settings: Any, lengths: list[int], beyond_context_ok: bool, show: bool
     ) -> dict[str, Any]:
         """Every task of one model (:func:`ctxext.evaluation.ruler.evaluate_ruler`)."""
-        from ctxext.evaluation.ruler import evaluate_ruler
+        from ctxext.evaluation.ruler import RulerSettings, evaluate_ruler
 
-        return evaluate_ruler(loaded, ruler_settings(settings, lengths, beyond_context_ok), show)
+        return evaluate_ruler(loaded, RulerSettings.of_section(settings, lengths, beyond_context_ok), show)
 
     def annotate(self, result: dict[str, Any], spec: Any) -> None:
         """Mark the tasks this model was fine-tuned on (from a run folder's recipe ``data.mixture``)."""
@@ -113,32 +63,6 @@ class RulerTasks(SuiteSection):
     def plots(self, plt: Any, models: list[dict[str, Any]], folder: Path) -> dict[str, str]:
         """``ruler_heatmap.png``: tasks × lengths per model, the effective length framed."""
         return {"ruler_heatmap": ruler_heatmap(plt, models, folder)}
-
-
-def ruler_settings(section: RulerSuiteSettings, lengths: list[int], allow_beyond: bool) -> Any:
-    """The :class:`~ctxext.evaluation.ruler.RulerSettings` of a suite's ``ruler`` section."""
-    from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec
-
-    return RulerSettings(
-        tasks=[RulerTaskSpec(t.task, t.name, dict(t.options), t.templates) for t in section.tasks],
-        lengths=lengths,
-        depths=list(section.depths),
-        trials=section.trials,
-        seed=section.seed,
-        haystack=section.haystack,
-        text_field=section.text_field,
-        split=section.split,
-        templates=section.templates,
-        threshold=section.threshold,
-        threshold_reference=section.threshold_reference,
-        min_reference=section.min_reference,
-        scoring=section.scoring,
-        max_new_tokens=section.max_new_tokens,
-        answer_margin=section.answer_margin,
-        chat_template=section.chat_template,
-        allow_beyond_context=allow_beyond,
-        control=section.control,
-    )
 
 
 def ruler_markdown(models: list[dict[str, Any]]) -> list[str]:
