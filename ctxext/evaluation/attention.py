@@ -233,7 +233,6 @@ class _Accumulator:
         ]
 
 
-@torch.no_grad()
 def _hook_for(acc: _Accumulator, layer: int, length: int) -> Callable[..., None]:
     # A forward pre-hook on one attention module: its rotated q and k give the attention probabilities,
     # computed in query blocks so that no full T x T matrix of every head is held at once.
@@ -299,7 +298,10 @@ def evaluate_attention(
             for ids in docs.ids:
                 acc.start_document()
                 reset_dynamic_rope(loaded.model)
-                decoder(input_ids=ids[None, :length].to(device), use_cache=False)
+                # No graph: the forward only feeds the hooks (a decorator on the hook factory did not cover it,
+                # so every layer's activations were kept for a backward pass that never comes).
+                with torch.inference_mode():
+                    decoder(input_ids=ids[None, :length].to(device), use_cache=False)
                 advance(1)
     finally:
         for h in handles:
