@@ -37,6 +37,9 @@ def deep_merge(a: dict, b: dict) -> None:
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     name, ov = sys.argv[1], json.loads(sys.argv[2])
     demo = DemoSettings()
     factor = ov.pop("factor", demo.factor)
