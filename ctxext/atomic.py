@@ -69,8 +69,8 @@ def check_output(out: str | Path, kind: str, overwrite: bool = False, flag: str 
         ``out`` as a path.
 
     Raises:
-        InputError: ``out`` is a file, the working folder (or one above it), not writable, a non-empty
-            folder without ``overwrite``, or a folder holding files ctxext did not write there.
+        InputError: ``out`` is a file, a symbolic link, the working folder (or one above it), not writable, a
+            non-empty folder without ``overwrite``, or a folder holding files ctxext did not write there.
     """
     out = Path(out)
     if str(out) in ("", ".") or _contains_cwd(out):
@@ -78,13 +78,10 @@ def check_output(out: str | Path, kind: str, overwrite: bool = False, flag: str 
             f"{flag} {out}: is the current folder (or contains it); ctxext writes a new folder there and will not "
             f"replace the one you are in. Choose a new folder name, e.g. {flag} results/NAME"
         )
+    if out.is_symlink():
+        _refuse_link(out, flag)
     if out.exists() and not out.is_dir():
         raise InputError(f"{flag} {out}: is a file, not a folder; choose a folder path that does not exist yet")
-    if out.is_symlink() and not out.exists():
-        raise InputError(
-            f"{flag} {out}: is a symbolic link to {out.readlink()}, which does not exist; remove the link or choose "
-            "another folder"
-        )
     if out.is_dir() and any(out.iterdir()):
         _check_replaceable(out, kind, overwrite, flag)
     parent = out.parent if str(out.parent) else Path(".")
@@ -95,6 +92,27 @@ def check_output(out: str | Path, kind: str, overwrite: bool = False, flag: str 
         what = "is a file" if not probe_from.is_dir() else "is not writable"
         raise InputError(f"{flag} {out}: {probe_from} {what}; choose an output folder in a writable place")
     return out
+
+
+def _refuse_link(out: Path, flag: str) -> None:
+    # A link as the output folder is refused, whatever it points to and whatever the flags: following it would
+    # write into (and with --overwrite replace) a folder the user named elsewhere, perhaps not one ctxext wrote;
+    # replacing the link would silently leave the output somewhere the user did not look. The real path is
+    # unambiguous, so the message gives it. Links above the output (runs/ -> /scratch/runs) are fine.
+    target = out.readlink()
+    if not out.exists():
+        raise InputError(
+            f"{flag} {out}: is a symbolic link to {target}, which does not exist; remove the link or choose "
+            "another folder"
+        )
+    # A flag or recipe key the user can change gets the real path; a fixed place (push's RUN/hub) only the removal.
+    fix = "Remove the link; ctxext makes a real folder there."
+    if flag.startswith("-") or "." in flag:
+        fix = f"Give the real path ({flag} {out.resolve()}) or remove the link."
+    raise InputError(
+        f"{flag} {out}: is a symbolic link to {target}; ctxext does not write through a link, so "
+        f"nothing was changed. {fix}"
+    )
 
 
 def _check_replaceable(out: Path, kind: str, overwrite: bool, flag: str) -> None:
@@ -175,10 +193,7 @@ def _atomic_folder(out: Path, kind: str, overwrite: bool, flag: str) -> Iterator
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             out.rename(old)
             tmp.rename(out)
-            if old.is_symlink():  # a link to a folder ctxext wrote: the link goes, the folder it named stays
-                old.unlink()
-            else:
-                shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
     except Exception as exc:  # a full disk surfaces as OSError, or wrapped by safetensors / torch writers
