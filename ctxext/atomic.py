@@ -183,7 +183,10 @@ def _atomic_folder(out: Path, kind: str, overwrite: bool, flag: str) -> Iterator
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     except OSError as exc:
-        raise InputError(f"{flag} {out}: cannot create it ({exc.strerror or exc}); choose a writable place") from None
+        reason = disk_full_message(flag, out, exc) if is_disk_full(exc) else None
+        raise InputError(
+            reason or f"{flag} {out}: cannot create it ({exc.strerror or exc}); choose a writable place"
+        ) from None
     try:
         yield tmp
         write_manifest(tmp, kind)
