@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -108,7 +109,7 @@ def _refuse_link(out: Path, flag: str) -> None:
     # A flag or recipe key the user can change gets the real path; a fixed place (push's RUN/hub) only the removal.
     fix = "Remove the link; ctxext makes a real folder there."
     if flag.startswith("-") or "." in flag:
-        fix = f"Give the real path ({flag} {out.resolve()}) or remove the link."
+        fix = f"Give the real path ({flag} {shlex.quote(str(out.resolve()))}) or remove the link."
     raise InputError(
         f"{flag} {out}: is a symbolic link to {target}; ctxext does not write through a link, so "
         f"nothing was changed. {fix}"

@@ -44,7 +44,7 @@ CASES = {
         ["search", "{ext}", "-t", "1024", "--out", "{fresh}"], ["{ext}"]
     ),
     "push --merged over a user's RUN/merged (no --overwrite on push)": Case(
-        ["push", "{run}", "--repo-id", "me/x", "--merged", "--dry-run"], ["merged"]
+        ["push", "{run}", "--repo-id", "me/x", "--merged", "--dry-run"], ["merged", "`ctxext merge '{run}' --out DIR`"]
     ),
     "merge into a user's folder (no eval example)": Case(
         ["merge", "{run}", "--out", "{mine}", "--overwrite"], ["{mine}"], ["for a report"]
@@ -136,7 +136,7 @@ def world(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
     (root / "afile").write_text("x")
-    run = root / "run"
+    run = root / "my runs" / "run"  # a space in the path: every command printed for it must survive pasting
     (run / "merged").mkdir(parents=True)
     (run / "merged" / "notes.txt").write_text("mine")
     info = {
@@ -194,7 +194,11 @@ def test_a_bad_invocation_gets_advice_that_works(name, world, tmp_path):
         assert not out.exists()  # a refusal writes nothing
     else:
         assert (out / case.keeps).is_file() and {p.name for p in out.iterdir()} == {case.keeps, OUTPUT_MARKER}
-    for command in re.findall(r"`(ctxext [^`]+)`", result.output.replace("\n", " ")):
-        # A printed command is one a shell reads back as written: quoted paths survive pasting.
-        if "{spaced}" in " ".join(case.args):
-            assert f"output.dir={values['spaced']}" in shlex.split(command), command
+    # A printed command is one a shell reads back as written: a path with a space in it stays one argument.
+    spaced = [v for v in values.values() if " " in v]
+    for command in re.findall(r"`(ctxext [^`]+)`", text):
+        words = shlex.split(command)
+        for path in spaced:
+            if path in command:  # printed: as one word (a path, key=path, or a file in it)
+                whole = [w for w in words if w.split("=", 1)[-1] == path or w.startswith(path + "/")]
+                assert whole, f"{name}: {path} does not survive pasting {command}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -140,7 +141,8 @@ def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
     hint = f" Re-planned to fit: {first.summary} ({' '.join(first.overrides) or first.launch})." if first else ""
     message = (
         f"the plan predicts {needed:.1f} GiB per process on {result.device.name} ({have:.1f} GiB): this run will "
-        f"probably run out of memory.{hint} The breakdown: `ctxext plan {path} --cpu` (or --gpu NAME)."
+        f"probably run out of memory.{hint} The breakdown: `ctxext plan {shlex.quote(str(path))} --cpu` "
+        "(or --gpu NAME)."
     )
     if strict:
         raise InputError(message + " (--strict: not started)")

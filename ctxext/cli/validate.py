@@ -8,6 +8,7 @@ exist) or never (a fine-tune that never sees a position beyond the original wind
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +81,13 @@ def _check_output_dir(recipe: Recipe, source: str, problems: list[tuple[str, str
     except InputError as exc:
         text = str(exc)
         if resume:  # its messages speak of train's --resume, which validate does not have
-            text = f"`ctxext train {source} --resume` would refuse it: " + text.removeprefix("--resume: ")
+            text = f"`ctxext train {shlex.quote(source)} --resume` would refuse it: " + text.removeprefix("--resume: ")
         problems.append(("output.dir", text.removeprefix("output.dir: ").removeprefix("output.dir ")))
         return
     if resume:
         warnings.append(
-            f"output.dir {out} holds an unfinished run of this recipe: `ctxext train {source} --resume` continues "
-            "it; a new run needs another output.dir"
+            f"output.dir {out} holds an unfinished run of this recipe: `ctxext train {shlex.quote(source)} --resume` "
+            "continues it; a new run needs another output.dir"
         )
 
 
