@@ -77,6 +77,12 @@ CASES = {
     "validate a recipe whose output.dir is a file": Case(
         ["validate", "{recipe}", "output.dir={afile}"], ["output.dir", "{afile}", "is a file"]
     ),
+    "train into a complete run (--resume would be refused)": Case(
+        ["train", "{recipe}", "output.dir={run}"], ["output.dir", "holds a complete run"], ["--resume"]
+    ),
+    "validate a recipe whose output.dir holds a complete run": Case(
+        ["validate", "{recipe}", "output.dir={run}"], ["output.dir", "holds a complete run"], ["--resume"]
+    ),
     "validate takes train's key=value overrides": Case(
         ["validate", "{recipe}", "train.micro_batch_size=0"], ["train.micro_batch_size"], ["does not exist"]
     ),

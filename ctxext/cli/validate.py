@@ -69,13 +69,12 @@ def _check_data(recipe: Recipe, problems: list[tuple[str, str]]) -> None:
 
 def _check_output_dir(recipe: Recipe, source: str, problems: list[tuple[str, str]], warnings: list[str]) -> None:
     # The same check `train` makes before loading anything, so that validate never passes what train refuses.
-    from ctxext.artifacts.run import RUN_FILE
     from ctxext.errors import InputError
     from ctxext.recipe.schema import dump_recipe
-    from ctxext.training.folder import check_output_dir
+    from ctxext.training.folder import check_output_dir, run_status
 
     out = Path(recipe.output.dir)
-    resume = (out / RUN_FILE).is_file()
+    resume = run_status(out) not in (None, "complete")  # an unfinished run: train --resume continues it
     try:
         check_output_dir(out, dump_recipe(recipe), resume=resume, search_folder=recipe.search_folder())
     except InputError as exc:
