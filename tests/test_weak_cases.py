@@ -63,6 +63,11 @@ CASES = {
         ["data.path", "would be ignored"],
     ),
     "a recipe key given twice": Case(["validate", "{dup}"], ["train: given twice (lines"]),
+    # A binary file given as a recipe or suite (it was a UnicodeDecodeError traceback).
+    "train a recipe that is not text": Case(["train", "{binary}"], ["{binary} is not UTF-8 text"]),
+    "eval run a suite that is not text": Case(
+        ["eval", "run", "{binary}", "--model", "{model}", "--out", "{fresh}"], ["{binary} is not UTF-8 text"]
+    ),
     "a task sample longer than train.seq_len": Case(
         ["validate", "{recipe}", "data.mixture=[{{task: passkey, weight: 1, min_length: 4096}}]",
          "data.path=builtin:stdlib"],
@@ -163,6 +168,8 @@ def world(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
     recipe.write_text(RECIPE.format(model=tiny_model_dir, fresh=root / "new-run") + "data:\n  path: builtin:stdlib\n")
     dup = root / "dup.yaml"
     dup.write_text(recipe.read_text() + "train:\n  seq_len: 256\n")
+    binary = root / "model.yaml"
+    binary.write_bytes(bytes(range(250, 256)) * 50)
     factors = root / "factors.json"
     factors.write_text(json.dumps({"short_factor": [0.5] * 8, "long_factor": [0.5] * 8}))
     good_run = shared_run(tmp_path_factory, tiny_model_dir)
@@ -172,7 +179,7 @@ def world(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
     bad_report.parent.mkdir()
     bad_report.write_text(json.dumps(report))
     paths = dict(model=tiny_model_dir, ext=ext, mine=mine, afile=root / "afile", run=run, spaced=spaced)
-    paths |= dict(recipe=recipe, dup=dup, factors=factors, good_run=good_run, bad_report=bad_report)
+    paths |= dict(recipe=recipe, dup=dup, binary=binary, factors=factors, good_run=good_run, bad_report=bad_report)
     return {k: str(v) for k, v in paths.items()}
 
 
