@@ -114,6 +114,14 @@ CASES = {
         ["extend", "{model}", "-m", "longrope", "-t", "1024", "-o", "{fresh}", "--factors-file", "{factors}"],
         ["short_factor", "long_factor", ">= 1"],
     ),
+    "a factors file that is not text": Case(
+        ["extend", "{model}", "-m", "longrope", "-t", "1024", "-o", "{fresh}", "--factors-file", "{binary}"],
+        ["factors_file", "{binary} is not UTF-8 text"],
+    ),
+    "a factors file holding a list": Case(
+        ["extend", "{model}", "-m", "longrope", "-t", "1024", "-o", "{fresh}", "--factors-file", "{listed}"],
+        ["factors_file", "{listed} must hold a JSON object"],
+    ),
     "a search budget spent before the first candidate": Case(
         ["search", "{model}", "-t", "512", "--out", "{fresh}", "--budget", "0.01s", "--objective", "far-ppl"],
         ["budget", "--budget 10m", "--resume"],
@@ -172,6 +180,8 @@ def world(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
     binary.write_bytes(bytes(range(250, 256)) * 50)
     factors = root / "factors.json"
     factors.write_text(json.dumps({"short_factor": [0.5] * 8, "long_factor": [0.5] * 8}))
+    listed = root / "listed.json"
+    listed.write_text(json.dumps([[1.0] * 8, [2.0] * 8]))
     good_run = shared_run(tmp_path_factory, tiny_model_dir)
     report = json.loads((good_run / "eval" / "report.json").read_text())
     assert _set_first(report, "ppl", -5.0)
@@ -179,7 +189,8 @@ def world(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
     bad_report.parent.mkdir()
     bad_report.write_text(json.dumps(report))
     paths = dict(model=tiny_model_dir, ext=ext, mine=mine, afile=root / "afile", run=run, spaced=spaced)
-    paths |= dict(recipe=recipe, dup=dup, binary=binary, factors=factors, good_run=good_run, bad_report=bad_report)
+    paths |= dict(recipe=recipe, dup=dup, binary=binary, factors=factors, listed=listed)
+    paths |= dict(good_run=good_run, bad_report=bad_report)
     return {k: str(v) for k, v in paths.items()}
 
 
