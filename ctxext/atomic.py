@@ -9,7 +9,6 @@ it: a user's own files, a model folder or a training run are never deleted, what
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shlex
@@ -20,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ctxext.artifacts.lock import folder_lock
-from ctxext.errors import InputError
+from ctxext.errors import InputError, disk_full_message, is_disk_full
 
 OUTPUT_MARKER = ".ctxext-output.json"
 # Files whose presence says "this folder is someone's model / training run": named in the refusal.
@@ -233,48 +232,3 @@ def check_inputs_outside(out: str | Path, inputs: list[str | Path], flag: str = 
                 f"{flag} {out}: is (or contains) the input {ref}; writing there would replace it. Write the "
                 f"output to a new folder instead{example}."
             )
-
-
-# errno values meaning "no room left": the disk is full, or the user's quota is used up.
-_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
-# How libraries that wrap the OS error (safetensors' Rust writer, torch's zip writer) spell the same thing.
-_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "StorageFull", "os error 28")
-
-
-# Less free space than this where a write just failed: the disk is full, whatever the error says.
-_NEARLY_FULL = 1 << 20
-
-
-def is_disk_full(exc: BaseException, where: str | Path | None = None) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) says the disk or the quota is full.
-
-    Args:
-        exc: the exception a write raised.
-        where: the folder written to. Some writers lose the errno (torch's checkpoint writer raises
-            ``RuntimeError: basic_ios::clear: iostream error`` on a full disk): a failed write to a file
-            system with under 1 MiB free counts as a full disk.
-    """
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in _DISK_FULL:
-            return True
-        if any(text in str(seen) for text in _DISK_FULL_TEXT):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    if where is None:
-        return False
-    try:
-        usage = shutil.disk_usage(where)
-    except OSError:
-        return False
-    return usage.free < _NEARLY_FULL
-
-
-def disk_full_message(flag: str, out: str | Path, exc: BaseException) -> str:
-    """The one message for a write that ran out of space (nothing of the partial output is left)."""
-    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "no space left on device"
-    return (
-        f"{flag} {out}: the disk filled up while writing ({reason}); the partial output was removed and any "
-        f"previous {out} is untouched. Free some space (or choose another {flag} on a larger disk) and run the "
-        "command again."
-    )

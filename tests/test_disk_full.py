@@ -22,9 +22,9 @@ from _train_helpers import ROOT, env, write_recipe
 from typer.testing import CliRunner
 
 from ctxext.artifacts.lock import lock_path
-from ctxext.atomic import OUTPUT_MARKER, atomic_folder, is_disk_full
+from ctxext.atomic import OUTPUT_MARKER, atomic_folder
 from ctxext.cli.commands import app
-from ctxext.errors import InputError
+from ctxext.errors import InputError, is_disk_full
 
 runner = CliRunner()
 

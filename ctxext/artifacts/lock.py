@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ctxext.errors import InputError
+from ctxext.errors import InputError, disk_full_message, is_disk_full
 
 LOCK_SUFFIX = ".ctxext-lock"
 # A lock file is created empty and written at once; one still empty this long after creation lost its writer.
@@ -102,8 +102,6 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 def _disk_full(flag: str, folder: Path, exc: OSError) -> str | None:
     """The one full-disk message when the lock file found no room (the disk was full before the command began)."""
-    from ctxext.atomic import disk_full_message, is_disk_full  # atomic imports this module
-
     return disk_full_message(flag, folder, exc) if is_disk_full(exc) else None
 
 

@@ -97,7 +97,7 @@ def run_search(
                 exit_code=getattr(exc, "exit_code", 130),
             ) from None
         except Exception as exc:  # a full disk: the log written so far stays, to resume from
-            from ctxext.atomic import is_disk_full
+            from ctxext.errors import is_disk_full
 
             if not is_disk_full(exc, settings.out.parent):
                 raise
@@ -106,7 +106,8 @@ def run_search(
 
 def _disk_full_message(settings: SearchSettings, exc: BaseException) -> str:
     """What to do after the disk filled up during a search: resume from its log, or (no log yet) run it again."""
-    from ctxext.atomic import OUTPUT_MARKER, disk_full_message, read_manifest
+    from ctxext.atomic import OUTPUT_MARKER, read_manifest
+    from ctxext.errors import disk_full_message
     from ctxext.search.log import read_log
 
     out, log_path = settings.out, settings.out / LOG_NAME

@@ -19,8 +19,8 @@ from typing import Any
 
 from ctxext.artifacts.lock import LOCK_SUFFIX, folder_lock
 from ctxext.artifacts.run import RUN_FILE, read_run, resume_command
-from ctxext.atomic import check_output, is_disk_full
-from ctxext.errors import InputError
+from ctxext.atomic import check_output
+from ctxext.errors import InputError, is_disk_full
 from ctxext.recipe.schema import Recipe
 
 METRICS_FILE = "metrics.jsonl"
