@@ -26,6 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seq-lens", default="256,1024")
     parser.add_argument("--rows", type=int, default=8)

@@ -202,6 +202,9 @@ def _run(method: str, args: argparse.Namespace, **overrides) -> dict:
 
 def main() -> None:
     """Run every method, print and write the table."""
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--lengths", default="512,1024,2048,4096")

@@ -239,6 +239,9 @@ def markdown(payload: dict[str, Any]) -> str:
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     from ctxext.cli.demo import RECIPE
     from ctxext.recipe.schema import load_recipe

@@ -428,6 +428,9 @@ def parse(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     s, args = parse(argv)
     torch.set_num_threads(s.threads)
     torch.manual_seed(s.seed)

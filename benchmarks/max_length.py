@@ -166,6 +166,9 @@ def table(results: dict[tuple[str, int], dict], lengths: list[int]) -> str:
 
 def main() -> None:
     """Parse arguments; run the children (or be one)."""
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536])
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))

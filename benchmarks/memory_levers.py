@@ -117,6 +117,9 @@ def predict(folder: str, length: int, cell: str) -> float:
 
 def main() -> None:
     """Measure every cell, one fresh process at a time, and write the table."""
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--length", type=int, default=8192)

@@ -298,6 +298,9 @@ def render(reports: dict[int, dict[str, Any]], args: argparse.Namespace, timings
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--factors", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)

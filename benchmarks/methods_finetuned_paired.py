@@ -25,6 +25,9 @@ REFERENCE = "yarn"
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     from ctxext.evaluation.loading import ModelSpec
     from ctxext.evaluation.suite import run_suite
 

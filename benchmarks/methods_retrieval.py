@@ -32,6 +32,9 @@ def _acc(e: dict) -> str:
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--factors", default="4,8")
     parser.add_argument("--methods", default=",".join(METHODS))

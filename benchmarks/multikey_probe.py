@@ -45,6 +45,9 @@ def _samples(tok, hay, length: int, distractors: int, trials: int, seed: int):
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", action="append", required=True)
     parser.add_argument("--lengths", default="64")

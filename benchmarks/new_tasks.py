@@ -35,6 +35,9 @@ DEPTHS = [10, 50, 90]
 
 def main() -> None:
     """Score every model on every task and write the paired comparison."""
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--demo", type=Path, required=True, help="the folder `ctxext demo --out` wrote")
     ap.add_argument("--base", default="builtin:grown-code-64-mk")

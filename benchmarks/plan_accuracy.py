@@ -241,6 +241,9 @@ def live_table(store: dict, bench_dir: str) -> str:
 
 def main() -> None:
     """Parse arguments; measure (or be a child), then write the comparison."""
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))

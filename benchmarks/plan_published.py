@@ -178,6 +178,9 @@ def predict(case: Case):
 
 def main() -> None:
     """Plan every case and write the table."""
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     rows = [
         "| source | setting | published | planned | difference |",
         "| --- | --- | --- | --- | ---: |",

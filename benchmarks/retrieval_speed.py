@@ -103,6 +103,9 @@ def _profile(lm, grid, task, hay, repeats: int) -> dict[str, float | bool]:
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default="none,yarn,llama3", help="none = the base model; static RoPE only")
     parser.add_argument("--lengths", default="64,128,256")

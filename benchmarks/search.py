@@ -313,6 +313,9 @@ def scan_attention(folder: Path, values: list[float], trials: int) -> str:
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--factors", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--budget", default="10m")

@@ -416,6 +416,9 @@ def report(store: dict, args: argparse.Namespace, searches: dict) -> str:
 
 def main() -> None:
     """Parse arguments; be a worker rank, or measure every cell, search the longest lengths and write the page."""
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--length", type=int, default=8192, help="the length of the 1-process vs N=2 cells")
     parser.add_argument("--repeats", type=int, default=2, help="timed steps per cell")

@@ -223,6 +223,9 @@ def _spawn(kind: str, length: int, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     """Run the comparison and write the Markdown table."""
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--steps", type=int, default=3)

@@ -9,9 +9,9 @@ it: a user's own files, a model folder or a training run are never deleted, what
 
 from __future__ import annotations
 
-import errno
 import json
 import os
+import shlex
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ctxext.artifacts.lock import folder_lock
-from ctxext.errors import InputError
+from ctxext.errors import InputError, disk_full_message, is_disk_full
 
 OUTPUT_MARKER = ".ctxext-output.json"
 # Files whose presence says "this folder is someone's model / training run": named in the refusal.
@@ -69,8 +69,8 @@ def check_output(out: str | Path, kind: str, overwrite: bool = False, flag: str 
         ``out`` as a path.
 
     Raises:
-        InputError: ``out`` is a file, the working folder (or one above it), not writable, a non-empty
-            folder without ``overwrite``, or a folder holding files ctxext did not write there.
+        InputError: ``out`` is a file, a symbolic link, the working folder (or one above it), not writable, a
+            non-empty folder without ``overwrite``, or a folder holding files ctxext did not write there.
     """
     out = Path(out)
     if str(out) in ("", ".") or _contains_cwd(out):
@@ -78,13 +78,10 @@ def check_output(out: str | Path, kind: str, overwrite: bool = False, flag: str 
             f"{flag} {out}: is the current folder (or contains it); ctxext writes a new folder there and will not "
             f"replace the one you are in. Choose a new folder name, e.g. {flag} results/NAME"
         )
+    if out.is_symlink():
+        _refuse_link(out, flag)
     if out.exists() and not out.is_dir():
         raise InputError(f"{flag} {out}: is a file, not a folder; choose a folder path that does not exist yet")
-    if out.is_symlink() and not out.exists():
-        raise InputError(
-            f"{flag} {out}: is a symbolic link to {out.readlink()}, which does not exist; remove the link or choose "
-            "another folder"
-        )
     if out.is_dir() and any(out.iterdir()):
         _check_replaceable(out, kind, overwrite, flag)
     parent = out.parent if str(out.parent) else Path(".")
@@ -95,6 +92,27 @@ def check_output(out: str | Path, kind: str, overwrite: bool = False, flag: str 
         what = "is a file" if not probe_from.is_dir() else "is not writable"
         raise InputError(f"{flag} {out}: {probe_from} {what}; choose an output folder in a writable place")
     return out
+
+
+def _refuse_link(out: Path, flag: str) -> None:
+    # A link as the output folder is refused, whatever it points to and whatever the flags: following it would
+    # write into (and with --overwrite replace) a folder the user named elsewhere, perhaps not one ctxext wrote;
+    # replacing the link would silently leave the output somewhere the user did not look. The real path is
+    # unambiguous, so the message gives it. Links above the output (runs/ -> /scratch/runs) are fine.
+    target = out.readlink()
+    if not out.exists():
+        raise InputError(
+            f"{flag} {out}: is a symbolic link to {target}, which does not exist; remove the link or choose "
+            "another folder"
+        )
+    # A flag or recipe key the user can change gets the real path; a fixed place (push's RUN/hub) only the removal.
+    fix = "Remove the link; ctxext makes a real folder there."
+    if flag.startswith("-") or "." in flag:
+        fix = f"Give the real path ({flag} {shlex.quote(str(out.resolve()))}) or remove the link."
+    raise InputError(
+        f"{flag} {out}: is a symbolic link to {target}; ctxext does not write through a link, so "
+        f"nothing was changed. {fix}"
+    )
 
 
 def _check_replaceable(out: Path, kind: str, overwrite: bool, flag: str) -> None:
@@ -165,7 +183,10 @@ def _atomic_folder(out: Path, kind: str, overwrite: bool, flag: str) -> Iterator
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     except OSError as exc:
-        raise InputError(f"{flag} {out}: cannot create it ({exc.strerror or exc}); choose a writable place") from None
+        reason = disk_full_message(flag, out, exc) if is_disk_full(exc) else None
+        raise InputError(
+            reason or f"{flag} {out}: cannot create it ({exc.strerror or exc}); choose a writable place"
+        ) from None
     try:
         yield tmp
         write_manifest(tmp, kind)
@@ -175,10 +196,7 @@ def _atomic_folder(out: Path, kind: str, overwrite: bool, flag: str) -> Iterator
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             out.rename(old)
             tmp.rename(out)
-            if old.is_symlink():  # a link to a folder ctxext wrote: the link goes, the folder it named stays
-                old.unlink()
-            else:
-                shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
     except Exception as exc:  # a full disk surfaces as OSError, or wrapped by safetensors / torch writers
@@ -214,48 +232,3 @@ def check_inputs_outside(out: str | Path, inputs: list[str | Path], flag: str = 
                 f"{flag} {out}: is (or contains) the input {ref}; writing there would replace it. Write the "
                 f"output to a new folder instead{example}."
             )
-
-
-# errno values meaning "no room left": the disk is full, or the user's quota is used up.
-_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
-# How libraries that wrap the OS error (safetensors' Rust writer, torch's zip writer) spell the same thing.
-_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "StorageFull", "os error 28")
-
-
-# Less free space than this where a write just failed: the disk is full, whatever the error says.
-_NEARLY_FULL = 1 << 20
-
-
-def is_disk_full(exc: BaseException, where: str | Path | None = None) -> bool:
-    """Whether ``exc`` (or an exception it was raised from) says the disk or the quota is full.
-
-    Args:
-        exc: the exception a write raised.
-        where: the folder written to. Some writers lose the errno (torch's checkpoint writer raises
-            ``RuntimeError: basic_ios::clear: iostream error`` on a full disk): a failed write to a file
-            system with under 1 MiB free counts as a full disk.
-    """
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in _DISK_FULL:
-            return True
-        if any(text in str(seen) for text in _DISK_FULL_TEXT):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    if where is None:
-        return False
-    try:
-        usage = shutil.disk_usage(where)
-    except OSError:
-        return False
-    return usage.free < _NEARLY_FULL
-
-
-def disk_full_message(flag: str, out: str | Path, exc: BaseException) -> str:
-    """The one message for a write that ran out of space (nothing of the partial output is left)."""
-    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "no space left on device"
-    return (
-        f"{flag} {out}: the disk filled up while writing ({reason}); the partial output was removed and any "
-        f"previous {out} is untouched. Free some space (or choose another {flag} on a larger disk) and run the "
-        "command again."
-    )

@@ -92,3 +92,25 @@ def test_mcnemar_keeps_the_benchmarks_keys(monkeypatch) -> None:
     a = [1] * 6 + [0] + [1, 0, 1]
     b = [0] * 6 + [1] + [1, 0, 1]
     assert common.mcnemar_vs_reference(a, b) == {"only_this": 6, "only_reference": 1, "p_value": 0.125}
+
+
+def _first_call(main: ast.FunctionDef) -> str | None:
+    """The function the first statement of ``main`` calls, its docstring and imports skipped."""
+    body = [
+        s for s in main.body[1 if ast.get_docstring(main) else 0 :] if not isinstance(s, ast.Import | ast.ImportFrom)
+    ]
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Call) and isinstance(first.value.func, ast.Name):
+        return first.value.func.id
+    return None
+
+
+@pytest.mark.parametrize("path", [p for p in SCRIPTS if not p.name.startswith("_")], ids=_id)
+def test_benchmark_silences_third_party_noise_first(path: Path) -> None:
+    # The CLI's silencer, before the script parses arguments or loads a library: otherwise transformers'
+    # advisory notes and progress bars bury the numbers the script prints.
+    tree = ast.parse(path.read_text(), str(path))
+    (main,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+    assert _first_call(main) == "quiet_third_party", (
+        f"{_id(path)}: main() does not start with quiet_third_party() (from ctxext.cli.quiet)"
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -21,9 +22,9 @@ from _train_helpers import ROOT, env, write_recipe
 from typer.testing import CliRunner
 
 from ctxext.artifacts.lock import lock_path
-from ctxext.atomic import OUTPUT_MARKER, atomic_folder, is_disk_full
+from ctxext.atomic import OUTPUT_MARKER, atomic_folder
 from ctxext.cli.commands import app
-from ctxext.errors import InputError
+from ctxext.errors import InputError, is_disk_full
 
 runner = CliRunner()
 
@@ -79,16 +80,17 @@ def test_extend_onto_a_full_disk(small_disk, tiny_model_dir):
     assert not lock_path(out).exists()
 
 
-def _fill(disk: Path) -> Path:
-    """Fill ``disk`` until the file system refuses (what another job writing logs does)."""
+def _fill(disk: Path, leave: int = 0) -> Path:
+    """Fill ``disk`` until the file system refuses (what another job writing logs does), then free ``leave`` bytes."""
     filler = disk / "filler.bin"
-    with open(filler, "wb") as f:
+    with open(filler, "wb", buffering=0) as f:  # unbuffered: nothing left to flush (and fail) on close
         try:
             while True:
-                f.write(b"\0" * 65536)
-                f.flush()
+                f.write(b"\0" * 4096)
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
+    if leave:
+        os.truncate(filler, max(0, filler.stat().st_size - leave))
     return filler
 
 
@@ -130,3 +132,52 @@ def test_training_on_a_disk_that_fills_up_stays_resumable(small_disk, tmp_path, 
     assert done.returncode == 0, done.stderr
     info = json.loads((out / "run.json").read_text())
     assert info["status"] == "complete" and info["steps"] == 10
+
+
+# Every other writing command, run onto a disk that is already full (another job's logs filled it), or with room
+# for a few small files only: `{disk}` is that disk, `{run}` a trained run (`{run_on_disk}`: a copy of it on the
+# disk), `{model}` the tiny model. The last argument on the disk is the output each message must name.
+FULL_DISK_CASES = {
+    "eval ppl": ["eval", "ppl", "--model", "{model}", "--lengths", "32", "--data", "{text}", "--min-docs", "1",
+                 "--resamples", "10", "--no-short-context", "-q", "--out", "{disk}/report"],
+    "merge": ["merge", "{run}", "--out", "{disk}/merged", "--smoke-length", "64", "--sequences", "1"],
+    "export": ["export", "{run}", "--for", "vllm", "--out", "{disk}/served"],
+    "search": ["search", "{model}", "-t", "512", "--out", "{disk}/searched", "--generations", "1", "--population", "4",
+               "--objective", "far-ppl", "--samples", "8", "--no-report"],
+    "tasks export": ["tasks", "export", "{disk}/tasks", "--model", "{model}", "--tasks", "passkey", "--lengths", "256",
+                     "--trials", "20", "--depths", "50"],
+    "push staging": ["push", "{run_on_disk}", "--repo-id", "me/x", "--dry-run"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("room", [0, 16 * 1024], ids=["full", "16k-free"])
+@pytest.mark.parametrize("case", list(FULL_DISK_CASES))
+def test_every_writing_command_on_a_full_disk(case, room, small_disk, tmp_path_factory, tiny_model_dir, tmp_path):
+    from _hub_helpers import copy_run, shared_run
+
+    text = tmp_path / "doc.txt"
+    text.write_text(" ".join(f"line {i} of a plain document" for i in range(400)))
+    disk = small_disk("4m")  # above the 1 MiB under which any failed write counts as a full disk
+    values: dict[str, Path] = {"model": tiny_model_dir, "text": text, "disk": disk}
+    if "{run" in " ".join(FULL_DISK_CASES[case]):
+        values["run"] = shared_run(tmp_path_factory, tiny_model_dir)
+        values["run_on_disk"] = copy_run(values["run"], disk / "run")
+    before = sorted(disk.rglob("*"))
+    filler = _fill(disk, leave=room)
+    args = [a.format(**values) for a in FULL_DISK_CASES[case]]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    out = Path([a for a in args if a.startswith(str(disk))][-1])
+    out = out / "hub" if case == "push staging" else out  # push stages the card and files in RUN/hub
+    assert f"{out}: the disk filled up" in flat(result.output), result.output
+    if "--resume" not in result.output:
+        # No partial folder, no temporary sibling, no lock; what was on the disk before is all that is there.
+        assert sorted(disk.rglob("*")) == sorted([*before, filler])
+        return
+    # A search that had begun keeps its log and says so; once there is room, --resume finishes it.
+    assert case == "search" and (out / "search.jsonl").is_file() and not lock_path(out).exists()
+    filler.unlink()
+    resumed = runner.invoke(app, [*args, "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert (out / "config.json").is_file()

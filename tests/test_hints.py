@@ -10,6 +10,7 @@ RoPE planner) must not hand one command's advice to another.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from pathlib import Path
@@ -38,12 +39,18 @@ COMMAND_SPAN = re.compile(r"ctxext\s+(" + "|".join(re.escape(c) for c in reverse
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
-def options(command: str) -> set[str]:
-    """Every long option of ``ctxext COMMAND`` (``eval ppl`` for a subcommand), as ``--help`` lists them."""
+@functools.cache
+def options(command: str) -> frozenset[str]:
+    """Every long option of ``ctxext COMMAND`` (``eval ppl`` for a subcommand), as ``--help`` lists them.
+
+    Read from the command's ``get_params``, which ``--help`` lists: the settings and RoPE-method options
+    (``--budget``, ``--allow-beyond-context``, ``--beta-fast``) are generated there, so ``params`` alone misses them.
+    """
     cmd = CLI
     for part in command.split():
         cmd = cmd.commands[part]
-    return {o for p in cmd.params for o in [*p.opts, *p.secondary_opts] if o.startswith("--")} | {"--help"}
+    params = cmd.get_params(cmd.make_context(command, ["--help"], resilient_parsing=True))
+    return frozenset({o for p in params for o in [*p.opts, *p.secondary_opts] if o.startswith("--")} | {"--help"})
 
 
 def spans(text: str) -> list[tuple[str, list[str]]]:

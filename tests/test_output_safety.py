@@ -287,3 +287,64 @@ def test_search_overwrite_never_deletes_a_foreign_folder(tiny_model_dir, user_fo
         assert result.exit_code == 2, result.output
     assert "a folder ctxext did not write" in flat(result)
     assert hashes(user_folder) == before
+
+
+# --- an output folder that is a symbolic link ---------------------------------------------------
+
+# Each writing command family, with --overwrite where it has one: a link as the output is refused before any work.
+LINKED_OUTPUT = {
+    "extend": ["extend", "{model}", "-m", "linear", "-t", "512", "-o", "{link}", "--overwrite"],
+    "eval ppl": ["eval", "ppl", "--model", "{model}", "--out", "{link}", "--overwrite"],
+    "merge": ["merge", "{run}", "--out", "{link}", "--overwrite"],
+    "export": ["export", "{run}", "--for", "vllm", "--out", "{link}", "--overwrite"],
+    "search": ["search", "{model}", "-t", "1024", "--out", "{link}", "--overwrite", "--budget", "5s"],
+    "tasks export": ["tasks", "export", "{link}", "--model", "{model}", "--tasks", "passkey", "--lengths", "128"],
+    "train": ["train", "{recipe}", "output.dir={link}"],
+}
+
+
+@pytest.mark.parametrize("command", list(LINKED_OUTPUT))
+def test_an_output_that_is_a_symlink_is_refused_with_the_real_path(command, tmp_path, fake_run, tiny_model_dir):
+    real = tmp_path / "elsewhere" / "target"
+    real.mkdir(parents=True)
+    link = tmp_path / "out-link"
+    link.symlink_to(real, target_is_directory=True)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model:\n  path: {tiny_model_dir}\nrope:\n  method: yarn\n  target_length: 512\n"
+        "data:\n  path: builtin:stdlib\ntrain:\n  max_steps: 1\n  seq_len: 512\n"
+    )
+    values = {"model": tiny_model_dir, "run": fake_run, "link": link, "recipe": recipe}
+    result = run(*[a.format(**values) for a in LINKED_OUTPUT[command]])
+    assert result.exit_code == 2, result.output
+    text = flat(result)
+    assert f"{link}: is a symbolic link to {real}" in text and "Give the real path (" in text, text
+    assert "Traceback" not in result.output
+    assert link.is_symlink() and list(real.iterdir()) == []  # neither the link nor its target was touched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "out-link", "r.yaml", "runs"]
+
+
+def test_push_refuses_a_staging_folder_that_is_a_symlink(tmp_path_factory, tiny_model_dir, tmp_path):
+    from _hub_helpers import copy_run, shared_run
+
+    run_dir = copy_run(shared_run(tmp_path_factory, tiny_model_dir), tmp_path / "run")
+    real = tmp_path / "cards"
+    real.mkdir()
+    (run_dir / "hub").symlink_to(real, target_is_directory=True)
+    result = run("push", run_dir, "--repo-id", "me/x", "--dry-run")
+    assert result.exit_code == 2, result.output
+    assert f"staging folder {run_dir / 'hub'}: is a symbolic link to {real}" in flat(result), result.output
+    assert "Remove the link" in flat(result) and (run_dir / "hub").is_symlink() and list(real.iterdir()) == []
+
+
+def test_a_link_to_a_folder_ctxext_wrote_is_refused_too(tmp_path):
+    real = tmp_path / "report"
+    with atomic_folder(real, kind="report") as tmp:
+        (tmp / "report.json").write_text("{}")
+    link = tmp_path / "latest"
+    link.symlink_to(real)
+    with pytest.raises(InputError, match=r"is a symbolic link to .*Give the real path \(--out .*report\)"):
+        check_output(link, "report", overwrite=True)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "scratch").symlink_to(tmp_path / "runs")
+    assert check_output(tmp_path / "scratch" / "r1", "report") == tmp_path / "scratch" / "r1"  # a link above is fine

@@ -72,7 +72,8 @@ def test_train_runs_the_search_first_resumably_and_records_it(tmp_path):
 
     # A second run into the same folder is refused (it is a complete run), before any search work.
     again = runner.invoke(app, ["train", str(path)])
-    assert again.exit_code == 2 and "already exists and is not empty" in again.output
+    text = " ".join(again.output.split())
+    assert again.exit_code == 2 and "holds a complete run" in text and "--resume" not in text, text
 
 
 def test_search_needs_an_empty_run_folder_and_one_process(tmp_path, monkeypatch):

@@ -42,6 +42,9 @@ KNOBS = {"lr": "train.learning_rate", "short": "data.short_fraction"}
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     name, ov = sys.argv[1], json.loads(sys.argv[2])
     factor = ov.pop("factor", 4)
     pose = ov.pop("pose", False)

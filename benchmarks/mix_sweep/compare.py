@@ -14,6 +14,9 @@ from benchmarks._common import mcnemar_vs_reference  # noqa: E402
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     import numpy as np
 
     from ctxext.evaluation.stats import paired_ppl_ratio

@@ -23,6 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     import torch
 
     from ctxext.evaluation.answer_scoring import score_answers

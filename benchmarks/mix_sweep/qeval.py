@@ -23,6 +23,9 @@ DEPTHS = [0, 25, 50, 75, 100]
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     import numpy as np
     import torch
     from transformers import AutoTokenizer

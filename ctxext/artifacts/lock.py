@@ -31,7 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ctxext.errors import InputError
+from ctxext.errors import InputError, disk_full_message, is_disk_full
 
 LOCK_SUFFIX = ".ctxext-lock"
 # A lock file is created empty and written at once; one still empty this long after creation lost its writer.
@@ -98,6 +98,11 @@ def _read(path: Path) -> dict[str, Any] | None:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def _disk_full(flag: str, folder: Path, exc: OSError) -> str | None:
+    """The one full-disk message when the lock file found no room (the disk was full before the command began)."""
+    return disk_full_message(flag, folder, exc) if is_disk_full(exc) else None
 
 
 def describe_holder(holder: dict[str, Any]) -> str:
@@ -172,14 +177,19 @@ def _acquire(path: Path, flag: str, folder: Path, command: str | None, note: Cal
             continue
         except OSError as exc:
             raise InputError(
-                f"{flag} {folder}: cannot create its lock file {path} ({exc.strerror or exc}); choose a writable place"
+                _disk_full(flag, folder, exc)
+                or f"{flag} {folder}: cannot create its lock file {path} ({exc.strerror or exc}); "
+                "choose a writable place"
             ) from None
         try:
             os.write(fd, _record(command))
         except OSError as exc:
             os.close(fd)
             path.unlink(missing_ok=True)
-            raise InputError(f"{flag} {folder}: cannot write its lock file {path} ({exc.strerror or exc})") from None
+            raise InputError(
+                _disk_full(flag, folder, exc)
+                or f"{flag} {folder}: cannot write its lock file {path} ({exc.strerror or exc})"
+            ) from None
         os.close(fd)
         return
     raise InputError(f"{flag} {folder}: its lock {path} keeps changing; another writer is starting there")

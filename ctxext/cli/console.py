@@ -104,7 +104,7 @@ def friendly_errors(fn: Callable[P, R]) -> Callable[P, R]:
             )
             raise typer.Exit(code) from None
         except Exception as exc:
-            from ctxext.atomic import is_disk_full
+            from ctxext.errors import is_disk_full
 
             if is_disk_full(exc):  # a write no writer wrapped: still one message, not a traceback
                 _print_error(RuntimeError(f"the disk filled up ({exc}); free some space and run the command again"))

@@ -403,7 +403,7 @@ def _run_section(name: str, key: str, settings: Any, model: list[str], out: Path
 
 def _run_suite(suite: Any, suite_path: str | None, model: list[str], out: Path, shared: Shared) -> None:
     """Run a suite on the models, print its notes and the summary (``eval run``, and ``eval ppl`` as a suite)."""
-    from ctxext.cli.console import console
+    from ctxext.cli.console import console, plain
     from ctxext.evaluation.loading import parse_model_specs
     from ctxext.evaluation.suite import run_suite
 
@@ -421,7 +421,7 @@ def _run_suite(suite: Any, suite_path: str | None, model: list[str], out: Path, 
         reference=shared.reference,
     )
     for note in report["suite"]["notes"]:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {plain(note)}")
     _print_summary(report, out)
 
 

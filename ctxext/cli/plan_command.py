@@ -139,6 +139,11 @@ def plan(
         raise InputError("pass a recipe: ctxext plan RECIPE.yaml --gpu NAME (or --list-gpus)")
     if sum(x is not None for x in (gpu, gpu_memory, cpu or None)) != 1:
         raise InputError("pass exactly one of --gpu NAME, --gpu-memory SIZE or --cpu")
+    if tflops is not None and gpu_memory is None:  # a table GPU has its own figure; a CPU plan has no tokens/s
+        raise InputError(
+            f"--tflops {tflops:g}: applies only to a GPU described by --gpu-memory; a --gpu from the table has its own "
+            "TFLOP/s and --cpu plans memory only. Drop --tflops, or plan with --gpu-memory SIZE --tflops N"
+        )
     if loss not in ("chunked", "full"):
         raise InputError(f"--loss: {loss!r} is not chunked or full")
     device = lookup_gpu(gpu) if gpu else custom_gpu(gpu_memory, tflops) if gpu_memory else cpu_device()

@@ -118,8 +118,9 @@ def export_cmd(
         )
     console.print(
         f"run: lm_eval --model hf --model_args pretrained=MODEL_DIR,max_length={result.max_length} "
-        f"--include_path {out} --tasks {','.join(result.tags)}\n"
-        f"or, on the model ctxext verified: ctxext eval harness --model {model} --include-path {out} "
+        f"--include_path {shlex.quote(str(out))} --tasks {','.join(result.tags)}\n"
+        f"or, on the model ctxext verified: ctxext eval harness --model {shlex.quote(model)} "
+        f"--include-path {shlex.quote(str(out))} "
         f"--tasks {','.join(result.tags)} --out REPORT_DIR",
         markup=False,
         highlight=False,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,7 +14,10 @@ from ctxext.cli.console import EXIT_BAD_INPUT, console, err_console, friendly_er
 
 @friendly_errors
 def validate(
-    recipes: Annotated[list[Path] | None, typer.Argument(help="recipe YAML file(s)")] = None,
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="RECIPE... [KEY=VALUE...]", help="recipe YAML file(s), then key=value overrides"),
+    ] = None,
     overrides: Annotated[list[str] | None, typer.Option("--set", help="key=value override (repeatable)")] = None,
     schema: Annotated[
         bool, typer.Option("--schema", help="list every recipe key with its type, default and meaning")
@@ -28,16 +32,21 @@ def validate(
 
         for line in schema_lines():
             console.print(line, markup=False, highlight=False)
-        if not recipes:
+        if not args:
             return
+    # `ctxext validate r.yaml train.seq_len=2048` checks what `ctxext train r.yaml train.seq_len=2048` runs: an
+    # argument with `=` that is not a file is an override (as --set).
+    given = [a for a in args or [] if "=" in a and not Path(a).exists()]
+    recipes = [Path(a) for a in args or [] if a not in given]
+    given = [*(overrides or []), *given]
     if not recipes:
         err_console.print("[bold red]error:[/] give a recipe file (or --schema to list the keys)")
         raise typer.Exit(EXIT_BAD_INPUT)
     failed = False
     for path in recipes:
         try:
-            recipe = load_recipe(path, overrides or [])
-            warnings = check_recipe(recipe, str(path))
+            recipe = load_recipe(path, given)
+            warnings = check_recipe(recipe, str(path), check_output=True)
             notes = distance_lines(recipe, str(path))
         except RecipeError as exc:
             failed = True
@@ -132,7 +141,8 @@ def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
     hint = f" Re-planned to fit: {first.summary} ({' '.join(first.overrides) or first.launch})." if first else ""
     message = (
         f"the plan predicts {needed:.1f} GiB per process on {result.device.name} ({have:.1f} GiB): this run will "
-        f"probably run out of memory.{hint} The breakdown: `ctxext plan {path} --cpu` (or --gpu NAME)."
+        f"probably run out of memory.{hint} The breakdown: `ctxext plan {shlex.quote(str(path))} --cpu` "
+        "(or --gpu NAME)."
     )
     if strict:
         raise InputError(message + " (--strict: not started)")

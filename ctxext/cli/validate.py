@@ -8,6 +8,7 @@ exist) or never (a fine-tune that never sees a position beyond the original wind
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,17 @@ from ctxext.errors import CtxextError
 from ctxext.recipe.schema import Recipe, RecipeError
 
 
-def check_recipe(recipe: Recipe, source: str = "recipe", check_model: bool = True) -> list[str]:
+def check_recipe(
+    recipe: Recipe, source: str = "recipe", check_model: bool = True, check_output: bool = False
+) -> list[str]:
     """Check a validated recipe against its model, its RoPE plan and its eval suite.
 
     Args:
         recipe: the validated recipe.
         source: the recipe's name, for messages.
         check_model: read the model's config (local folders and built-ins only: nothing is downloaded).
+        check_output: check ``output.dir`` as ``ctxext train`` will (``validate``; ``train`` checks it itself,
+            knowing whether it resumes).
 
     Returns:
         Warnings: settings that run but are probably not what the user wants.
@@ -39,6 +44,8 @@ def check_recipe(recipe: Recipe, source: str = "recipe", check_model: bool = Tru
         except CtxextError as exc:
             problems.append(("eval.suite", str(exc)))
     _check_data(recipe, problems)
+    if check_output:
+        _check_output_dir(recipe, source, problems, warnings)
     if check_model:
         _check_model(recipe, problems, warnings)
     # What `train` refuses before loading weights (this machine, LoRA modules, data fields): one function for both.
@@ -58,6 +65,29 @@ def _check_data(recipe: Recipe, problems: list[tuple[str, str]]) -> None:
     for key, path in corpora:
         if path is not None:
             _check_corpus(key, path, problems)
+
+
+def _check_output_dir(recipe: Recipe, source: str, problems: list[tuple[str, str]], warnings: list[str]) -> None:
+    # The same check `train` makes before loading anything, so that validate never passes what train refuses.
+    from ctxext.errors import InputError
+    from ctxext.recipe.schema import dump_recipe
+    from ctxext.training.folder import check_output_dir, run_status
+
+    out = Path(recipe.output.dir)
+    resume = run_status(out) not in (None, "complete")  # an unfinished run: train --resume continues it
+    try:
+        check_output_dir(out, dump_recipe(recipe), resume=resume, search_folder=recipe.search_folder())
+    except InputError as exc:
+        text = str(exc)
+        if resume:  # its messages speak of train's --resume, which validate does not have
+            text = f"`ctxext train {shlex.quote(source)} --resume` would refuse it: " + text.removeprefix("--resume: ")
+        problems.append(("output.dir", text.removeprefix("output.dir: ").removeprefix("output.dir ")))
+        return
+    if resume:
+        warnings.append(
+            f"output.dir {out} holds an unfinished run of this recipe: `ctxext train {shlex.quote(source)} --resume` "
+            "continues it; a new run needs another output.dir"
+        )
 
 
 def _check_corpus(key: str, path: str, problems: list[tuple[str, str]]) -> None:

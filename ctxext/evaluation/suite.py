@@ -116,10 +116,10 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
             f"; shipped suites: {', '.join(sorted(x.name for x in shipped.glob('*.yaml')))}" if shipped.is_dir() else ""
         )
         raise InputError(f"suite file {path} does not exist{hint}")
-    from ctxext.recipe.yamlfile import load_yaml
+    from ctxext.recipe.yamlfile import read_yaml
 
     try:
-        raw = load_yaml(p.read_text()) or {}  # a key given twice is an error, as in recipes
+        raw = read_yaml(p) or {}  # a key given twice is an error, as in recipes
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML: {exc}") from None
     from ctxext.recipe.schema import RecipeError, apply_overrides

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -201,7 +202,7 @@ def _resolve_source(
         # merge_run's own advice (--overwrite, another --out) names options push does not have.
         raise InputError(
             f"--merged: {target} exists and is not a model `ctxext merge` wrote, so push will not merge into it. "
-            f"Move it away, or merge elsewhere (`ctxext merge {run_or_dir} --out DIR`) and push DIR."
+            f"Move it away, or merge elsewhere (`ctxext merge {shlex.quote(str(run_or_dir))} --out DIR`) and push DIR."
         )
     else:
         from ctxext.publish.merge import merge_run

@@ -249,10 +249,10 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     path = Path(path)
     if not path.is_file():
         raise RecipeError(str(path), [("(file)", "does not exist")])
-    from ctxext.recipe.yamlfile import DuplicateKeyError, load_yaml
+    from ctxext.recipe.yamlfile import DuplicateKeyError, read_yaml
 
     try:
-        data = load_yaml(path.read_text()) or {}
+        data = read_yaml(path) or {}
     except DuplicateKeyError as exc:
         problems = [
             (key, f"given twice (lines {a} and {b}); YAML would keep only the last one silently: remove one")

@@ -7,6 +7,7 @@ repeated key first, with its dotted path and both line numbers.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -58,3 +59,22 @@ def load_yaml(text: str) -> Any:
         if found:
             raise DuplicateKeyError(found)
     return yaml.safe_load(text)
+
+
+def read_yaml(path: str | Path) -> Any:
+    """Read and parse a YAML file the user wrote (a recipe, an eval suite) with :func:`load_yaml`.
+
+    Raises:
+        DuplicateKeyError: keys given twice.
+        yaml.YAMLError: text that is not YAML, a file that is not UTF-8 text (a binary file given by mistake) or
+            cannot be read; the message names the file.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise yaml.YAMLError(
+            f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); give the YAML file itself"
+        ) from None
+    except OSError as exc:
+        raise yaml.YAMLError(f"cannot read {path} ({exc.strerror or exc})") from None
+    return load_yaml(text)

@@ -96,6 +96,36 @@ def run_search(
                 "continue from it (with --resume for ctxext search; ctxext train resumes its recipe's search itself).",
                 exit_code=getattr(exc, "exit_code", 130),
             ) from None
+        except Exception as exc:  # a full disk: the log written so far stays, to resume from
+            from ctxext.errors import is_disk_full
+
+            if not is_disk_full(exc, settings.out.parent):
+                raise
+            raise InputError(_disk_full_message(settings, exc)) from None
+
+
+def _disk_full_message(settings: SearchSettings, exc: BaseException) -> str:
+    """What to do after the disk filled up during a search: resume from its log, or (no log yet) run it again."""
+    from ctxext.atomic import OUTPUT_MARKER, read_manifest
+    from ctxext.errors import disk_full_message
+    from ctxext.search.log import read_log
+
+    out, log_path = settings.out, settings.out / LOG_NAME
+    manifest = read_manifest(out)
+    try:
+        scored = sum(r.get("type") == "candidate" for r in read_log(log_path))
+    except (OSError, InputError):  # no log, or not even its header line fitted
+        scored = None
+    if scored is None or manifest is None or manifest.get("kind") != SEARCH_KIND:  # nothing --resume accepts
+        if not settings.resume and out.is_dir() and {p.name for p in out.iterdir()} <= {LOG_NAME, OUTPUT_MARKER}:
+            shutil.rmtree(out)  # this search created the folder (_open_log) and nothing in it can be resumed
+        return disk_full_message("--out", out, exc)
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "no space left on device"
+    return (
+        f"--out {out}: the disk filled up during the search ({reason}); the {scored} candidate(s) scored so far "
+        f"are in {log_path}. Free some space, then run the same command again to continue from it (with --resume "
+        "for ctxext search; ctxext train resumes its recipe's search itself)."
+    )
 
 
 def _search(

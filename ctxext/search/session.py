@@ -233,9 +233,26 @@ class SearchSession:
             f"{self.done} evaluations"
         )
 
+    def _nothing_scored(self, evaluated: list[Candidate], seconds: float) -> str:
+        # No winner to write: a budget spent before the first candidate (loading and calibration took it), or an
+        # objective that came out NaN / infinite for every candidate.
+        if not evaluated:
+            return (
+                f"the search budget ({self.settings.budget_seconds:g} s) was spent before the first candidate was "
+                f"scored ({seconds:.0f} s went to loading the model and its data). Raise it (`ctxext search --budget "
+                f"10m`, or search.budget in a recipe); the log in {self.search_log.path} is kept, so the same command "
+                "with the larger budget continues it (with --resume for ctxext search)."
+            )
+        return (
+            f"all {len(evaluated)} candidates scored NaN or infinity on the {self.settings.objective} objective, so "
+            "none can be chosen; check the model and its data (or try `ctxext search --objective far-ppl`)."
+        )
+
     def finish(self, evaluated: list[Candidate], ended: str) -> SearchResult:
         """Log the end of the search and return its result (without a report)."""
         seconds, cpu_seconds = self.wall(), self.cpu()
+        if not any(c.score is not None and np.isfinite(c.score) for c in evaluated):
+            raise InputError(self._nothing_scored(evaluated, seconds))
         winner = best(evaluated)
         seed_cands = [c for c in evaluated if c.origin.startswith("seed:")]
         top_seed = best(seed_cands) if seed_cands else winner

@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ctxext.atomic import is_disk_full
-from ctxext.errors import InputError
+from ctxext.errors import InputError, is_disk_full
 
 
 class Counters:

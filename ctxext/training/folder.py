@@ -19,8 +19,8 @@ from typing import Any
 
 from ctxext.artifacts.lock import LOCK_SUFFIX, folder_lock
 from ctxext.artifacts.run import RUN_FILE, read_run, resume_command
-from ctxext.atomic import check_output, is_disk_full
-from ctxext.errors import InputError
+from ctxext.atomic import check_output
+from ctxext.errors import InputError, is_disk_full
 from ctxext.recipe.schema import Recipe
 
 METRICS_FILE = "metrics.jsonl"
@@ -63,14 +63,25 @@ def check_output_dir(
         return previous
     ours = _search_entries(out, search_folder)
     if out.exists() and out.is_dir() and any(p.name not in ours for p in out.iterdir()):
-        hint = "pass --resume to continue it, or " if run_file.is_file() else ""
-        raise InputError(f"output.dir: {out} already exists and is not empty; {hint}choose another output.dir")
+        status = run_status(out)
+        hint = "pass --resume to continue it, or " if status not in (None, "complete") else ""
+        what = "holds a complete run" if status == "complete" else "already exists and is not empty"
+        raise InputError(f"output.dir: {out} {what}; {hint}choose another output.dir")
     if out.is_dir() and ours and any(out.iterdir()):
         if not os.access(out, os.W_OK | os.X_OK):
             raise InputError(f"output.dir {out}: is not writable; choose an output folder in a writable place")
         return None  # it holds only the search made for this run
     check_output(out, "run", overwrite=False, flag="output.dir")
     return None
+
+
+def run_status(out: Path) -> str | None:
+    """The ``status`` of the run in ``out`` (``complete``, ``interrupted`` …); ``None`` without a readable run."""
+    try:
+        status = read_run(out, allow_incomplete=True).get("status") if (out / RUN_FILE).is_file() else None
+    except InputError:
+        return None
+    return str(status) if status is not None else None
 
 
 def _search_entries(out: Path, search_folder: Path | None) -> frozenset[str]:

@@ -20,8 +20,7 @@ from typing import Any
 import torch
 
 from ctxext.artifacts.run import resume_command
-from ctxext.atomic import is_disk_full
-from ctxext.errors import CtxextError, InputError, Terminated
+from ctxext.errors import CtxextError, InputError, Terminated, is_disk_full
 from ctxext.recipe.schema import Recipe
 from ctxext.training.checkpoints import Checkpoints, Counters, step_of
 from ctxext.training.data.rows import IGNORE_INDEX, build_inputs

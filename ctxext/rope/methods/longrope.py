@@ -82,6 +82,14 @@ def load_factors_file(path: str | Path) -> tuple[list[float], list[float]]:
         raise RopeConfigError({"factors_file": f"{path} does not exist"}) from None
     except json.JSONDecodeError as exc:
         raise RopeConfigError({"factors_file": f"{path} is not valid JSON: {exc}"}) from None
+    except UnicodeDecodeError:
+        raise RopeConfigError({"factors_file": f"{path} is not UTF-8 text; give the factors' JSON file"}) from None
+    except OSError as exc:
+        raise RopeConfigError({"factors_file": f"{path} cannot be read ({exc.strerror or exc})"}) from None
+    if not isinstance(data, dict):
+        raise RopeConfigError(
+            {"factors_file": f"{path} must hold a JSON object with short_factor and long_factor lists"}
+        )
     missing = [k for k in ("short_factor", "long_factor") if k not in data]
     if missing:
         raise RopeConfigError({"factors_file": f"{path} lacks {', '.join(missing)}"})
