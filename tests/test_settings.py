@@ -119,7 +119,7 @@ def _declared() -> dict[tuple[str, ...], Declared]:
             },
             rope=True,
         ),
-        ("validate",): Declared(own=frozenset({"recipes", "overrides", "schema"})),
+        ("validate",): Declared(own=frozenset({"args", "overrides", "schema"})),
         ("methods",): Declared(),
         # --strict: whether to start at all (the plan's verdict), not a setting of the run.
         # The demo's settings are its recipe file and the demo suite, changed by key=value overrides; its flags say
