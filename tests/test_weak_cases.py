@@ -63,6 +63,10 @@ CASES = {
         ["data.path", "would be ignored"],
     ),
     "a recipe key given twice": Case(["validate", "{dup}"], ["train: given twice (lines"]),
+    # A value the message must tie to its flag (it named only "evaluation lengths").
+    "eval ppl --lengths=-5": Case(
+        ["eval", "ppl", "--model", "{model}", "--lengths=-5", "--out", "{fresh}"], ["--lengths", "at least 2 tokens"]
+    ),
     # A binary file given as a recipe or suite (it was a UnicodeDecodeError traceback).
     "train a recipe that is not text": Case(["train", "{binary}"], ["{binary} is not UTF-8 text"]),
     "eval run a suite that is not text": Case(

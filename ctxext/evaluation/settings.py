@@ -184,7 +184,10 @@ class PerplexitySettings(BaseModel):
         """Raise :class:`InputError` for resolved settings that cannot give sensible numbers."""
         lengths = self.token_lengths()
         if lengths[0] < 2:
-            raise InputError(f"evaluation lengths must be at least 2 tokens (got {lengths[0]})")
+            raise InputError(
+                f"--lengths (perplexity.lengths in a suite): each length must be at least 2 tokens, got {lengths[0]}; "
+                "give token counts such as 256 or multiples of the window such as 4x"
+            )
         longest = lengths[-1]
         if isinstance(self.bucket_size, int):
             _check_bucket(self.bucket_size, longest)
