@@ -8,12 +8,23 @@ rotates, attention and MLP in parallel, fused ``query_key_value``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ctxext.errors import InputError
 
-if TYPE_CHECKING:
-    from ctxext.models.grown.settings import GrowSettings
+
+class Shape(Protocol):
+    """The settings a shape is read from (:class:`~ctxext.models.grown.settings.GrowSettings` has them)."""
+
+    arch: str
+    window: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    rotary_pct: float
+    rope_theta: float
 
 
 def _special_tokens(tokenizer: Any) -> dict[str, Any]:
@@ -24,7 +35,7 @@ def _special_tokens(tokenizer: Any) -> dict[str, Any]:
     }
 
 
-def _llama(s: GrowSettings, tokenizer: Any) -> Any:
+def _llama(s: Shape, tokenizer: Any) -> Any:
     from transformers import LlamaConfig
 
     return LlamaConfig(
@@ -41,7 +52,7 @@ def _llama(s: GrowSettings, tokenizer: Any) -> Any:
     )
 
 
-def _qwen2(s: GrowSettings, tokenizer: Any) -> Any:
+def _qwen2(s: Shape, tokenizer: Any) -> Any:
     from transformers import Qwen2Config
 
     # Qwen2's attention always has q/k/v biases; no sliding window (the whole window is attended).
@@ -60,7 +71,7 @@ def _qwen2(s: GrowSettings, tokenizer: Any) -> Any:
     )
 
 
-def _gpt_neox(s: GrowSettings, tokenizer: Any) -> Any:
+def _gpt_neox(s: Shape, tokenizer: Any) -> Any:
     from transformers import GPTNeoXConfig
 
     # As Pythia: GELU MLP, parallel residual, biases everywhere, LayerNorm; rotary on a share of each head.
@@ -79,14 +90,14 @@ def _gpt_neox(s: GrowSettings, tokenizer: Any) -> Any:
 
 
 # arch name -> the transformers config of a grown model of that shape.
-ARCHITECTURES: dict[str, Callable[[GrowSettings, Any], Any]] = {
+ARCHITECTURES: dict[str, Callable[[Shape, Any], Any]] = {
     "llama": _llama,
     "qwen2": _qwen2,
     "gpt_neox": _gpt_neox,
 }
 
 
-def check_shape(s: GrowSettings) -> None:
+def check_shape(s: Shape) -> None:
     """Refuse a shape no architecture can build, naming the setting (``--flag``) and the fix.
 
     Raises:
