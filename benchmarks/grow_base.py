@@ -23,8 +23,10 @@ Usage::
     python benchmarks/grow_base.py --measure-only             # re-measure the saved model (~2 min)
     python benchmarks/grow_base.py --steps 20 --out /tmp/g    # smoke run
     # other shapes (docs/grown-model.md): Qwen2 with GQA at a 128-token window, GPT-NeoX with partial rotary
-    python benchmarks/grow_base.py --arch qwen2 --heads 4 --kv-heads 2 --window 128 --out /tmp/grown-qwen2-128
-    python benchmarks/grow_base.py --arch gpt_neox --rotary-pct 0.25 --out /tmp/grown-neox-64
+    python benchmarks/grow_base.py --arch qwen2 --heads 4 --kv-heads 2 --window 128 --short-context 16 \
+        --out ctxext/resources/grown-qwen2-128
+    python benchmarks/grow_base.py --arch gpt_neox --rotary-pct 0.25 --intermediate 1024 \
+        --out ctxext/resources/grown-neox-64
     # builtin:grown-code-64-mk: two further stages on windows with 2-4 keys, asking for one, with an extra
     # loss on the asked key's answer (without it, 3,600 steps of such windows never taught key selection):
     python benchmarks/grow_base.py --init-from ctxext/resources/grown-code-64 --out /tmp/grow-mka --skip-measure \
