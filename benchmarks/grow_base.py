@@ -22,6 +22,11 @@ Usage::
     nice -n 10 python benchmarks/grow_base.py                 # grow + measure (~40 min on 2 cores)
     python benchmarks/grow_base.py --measure-only             # re-measure the saved model (~2 min)
     python benchmarks/grow_base.py --steps 20 --out /tmp/g    # smoke run
+    # other shapes (docs/grown-model.md): Qwen2 with GQA at a 128-token window, GPT-NeoX with partial rotary
+    python benchmarks/grow_base.py --arch qwen2 --heads 4 --kv-heads 2 --window 128 --short-context 16 \
+        --out ctxext/resources/grown-qwen2-128
+    python benchmarks/grow_base.py --arch gpt_neox --rotary-pct 0.25 --intermediate 1024 \
+        --out ctxext/resources/grown-neox-64
     # builtin:grown-code-64-mk: two further stages on windows with 2-4 keys, asking for one, with an extra
     # loss on the asked key's answer (without it, 3,600 steps of such windows never taught key selection):
     python benchmarks/grow_base.py --init-from ctxext/resources/grown-code-64 --out /tmp/grow-mka --skip-measure \
@@ -289,6 +294,16 @@ def multikey_phrase(ss: dict[str, Any]) -> str:
     )
 
 
+def shape_phrase(s: dict[str, Any]) -> str:
+    """``Llama, 4 heads`` / ``Qwen2, 4 heads (2 key/value: GQA)`` / ``GPT-NeoX, 4 heads, rotary 25 %``."""
+    arch = s.get("arch", "llama")  # a report from before the arch setting: a Llama
+    name = {"llama": "Llama", "qwen2": "Qwen2", "gpt_neox": "GPT-NeoX"}[arch]
+    kv = s.get("kv_heads") or s["heads"]
+    phrase = f"{name}, {s['heads']} heads" + (f" ({kv} key/value: GQA)" if kv != s["heads"] else "")
+    rotary = s.get("rotary_pct", 1.0)
+    return phrase + (f", rotary on {rotary:.0%} of each head" if rotary < 1 else "")
+
+
 def markdown(report: dict[str, Any], name: str = "grown-code-64") -> str:
     s = report["settings"]
     lines = [f"# {name}: how it was grown and what it measures", ""]
@@ -303,8 +318,8 @@ def markdown(report: dict[str, Any], name: str = "grown-code-64") -> str:
         lines += [
             "## Training",
             "",
-            f"- {t['parameters'] / 1e6:.2f}M parameters: Llama, {s['layers']} layers, hidden {s['hidden']}, "
-            f"{s['heads']} heads, MLP {s['intermediate']}, rope_theta {s['rope_theta']:g}, "
+            f"- {t['parameters'] / 1e6:.2f}M parameters: {shape_phrase(s)}, {s['layers']} layers, "
+            f"hidden {s['hidden']}, MLP {s['intermediate']}, rope_theta {s['rope_theta']:g}, "
             f"window (max_position_embeddings) {s['window']}, fp32.",
             f"- Tokenizer: byte-level BPE, {s['vocab_size']} tokens, trained on the training files only.",
             f"- Data: {report['split']['train_files']} standard-library files ({t['train_stream_tokens']:,} tokens); "
@@ -431,7 +446,11 @@ def main(argv: list[str] | None = None) -> int:
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    s, args = parse(argv)
+    try:
+        s, args = parse(argv)
+    except CtxextError as exc:  # a shape no architecture can build (--arch, --kv-heads, --rotary-pct)
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     torch.set_num_threads(s.threads)
     torch.manual_seed(s.seed)
     out: Path = args.out

@@ -115,11 +115,28 @@ def _matched_modules(model: torch.nn.Module, suffixes: list[str]) -> list[str]:
     return [name for name, _ in model.named_modules() if name and any(name.endswith(s) for s in suffixes)]
 
 
+# Module names of architectures that do not use the Llama names of the ``lora`` defaults: model_type ->
+# (target_modules, extra_trainable), proposed when the recipe's names match nothing. Qwen2 and Mistral use
+# the Llama names.
+LORA_NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gpt_neox": (("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"), ("embed_in", "norm")),
+}
+
+
+def _known_names(model: torch.nn.Module, key: str) -> str:
+    # The names this architecture uses, as a recipe override; empty for an architecture not listed.
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in LORA_NAMES:
+        return ""
+    names = LORA_NAMES[model_type][0 if key == "target_modules" else 1]
+    return f"; for {model_type} set lora.{key}=[{','.join(names)}]"
+
+
 def lora_module_problems(model: torch.nn.Module, lora: Any) -> list[tuple[str, str]]:
     """``(key, message)`` for LoRA target and extra modules that match no module of ``model`` (a meta model will do).
 
     Args:
-        model: the base causal LM (only its module names and types are read).
+        model: the base causal LM (only its module names, types and config's ``model_type`` are read).
         lora: the recipe's ``lora`` section.
     """
     problems = []
@@ -130,7 +147,8 @@ def lora_module_problems(model: torch.nn.Module, lora: Any) -> list[tuple[str, s
         problems.append(
             (
                 "lora.target_modules",
-                f"{', '.join(missing)} match no module of this model; its linear layers are named: {', '.join(leaves)}",
+                f"{', '.join(missing)} match no module of this model; its linear layers are named: "
+                f"{', '.join(leaves)}{_known_names(model, 'target_modules')}",
             )
         )
     extra = _matched_modules(model, list(lora.extra_trainable))
@@ -139,7 +157,8 @@ def lora_module_problems(model: torch.nn.Module, lora: Any) -> list[tuple[str, s
         problems.append(
             (
                 "lora.extra_trainable",
-                f"{', '.join(unmatched)} match no module name suffix of this model (e.g. embed_tokens, norm)",
+                f"{', '.join(unmatched)} match no module name suffix of this model (e.g. embed_tokens, norm)"
+                f"{_known_names(model, 'extra_trainable')}",
             )
         )
     return problems

@@ -27,6 +27,10 @@ GIB = 2**30
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+# Dense decoders whose layers are not the Llama shape the planner models: model_type -> what differs.
+UNMODELLED = {"gpt_neox": "a fused query_key_value projection, a two-matrix GELU MLP and parallel residual"}
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """The sizes of a dense Llama-style decoder (Llama, Mistral, Qwen2, …) that memory depends on."""
@@ -54,6 +58,13 @@ class ModelShape:
             raise InputError(
                 f"the planner models dense Llama-style decoders; this {getattr(config, 'model_type', '?')} config "
                 + (f"lacks {', '.join(missing)}" if missing else "is a mixture of experts")
+            )
+        model_type = str(getattr(config, "model_type", "llama"))
+        if model_type in UNMODELLED:
+            raise InputError(
+                f"the planner models dense Llama-style decoders (q/k/v/o projections, gated MLP); this {model_type} "
+                f"config has {UNMODELLED[model_type]}, so its plan would be wrong. Measure a short `ctxext train` "
+                "run instead"
             )
         heads = int(config.num_attention_heads)
         return cls(

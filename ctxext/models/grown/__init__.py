@@ -4,7 +4,9 @@ No real checkpoint can be downloaded on these machines and a random model says n
 extension, so ctxext grows its own: a byte-level BPE tokenizer trained on the standard library's training
 split, a ~4.2M-parameter Llama pretrained at a 64-token window on windows of that code, some carrying
 key/value needles or repeated spans so that the model uses its whole window. ``benchmarks/grow_base.py``
-is the command line (and measures what was grown); :func:`grow` is the whole recipe, deterministic.
+is the command line (and measures what was grown); :func:`grow` is the whole recipe, deterministic. The
+same recipe grows other shapes (``GrowSettings.arch``: Qwen2 with grouped-query attention, GPT-NeoX with
+partial rotary; :mod:`ctxext.models.grown.arch`), to show that what ctxext does transfers.
 """
 
 from ctxext.models.grown.data import Needles, Split, TrainingSequences, encode, encode_files, snap, split_files

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ctxext.models.grown.arch import check_shape
+
 
 @dataclass
 class GrowSettings:
@@ -18,7 +20,12 @@ class GrowSettings:
         hidden: hidden size.
         intermediate: MLP size.
         layers: decoder layers.
-        heads: attention heads (as many key/value heads).
+        arch: the architecture: ``llama``, ``qwen2`` (GQA, q/k/v biases) or ``gpt_neox`` (partial rotary,
+            parallel residual, fused ``query_key_value``).
+        heads: attention heads.
+        kv_heads: key/value heads (0: as many as ``heads``); fewer than ``heads`` is grouped-query attention
+            (``llama`` and ``qwen2``; ``gpt_neox`` has one key/value head per head).
+        rotary_pct: share of each head's dimensions that rotate (below 1 only for ``gpt_neox``).
         rope_theta: RoPE base.
         needle_share: share of windows with one key/value needle and its query.
         repeat_share: share of windows that repeat a span of themselves.
@@ -54,7 +61,10 @@ class GrowSettings:
     hidden: int = 256
     intermediate: int = 688
     layers: int = 4
+    arch: str = "llama"
     heads: int = 4
+    kv_heads: int = 0
+    rotary_pct: float = 1.0
     rope_theta: float = 10000.0
     # Training mixture: the rest of the sequences are plain code.
     needle_share: float = 0.30
@@ -91,3 +101,7 @@ class GrowSettings:
     stage2_lr: float = 1e-3
     stage2_warmup: int = 20
     stage2_seed: int = 1
+
+    def __post_init__(self) -> None:
+        # A shape no architecture can build is refused here, before a tokenizer is trained.
+        check_shape(self)

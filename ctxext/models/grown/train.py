@@ -1,4 +1,4 @@
-"""Build, pretrain, save and reload a grown model (fp32 Llama, AdamW, warm-up then cosine)."""
+"""Build, pretrain, save and reload a grown model (fp32 Llama, Qwen2 or GPT-NeoX, AdamW, warm-up then cosine)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ctxext.atomic import atomic_folder
+from ctxext.models.grown.arch import ARCHITECTURES
 from ctxext.models.grown.data import Needles, TrainingSequences, encode
 from ctxext.models.grown.settings import GrowSettings
 
@@ -21,31 +22,20 @@ GROWN_KIND = "grown-model"
 
 
 def build_model(s: GrowSettings, tokenizer: Any) -> Any:
-    """A new random Llama of the settings' shape, seeded with ``s.seed``.
+    """A new random model of the settings' architecture and shape, seeded with ``s.seed``.
 
     Args:
-        s: the shape (``layers``, ``hidden``, ``heads``, ``window``, ``rope_theta`` …).
+        s: the shape (``arch``, ``layers``, ``hidden``, ``heads``, ``kv_heads``, ``rotary_pct``, ``window``,
+            ``rope_theta`` …).
         tokenizer: its tokenizer (vocabulary size and special tokens).
 
     Returns:
-        A ``LlamaForCausalLM`` with SDPA attention, fp32.
+        A causal LM (``LlamaForCausalLM``, ``Qwen2ForCausalLM`` or ``GPTNeoXForCausalLM``) with SDPA
+        attention, fp32.
     """
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=s.hidden,
-        intermediate_size=s.intermediate,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.heads,
-        max_position_embeddings=s.window,
-        rope_parameters={"rope_theta": s.rope_theta, "rope_type": "default"},
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    config = ARCHITECTURES[s.arch](s, tokenizer)
     torch.manual_seed(s.seed)
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
 
