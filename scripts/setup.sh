@@ -11,5 +11,7 @@ if ! python -c "import torch" 2>/dev/null; then
   pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
   python -c "import torch" # fail here, clearly, if torch did not install
 fi
-pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored" || true
-python -c "import ctxext, transformers, peft, bitsandbytes, accelerate; print('ctxext', ctxext.__version__, '| transformers', transformers.__version__, '| peft', peft.__version__)"
+# PYTHONWARNINGS reaches pip's build subprocess: setuptools' editable-install banner says nothing to a user.
+PYTHONWARNINGS=ignore pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored" || true
+# The CLI's silencer first: bitsandbytes logs an optional CPU-kernel download failure on import.
+python -c "from ctxext.cli.quiet import quiet_third_party; quiet_third_party(); import ctxext, transformers, peft, bitsandbytes, accelerate; print('ctxext', ctxext.__version__, '| transformers', transformers.__version__, '| peft', peft.__version__)"
