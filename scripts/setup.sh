@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
-python -m pip install -q --upgrade pip
+python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
 if ! python -c "import torch" 2>/dev/null; then
   pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
   python -c "import torch" # fail here, clearly, if torch did not install
