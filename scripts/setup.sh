@@ -9,7 +9,7 @@ PY="${PYTHON:-python3}"
 python -m pip install -q --upgrade pip 2>&1 | grep -v "is ignored" || true
 if ! python -c "import torch" 2>/dev/null; then
   pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" || true
-  python -c "import torch" # fail here, clearly, if torch did not install
+  python -W ignore -c "import torch" # fail here, clearly, if torch did not install (numpy comes with the project)
 fi
 # PYTHONWARNINGS reaches pip's build subprocess: setuptools' editable-install banner says nothing to a user.
 PYTHONWARNINGS=ignore pip install -q -e ".[dev]" 2>&1 | grep -v "is ignored" || true
