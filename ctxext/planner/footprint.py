@@ -384,16 +384,18 @@ def lora_saved_bytes(shape: ModelShape, s: Setup) -> float:
     return float(sum(lora_saved_tensors(shape, s)))
 
 
-def layer_activation_elems(shape: ModelShape) -> int:
-    """Elements one decoder layer saves for the backward pass, per token (LoRA/4-bit path, SDPA).
+def layer_saved_tensors(shape: ModelShape, s: Setup) -> list[tuple[int, int]]:
+    """(tensors, elements each) one decoder layer saves for the backward pass, for the local tokens.
 
-    Norms: the normalised value and the output (2 × hidden each); attention: q and k before RoPE, their
-    rotated halves and the rotated result (3 × q, 3 × k), v, the attention output and its contiguous copy
-    (2 × q); MLP: gate, SiLU(gate), up and their product (4 × intermediate). 4-bit matmuls with frozen
-    weights save nothing; LoRA's rank-r intermediates are negligible and left out.
+    The LoRA/4-bit path with SDPA. Norms: the normalised value and the output (2 × hidden each); attention: q
+    and k before RoPE, their rotated halves and the rotated result (3 × q, 3 × k), v, the attention output and
+    its contiguous copy (2 × q); MLP: gate, SiLU(gate), up and their product (4 × intermediate; for one shard of
+    tokens with the tiled MLP). 4-bit matmuls with frozen weights save nothing; LoRA's rank-r intermediates are
+    negligible and left out.
     """
+    t = s.local_tokens
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    return 4 * shape.hidden + 5 * q + 4 * kv + 4 * shape.intermediate
+    return [(4, t * shape.hidden), (5, t * q), (4, t * kv), (4, mlp_tokens(shape, s) * shape.intermediate)]
 
 
 def attention_extra_bytes(shape: ModelShape, s: Setup, tokens: int) -> float:
@@ -413,14 +415,9 @@ def attention_extra_bytes(shape: ModelShape, s: Setup, tokens: int) -> float:
 
 
 def layer_bytes(shape: ModelShape, s: Setup) -> float:
-    """Bytes one decoder layer saves for the backward pass (its forward activations), for the local tokens.
-
-    With the tiled MLP its ``4 × intermediate`` values exist for one shard of tokens at a time.
-    """
-    t = s.local_tokens
-    mlp = 4 * shape.intermediate
-    attn_and_norms = t * (layer_activation_elems(shape) - mlp) + mlp_tokens(shape, s) * mlp
-    return attn_and_norms * s.residual + lora_saved_bytes(shape, s) + attention_extra_bytes(shape, s, t)
+    """Bytes one decoder layer saves for the backward pass (its forward activations), for the local tokens."""
+    saved = sum(n * e for n, e in layer_saved_tensors(shape, s)) * s.residual
+    return saved + lora_saved_bytes(shape, s) + attention_extra_bytes(shape, s, s.local_tokens)
 
 
 def heap_layer_bytes(shape: ModelShape, s: Setup, threshold: int) -> float:
@@ -433,13 +430,10 @@ def heap_layer_bytes(shape: ModelShape, s: Setup, threshold: int) -> float:
     16k tokens, 45 MiB MLP tensors retained). When they are not, the heap stays small and only the tensors under
     the threshold count (measured: a hidden-2048 Llama at 8k tokens retains almost nothing).
     """
-    t, tm = s.local_tokens, mlp_tokens(shape, s)
+    t = s.local_tokens
     if t * shape.hidden * s.residual < threshold:
         return layer_bytes(shape, s)
-    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    # (tensors, elements each): layer_activation_elems' terms, one tensor per saved value.
-    tensors = [(5, t * q), (4, t * kv), (4, tm * shape.intermediate)]
-    saved = sum(n * e * s.residual for n, e in tensors if e * s.residual < threshold)
+    saved = sum(n * e * s.residual for n, e in layer_saved_tensors(shape, s) if e * s.residual < threshold)
     lora = sum(b for b in lora_saved_tensors(shape, s) if b < threshold)
     return saved + lora + attention_extra_bytes(shape, s, t)
 
