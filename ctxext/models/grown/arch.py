@@ -27,66 +27,41 @@ class Shape(Protocol):
     rope_theta: float
 
 
-def _special_tokens(tokenizer: Any) -> dict[str, Any]:
+def _common(s: Shape, tokenizer: Any, **rope: Any) -> dict[str, Any]:
+    """The config keys every shape shares: sizes, window, RoPE base, special tokens, untied head."""
     return {
+        "vocab_size": len(tokenizer),
+        "hidden_size": s.hidden,
+        "intermediate_size": s.intermediate,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "max_position_embeddings": s.window,
+        "rope_parameters": {"rope_theta": s.rope_theta, "rope_type": "default", **rope},
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
+        "tie_word_embeddings": False,
     }
 
 
 def _llama(s: Shape, tokenizer: Any) -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=s.hidden,
-        intermediate_size=s.intermediate,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.kv_heads or s.heads,
-        max_position_embeddings=s.window,
-        rope_parameters={"rope_theta": s.rope_theta, "rope_type": "default"},
-        **_special_tokens(tokenizer),
-        tie_word_embeddings=False,
-    )
+    return LlamaConfig(**_common(s, tokenizer), num_key_value_heads=s.kv_heads or s.heads)
 
 
 def _qwen2(s: Shape, tokenizer: Any) -> Any:
     from transformers import Qwen2Config
 
     # Qwen2's attention always has q/k/v biases; no sliding window (the whole window is attended).
-    return Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=s.hidden,
-        intermediate_size=s.intermediate,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        num_key_value_heads=s.kv_heads or s.heads,
-        max_position_embeddings=s.window,
-        rope_parameters={"rope_theta": s.rope_theta, "rope_type": "default"},
-        use_sliding_window=False,
-        **_special_tokens(tokenizer),
-        tie_word_embeddings=False,
-    )
+    return Qwen2Config(**_common(s, tokenizer), num_key_value_heads=s.kv_heads or s.heads, use_sliding_window=False)
 
 
 def _gpt_neox(s: Shape, tokenizer: Any) -> Any:
     from transformers import GPTNeoXConfig
 
     # As Pythia: GELU MLP, parallel residual, biases everywhere, LayerNorm; rotary on a share of each head.
-    return GPTNeoXConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=s.hidden,
-        intermediate_size=s.intermediate,
-        num_hidden_layers=s.layers,
-        num_attention_heads=s.heads,
-        max_position_embeddings=s.window,
-        rope_parameters={"rope_theta": s.rope_theta, "rope_type": "default", "partial_rotary_factor": s.rotary_pct},
-        use_parallel_residual=True,
-        **_special_tokens(tokenizer),
-        tie_word_embeddings=False,
-    )
+    return GPTNeoXConfig(**_common(s, tokenizer, partial_rotary_factor=s.rotary_pct), use_parallel_residual=True)
 
 
 # arch name -> the transformers config of a grown model of that shape.
