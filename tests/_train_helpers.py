@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -97,3 +98,20 @@ def adapter_tensors(run_dir: Path) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     return load_file(str(run_dir / "adapter_model.safetensors"))
+
+
+def write_fake_run(run_dir: Path, base: Path, status: str = "complete") -> Path:
+    """A run folder that looks trained (``run.json`` on ``base``, YaRN to 1,024 from 256, an adapter config) for
+    commands that refuse or advise before they read weights; nothing here trains."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    info = {
+        "status": status,
+        "base_model": str(base),
+        "base_model_resolved": str(base),
+        "method": "yarn",
+        "target_length": 1024,
+        "original_length": 256,
+    }
+    (run_dir / "run.json").write_text(json.dumps(info))
+    (run_dir / "adapter_config.json").write_text("{}")
+    return run_dir

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import typer
+from _train_helpers import write_fake_run
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
@@ -113,21 +113,7 @@ def folders(tmp_path, tiny_model_dir):
     assert (
         runner.invoke(app, ["extend", str(tiny_model_dir), "-m", "linear", "-t", "512", "-o", str(ext)]).exit_code == 0
     )
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "run.json").write_text(
-        json.dumps(
-            {
-                "status": "complete",
-                "base_model": str(tiny_model_dir),
-                "base_model_resolved": str(tiny_model_dir),
-                "method": "yarn",
-                "target_length": 1024,
-                "original_length": 256,
-            }
-        )
-    )
-    (run_dir / "adapter_config.json").write_text("{}")
+    run_dir = write_fake_run(tmp_path / "run", tiny_model_dir)
     (run_dir / "merged").mkdir()
     (run_dir / "merged" / "notes.txt").write_text("mine")
     mine = tmp_path / "mine"

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _train_helpers import write_fake_run
 from typer.testing import CliRunner
 
 from ctxext.atomic import OUTPUT_MARKER, atomic_folder, check_output
@@ -39,21 +40,7 @@ def user_folder(tmp_path) -> Path:
 @pytest.fixture()
 def fake_run(tmp_path, tiny_model_dir) -> Path:
     """A complete-looking run folder (run.json + adapter config); nothing here trains."""
-    run_dir = tmp_path / "runs" / "r"
-    run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(
-        json.dumps(
-            {
-                "status": "complete",
-                "base_model": str(tiny_model_dir),
-                "base_model_resolved": str(tiny_model_dir),
-                "method": "yarn",
-                "target_length": 1024,
-                "original_length": 256,
-            }
-        )
-    )
-    (run_dir / "adapter_config.json").write_text("{}")
+    run_dir = write_fake_run(tmp_path / "runs" / "r", tiny_model_dir)
     (run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
     return run_dir
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from _train_helpers import write_fake_run
 from test_hints import check_output
 from typer.testing import CliRunner
 
@@ -159,22 +160,12 @@ def world(tmp_path_factory, tiny_model_dir) -> dict[str, str]:
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
     (root / "afile").write_text("x")
-    run = root / "my runs" / "run"  # a space in the path: every command printed for it must survive pasting
-    (run / "merged").mkdir(parents=True)
+    # A space in the path: every command printed for it must survive pasting.
+    run = write_fake_run(root / "my runs" / "run", tiny_model_dir)
+    (run / "merged").mkdir()
     (run / "merged" / "notes.txt").write_text("mine")
-    info = {
-        "status": "complete",
-        "base_model": str(tiny_model_dir),
-        "base_model_resolved": str(tiny_model_dir),
-        "method": "yarn",
-        "target_length": 1024,
-        "original_length": 256,
-    }
-    (run / "run.json").write_text(json.dumps(info))
-    (run / "adapter_config.json").write_text("{}")
-    spaced = root / "my runs" / "r 1"  # an interrupted run whose recipe differs from the one given
-    spaced.mkdir(parents=True)
-    (spaced / "run.json").write_text(json.dumps({**info, "status": "interrupted"}))
+    # An interrupted run whose recipe differs from the one given.
+    spaced = write_fake_run(root / "my runs" / "r 1", tiny_model_dir, status="interrupted")
     (spaced / "recipe.yaml").write_text(RECIPE.format(model=tiny_model_dir, fresh=spaced).replace("512", "768", 1))
     recipe = root / "r.yaml"
     recipe.write_text(RECIPE.format(model=tiny_model_dir, fresh=root / "new-run") + "data:\n  path: builtin:stdlib\n")
