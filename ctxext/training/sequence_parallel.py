@@ -117,17 +117,13 @@ def segment_attention(core: Callable[..., Any]) -> Callable[..., Any]:
         rows = []
         for b in range(query.shape[0]):
             starts = sorted({0, *(positions[b] == 0).nonzero().squeeze(1).tolist()})
-            bounds = zip(starts, [*starts[1:], query.shape[2]], strict=True)
+            pieces = []
+            for s, e in zip(starts, [*starts[1:], query.shape[2]], strict=True):
+                # Each document with its own positions: a core that reads them sees one document.
+                own = {**kwargs, "position_ids": positions[b : b + 1, s:e]}
+                pieces.append(core(module, *(t[b : b + 1, :, s:e] for t in (query, key, value)), None, *args, **own)[0])
             # transformers' attention functions return (B, T, heads, head_dim): documents join along dim 1.
-            rows.append(
-                torch.cat(
-                    [
-                        core(module, *(t[b : b + 1, :, s:e] for t in (query, key, value)), None, *args, **kwargs)[0]
-                        for s, e in bounds
-                    ],
-                    dim=1,
-                )
-            )
+            rows.append(torch.cat(pieces, dim=1))
         return torch.cat(rows, dim=0), None
 
     return attend
