@@ -25,7 +25,7 @@ RECIPE = {
     "lora": {"r": 2, "alpha": 4},
     "data": {"path": "builtin:stdlib", "max_documents": 3, "validation_fraction": 0.3, "num_proc": 1},
     "train": {"seq_len": 128, "max_steps": 1, "loss_chunk_size": 64},
-    "search": {"budget": "5m", "population": 4, "generations": 1, "samples": 2, "report": False},
+    "search": {"budget": "5m", "population": 4, "generations": 1, "samples": 2, "report": False, "window_docs": 8},
 }
 
 
@@ -59,6 +59,7 @@ def test_train_runs_the_search_first_resumably_and_records_it(tmp_path):
     result = runner.invoke(app, ["train", str(path), "--resume"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "replaying 3 logged candidates" in result.output and "the training starts now" in result.output
+    assert "as logged" in result.output  # the attention-factor scan is read from the log, not measured again
     factors = json.loads((run / "search" / "factors.json").read_text())
     record = json.loads((run / "run.json").read_text())
     assert record["status"] == "complete"

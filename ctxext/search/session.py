@@ -73,11 +73,10 @@ class SearchSession:
         start_wall, start_cpu = time.perf_counter(), time.process_time()
         header_settings = settings.logged(state.original_length, state.rotary_dim)
         fingerprint = model_fingerprint(switch.model)
-        logged: list[dict[str, Any]] = []
+        records = read_log(log_path) if settings.resume else [{}]
         if settings.resume:
-            records = read_log(log_path)
             check_resume(records[0], header_settings, fingerprint, log_path)
-            logged = [r for r in records if r.get("type") == "candidate"]
+        logged = [r for r in records if r.get("type") == "candidate"]
         forms = _needle_forms(settings, switch, tokenizer, state, log)
         share = settings.min_form_accuracy_fraction
         templates = None if forms is None else usable_templates(forms, state.original_length, share)
@@ -95,7 +94,8 @@ class SearchSession:
             objective.info["forms"] = describe(forms)
         seeds = make_seeds(switch.model.config, settings.target_length, settings.original_length)
         upper = max(1.0 + settings.target_length / state.original_length, max(float(s.factors.max()) for s in seeds))
-        limit = _attention_limit(settings, switch, tokenizer, state, seeds[0].factors, log)
+        logged_limit = records[0].get("attention_limit")  # a resumed search's, read back as it was measured
+        limit = _attention_limit(settings, switch, tokenizer, state, seeds[0].factors, log, logged_limit)
         evo_settings = EvolutionSettings(
             population=settings.population,
             generations=settings.generations,
@@ -316,13 +316,28 @@ def _needle_forms(settings: SearchSettings, switch: Any, tokenizer: Any, state: 
 
 
 def _attention_limit(
-    settings: SearchSettings, switch: Any, tokenizer: Any, state: Any, any_factors: np.ndarray, log: Callable
+    settings: SearchSettings,
+    switch: Any,
+    tokenizer: Any,
+    state: Any,
+    any_factors: np.ndarray,
+    log: Callable,
+    logged: dict[str, Any] | None = None,
 ) -> Any:
-    """For ``--attention-factor search``: the range of the attention gene (None when the factor is fixed)."""
+    """For ``--attention-factor search``: the range of the attention gene (None when the factor is fixed).
+
+    ``logged`` is the range a resumed search's log holds: with the same settings, weights and data (checked
+    before), a new scan would measure the same windows again, so it is taken as it is.
+    """
     if not settings.searches_attention():
         return None
     from ctxext.search.apply import resolve_attention_factor
-    from ctxext.search.window import attention_limit
+    from ctxext.search.window import AttentionLimit, attention_limit
+
+    if logged is not None:
+        limit = AttentionLimit(**logged)
+        log(f"attention factor searched in [1, {limit.high:.4g}], as logged")
+        return limit
 
     ceiling = resolve_attention_factor("auto", settings.target_length / state.original_length, state.original_length)
     limit = attention_limit(
