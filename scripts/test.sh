@@ -9,4 +9,5 @@ ruff check .
 mypy  # [tool.mypy] in pyproject.toml: the package ships py.typed, so its types are checked
 # The docs site: every page, link and anchor must resolve. No -q: it hides the warnings strict mode counts.
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict -d "$(mktemp -d)"
-python -m pytest -q -p no:cacheprovider "$@"
+# One worker per core (pytest-xdist): the tests set torch to one thread each, so two cores run two tests.
+python -m pytest -q -p no:cacheprovider -n auto "$@"

@@ -65,6 +65,15 @@ def ctxext_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "ctxext", *args]
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now (launches from parallel test workers must not share one)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def accelerate_cmd(num_processes: int, *args: str) -> list[str]:
     """``accelerate launch --multi_gpu --num_processes N -m ctxext ARGS``."""
     launcher = Path(sys.executable).with_name("accelerate")
@@ -81,7 +90,7 @@ def accelerate_cmd(num_processes: int, *args: str) -> list[str]:
         "--dynamo_backend",
         "no",
         "--main_process_port",
-        str(29500 + os.getpid() % 1000),
+        str(free_port()),
         "-m",
         "ctxext",
         *args,
