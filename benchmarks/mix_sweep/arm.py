@@ -2,7 +2,8 @@
 
     python benchmarks/mix_sweep/arm.py NAME '{"steps": 240, "rope": {"method": "llama3"}}'
 
-Overrides: ``steps``, ``lr``, ``r``, ``short``, ``tasks``, ``multikey``, ``factor``, ``pose``, ``pose_factor`` (the
+Overrides: ``steps``, ``lr``, ``r``, ``short``, ``tasks``, ``multikey``, ``factor``, ``pose``, ``pose_factor``,
+``original`` (the base's window, default 64) (the
 arm's knobs over the demo's recipe file, :func:`benchmarks._common.demo_recipe`) and any recipe section
 (deep-merged into the recipe). The run
 goes to ``runs/sweep/NAME``; ``THREADS`` sets the training's thread count (default 1). ``cpu_s`` is the
@@ -56,6 +57,7 @@ def main() -> None:
     recipe = demo_recipe(
         run,
         given,
+        original=ov.pop("original", 64),
         factor=factor,
         steps=ov.pop("steps", None),
         pose_factor=pose_factor if pose else None,

@@ -2,12 +2,13 @@
 
     python benchmarks/mix_sweep/qeval.py runs/sweep/A,runs/sweep/B 256 50 > evals.jsonl
 
-Per model (one JSON line): teacher-forced ``needle`` (form t0, the demo's) at 64 tokens and at the
-target by depth (0/25/50/75/100 %), ``multikey`` with 2 distractors (t0) at both lengths, and the
-per-document NLL of the first 64 tokens of 32 documents with the ppl ratio to the unpatched base's
+Per model (one JSON line): teacher-forced ``needle`` (form t0, the demo's) in the window (``ORIGINAL``, 64 tokens
+by default) and at the target by depth (0/25/50/75/100 %), ``multikey`` with 2 distractors (t0) at both lengths, and the
+per-document NLL of the first ``ORIGINAL`` tokens of 32 documents with the ppl ratio to the unpatched base's
 (95 % paired bootstrap). Trials are seeded as in ``benchmarks/finetune_mix.py`` (1234 needle, 4321
 multi-key), so every model sees the same trials. ``THREADS`` sets torch's threads (default 1); ``BASE``
-the unpatched base of the ppl ratio (default ``builtin:grown-code-64``).
+the unpatched base of the ppl ratio (default ``builtin:grown-code-64``); ``ORIGINAL`` the base's window (default 64):
+the in-window needle length and the tokens of the ppl ratio.
 """
 
 import json
@@ -40,6 +41,7 @@ def main() -> None:
 
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
     paths, target, trials = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3])
+    window = int(os.environ.get("ORIGINAL", "64"))
     tok = AutoTokenizer.from_pretrained(paths[0])
     hay = Haystack.from_texts(tok, iter_texts("builtin:stdlib"), 200_000, "builtin:stdlib")
     docs = tokenize_documents(iter_texts("builtin:stdlib"), tok, target, 32).ids
@@ -48,32 +50,32 @@ def main() -> None:
         return [float(token_nll(loaded.model, d[:length].unsqueeze(0))[0].sum()) for d in docs]
 
     base = ModelSpec(os.environ.get("BASE", "builtin:grown-code-64"), name="base")
-    base_nll = doc_nll(load_model(base, device="cpu"), 64)
+    base_nll = doc_nll(load_model(base, device="cpu"), window)
     for path in paths:
         started = time.time()
         loaded = load_model(ModelSpec(path, name=Path(path).name), device="cpu")
         res: dict = {"model": path}
-        grid = GridSettings(lengths=[64, target], depths=DEPTHS, trials=trials, seed=1234)
+        grid = GridSettings(lengths=[window, target], depths=DEPTHS, trials=trials, seed=1234)
         g = evaluate_task_grid(loaded, grid, "needle", hay, template=0, show_progress=False)
         far = [c for c in g["cells"] if c["length"] == target]
         res.update(
-            needle64=round(100 * g["by_length"]["64"]["accuracy"]),
-            lb64=round(100 * g["by_length"]["64"]["ci_low"]),
+            needle64=round(100 * g["by_length"][str(window)]["accuracy"]),
+            lb64=round(100 * g["by_length"][str(window)]["ci_low"]),
             needleT=round(100 * g["by_length"][str(target)]["accuracy"]),
             depthT=[round(100 * c["accuracy"]) for c in far],
             worst_lb=min(round(100 * c["ci_low"]) for c in far),
             out_needle=[o for c in g["cells"] for o in c["outcomes"]],
         )
-        grid = GridSettings(lengths=[64, target], depths=DEPTHS, trials=trials, seed=4321)
+        grid = GridSettings(lengths=[window, target], depths=DEPTHS, trials=trials, seed=4321)
         options = {"distractors": 2}
         g = evaluate_task_grid(loaded, grid, "multikey", hay, template=0, options=options, show_progress=False)
         res.update(
-            mk64=round(100 * g["by_length"]["64"]["accuracy"]),
+            mk64=round(100 * g["by_length"][str(window)]["accuracy"]),
             mkT=round(100 * g["by_length"][str(target)]["accuracy"]),
             out_mk=[o for c in g["cells"] for o in c["outcomes"]],
         )
-        nll = doc_nll(loaded, 64)
-        p = paired_ppl_ratio(np.array(nll), np.array(base_nll), np.full(len(nll), 63.0), resamples=1000, seed=0)
+        nll = doc_nll(loaded, window)
+        p = paired_ppl_ratio(np.array(nll), np.array(base_nll), np.full(len(nll), window - 1.0), resamples=1000, seed=0)
         res.update(ppl64_vs_base=[round(p[k], 3) for k in ("ratio", "ci_low", "ci_high")], doc_nll64=nll)
         res["eval_s"] = round(time.time() - started)
         print(json.dumps(res), flush=True)
