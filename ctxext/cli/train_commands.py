@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -85,6 +86,11 @@ def train(
     from ctxext.training.run import train as run_training
 
     parsed = load_recipe(recipe, overrides or [])
+    # A split this launch cannot make is refused within a second, before torch is imported (the launcher's
+    # WORLD_SIZE; start_accelerator checks again against the processes accelerate sees).
+    from ctxext.training.sequence_parallel import check_sequence_parallel
+
+    check_sequence_parallel(parsed.train.sequence_parallel_size, int(os.environ.get("WORLD_SIZE", "1")))
     # Before any model is loaded: problems that would surface only after training (an eval suite that
     # does not exist), and settings that run but teach nothing (train.seq_len within the original window).
     for warning in check_recipe(parsed, str(recipe)):
@@ -122,8 +128,6 @@ def _after_training(run_dir: Path, recipe: Any) -> None:
 
 def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
     """Plan the recipe on this machine before training; warn (or, strict, refuse) when it will not fit."""
-    import os
-
     from ctxext.errors import InputError
     from ctxext.planner.plan import plan_on_this_machine
 
