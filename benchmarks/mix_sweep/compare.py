@@ -1,9 +1,13 @@
 """Paired comparison of qeval results: each model against the first (McNemar exact, ppl ratio bootstrap).
 
 python benchmarks/mix_sweep/compare.py REF.jsonl OTHER.jsonl ...
+
+A reference measured in its window only (``qeval.py BASE WINDOW N``: one length) is compared with the others'
+in-window cells. ``ORIGINAL`` is the window (default 64), the tokens per document of the ppl ratio.
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,21 +27,24 @@ def main() -> None:
 
     results = [json.loads(Path(f).read_text().splitlines()[0]) for f in sys.argv[1:]]
     ref = results[0]
+    window = int(os.environ.get("ORIGINAL", "64"))
     for r in results:
         print(r["model"], {k: v for k, v in r.items() if not k.startswith("out") and k not in ("doc_nll64", "model")})
         if r is ref:
             continue
-        half = len(r["out_needle"]) // 2  # cells: the 64-token length first, then the target
-        parts = (
-            ("needle@64", "out_needle", slice(0, half)),
-            ("needle@T", "out_needle", slice(half, None)),
-            ("multikey-2@T", "out_mk", slice(half, None)),
-        )
-        for key, src, part in parts:
-            print(f"   vs {ref['model']} {key}", mcnemar_vs_reference(r[src][part], ref[src][part]))
+        half = len(r["out_needle"]) // 2  # cells: the in-window length first, then the target
+        window_only = len(ref["out_needle"]) == half
+        parts = [("needle@window", "out_needle", slice(0, half), slice(0, half))]
+        if not window_only:
+            parts += [
+                ("needle@T", "out_needle", slice(half, None), slice(half, None)),
+                ("multikey-2@T", "out_mk", slice(half, None), slice(half, None)),
+            ]
+        for key, src, part, ref_part in parts:
+            print(f"   vs {ref['model']} {key}", mcnemar_vs_reference(r[src][part], ref[src][ref_part]))
         a, b = np.array(r["doc_nll64"]), np.array(ref["doc_nll64"])
-        p = paired_ppl_ratio(a, b, np.full(len(a), 63.0), resamples=2000, seed=0)
-        print(f"   ppl@64 ratio vs {ref['model']}: {p['ratio']:.3f} ({p['ci_low']:.3f}-{p['ci_high']:.3f})")
+        p = paired_ppl_ratio(a, b, np.full(len(a), window - 1.0), resamples=2000, seed=0)
+        print(f"   ppl@window ratio vs {ref['model']}: {p['ratio']:.3f} ({p['ci_low']:.3f}-{p['ci_high']:.3f})")
 
 
 if __name__ == "__main__":
