@@ -3,7 +3,9 @@
 python benchmarks/mix_sweep/compare.py REF.jsonl OTHER.jsonl ...
 
 A reference measured in its window only (``qeval.py BASE WINDOW N``: one length) is compared with the others'
-in-window cells. ``ORIGINAL`` is the window (default 64), the tokens per document of the ppl ratio.
+in-window cells (a cell's trials are seeded by the cell alone); its ppl documents are other documents (those
+of at least WINDOW tokens), so the ppl ratio to it is each model's own ``ppl64_vs_base`` (qeval pairs it with
+``BASE`` on the model's documents). ``ORIGINAL`` is the window (default 64), the tokens per document of the ratio.
 """
 
 import json
@@ -42,6 +44,8 @@ def main() -> None:
             ]
         for key, src, part, ref_part in parts:
             print(f"   vs {ref['model']} {key}", mcnemar_vs_reference(r[src][part], ref[src][ref_part]))
+        if window_only:
+            continue
         a, b = np.array(r["doc_nll64"]), np.array(ref["doc_nll64"])
         p = paired_ppl_ratio(a, b, np.full(len(a), window - 1.0), resamples=2000, seed=0)
         print(f"   ppl@window ratio vs {ref['model']}: {p['ratio']:.3f} ({p['ci_low']:.3f}-{p['ci_high']:.3f})")
