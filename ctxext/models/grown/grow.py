@@ -13,7 +13,7 @@ from ctxext.atomic import check_output
 from ctxext.errors import InputError
 from ctxext.models.grown.data import Split, encode_files, split_files, train_tokenizer
 from ctxext.models.grown.settings import GrowSettings
-from ctxext.models.grown.train import GROWN_KIND, Log, load_saved, pretrain, save_model
+from ctxext.models.grown.train import GROWN_KIND, Log, as_loaded, load_saved, pretrain, save_model
 
 REPORT_JSON = "grow_report.json"
 HELDOUT_LIST = "heldout_files.txt"
@@ -86,7 +86,7 @@ def grow(
         init, tokenizer = load_saved(init_from)
         init.train()
     else:
-        tokenizer = train_tokenizer(train_files, s.vocab_size)
+        tokenizer = as_loaded(s, train_tokenizer(train_files, s.vocab_size))
     train_docs = encode_files(tokenizer, train_files)
     heldout_docs = encode_files(tokenizer, heldout_files)
     log(f"tokenizer: {len(tokenizer)} tokens in {time.time() - t0:.0f} s")

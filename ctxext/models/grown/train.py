@@ -203,6 +203,25 @@ def save_model(model: Any, tokenizer: Any, out: Path, extra_files: dict[str, str
             child.chmod(0o644)
 
 
+def as_loaded(s: GrowSettings, tokenizer: Any) -> Any:
+    """The tokenizer as ``AutoTokenizer`` will read it back from a saved model folder of this shape.
+
+    transformers picks the tokenizer class from the folder's ``config.json``; for some architectures that class
+    rebuilds the pipeline instead of reading ``tokenizer.json`` (``Qwen2Tokenizer`` splits text and digits with
+    Qwen2's own pattern: 11 % more tokens on the stdlib). A model trained with the tokenizer as trained would
+    then be read, by every user and by its own measurements, with other ids (0 % retrieval). So the model
+    trains with the tokenizer as it will be loaded; for Llama and GPT-NeoX that is the same tokenizer.
+    """
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ARCHITECTURES[s.arch](s, tokenizer).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        return AutoTokenizer.from_pretrained(tmp)
+
+
 def load_saved(path: Path) -> tuple[Any, Any]:
     """A saved grown model (fp32, SDPA, eval mode) and its tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
