@@ -225,9 +225,25 @@ def build_tiny_llama(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+# Models grown here and packaged under ``ctxext/resources/NAME``: real (not random) small bases, pretrained on
+# the standard library's training files with key/value needles and repeated spans so that they use their whole
+# window (recipe: :mod:`ctxext.models.grown`; each folder's ``grow_report.md`` has the commands of every stage
+# and the measurements). ``builtin:NAME`` copies one into the cache; the cache key includes the weights' hash,
+# so a regenerated model (``python benchmarks/grow_base.py --out ctxext/resources/NAME ...`` once the packaged
+# folder is moved away: the builder replaces only folders it wrote) is picked up by itself.
+PACKAGED_MODELS = {
+    "grown-code-64": "a 4.2M-parameter Llama pretrained here on stdlib code at a 64-token window (packaged)",
+    # Two more stages on windows holding 2-4 keys and asking for one (with an extra loss on that answer): it
+    # retrieves the asked key among 2 distractors ~95 % of the time, where grown-code-64 is at chance.
+    "grown-code-64-mk": (
+        "grown-code-64 after two multi-key stages: retrieves a key by its name among others (packaged; the demo's)"
+    ),
+    "grown-neox-64": (
+        "a 4.2M-parameter GPT-NeoX (rotary on 25 % of each head, parallel residual) grown the same way at a "
+        "64-token window (packaged)"
+    ),
+}
 GROWN_DIR = RESOURCES / "grown-code-64"
-# The same model after two more pretraining stages on windows holding several keys (see its grow_report.md):
-# it retrieves a key by its name among others inside its window, as a real pretrained base does.
 GROWN_MK_DIR = RESOURCES / "grown-code-64-mk"
 
 
@@ -243,52 +259,25 @@ def _weights_hash(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def _copy_packaged(folder: Path, out: Path) -> None:
-    from ctxext.errors import CtxextError
+def _register_packaged(name: str, summary: str) -> None:
+    """Register ``builtin:NAME`` as a copy of the packaged folder ``ctxext/resources/NAME``."""
+    folder = RESOURCES / name
 
-    if not (folder / "model.safetensors").is_file():
-        raise CtxextError(f"the grown model is not packaged at {folder}; grow it with `python benchmarks/grow_base.py`")
-    shutil.copytree(folder, out, dirs_exist_ok=True)
+    def build(out: Path) -> None:
+        from ctxext.errors import CtxextError
 
+        if not (folder / "model.safetensors").is_file():
+            raise CtxextError(
+                f"builtin:{name} is not packaged at {folder}; grow it with `python benchmarks/grow_base.py --out "
+                f"{folder}` and the settings docs/grown-model.md gives for it"
+            )
+        shutil.copytree(folder, out, dirs_exist_ok=True)
 
-@register_builtin_model(
-    "grown-code-64",
-    "a 4.2M-parameter Llama pretrained here on stdlib code at a 64-token window (packaged)",
-    version=lambda: _weights_hash(GROWN_DIR),
-)
-def build_grown_code_64(out: Path) -> None:
-    """Copy the packaged grown model (``ctxext/resources/grown-code-64``) into the cache folder ``out``.
-
-    A real (not random) small Llama: pretrained on the standard library's source at a 64-token
-    window, with key/value needles and repeated spans so it uses its whole window; see its
-    ``grow_report.md`` for the recipe and measurements. Regenerate it (about an hour on 2 cores; the
-    recipe is :mod:`ctxext.models.grown`) with ``nice -n 10 python benchmarks/grow_base.py`` once the
-    packaged folder is moved away (the builder replaces only folders it wrote); the cache key includes
-    the weights' hash.
-
-    Args:
-        out: the folder to write.
-    """
-    _copy_packaged(GROWN_DIR, out)
+    register_builtin_model(name, summary, version=lambda: _weights_hash(folder))(build)
 
 
-@register_builtin_model(
-    "grown-code-64-mk",
-    "grown-code-64 after two multi-key stages: retrieves a key by its name among others (packaged; the demo's)",
-    version=lambda: _weights_hash(GROWN_MK_DIR),
-)
-def build_grown_code_64_mk(out: Path) -> None:
-    """Copy the packaged multi-key grown model (``ctxext/resources/grown-code-64-mk``) into ``out``.
-
-    ``grown-code-64`` continued for 1,400 steps (8.5 minutes on 2 cores) on windows of which 40-50 % hold
-    2-4 ``KEY_xy = NNNNN`` needles and ask for one, with an extra loss on that answer: inside its window
-    it retrieves the asked key among 2 distractors ~95 % of the time, where ``grown-code-64`` is at
-    chance. Its ``grow_report.md`` has the commands (``benchmarks/grow_base.py --answer-weight``).
-
-    Args:
-        out: the folder to write.
-    """
-    _copy_packaged(GROWN_MK_DIR, out)
+for _name, _summary in PACKAGED_MODELS.items():
+    _register_packaged(_name, _summary)
 
 
 def resolve_builtin(name: str) -> Path:
