@@ -103,7 +103,7 @@ def _grow(arch: str, few_files, tmp: Path, **shape) -> Path:
     lines: list[str] = []
     grow(s, tmp / "base", lines.append, split=few_files)
     # The folder's tokenizer, as AutoTokenizer reads it back, is the one the model was trained with: the same
-    # training stream, token for token count (transformers swaps Qwen2's own tokenizer class in on loading).
+    # number of tokens in the training stream (transformers swaps in Qwen2's own tokenizer class on loading).
     from transformers import AutoTokenizer
 
     from ctxext.models.grown import encode, encode_files
