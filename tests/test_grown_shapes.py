@@ -100,15 +100,14 @@ def test_grow_base_refuses_a_bad_shape_before_any_work(tmp_path):
 
 def _grow(arch: str, few_files, tmp: Path, **shape) -> Path:
     s = GrowSettings(arch=arch, **TINY, **shape)  # type: ignore[arg-type]
-    lines: list[str] = []
-    grow(s, tmp / "base", lines.append, split=few_files)
+    _, report = grow(s, tmp / "base", lambda _: None, split=few_files)
     # The folder's tokenizer, as AutoTokenizer reads it back, is the one the model was trained with: the same
     # number of tokens in the training stream (transformers swaps in Qwen2's own tokenizer class on loading).
     from transformers import AutoTokenizer
 
     from ctxext.models.grown import encode, encode_files
 
-    [trained] = [int(x.split("training stream ")[1].split()[0].replace(",", "")) for x in lines if "stream" in x]
+    trained = report["training"]["train_stream_tokens"]
     loaded = AutoTokenizer.from_pretrained(tmp / "base")
     sep = len(encode(loaded, "\n\n"))  # every document is followed by a blank line in the stream
     assert sum(len(ids) + sep for ids in encode_files(loaded, few_files[1])) == trained
