@@ -22,9 +22,10 @@ Usage::
     nice -n 10 python benchmarks/grow_base.py                 # grow + measure (~40 min on 2 cores)
     python benchmarks/grow_base.py --measure-only             # re-measure the saved model (~2 min)
     python benchmarks/grow_base.py --steps 20 --out /tmp/g    # smoke run
-    # other shapes (docs/grown-model.md): Qwen2 with GQA at a 128-token window, GPT-NeoX with partial rotary
-    python benchmarks/grow_base.py --arch qwen2 --heads 4 --kv-heads 2 --window 128 --short-context 16 \
-        --out ctxext/resources/grown-qwen2-128
+    # other shapes (docs/grown-model.md): Mistral or Qwen2 with GQA at a 128-token window, GPT-NeoX with
+    # partial rotary
+    python benchmarks/grow_base.py --arch mistral --heads 4 --kv-heads 2 --window 128 --short-context 16 \
+        --out ctxext/resources/grown-mistral-128
     python benchmarks/grow_base.py --arch gpt_neox --rotary-pct 0.25 --intermediate 1024 \
         --out ctxext/resources/grown-neox-64
     # builtin:grown-code-64-mk: two further stages on windows with 2-4 keys, asking for one, with an extra
@@ -297,7 +298,7 @@ def multikey_phrase(ss: dict[str, Any]) -> str:
 def shape_phrase(s: dict[str, Any]) -> str:
     """``Llama, 4 heads`` / ``Qwen2, 4 heads (2 key/value: GQA)`` / ``GPT-NeoX, 4 heads, rotary 25 %``."""
     arch = s.get("arch", "llama")  # a report from before the arch setting: a Llama
-    name = {"llama": "Llama", "qwen2": "Qwen2", "gpt_neox": "GPT-NeoX"}[arch]
+    name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "gpt_neox": "GPT-NeoX"}[arch]
     kv = s.get("kv_heads") or s["heads"]
     phrase = f"{name}, {s['heads']} heads" + (f" ({kv} key/value: GQA)" if kv != s["heads"] else "")
     rotary = s.get("rotary_pct", 1.0)

@@ -74,7 +74,10 @@ def test_neox_rotary_share_is_the_setting():
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"arch": "gpt2"}, "arch (--arch) 'gpt2': not a grown-model architecture; use one of llama, qwen2, gpt_neox"),
+        (
+            {"arch": "gpt2"},
+            "arch (--arch) 'gpt2': not a grown-model architecture; use one of llama, qwen2, mistral, gpt_neox",
+        ),
         ({"arch": "gpt_neox", "kv_heads": 2}, "kv_heads (--kv-heads) 2: gpt_neox has one key/value head per head"),
         ({"kv_heads": 3}, "kv_heads (--kv-heads) 3: must divide heads (--heads) 4"),
         ({"rotary_pct": 0.25}, "rotary_pct (--rotary-pct) 0.25: only gpt_neox rotates part of each head"),
@@ -154,6 +157,17 @@ def test_qwen2_gqa_base_with_a_128_token_window(few_files, tmp_path, cache_root)
     model = _extend_train_needle(base, tmp_path, 512)
     assert model["needle"]["settings"]["lengths"] == [512]
     assert sum(c["trials"] for c in model["needle"]["cells"]) == 10
+
+
+def test_mistral_gqa_base_keeps_its_tokenizer(few_files, tmp_path, cache_root):
+    # Mistral's tokenizer entry honours tokenizer_config.json (Qwen2's does not): the grown tokenizer loads as
+    # trained, so the model reads the needle's key with the ids it was trained on (_grow checks the count).
+    base = _grow("mistral", few_files, tmp_path, heads=4, kv_heads=2, window=128)
+    config = json.loads((base / "config.json").read_text())
+    assert config["model_type"] == "mistral" and config["sliding_window"] is None
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (4, 2)
+    model = _extend_train_needle(base, tmp_path, 256)
+    assert model["rope"]["current_length"] == 256
 
 
 def test_neox_partial_rotary_base(few_files, tmp_path, cache_root):

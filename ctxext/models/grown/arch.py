@@ -57,6 +57,13 @@ def _qwen2(s: Shape, tokenizer: Any) -> Any:
     return Qwen2Config(**_common(s, tokenizer), num_key_value_heads=s.kv_heads or s.heads, use_sliding_window=False)
 
 
+def _mistral(s: Shape, tokenizer: Any) -> Any:
+    from transformers import MistralConfig
+
+    # No sliding window: the whole window is attended, as in the other shapes.
+    return MistralConfig(**_common(s, tokenizer), num_key_value_heads=s.kv_heads or s.heads, sliding_window=None)
+
+
 def _gpt_neox(s: Shape, tokenizer: Any) -> Any:
     from transformers import GPTNeoXConfig
 
@@ -68,6 +75,7 @@ def _gpt_neox(s: Shape, tokenizer: Any) -> Any:
 ARCHITECTURES: dict[str, Callable[[Shape, Any], Any]] = {
     "llama": _llama,
     "qwen2": _qwen2,
+    "mistral": _mistral,
     "gpt_neox": _gpt_neox,
 }
 
@@ -77,7 +85,7 @@ def check_shape(s: Shape) -> None:
 
     Raises:
         InputError: unknown ``arch``, ``kv_heads`` that do not divide ``heads`` (or differ from them for
-            ``gpt_neox``), ``rotary_pct`` outside (0, 1] (or below 1 for ``llama`` / ``qwen2``), or a
+            ``gpt_neox``), ``rotary_pct`` outside (0, 1] (or below 1 for any other), or a
             ``hidden`` size that ``heads`` do not divide.
     """
     if s.arch not in ARCHITECTURES:
@@ -91,7 +99,7 @@ def check_shape(s: Shape) -> None:
     if s.arch == "gpt_neox" and kv != s.heads:
         raise InputError(
             f"kv_heads (--kv-heads) {s.kv_heads}: gpt_neox has one key/value head per head (no grouped-query "
-            f"attention); use 0 or {s.heads}, or --arch qwen2 / llama for GQA"
+            f"attention); use 0 or {s.heads}, or --arch qwen2 / mistral / llama for GQA"
         )
     if not 0 < s.rotary_pct <= 1:
         raise InputError(f"rotary_pct (--rotary-pct) {s.rotary_pct}: must be in (0, 1]")

@@ -20,11 +20,11 @@ class GrowSettings:
         hidden: hidden size.
         intermediate: MLP size.
         layers: decoder layers.
-        arch: the architecture: ``llama``, ``qwen2`` (GQA, q/k/v biases) or ``gpt_neox`` (partial rotary,
-            parallel residual, fused ``query_key_value``).
+        arch: the architecture: ``llama``, ``qwen2`` (GQA, q/k/v biases), ``mistral`` (GQA, no biases) or
+            ``gpt_neox`` (partial rotary, parallel residual, fused ``query_key_value``).
         heads: attention heads.
         kv_heads: key/value heads (0: as many as ``heads``); fewer than ``heads`` is grouped-query attention
-            (``llama`` and ``qwen2``; ``gpt_neox`` has one key/value head per head).
+            (``llama``, ``qwen2``, ``mistral``; ``gpt_neox`` has one key/value head per head).
         rotary_pct: share of each head's dimensions that rotate (below 1 only for ``gpt_neox``).
         rope_theta: RoPE base.
         needle_share: share of windows with one key/value needle and its query.
