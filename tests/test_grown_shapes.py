@@ -1,4 +1,4 @@
-"""Grown bases of other shapes than Llama: Qwen2 (GQA, q/k/v biases) and GPT-NeoX (partial rotary).
+"""Grown bases of other shapes than Llama: Qwen2 / Mistral (GQA) and GPT-NeoX (partial rotary).
 
 The builder grows each shape (here a few steps of a one-layer model on five stdlib files), and what a user
 then runs on it works: ``ctxext extend`` (RoPE patched and verified on the rotary dimensions only for
@@ -168,6 +168,16 @@ def test_mistral_gqa_base_keeps_its_tokenizer(few_files, tmp_path, cache_root):
     assert (config["num_attention_heads"], config["num_key_value_heads"]) == (4, 2)
     model = _extend_train_needle(base, tmp_path, 256)
     assert model["rope"]["current_length"] == 256
+
+
+def test_a_continued_stage_can_lengthen_the_window(few_files, tmp_path):
+    # A window stage: a model grown at 64 tokens continues at 128 and is saved as a 128-token model.
+    first = _grow("mistral", few_files, tmp_path, heads=4, kv_heads=2, window=64)
+    lines: list[str] = []
+    s = GrowSettings(arch="mistral", **TINY, heads=4, kv_heads=2, window=128)  # type: ignore[arg-type]
+    grow(s, tmp_path / "longer", lines.append, init_from=first, split=few_files)
+    config = json.loads((tmp_path / "longer" / "config.json").read_text())
+    assert config["max_position_embeddings"] == 128 and "window: 64 -> 128 tokens" in "\n".join(lines)
 
 
 def test_neox_partial_rotary_base(few_files, tmp_path, cache_root):

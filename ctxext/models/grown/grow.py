@@ -85,6 +85,11 @@ def grow(
         # A further stage: continue training a saved model (same tokenizer) with these settings.
         init, tokenizer = load_saved(init_from)
         init.train()
+        if init.config.max_position_embeddings != s.window:
+            # A window stage (as real pretraining lengthens its window late): the saved model becomes a model
+            # of --window; RoPE's base stays, the stage trains the new positions.
+            log(f"window: {init.config.max_position_embeddings} -> {s.window} tokens (max_position_embeddings)")
+            init.config.max_position_embeddings = s.window
     else:
         tokenizer = as_loaded(s, train_tokenizer(train_files, s.vocab_size))
     train_docs = encode_files(tokenizer, train_files)
