@@ -242,6 +242,10 @@ PACKAGED_MODELS = {
         "a 4.2M-parameter GPT-NeoX (rotary on 25 % of each head, parallel residual) grown the same way at a "
         "64-token window (packaged)"
     ),
+    "grown-mistral-128": (
+        "a 3.95M-parameter Mistral (grouped-query attention: 4 heads, 2 key/value) grown with the same builder at a "
+        "128-token window (packaged)"
+    ),
 }
 GROWN_DIR = RESOURCES / "grown-code-64"
 GROWN_MK_DIR = RESOURCES / "grown-code-64-mk"
