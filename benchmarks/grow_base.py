@@ -60,6 +60,7 @@ import torch
 
 from ctxext.errors import CtxextError
 from ctxext.models.grown import REPORT_JSON, GrowSettings, Needles, TrainingSequences, grow, load_saved, snap
+from ctxext.models.grown.arch import ARCHITECTURES
 from ctxext.models.grown.data import encode_files, split_files
 from ctxext.resources import RESOURCES
 
@@ -298,7 +299,7 @@ def multikey_phrase(ss: dict[str, Any]) -> str:
 def shape_phrase(s: dict[str, Any]) -> str:
     """``Llama, 4 heads`` / ``Qwen2, 4 heads (2 key/value: GQA)`` / ``GPT-NeoX, 4 heads, rotary 25 %``."""
     arch = s.get("arch", "llama")  # a report from before the arch setting: a Llama
-    name = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "gpt_neox": "GPT-NeoX"}[arch]
+    name = ARCHITECTURES[arch].name
     kv = s.get("kv_heads") or s["heads"]
     phrase = f"{name}, {s['heads']} heads" + (f" ({kv} key/value: GQA)" if kv != s["heads"] else "")
     rotary = s.get("rotary_pct", 1.0)

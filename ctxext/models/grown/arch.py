@@ -8,7 +8,7 @@ rotates, attention and MLP in parallel, fused ``query_key_value``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ctxext.errors import InputError
 
@@ -71,12 +71,19 @@ def _gpt_neox(s: Shape, tokenizer: Any) -> Any:
     return GPTNeoXConfig(**_common(s, tokenizer, partial_rotary_factor=s.rotary_pct), use_parallel_residual=True)
 
 
-# arch name -> the transformers config of a grown model of that shape.
-ARCHITECTURES: dict[str, Callable[[Shape, Any], Any]] = {
-    "llama": _llama,
-    "qwen2": _qwen2,
-    "mistral": _mistral,
-    "gpt_neox": _gpt_neox,
+class Architecture(NamedTuple):
+    """A grown-model architecture: its name in reports and the transformers config of a shape."""
+
+    name: str
+    config: Callable[[Shape, Any], Any]
+
+
+# arch setting -> the architecture.
+ARCHITECTURES: dict[str, Architecture] = {
+    "llama": Architecture("Llama", _llama),
+    "qwen2": Architecture("Qwen2", _qwen2),
+    "mistral": Architecture("Mistral", _mistral),
+    "gpt_neox": Architecture("GPT-NeoX", _gpt_neox),
 }
 
 

@@ -35,7 +35,7 @@ def build_model(s: GrowSettings, tokenizer: Any) -> Any:
     """
     from transformers import AutoModelForCausalLM
 
-    config = ARCHITECTURES[s.arch](s, tokenizer)
+    config = ARCHITECTURES[s.arch].config(s, tokenizer)
     torch.manual_seed(s.seed)
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
 
@@ -217,7 +217,7 @@ def as_loaded(s: GrowSettings, tokenizer: Any) -> Any:
     from transformers import AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
-        ARCHITECTURES[s.arch](s, tokenizer).save_pretrained(tmp)
+        ARCHITECTURES[s.arch].config(s, tokenizer).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         return AutoTokenizer.from_pretrained(tmp)
 
