@@ -64,10 +64,46 @@ def test_pose_task_rows_carry_their_positions(tmp_path, grown_tokenizer):
     assert inputs.position_ids is not None
     assert torch.equal(inputs.position_ids[own], rows["positions"][own])
     assert int(inputs.position_ids.max()) < 256
-    # Positions restart at every sample (segment) and grow inside it, with at most one skip per sample.
+    # Positions restart at every sample (segment) and grow inside it, skipping before the needle and the question.
     starts = torch.ones_like(rows["segments"], dtype=torch.bool)
     starts[:, 1:] = rows["segments"][:, 1:] != rows["segments"][:, :-1]
     assert bool((inputs.position_ids[own][starts[own]] == 0).all())
+
+
+@pytest.mark.parametrize("pose", [False, True])
+def test_near_needles_also_sit_late_in_the_span(tmp_path, grown_tokenizer, pose):
+    """Depth 100 at the target, a near needle after a long prefix, is trained; packed samples never reach it."""
+    from collections import Counter
+
+    from ctxext.tasks import Haystack
+    from ctxext.training.data.mixture import _task_rows
+
+    raw = _demo_recipe(tmp_path).model_dump(mode="json")
+    if pose:
+        raw["train"].update(pose={"chunks": 2}, seq_len=128)
+    late, spread = {}, {}
+    for placement in ("uniform", "packed"):
+        raw["data"]["task_position"] = placement
+        recipe = parse_recipe(raw)
+        (source,) = [s for s in recipe.data.mixture if s.task]
+        hay = Haystack.noise(grown_tokenizer, 1024)
+        _, draws = _task_rows("k", source, grown_tokenizer, hay, 300, recipe, 256 if pose else None, Counter())
+        summary = draws.summary()
+        assert summary["placement"] == placement and summary["span"] == 256
+        assert all(abs(a - 12.5) <= 2 for a in summary["eighths_percent"]), summary  # distances stay uniform
+        near = [p for d, p in zip(draws.realised, draws.positions, strict=True) if d < 256 // 8]
+        late[placement] = sum(p >= 192 for p in near) / len(near)
+        spread[placement] = summary["position_eighths_percent"]
+    assert late["packed"] == 0 and late["uniform"] >= 0.08, (late, spread)
+    # Given its distance a needle sits uniformly over what is left: the last eighths are reached, sparsely.
+    assert sum(spread["uniform"][4:]) >= 10 and spread["uniform"][0] <= 45, spread
+
+
+def test_unknown_task_position_names_the_key():
+    with pytest.raises(RecipeError) as err:
+        parse_recipe({"model": {"path": "builtin:tiny-llama"}, "data": {"path": "x", "task_position": "late"}})
+    message = dict(err.value.problems)["data.task_position"]
+    assert "unknown placement 'late'" in message and "packed, uniform" in message
 
 
 def test_unmeetable_distance_span_is_refused_naming_the_key(tmp_path, grown_tokenizer):

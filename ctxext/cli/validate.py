@@ -203,7 +203,7 @@ def _check_search(recipe: Recipe, config: Any, state: Any, problems: list[tuple[
 
 
 def distance_lines(recipe: Recipe, source: str = "recipe") -> list[str]:
-    """One line per task source of a mixture: its needle-distance histogram (eighths of the span, percent).
+    """Two lines per task source of a mixture: its needle distances and positions (eighths of the span, percent).
 
     Built from the first rows of each task source on a noise haystack with the model's tokenizer; nothing is
     downloaded (a Hub model gives no lines).
@@ -231,9 +231,13 @@ def distance_lines(recipe: Recipe, source: str = "recipe") -> list[str]:
     except InputError as exc:
         key, _, message = str(exc).partition(": ")
         raise RecipeError(source, [(key, message)]) from None
-    return [
-        f"{key} needle distances ({d['distribution']}, 0–{d['span']} {d['unit']}, {d['samples']} samples), percent per "
-        f"eighth: {' '.join(f'{p:.1f}' for p in d['eighths_percent'])} (expected "
-        f"{' '.join(f'{p:.1f}' for p in d['expected_percent'])})"
-        for key, d in previews.items()
-    ]
+    lines = []
+    for key, d in previews.items():
+        lines += [
+            f"{key} needle distances ({d['distribution']}, 0–{d['span']} {d['unit']}, {d['samples']} samples), "
+            f"percent per eighth: {' '.join(f'{p:.1f}' for p in d['eighths_percent'])} (expected "
+            f"{' '.join(f'{p:.1f}' for p in d['expected_percent'])})",
+            f"{key} needle positions ({d['placement']}), percent per eighth: "
+            f"{' '.join(f'{p:.1f}' for p in d['position_eighths_percent'])}",
+        ]
+    return lines

@@ -309,14 +309,25 @@ class DataSection(Section):
         "span (rope.target_length with PoSE, else the longest sample): uniform, or far (density rising with the "
         "distance; the last quarter holds 44 %)",
     )
+    task_position: str = Field(
+        default="packed",
+        description="task rows: where a needle sits, given its distance: packed (as early as packing leaves it: "
+        "near needles only in short samples) or uniform (drawn uniformly over what the span leaves, so a near "
+        "needle also comes after a long prefix, as at depth 100 of an evaluation at the target; measured no "
+        "better, see docs/training.md)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DataSection:
-        from ctxext.tasks.distance import DISTRIBUTIONS
+        from ctxext.tasks.distance import DISTRIBUTIONS, POSITIONS
 
         if self.task_distance not in DISTRIBUTIONS:
             raise ValueError(
                 f"task_distance: unknown distribution {self.task_distance!r}; choose one of: {', '.join(DISTRIBUTIONS)}"
+            )
+        if self.task_position not in POSITIONS:
+            raise ValueError(
+                f"task_position: unknown placement {self.task_position!r}; choose one of: {', '.join(POSITIONS)}"
             )
         if self.mixture is None:
             if self.path is None:

@@ -30,6 +30,14 @@ DESCRIPTIONS = {
     "far": "density rising linearly with the distance (the last quarter of the span holds 44 %)",
 }
 
+# Where a needle sits once its distance is drawn (``data.task_position``). An evaluation at the target puts
+# the needle at every depth of a full-length sample, so depth 100 there is a near needle after a long prefix;
+# "packed" samples are only as long as their distance needs and never train that corner.
+POSITIONS = {
+    "packed": "as early as packing leaves it (near needles only in short samples)",
+    "uniform": "the needle's position drawn uniformly over what the span leaves after its distance",
+}
+
 # The realised histogram is recorded in this many equal bins of the span.
 BINS = 8
 

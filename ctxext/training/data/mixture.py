@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ctxext.errors import InputError
 from ctxext.training.data.corpus import (
@@ -40,6 +40,9 @@ from ctxext.training.data.corpus import (
     select_documents,
     text_digest,
 )
+
+if TYPE_CHECKING:
+    from ctxext.training.data.task_rows import DistanceDraws
 
 # Tokens of real text a task's haystack holds (samples start at random offsets in it).
 HAYSTACK_MIN_TOKENS = 200_000
@@ -124,8 +127,8 @@ def _corpus_rows(
 
 def _task_rows(
     key: str, source: Any, tokenizer: Any, haystack: Any, count: int, recipe: Any, target: int | None, stats: Counter
-) -> tuple[list[dict], dict[str, Any]]:
-    """``count`` rows of a task source and its realised distance record (:mod:`ctxext.training.data.task_rows`)."""
+) -> tuple[list[dict], DistanceDraws]:
+    """``count`` rows of a task source and its distance draws (:mod:`ctxext.training.data.task_rows`)."""
     from ctxext.tasks import get_task
     from ctxext.training.data.task_rows import (
         DistanceDraws,
@@ -152,10 +155,11 @@ def _task_rows(
         span=target or longest,
         target_length=target,
         offset=random.Random(f"{seed}:{key}:distance").random(),
+        placement=recipe.data.task_position,
     )
     build = pose_distance_rows if target else token_distance_rows
     rows = build(src, tokenizer, haystack, count, seq_len, seed, draws, stats) if count else []
-    return rows, draws.summary()
+    return rows, draws
 
 
 def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> TrainingData:
@@ -205,13 +209,13 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
             hay_path = source.haystack or next((s.path for s in sources if s.path), data.path)
             haystack = _haystack(data, hay_path, corpus, corpora, held_out, tokenizer, count * seq_len)
             target = plan.target_length if plan is not None else None
-            made, distance = _task_rows(key, source, tokenizer, haystack, count, recipe, target, stats)
+            made, draws = _task_rows(key, source, tokenizer, haystack, count, recipe, target, stats)
             entry.update(
                 task=source.task,
                 haystack=hay_path,
                 answer_only=source.answer_only,
                 samples=dict(stats),
-                distance=distance,
+                distance=draws.summary(),
             )
         entry["tokens"] = count * seq_len
         all_rows += made
@@ -305,9 +309,8 @@ def preview_task_distances(recipe: Any, tokenizer: Any, rows: int = 64) -> dict[
         if source.task and source.weight > 0:
             key = f"data.mixture[{i}]"
             haystack = Haystack.noise(tokenizer, 4 * recipe.seq_len)
-            _, out[key] = _task_rows(
-                key, source, tokenizer, haystack, rows, recipe, recipe.rope.target_length, Counter()
-            )
+            _, draws = _task_rows(key, source, tokenizer, haystack, rows, recipe, recipe.rope.target_length, Counter())
+            out[key] = draws.summary()
     return out
 
 

@@ -2,21 +2,28 @@
 
 Each sample is its own segment (positions from 0, no attention across samples). Its needle-to-question
 distance (:mod:`ctxext.tasks.distance`: in positions, PoSE included) is drawn first, from
-``data.task_distance`` over the *span*, and the sample is built to realise it:
+``data.task_distance`` over the *span*; under ``data.task_position: uniform`` (not the default) then the
+position of its needle, uniformly over what the span leaves after that distance; the sample is built to
+realise both. An evaluation at the target puts the needle at every depth of a full-length sample, so its
+depth 100 is a near needle after a long prefix, which samples only as long as their distance needs
+(``packed``, the default) never train; training it measured no better (``docs/training.md``).
 
-* without PoSE the span is the longest sample (``max_length``, at most ``train.seq_len``) and the distance is
-  a token count: a sample is made long enough to hold its distance (at least ``min_length``), the needle
-  placed that many tokens before the query; the room a row has left is shared out as extra filler *before*
-  the needles (which moves no distance); a distance that no longer fits in a row opens the next one.
+* without PoSE the span is the longest sample (``max_length``, at most ``train.seq_len``) and both are token
+  counts: a sample holds its prefix (none under ``packed``), needle, distance and question (at least
+  ``min_length`` tokens); a sample that overflows its row's room shrinks its prefix to fit if it can, else
+  opens the next row; the room a row has left is shared out as extra filler *before* the needles (which
+  moves no distance).
 * with PoSE (``train.pose``) the span is ``rope.target_length``: sample lengths are drawn as before
   (uniform in ``[min_length, max_length]``), the needle is placed at a token distance that leaves the rest
-  to one position skip, put between the needle and the question; these rows carry their positions
-  (``positions``) instead of drawing PoSE at training time.
+  to one position skip, put between the needle and the question, and (``uniform``) a second skip before the
+  needle (after the first token, which keeps position 0) carries it to its drawn position; these rows carry their
+  positions (``positions``) instead of drawing PoSE at training time.
 
 The draws are quasi-random (a golden-ratio sequence from a seeded start), so even a short run's histogram
 follows the distribution closely. A distance outside what a sample can hold (shorter than its needle and
 question, longer than its length allows) is clamped to the nearest one it can hold (``mixture.json`` counts
 them); a span whose last eighth no sample can reach is refused, naming ``data.task_distance``.
+``mixture.json`` records the needle positions per eighth of the span beside the distances.
 """
 
 from __future__ import annotations
@@ -44,8 +51,10 @@ class DistanceDraws:
         span: distances are drawn in ``[0, span)``.
         target_length: with PoSE, the positions a sample may reach; ``None`` without PoSE.
         offset: where the quasi-random sequence starts.
+        placement: where a needle sits given its distance (``data.task_position``).
         draws: how many were drawn.
         realised: the distance each sample got.
+        positions: the position of each sample's needle (PoSE skips included).
         clamped: samples whose distance was clamped to what they could hold.
     """
 
@@ -53,8 +62,10 @@ class DistanceDraws:
     span: int
     target_length: int | None
     offset: float
+    placement: str = "packed"
     draws: int = 0
     realised: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
     clamped: int = 0
 
     def next(self) -> int:
@@ -63,9 +74,20 @@ class DistanceDraws:
         self.draws += 1
         return min(self.span - 1, int(DISTRIBUTIONS[self.kind](u) * self.span))
 
-    def record(self, wanted: int, got: int) -> None:
-        """Note a sample's realised distance (``wanted``: the one drawn)."""
+    def position(self, distance: int, tail: int, rng: random.Random) -> int | None:
+        """Where a needle ``distance`` before its query should sit: uniform over what the span leaves.
+
+        ``tail``: the positions a sample needs beyond its distance (needle to answer end). ``None`` under
+        ``packed`` (as early as packing leaves it), which draws nothing, so its rows stay as they were.
+        """
+        if self.placement == "packed":
+            return None
+        return rng.randint(0, max(0, self.span - tail - distance))
+
+    def record(self, wanted: int, got: int, position: int) -> None:
+        """Note a sample's realised distance (``wanted``: the one drawn) and its needle's position."""
         self.realised.append(got)
+        self.positions.append(position)
         self.clamped += int(wanted != got)
 
     def summary(self) -> dict[str, Any]:
@@ -78,6 +100,8 @@ class DistanceDraws:
             "clamped": self.clamped,
             "eighths_percent": histogram(self.realised, self.span),
             "expected_percent": [round(100 * s, 1) for s in expected_shares(self.kind)],
+            "placement": self.placement,
+            "position_eighths_percent": histogram(self.positions, self.span),
         }
 
 
@@ -168,21 +192,29 @@ def token_distance_rows(
     draws: DistanceDraws,
     stats: Counter,
 ) -> list[dict[str, Any]]:
-    """Rows without PoSE: each sample as long as its drawn distance needs; a row's room shared out before needles."""
+    """Rows without PoSE: each sample as long as its drawn prefix and distance need; a row's room shared out."""
     tails = overheads(src, tokenizer, haystack, draws)
-    pending: list[tuple[int, int]] = []
+    pending: list[tuple[int, int, int]] = []
     rows = []
     for r in range(n_rows):
         rng = random.Random(f"{seed}:{src.key}:{r}")
         planned: list[list[int]] = []  # [distance, template, length]
         used = 0
         while seq_len - used >= src.min_length:
-            d, template = pending.pop() if pending else (draws.next(), rng.choice(src.templates))
+            if pending:
+                d, template, prefix = pending.pop()
+            else:
+                d, template = draws.next(), rng.choice(src.templates)
+                prefix = draws.position(min(d, src.max_length - tails[template][1]), tails[template][1], rng) or 0
             d_fit = min(d, src.max_length - tails[template][1])
-            need = max(src.min_length, d_fit + tails[template][1])
+            # The prefix (filler before the needle) is the needle's position: a sample holds it whole.
+            need = max(src.min_length, d_fit + tails[template][1] + prefix)
             if used + need > seq_len:
-                pending.append((d, template))  # opens the next row
-                break
+                if prefix and used + max(src.min_length, d_fit + tails[template][1]) <= seq_len:
+                    need = seq_len - used  # its prefix shrinks to the room the row has left
+                else:
+                    pending.append((d, template, prefix))  # opens the next row
+                    break
             planned.append([d, template, need])
             used += need
         # The room left: extra filler before the needles of random samples (no distance moves), within max_length.
@@ -196,7 +228,8 @@ def token_distance_rows(
         samples: list[tuple[Any, list[int] | None]] = []
         for d, template, length in planned:
             sample = place(src, tokenizer, haystack, length, d, template, rng)
-            draws.record(d, sample_distance(sample))
+            assert sample.needle_span is not None  # place() measured it
+            draws.record(d, sample_distance(sample), sample.needle_span[0])
             samples.append((sample, None))
         rows.append(_row(samples, src.answer_only, stats))
     return rows
@@ -212,7 +245,7 @@ def pose_distance_rows(
     draws: DistanceDraws,
     stats: Counter,
 ) -> list[dict[str, Any]]:
-    """Rows with PoSE: lengths drawn as before; each distance reached with one position skip before the question."""
+    """Rows with PoSE: lengths drawn as before; distance and needle position reached with a skip before each."""
     assert draws.target_length is not None
     limits = overheads(src, tokenizer, haystack, draws)
     rows = []
@@ -229,17 +262,25 @@ def pose_distance_rows(
             d, template = draws.next(), rng.choice(src.templates)
             lowest, tail = limits[template]
             room = draws.target_length - length
+            at = draws.position(d, tail, rng)
             # A token distance the skip can complete: at most d, at least d - room, within the sample.
             lo, hi = max(lowest, d - room), min(length - tail, d)
+            if at is not None:
+                # At most ``at`` tokens before the needle, so a skip before it can reach ``at``; a sample too
+                # long for that puts its needle as early as its distance allows.
+                lo = min(max(lo, length - tail - at), hi)
             t = rng.randint(lo, hi) if lo <= hi else min(max(d - room, lowest), length - tail)
             sample = place(src, tokenizer, haystack, length, t, template, rng)
             got = sample_distance(sample)
             skip = min(max(d - got, 0), room)
             assert sample.needle_span is not None  # place() measured it
-            query = sample.answer_span[0] - 1
+            needle, query = sample.needle_span[0], sample.answer_span[0] - 1
+            # The skip before the needle (placed only) starts after the first token, which keeps position 0.
+            before = min(max(at - needle, 0), room - skip) if at is not None and needle else 0
+            first = rng.randint(1, needle) if before else 0
             cut = rng.randint(min(sample.needle_span[1], query), query)
-            positions = [i + (skip if i >= cut else 0) for i in range(length)]
-            draws.record(d, sample_distance(sample, positions))
+            positions = [i + (before if i >= first else 0) + (skip if i >= cut else 0) for i in range(length)]
+            draws.record(d, sample_distance(sample, positions), positions[needle])
             samples.append((sample, positions))
             used += length
         rows.append(_row(samples, src.answer_only, stats))

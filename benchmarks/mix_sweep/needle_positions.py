@@ -1,0 +1,58 @@
+"""Where a recipe's task rows put their needles: needle position against needle-to-question distance.
+
+    python benchmarks/mix_sweep/needle_positions.py RECIPE.yaml [ROWS]
+
+Builds ``ROWS`` rows (300 by default) of the recipe's first task source on a noise haystack (positions depend
+on lengths, not on the filler) and prints, per eighth of the distance span, how many samples fall in it and
+the median and largest needle position (PoSE skips included), then how many needles closer than an eighth of
+the span to their question sit past half and three quarters of it: where an evaluation's depth 100 at the
+target puts them.
+"""
+
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
+    from transformers import AutoTokenizer
+
+    from ctxext.models.sources import load_config
+    from ctxext.recipe.schema import load_recipe
+    from ctxext.tasks import Haystack
+    from ctxext.training.data.mixture import _task_rows
+
+    recipe = load_recipe(sys.argv[1])
+    rows = int(sys.argv[2]) if len(sys.argv) > 2 else 300
+    _, folder = load_config(recipe.model.path, recipe.model.revision)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    (key, source) = next((f"data.mixture[{i}]", s) for i, s in enumerate(recipe.data.mixture or []) if s.task)
+    haystack = Haystack.noise(tokenizer, 4 * recipe.seq_len)
+    target = recipe.rope.target_length
+    _, draws = _task_rows(key, source, tokenizer, haystack, rows, recipe, target, Counter())
+    span = draws.span
+    print(f"{key}: {len(draws.realised)} samples in {rows} rows, placement {draws.placement}, span {span}")
+    pairs = list(zip(draws.realised, draws.positions, strict=True))
+    for k in range(8):
+        got = [p for d, p in pairs if k * span // 8 <= d < (k + 1) * span // 8]
+        if got:
+            print(
+                f"  distance {k * span // 8}-{(k + 1) * span // 8 - 1}: {len(got)} samples, needle position "
+                f"median {statistics.median(got):g}, max {max(got)}"
+            )
+    near = [p for d, p in pairs if d < span // 8]
+    print(
+        f"  needles closer than {span // 8}: {len(near)}; past position {span // 2}: "
+        f"{sum(p >= span // 2 for p in near)}; past {3 * span // 4}: {sum(p >= 3 * span // 4 for p in near)}"
+    )
+
+
+if __name__ == "__main__":
+    main()
