@@ -1,0 +1,55 @@
+"""The needle trials a model misses in one cell, and what it predicts instead (teacher-forced argmax).
+
+    python benchmarks/mix_sweep/misses.py MODEL LENGTH DEPTH [TRIALS]
+
+Trials are ``needle`` (form t0) samples seeded as in ``qeval.py`` (1234; 50 per cell by default, the trials
+``qeval.py`` scores). Per miss: the trial index, the value asked for and its tokens, the argmax prediction at
+each answer position given the true prefix, and the needle's span and text.
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
+    import torch
+
+    from ctxext.evaluation.data import iter_texts
+    from ctxext.evaluation.grid import GridSettings, make_samples
+    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.tasks import Haystack
+
+    torch.set_num_threads(1)
+    path, length, depth = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    trials = int(sys.argv[4]) if len(sys.argv) > 4 else 50
+    loaded = load_model(ModelSpec(path, name=Path(path).name), device="cpu")
+    tok = loaded.tokenizer
+    hay = Haystack.from_texts(tok, iter_texts("builtin:stdlib"), 200_000, "builtin:stdlib")
+    settings = GridSettings(lengths=[length], depths=[depth], trials=trials, seed=1234)
+    misses = 0
+    for i, sample in enumerate(make_samples(tok, "needle", hay, length, depth, settings, 0)):
+        start, end = sample.answer_span
+        with torch.no_grad():
+            logits = loaded.model(torch.tensor([sample.ids])).logits[0]
+        predicted = logits[start - 1 : end - 1].argmax(-1).tolist()
+        gold = sample.ids[start:end]
+        if predicted == list(gold):
+            continue
+        misses += 1
+        needle = sample.needle_span or (0, 0)
+        print(
+            f"trial {i}: asked {tok.decode(gold)!r} {tok.convert_ids_to_tokens(gold)}, predicted "
+            f"{tok.decode(predicted)!r} {tok.convert_ids_to_tokens(predicted)}; needle at {needle[0]}-{needle[1]} "
+            f"{tok.decode(sample.ids[needle[0] : needle[1]])!r}, answer at {start}"
+        )
+    print(f"{misses} of {trials} missed")
+
+
+if __name__ == "__main__":
+    main()

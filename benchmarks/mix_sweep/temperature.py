@@ -1,0 +1,93 @@
+"""Attention temperature probe: needle retrieval of a model with its attention logits multiplied by ``t``.
+
+    python benchmarks/mix_sweep/temperature.py MODEL LENGTH:DEPTH[,LENGTH:DEPTH …] T[,T …] [TRIALS]
+    python benchmarks/mix_sweep/temperature.py MODEL ppl:LENGTH T[,T …]
+
+The rotary embedding's ``attention_scaling`` (the factor transformers multiplies cos and sin by, YaRN's
+``attention_factor``) is multiplied by ``sqrt(t)``, so every query-key logit of the rotary dimensions is
+multiplied by ``t`` (for a partial-rotary model only those dimensions: not a uniform temperature). Trials are
+teacher-forced ``needle`` (form t0) samples seeded as in ``qeval.py`` (1234), 100 per cell by default, the
+same trials for every ``t``: one line per cell, correct trials per ``t`` and, for each ``t`` after the first,
+the discordant trials against the first (``+a/−b``) with the exact McNemar p. A ``ppl:LENGTH`` cell is the
+perplexity of the first ``LENGTH`` tokens of 32 stdlib documents (as ``qeval.py`` reads them), over all
+positions, the last quarter and the first 128, per ``t``.
+"""
+
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
+    import torch
+
+    from ctxext.evaluation.answer_scoring import score_answers
+    from ctxext.evaluation.data import iter_texts
+    from ctxext.evaluation.grid import GridSettings, make_samples
+    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.evaluation.stats import mcnemar_exact
+    from ctxext.tasks import Haystack
+
+    torch.set_num_threads(1)
+    path = sys.argv[1]
+    cells = [c.split(":") for c in sys.argv[2].split(",")]
+    temps = [float(t) for t in sys.argv[3].split(",")]
+    trials = int(sys.argv[4]) if len(sys.argv) > 4 else 100
+    loaded = load_model(ModelSpec(path, name=Path(path).name), device="cpu")
+    hay = Haystack.from_texts(loaded.tokenizer, iter_texts("builtin:stdlib"), 200_000, "builtin:stdlib")
+    rotary = [m for m in loaded.model.modules() if hasattr(m, "attention_scaling")]
+    if not rotary:
+        raise SystemExit(f"{path}: no rotary embedding with attention_scaling found")
+    saved = [m.attention_scaling for m in rotary]
+
+    def use(t: float) -> None:
+        for m, s in zip(rotary, saved, strict=True):
+            m.attention_scaling = float(s) * math.sqrt(t)
+
+    for kind, size in cells:
+        if kind == "ppl":
+            ppl_cell(loaded, int(size), temps, use)
+            continue
+        length, depth = int(kind), int(size)
+        settings = GridSettings(lengths=[length], depths=[depth], trials=trials, seed=1234)
+        samples = make_samples(loaded.tokenizer, "needle", hay, length, depth, settings, 0)
+        outcomes = []
+        for t in temps:
+            use(t)
+            scores = score_answers(loaded.model, [x.ids for x in samples], [x.answer_span for x in samples])
+            outcomes.append([bool(x.correct) for x in scores])
+        shown = []
+        for t, got in zip(temps, outcomes, strict=True):
+            test = mcnemar_exact(got, outcomes[0])
+            paired = (
+                f" (+{test['only_a']}/−{test['only_b']}, p = {test['p_value']:.2g})" if got is not outcomes[0] else ""
+            )
+            shown.append(f"t={t:g}: {sum(got)}/{trials}{paired}")
+        print(f"{Path(path).name} {length} tokens, depth {depth}: {'  '.join(shown)}", flush=True)
+
+
+def ppl_cell(loaded, length: int, temps: list[float], use) -> None:
+    """Perplexity of the first ``length`` tokens of 32 stdlib documents per ``t``: all, last quarter, first 128."""
+    import torch
+
+    from ctxext.evaluation.data import iter_texts
+    from ctxext.evaluation.documents import tokenize_documents
+    from ctxext.evaluation.scoring import token_nll
+
+    docs = tokenize_documents(iter_texts("builtin:stdlib"), loaded.tokenizer, length, 32).ids
+    for t in temps:
+        use(t)
+        nll = torch.stack([token_nll(loaded.model, d[:length].unsqueeze(0))[0] for d in docs])
+        parts = {"all": nll, "last quarter": nll[:, -(length // 4) :], "first 128": nll[:, :127]}
+        shown = "  ".join(f"{k} {math.exp(float(v.mean())):.3f}" for k, v in parts.items())
+        print(f"{loaded.name} ppl of {length} tokens, t={t:g}: {shown}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
