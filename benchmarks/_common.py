@@ -23,6 +23,29 @@ def mcnemar_vs_reference(a: list[int], b: list[int]) -> dict[str, Any]:
     return {"only_this": test["only_a"], "only_reference": test["only_b"], "p_value": test["p_value"]}
 
 
+def probe_model(path: str, haystack_tokens: int = 200_000) -> tuple[Any, Any]:
+    """A model loaded for a probe (CPU, one thread) and a stdlib haystack in its tokenizer.
+
+    The sweep's probes (``benchmarks/mix_sweep``) score samples built the way ``qeval.py`` builds them.
+
+    Returns:
+        The :class:`ctxext.evaluation.loading.LoadedModel` (named after the folder) and the haystack.
+    """
+    from pathlib import Path
+
+    import torch
+
+    from ctxext.evaluation.data import iter_texts
+    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.tasks import Haystack
+
+    torch.set_num_threads(1)
+    loaded = load_model(ModelSpec(path, name=Path(path).name), device="cpu")
+    return loaded, Haystack.from_texts(
+        loaded.tokenizer, iter_texts("builtin:stdlib"), haystack_tokens, "builtin:stdlib"
+    )
+
+
 def demo_recipe(
     run_dir: Any,
     overrides: list[str] | tuple[str, ...] = (),

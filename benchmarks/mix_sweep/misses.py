@@ -20,17 +20,13 @@ def main() -> None:
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     import torch
 
-    from ctxext.evaluation.data import iter_texts
+    from benchmarks._common import probe_model
     from ctxext.evaluation.grid import GridSettings, make_samples
-    from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.tasks import Haystack
 
-    torch.set_num_threads(1)
     path, length, depth = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     trials = int(sys.argv[4]) if len(sys.argv) > 4 else 50
-    loaded = load_model(ModelSpec(path, name=Path(path).name), device="cpu")
+    loaded, hay = probe_model(path)
     tok = loaded.tokenizer
-    hay = Haystack.from_texts(tok, iter_texts("builtin:stdlib"), 200_000, "builtin:stdlib")
     settings = GridSettings(lengths=[length], depths=[depth], trials=trials, seed=1234)
     misses = 0
     for i, sample in enumerate(make_samples(tok, "needle", hay, length, depth, settings, 0)):

@@ -24,16 +24,13 @@ def main() -> None:
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     import torch
 
-    from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.tasks import Haystack, get_task
+    from benchmarks._common import probe_model
+    from ctxext.tasks import get_task
 
-    torch.set_num_threads(1)
     path = sys.argv[1]
     length, n, distractors = (int(x) for x in (sys.argv[2:] + ["64", "200", "2"][len(sys.argv) - 2 :])[:3])
-    loaded = load_model(ModelSpec(path, name="m"), device="cpu")
+    loaded, hay = probe_model(path, 50_000)
     tok, model = loaded.tokenizer, loaded.model
-    hay = Haystack.from_texts(tok, iter_texts("builtin:stdlib"), 50_000, "builtin:stdlib")
     one_token = len(tok.encode("\nKEY_ab =", add_special_tokens=False))
     task, rng = get_task("multikey"), random.Random(7)
     counts: collections.Counter = collections.Counter()

@@ -25,22 +25,16 @@ def main() -> None:
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    import torch
-
+    from benchmarks._common import probe_model
     from ctxext.evaluation.answer_scoring import score_answers
-    from ctxext.evaluation.data import iter_texts
     from ctxext.evaluation.grid import GridSettings, make_samples
-    from ctxext.evaluation.loading import ModelSpec, load_model
     from ctxext.evaluation.stats import mcnemar_exact
-    from ctxext.tasks import Haystack
 
-    torch.set_num_threads(1)
     path = sys.argv[1]
     cells = [c.split(":") for c in sys.argv[2].split(",")]
     temps = [float(t) for t in sys.argv[3].split(",")]
     trials = int(sys.argv[4]) if len(sys.argv) > 4 else 100
-    loaded = load_model(ModelSpec(path, name=Path(path).name), device="cpu")
-    hay = Haystack.from_texts(loaded.tokenizer, iter_texts("builtin:stdlib"), 200_000, "builtin:stdlib")
+    loaded, hay = probe_model(path)
     rotary = [m for m in loaded.model.modules() if hasattr(m, "attention_scaling")]
     if not rotary:
         raise SystemExit(f"{path}: no rotary embedding with attention_scaling found")
