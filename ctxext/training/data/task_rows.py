@@ -194,23 +194,22 @@ def token_distance_rows(
 ) -> list[dict[str, Any]]:
     """Rows without PoSE: each sample as long as its drawn prefix and distance need; a row's room shared out."""
     tails = overheads(src, tokenizer, haystack, draws)
-    pending: list[tuple[int, int, int]] = []
+    pending: list[tuple[int, int, int | None]] = []
     rows = []
     for r in range(n_rows):
         rng = random.Random(f"{seed}:{src.key}:{r}")
         planned: list[list[int]] = []  # [distance, template, length]
         used = 0
         while seq_len - used >= src.min_length:
-            if pending:
-                d, template, prefix = pending.pop()
-            else:
-                d, template = draws.next(), rng.choice(src.templates)
-                prefix = draws.position(min(d, src.max_length - tails[template][1]), tails[template][1], rng) or 0
-            d_fit = min(d, src.max_length - tails[template][1])
+            d, template, prefix = pending.pop() if pending else (draws.next(), rng.choice(src.templates), None)
+            tail = tails[template][1]
+            d_fit = min(d, src.max_length - tail)
+            if prefix is None:
+                prefix = draws.position(d_fit, tail, rng) or 0
             # The prefix (filler before the needle) is the needle's position: a sample holds it whole.
-            need = max(src.min_length, d_fit + tails[template][1] + prefix)
+            need = max(src.min_length, d_fit + tail + prefix)
             if used + need > seq_len:
-                if prefix and used + max(src.min_length, d_fit + tails[template][1]) <= seq_len:
+                if prefix and used + max(src.min_length, d_fit + tail) <= seq_len:
                     need = seq_len - used  # its prefix shrinks to the room the row has left
                 else:
                     pending.append((d, template, prefix))  # opens the next row
