@@ -2,6 +2,7 @@
 
     python benchmarks/mix_sweep/temperature.py MODEL LENGTH:DEPTH[,LENGTH:DEPTH …] T[,T …] [TRIALS]
     python benchmarks/mix_sweep/temperature.py MODEL ppl:LENGTH T[,T …]
+    BASE=BASE python benchmarks/mix_sweep/temperature.py MODEL ratio:WINDOW:TARGET T[,T …]
 
 The rotary embedding's ``attention_scaling`` (the factor transformers multiplies cos and sin by, YaRN's
 ``attention_factor``) is multiplied by ``sqrt(t)``, so every query-key logit of the rotary dimensions is
@@ -10,7 +11,9 @@ teacher-forced ``needle`` (form t0) samples seeded as in ``qeval.py`` (1234), 10
 same trials for every ``t``: one line per cell, correct trials per ``t`` and, for each ``t`` after the first,
 the discordant trials against the first (``+a/−b``) with the exact McNemar p. A ``ppl:LENGTH`` cell is the
 perplexity of the first ``LENGTH`` tokens of 32 stdlib documents (as ``qeval.py`` reads them), over all
-positions, the last quarter and the first 128, per ``t``.
+positions, the last quarter and the first 128, per ``t``. A ``ratio:WINDOW:TARGET`` cell is ``qeval.py``'s
+in-window perplexity ratio to the unpatched ``BASE`` (the first ``WINDOW`` tokens of 32 documents of at least
+``TARGET`` tokens, 95 % paired bootstrap), per ``t``.
 """
 
 import math
@@ -44,9 +47,12 @@ def main() -> None:
         for m, s in zip(rotary, saved, strict=True):
             m.attention_scaling = float(s) * math.sqrt(t)
 
-    for kind, size in cells:
+    for kind, size, *rest in cells:
         if kind == "ppl":
             ppl_cell(loaded, int(size), temps, use)
+            continue
+        if kind == "ratio":
+            ratio_cell(loaded, int(size), int(rest[0]), temps, use)
             continue
         length, depth = int(kind), int(size)
         settings = GridSettings(lengths=[length], depths=[depth], trials=trials, seed=1234)
@@ -81,6 +87,33 @@ def ppl_cell(loaded, length: int, temps: list[float], use) -> None:
         parts = {"all": nll, "last quarter": nll[:, -(length // 4) :], "first 128": nll[:, :127]}
         shown = "  ".join(f"{k} {math.exp(float(v.mean())):.3f}" for k, v in parts.items())
         print(f"{loaded.name} ppl of {length} tokens, t={t:g}: {shown}", flush=True)
+
+
+def ratio_cell(loaded, window: int, target: int, temps: list[float], use) -> None:
+    """In-window perplexity ratio to the unpatched ``BASE`` per ``t``, on ``qeval.py``'s documents."""
+    import os
+
+    import numpy as np
+
+    from ctxext.evaluation.data import iter_texts
+    from ctxext.evaluation.documents import tokenize_documents
+    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.evaluation.scoring import token_nll
+    from ctxext.evaluation.stats import paired_ppl_ratio
+
+    docs = tokenize_documents(iter_texts("builtin:stdlib"), loaded.tokenizer, target, 32).ids
+
+    def nll(model) -> np.ndarray:
+        return np.array([float(token_nll(model, d[:window].unsqueeze(0))[0].sum()) for d in docs])
+
+    base = nll(load_model(ModelSpec(os.environ["BASE"], name="base"), device="cpu").model)
+    for t in temps:
+        use(t)
+        r = paired_ppl_ratio(nll(loaded.model), base, np.full(len(docs), window - 1.0), resamples=1000, seed=0)
+        print(
+            f"{loaded.name} ppl@{window} / base, t={t:g}: {r['ratio']:.3f} ({r['ci_low']:.3f}–{r['ci_high']:.3f})",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
