@@ -46,6 +46,23 @@ def probe_model(path: str, haystack_tokens: int = 200_000) -> tuple[Any, Any]:
     )
 
 
+def stdlib_documents(tokenizer: Any, min_tokens: int, count: int = 32) -> list[Any]:
+    """The first ``count`` stdlib documents of at least ``min_tokens`` tokens (``qeval.py``'s perplexity documents)."""
+    from ctxext.evaluation.data import iter_texts
+    from ctxext.evaluation.documents import tokenize_documents
+
+    return tokenize_documents(iter_texts("builtin:stdlib"), tokenizer, min_tokens, count).ids
+
+
+def document_nll(model: Any, documents: list[Any], length: int) -> Any:
+    """Per-token NLL of the first ``length`` tokens of each document: a ``[documents, length - 1]`` tensor."""
+    import torch
+
+    from ctxext.evaluation.scoring import token_nll
+
+    return torch.stack([token_nll(model, d[:length].unsqueeze(0))[0] for d in documents])
+
+
 def demo_recipe(
     run_dir: Any,
     overrides: list[str] | tuple[str, ...] = (),

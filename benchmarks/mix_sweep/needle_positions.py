@@ -11,7 +11,6 @@ target puts them.
 
 import statistics
 import sys
-from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,17 +25,12 @@ def main() -> None:
 
     from ctxext.models.sources import load_config
     from ctxext.recipe.schema import load_recipe
-    from ctxext.tasks import Haystack
-    from ctxext.training.data.mixture import _task_rows
+    from ctxext.training.data.mixture import preview_draws
 
     recipe = load_recipe(sys.argv[1])
     rows = int(sys.argv[2]) if len(sys.argv) > 2 else 300
     _, folder = load_config(recipe.model.path, recipe.model.revision)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    (key, source) = next((f"data.mixture[{i}]", s) for i, s in enumerate(recipe.data.mixture or []) if s.task)
-    haystack = Haystack.noise(tokenizer, 4 * recipe.seq_len)
-    target = recipe.rope.target_length
-    _, draws = _task_rows(key, source, tokenizer, haystack, rows, recipe, target, Counter())
+    key, draws = next(iter(preview_draws(recipe, AutoTokenizer.from_pretrained(folder), rows).items()))
     span = draws.span
     print(f"{key}: {len(draws.realised)} samples in {rows} rows, placement {draws.placement}, span {span}")
     pairs = list(zip(draws.realised, draws.positions, strict=True))

@@ -31,11 +31,10 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
+    from benchmarks._common import document_nll, stdlib_documents
     from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.documents import tokenize_documents
     from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.evaluation.scoring import token_nll
     from ctxext.evaluation.stats import paired_ppl_ratio
     from ctxext.tasks import Haystack
 
@@ -44,10 +43,10 @@ def main() -> None:
     window = int(os.environ.get("ORIGINAL", "64"))
     tok = AutoTokenizer.from_pretrained(paths[0])
     hay = Haystack.from_texts(tok, iter_texts("builtin:stdlib"), 200_000, "builtin:stdlib")
-    docs = tokenize_documents(iter_texts("builtin:stdlib"), tok, target, 32).ids
+    docs = stdlib_documents(tok, target)
 
     def doc_nll(loaded, length):
-        return [float(token_nll(loaded.model, d[:length].unsqueeze(0))[0].sum()) for d in docs]
+        return [float(x) for x in document_nll(loaded.model, docs, length).sum(dim=1)]
 
     base = ModelSpec(os.environ.get("BASE", "builtin:grown-code-64"), name="base")
     base_nll = doc_nll(load_model(base, device="cpu"), window)

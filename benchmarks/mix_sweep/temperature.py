@@ -74,16 +74,12 @@ def main() -> None:
 
 def ppl_cell(loaded, length: int, temps: list[float], use) -> None:
     """Perplexity of the first ``length`` tokens of 32 stdlib documents per ``t``: all, last quarter, first 128."""
-    import torch
+    from benchmarks._common import document_nll, stdlib_documents
 
-    from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.documents import tokenize_documents
-    from ctxext.evaluation.scoring import token_nll
-
-    docs = tokenize_documents(iter_texts("builtin:stdlib"), loaded.tokenizer, length, 32).ids
+    docs = stdlib_documents(loaded.tokenizer, length)
     for t in temps:
         use(t)
-        nll = torch.stack([token_nll(loaded.model, d[:length].unsqueeze(0))[0] for d in docs])
+        nll = document_nll(loaded.model, docs, length)
         parts = {"all": nll, "last quarter": nll[:, -(length // 4) :], "first 128": nll[:, :127]}
         shown = "  ".join(f"{k} {math.exp(float(v.mean())):.3f}" for k, v in parts.items())
         print(f"{loaded.name} ppl of {length} tokens, t={t:g}: {shown}", flush=True)
@@ -95,16 +91,14 @@ def ratio_cell(loaded, window: int, target: int, temps: list[float], use) -> Non
 
     import numpy as np
 
-    from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.documents import tokenize_documents
+    from benchmarks._common import document_nll, stdlib_documents
     from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.evaluation.scoring import token_nll
     from ctxext.evaluation.stats import paired_ppl_ratio
 
-    docs = tokenize_documents(iter_texts("builtin:stdlib"), loaded.tokenizer, target, 32).ids
+    docs = stdlib_documents(loaded.tokenizer, target)
 
     def nll(model) -> np.ndarray:
-        return np.array([float(token_nll(model, d[:window].unsqueeze(0))[0].sum()) for d in docs])
+        return document_nll(model, docs, window).sum(dim=1).double().numpy()
 
     base = nll(load_model(ModelSpec(os.environ["BASE"], name="base"), device="cpu").model)
     for t in temps:

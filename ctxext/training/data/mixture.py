@@ -301,16 +301,24 @@ def preview_task_distances(recipe: Any, tokenizer: Any, rows: int = 64) -> dict[
     Raises:
         InputError: a distance span the rows cannot meet (naming ``data.task_distance``), a task that cannot fit.
     """
+    return {key: draws.summary() for key, draws in preview_draws(recipe, tokenizer, rows).items()}
+
+
+def preview_draws(recipe: Any, tokenizer: Any, rows: int = 64) -> dict[str, DistanceDraws]:
+    """Each task source's distance draws (distances and needle positions per sample) from its first ``rows`` rows.
+
+    Built as :func:`preview_task_distances` builds them, on a noise haystack.
+    """
     from ctxext.tasks import Haystack
 
-    data = recipe.data
     out = {}
-    for i, source in enumerate(data.mixture or []):
+    for i, source in enumerate(recipe.data.mixture or []):
         if source.task and source.weight > 0:
             key = f"data.mixture[{i}]"
             haystack = Haystack.noise(tokenizer, 4 * recipe.seq_len)
-            _, draws = _task_rows(key, source, tokenizer, haystack, rows, recipe, recipe.rope.target_length, Counter())
-            out[key] = draws.summary()
+            _, out[key] = _task_rows(
+                key, source, tokenizer, haystack, rows, recipe, recipe.rope.target_length, Counter()
+            )
     return out
 
 
