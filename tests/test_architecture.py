@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ctxext"
 # The layers (docs/design.md), one per folder. Core: one concept each, no workflow. Orchestration: the only
 # package that chains workflows and talks to the terminal. Workflows: one job each.
 CORE = {"errors", "atomic", "progress", "resources", "rope", "recipe", "tasks", "artifacts", "models"}
-WORKFLOWS = {"extend", "training", "evaluation", "search", "planner", "publish"}
+WORKFLOWS = {"extend", "training", "evaluation", "calibration", "search", "planner", "publish"}
 ORCHESTRATION = {"cli", "__main__"}
 # The package itself (its lazy public-name table) is the only module outside every layer.
 TOP_FILES = {"__init__.py", "__main__.py", "errors.py", "atomic.py", "progress.py", "py.typed"}

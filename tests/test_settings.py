@@ -23,6 +23,7 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
+from ctxext.calibration.settings import CalibrationSettings
 from ctxext.cli.commands import app
 from ctxext.evaluation.settings import NeedleSettings, PasskeySettings, PerplexitySettings, QASettings
 from ctxext.recipe.budget import parse_budget
@@ -141,6 +142,8 @@ def _declared() -> dict[tuple[str, ...], Declared]:
             literal={k: _field(SearchSettings, k) for k in SEARCH_RUN},
         ),
         ("eval",): Declared(),
+        # calibrate: the run, held-out text, device and --overwrite are the command's own.
+        ("calibrate",): Declared(models=(CalibrationSettings,), own=frozenset({"run", "data", "device", "overwrite"})),
         # `eval attention`: its section's keys, and --allow-beyond-context (the suite's key, the run's field).
         ("eval", "attention"): Declared(
             models=(SECTIONS["attention"].settings,),

@@ -4,9 +4,11 @@
     python benchmarks/mix_sweep/temperature.py MODEL ppl:LENGTH T[,T …]
     BASE=BASE python benchmarks/mix_sweep/temperature.py MODEL ratio:WINDOW:TARGET T[,T …]
 
-The rotary embedding's ``attention_scaling`` (the factor transformers multiplies cos and sin by, YaRN's
-``attention_factor``) is multiplied by ``sqrt(t)``, so every query-key logit of the rotary dimensions is
-multiplied by ``t`` (for a partial-rotary model only those dimensions: not a uniform temperature). Trials are
+Every attention module's ``scaling`` is multiplied by ``t`` (``ctxext.models.temperature``, what ``ctxext
+calibrate`` measures and a calibrated run loads with), so every query-key logit is multiplied by ``t``. The
+factor is absolute: a calibrated run's own temperature is replaced, not compounded. (Session 6 scaled the
+rotary ``attention_scaling`` by ``sqrt(t)`` instead: the same for full-rotary models, only the rotary quarter
+of each head for NeoX.) Trials are
 teacher-forced ``needle`` (form t0) samples seeded as in ``qeval.py`` (1234), 100 per cell by default, the
 same trials for every ``t``: one line per cell, correct trials per ``t`` and, for each ``t`` after the first,
 the discordant trials against the first (``+a/−b``) with the exact McNemar p. A ``ppl:LENGTH`` cell is the
@@ -32,20 +34,16 @@ def main() -> None:
     from ctxext.evaluation.answer_scoring import score_answers
     from ctxext.evaluation.grid import GridSettings, make_samples
     from ctxext.evaluation.stats import mcnemar_exact
+    from ctxext.models.temperature import set_attention_temperature
 
     path = sys.argv[1]
     cells = [c.split(":") for c in sys.argv[2].split(",")]
     temps = [float(t) for t in sys.argv[3].split(",")]
     trials = int(sys.argv[4]) if len(sys.argv) > 4 else 100
     loaded, hay = probe_model(path)
-    rotary = [m for m in loaded.model.modules() if hasattr(m, "attention_scaling")]
-    if not rotary:
-        raise SystemExit(f"{path}: no rotary embedding with attention_scaling found")
-    saved = [m.attention_scaling for m in rotary]
 
     def use(t: float) -> None:
-        for m, s in zip(rotary, saved, strict=True):
-            m.attention_scaling = float(s) * math.sqrt(t)
+        set_attention_temperature(loaded.model, t)
 
     for kind, size, *rest in cells:
         if kind == "ppl":

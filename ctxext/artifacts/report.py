@@ -423,6 +423,8 @@ class ModelInfo(Section):
     attention: str | None = None
     parameters: int | None = None
     rope_verified: bool | None = None
+    # The factor on every attention logit (a calibrated run's, ``ctxext calibrate``); None in older reports.
+    attention_temperature: float | None = None
 
 
 class RopeInfo(Section):

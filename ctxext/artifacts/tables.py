@@ -48,23 +48,25 @@ def ppl_cell(e: PplEntry | None) -> str:
 
 def models_table(models: list[ModelEntry]) -> list[str]:
     """How each model was loaded and its RoPE."""
+    # The temperature column only where a model runs with one (a calibrated run).
+    tempered = any((m.model.attention_temperature or 1.0) != 1.0 for m in models)
     rows = []
     for m in models:
         r, info = m.rope, m.model
-        rows.append(
-            [
-                m.name,
-                f"`{info.base or info.ref}`",
-                f"`{info.adapter}`" if info.adapter else "–",
-                r.rope_type,
-                fmt(r.factor),
-                f"{r.rope_theta:g}",
-                str(r.original_length),
-                str(r.current_length),
-                "✓" if info.rope_verified else "not checked",
-            ]
-        )
-    return table(["model", "base", "adapter", "rope", "factor", "θ", "original ctx", "context", "RoPE check"], rows)
+        row = [
+            m.name,
+            f"`{info.base or info.ref}`",
+            f"`{info.adapter}`" if info.adapter else "–",
+            r.rope_type,
+            fmt(r.factor),
+            f"{r.rope_theta:g}",
+            str(r.original_length),
+            str(r.current_length),
+            "✓" if info.rope_verified else "not checked",
+        ]
+        rows.append(row + ([f"{info.attention_temperature or 1.0:g}"] if tempered else []))
+    head = ["model", "base", "adapter", "rope", "factor", "θ", "original ctx", "context", "RoPE check"]
+    return table(head + (["attention temperature"] if tempered else []), rows)
 
 
 def ppl_length_table(models: list[ModelEntry], lengths: list[int] | None = None) -> list[str]:

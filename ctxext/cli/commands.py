@@ -1,8 +1,9 @@
 """The ``ctxext`` command line (typer): the one ``app``, its root options, and where each command lives.
 
 Each command group is a module of its own (``rope_commands``, ``train_commands``, ``plan_command``,
-``search_command``, ``evaluate``, ``tasks``, ``publish_commands``, ``demo``); this module registers them in
-the order ``ctxext --help`` lists them. Heavy modules are imported inside commands, so help is fast.
+``search_command``, ``evaluate``, ``calibrate_command``, ``tasks``, ``publish_commands``, ``demo``); this
+module registers them in the order ``ctxext --help`` lists them. Heavy modules are imported inside commands,
+so help is fast.
 """
 
 from __future__ import annotations
@@ -11,7 +12,15 @@ from typing import Annotated
 
 import typer
 
-from ctxext.cli import demo, plan_command, publish_commands, rope_commands, search_command, train_commands
+from ctxext.cli import (
+    calibrate_command,
+    demo,
+    plan_command,
+    publish_commands,
+    rope_commands,
+    search_command,
+    train_commands,
+)
 from ctxext.cli.evaluate import eval_app
 from ctxext.cli.tasks import tasks_app
 from ctxext.recipe.flags import MethodOptionsCommand, settings_command
@@ -50,6 +59,13 @@ app.command(
     "search", cls=settings_command("ctxext.recipe.search:SearchOptions", panel="Search settings (a recipe's search:)")
 )(search_command.search)
 app.add_typer(eval_app, name="eval")
+# The calibration settings (--temperatures, --trials …) are generated from their declaration.
+app.command(
+    "calibrate",
+    cls=settings_command(
+        "ctxext.calibration.settings:CalibrationSettings", panel="Calibration settings (what is measured)"
+    ),
+)(calibrate_command.calibrate)
 app.add_typer(tasks_app, name="tasks")
 app.command("export")(publish_commands.export_cmd)
 app.command("merge")(publish_commands.merge)

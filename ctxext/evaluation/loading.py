@@ -154,6 +154,7 @@ def load_model(
         "attention": "sdpa",
         "parameters": n_params,
         "rope_verified": bool(check and check.ok),
+        "attention_temperature": loaded.attention_temperature,
     }
     return LoadedModel(name=spec.label(), model=model, tokenizer=tokenizer, rope=rope, info=info)
 

@@ -174,6 +174,7 @@ class InferenceModel:
         config_from: the folder whose ``config.json`` the base runs with (``None``: the base's own).
         compute_dtype: the dtype of the non-quantized weights and activations.
         rope_check: the runtime RoPE verification (``None`` when not verified).
+        attention_temperature: the factor the attention logits run with (a calibrated run's, else 1.0).
     """
 
     model: Any
@@ -184,6 +185,7 @@ class InferenceModel:
     config_from: str | None
     compute_dtype: torch.dtype
     rope_check: RopeCheck | None
+    attention_temperature: float = 1.0
 
 
 def find_adapter_dir(path: str | Path) -> Path | None:
@@ -256,6 +258,7 @@ def load_inference_model(
     """
     from ctxext.artifacts.run import RUN_FILE, run_base_model
     from ctxext.models.sources import config_from_folder
+    from ctxext.models.temperature import run_temperature, set_attention_temperature
     from ctxext.models.weights import check_fingerprint, check_weights_readable
 
     device = torch.device(device)
@@ -295,6 +298,10 @@ def load_inference_model(
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+    # A calibrated run (``ctxext calibrate``) runs with its attention temperature; a merged model has it folded in.
+    temperature = run_temperature(run_dir)
+    if temperature != 1.0:
+        set_attention_temperature(model, temperature)
     model.eval()
     tokenizer = _find_tokenizer([str(p) for p in (adapter, config_from, base_dir) if p])
     return InferenceModel(
@@ -306,6 +313,7 @@ def load_inference_model(
         config_from=str(config_from) if config_from is not None else None,
         compute_dtype=dtype,
         rope_check=check,
+        attention_temperature=temperature,
     )
 
 

@@ -429,6 +429,13 @@ def _smoke_section(inputs: CardInputs) -> list[str]:
         f"{fmt(smoke.get('ppl'), 4)} merged vs "
         f"{fmt(smoke.get('reference_ppl'), 4)} base + adapter."
     )
+    t = smoke.get("attention_temperature", 1.0)
+    if t != 1.0:
+        lines += [
+            "",
+            f"Every attention logit is multiplied by {t:g} (chosen by `ctxext calibrate` on held-out text): the factor "
+            "is folded into the query projections, so the model needs no setting to run with it.",
+        ]
     return lines
 
 

@@ -35,6 +35,7 @@ from ctxext.atomic import OUTPUT_MARKER, atomic_folder
 from ctxext.errors import CtxextError, InputError
 from ctxext.models.refs import is_hub_id
 from ctxext.models.sources import exception_chain
+from ctxext.models.temperature import CALIBRATION_FILE, run_temperature
 from ctxext.models.weights import weight_files
 
 __all__ = ["PushPlan", "PushResult", "plan_push", "push", "push_run", "read_run", "stage"]
@@ -194,6 +195,13 @@ def _resolve_source(
     if not merged:
         if not (run_or_dir / "adapter_config.json").is_file():
             raise InputError(f"run {run_or_dir} has no adapter_config.json: there is no adapter to publish")
+        temperature = run_temperature(run_or_dir)
+        if temperature != 1.0:
+            # peft and vLLM load an adapter without it: the published model would not be the calibrated one.
+            raise InputError(
+                f"{run_or_dir}/{CALIBRATION_FILE}: the run is calibrated to attention temperature {temperature:g}, "
+                "which an adapter cannot carry; publish the merged model (--merged), whose weights carry it"
+            )
         return run_or_dir, run, False
     target = run_or_dir / "merged"
     if is_merged_folder(target):

@@ -10,6 +10,10 @@ plain transformers, its RoPE verified again, and compared at the target length w
 base + adapter: logits at positions spread over a few random sequences must agree within a stated
 tolerance. A short perplexity check and one passkey trial at the target length are printed. Only
 then is the folder renamed into place; on failure it is deleted and the command exits non-zero.
+
+A run calibrated by ``ctxext calibrate`` runs base + adapter with its attention temperature, and the merged
+model carries it in its query projections (:func:`ctxext.models.temperature.fold_attention_temperature`),
+so the same logit comparison checks the fold.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ctxext.artifacts.lock import folder_lock
 from ctxext.artifacts.run import MERGE_FILE, find_reports, plan_from_run, read_run
 from ctxext.atomic import atomic_folder, check_inputs_outside, check_output
 from ctxext.errors import CtxextError, InputError
+from ctxext.models.temperature import fold_attention_temperature, run_temperature, set_attention_temperature
 from ctxext.models.weights import check_fingerprint, check_weights_readable
 from ctxext.rope.verify import verify_folder
 
@@ -74,6 +79,7 @@ class SmokeResult:
         rope: the runtime RoPE check of the reloaded model.
         ok: the logits agreed within tolerance and the perplexity is finite.
         seconds: time taken by the whole merge.
+        attention_temperature: the calibrated factor folded into the query projections (1.0: none).
     """
 
     length: int
@@ -95,6 +101,7 @@ class SmokeResult:
     rope: str
     ok: bool
     seconds: float = 0.0
+    attention_temperature: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view."""
@@ -380,12 +387,20 @@ def merge_run(
         # A run without a RoPE change (method none) has no target length: check at the configured context.
         length = int(smoke_length or run.get("target_length") or config.max_position_embeddings)
 
+        temperature = run_temperature(run_dir)
         model = _base_with_adapter(base_dir, run_dir, config, resized, dev, torch_dtype, log)
+        if temperature != 1.0:
+            set_attention_temperature(model, temperature)
         tokenizer = _tokenizer(run_dir, base_dir)
         probe = _Probe.measure(model, tokenizer, length, sequences, positions, dev, log)
         merged = model.merge_and_unload()
         if _untie_if_trained(merged):
             log("  untied lm_head from the trained embeddings (tie_word_embeddings=false)")
+        if temperature != 1.0:
+            # The calibrated temperature goes into the weights, so any stack loads it with no setting.
+            set_attention_temperature(merged, 1.0)
+            fold_attention_temperature(merged, temperature)
+            log(f"  attention temperature {temperature:g} (calibration.json) folded into the query projections")
         with atomic_folder(out, kind=MERGED_KIND, overwrite=overwrite) as tmp:
             merged.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
@@ -397,6 +412,7 @@ def merge_run(
             gc.collect()
             result = _check_written(tmp, probe, plan, tokenizer, tol, torch_dtype, dev, log)
             result.seconds = round(time.time() - started, 2)
+            result.attention_temperature = temperature
             if not result.ok:
                 raise MergeCheckError(
                     "merge check failed: the merged model differs from base + adapter by up to "

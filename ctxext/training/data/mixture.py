@@ -322,6 +322,29 @@ def preview_draws(recipe: Any, tokenizer: Any, rows: int = 64) -> dict[str, Dist
     return out
 
 
+def held_out_texts(recipe: Any, tokenizer: Any) -> list[str]:
+    """The raw text of the documents a recipe's run holds out for validation (never trained on).
+
+    The same split :func:`prepare_training_data` makes: the first corpus source's (or ``data.path``'s)
+    document-level validation split, with the recipe's seed and ``max_documents``.
+
+    Raises:
+        InputError: the recipe has no corpus source, holds nothing out (``data.validation_fraction`` 0), or
+            its data cannot be read.
+    """
+    data = recipe.data
+    sources = data.mixture or ([_whole_path_source(data)] if data.path else [])
+    corpus = [(f"data.mixture[{i}]" if data.mixture else "data", s) for i, s in enumerate(sources) if s.path]
+    if not corpus or data.validation_fraction == 0:
+        raise InputError(
+            "data: this run's recipe holds no documents out for validation (no corpus source, or "
+            "data.validation_fraction 0); name held-out text to measure on instead (--data)"
+        )
+    corpora, _ = _prepare_corpora(data, corpus[:1], tokenizer, recipe.seq_len, recipe.train.seed)
+    held = corpora[corpus[0][0]].validation_documents
+    return list(held["text"]) if held is not None else []
+
+
 def _whole_path_source(data: Any) -> Any:
     from ctxext.recipe.sections import MixtureSource
 

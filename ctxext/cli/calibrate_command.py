@@ -1,0 +1,40 @@
+"""``ctxext calibrate``: a run's attention temperature, chosen on held-out text (its settings are generated flags)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ctxext.cli.console import console, friendly_errors, plain, print_line
+from ctxext.recipe.flags import SETTINGS
+
+
+@friendly_errors
+def calibrate(
+    ctx: typer.Context,
+    run: Annotated[Path, typer.Argument(help="run folder written by `ctxext train`")],
+    data: Annotated[
+        str | None,
+        typer.Option(help="held-out text, as `ctxext eval` reads it (default: the run's validation split)"),
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available)")] = None,
+    overwrite: Annotated[bool, typer.Option(help="measure and choose again over an earlier calibration.json")] = False,
+) -> None:
+    """Choose the run's attention temperature on held-out retrieval and perplexity (1.0 unless one helps).
+
+    Writes RUN/calibration.json; loading the run (eval, merge, export) applies the choice, and the merged
+    model carries it in its weights. The settings (--temperatures, --trials …) are generated from their
+    declaration (ctxext/calibration/settings.py); docs/training.md says when it helps.
+    """
+    from ctxext.calibration.settings import CalibrationSettings
+    from ctxext.calibration.temperature import calibrate_run
+    from ctxext.recipe.flags import build_settings
+
+    settings = build_settings(CalibrationSettings, dict(ctx.meta.get(SETTINGS, {})))
+    record = calibrate_run(run, settings, data=data, device=device, overwrite=overwrite, log=print_line)
+    console.print(
+        f"[green]✓[/] {plain(run)}/calibration.json: attention temperature {record['attention_temperature']:g} "
+        f"({record['seconds']:.0f} s)"
+    )

@@ -1,0 +1,182 @@
+"""Attention temperature: every attention logit of a model multiplied by one factor ``t``.
+
+A fine-tune extended to several times its window ends up less sharp far into the target than it could be
+(the entropy growth YaRN's ``attention_factor`` and log-n scaling address); ``ctxext calibrate`` measures
+whether a factor ``t > 1`` helps a run and records it (``calibration.json`` in the run folder). One factor,
+two ways to carry it, the same arithmetic:
+
+* **at run time** (:func:`set_attention_temperature`): each attention module's ``scaling`` — the
+  ``1/sqrt(head_dim)`` transformers passes to every attention implementation (eager, SDPA, flash) and that
+  ctxext's answer-only scoring layer uses — is multiplied by ``t``. This is what loading a calibrated run
+  does (its base may be 4-bit, so the weights cannot carry it). It covers the whole head, so it is a true
+  temperature for partial-rotary models too (scaling the rotary ``cos``/``sin`` would not be).
+* **in the weights** (:func:`fold_attention_temperature`): the query projection multiplied by ``t``, which
+  ``ctxext merge`` does, so the merged model carries it with no setting in any stack (transformers, vLLM,
+  llama.cpp): RoPE rotates the query linearly, so ``(t q)·k = t (q·k)`` exactly. Where the query projection
+  lives is a registry by ``model_type`` (:data:`QUERY_PROJECTIONS`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ctxext.errors import InputError
+
+CALIBRATION_FILE = "calibration.json"
+# The attribute that keeps a module's own scaling, so the temperature can be set again (not compounded).
+_OWN_SCALING = "_ctxext_own_scaling"
+
+
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules whose ``scaling`` transformers passes to the attention function (one per layer).
+
+    Args:
+        model: a transformers causal LM (possibly under a peft wrapper).
+
+    Returns:
+        The attention modules, in layer order.
+    """
+    return [
+        m
+        for m in model.modules()
+        if isinstance(getattr(m, "scaling", None), float) and type(m).__name__.endswith("Attention")
+    ]
+
+
+def set_attention_temperature(model: torch.nn.Module, t: float) -> int:
+    """Multiply every attention logit by ``t`` at run time (``t`` = 1 restores the model's own scaling).
+
+    Args:
+        model: a transformers causal LM (possibly under a peft wrapper).
+        t: the temperature factor (> 0).
+
+    Returns:
+        The number of attention modules set.
+
+    Raises:
+        InputError: ``t`` is not a positive number, or the model has no attention module with a ``scaling``.
+    """
+    check_temperature(t)
+    modules = attention_modules(model)
+    if not modules:
+        raise InputError(
+            f"{type(model).__name__}: no attention module with a 'scaling' attribute, so an attention temperature "
+            "cannot be applied; calibrate only models whose transformers attention passes 'scaling'"
+        )
+    for m in modules:
+        attention: Any = (
+            m  # transformers' attention modules, duck-typed (nn.Module types attributes as Tensor | Module)
+        )
+        own = getattr(attention, _OWN_SCALING, None)
+        if own is None:
+            own = float(attention.scaling)
+            setattr(attention, _OWN_SCALING, own)
+        attention.scaling = own * t
+    return len(modules)
+
+
+def check_temperature(t: Any, key: str = "attention temperature") -> float:
+    """``t`` as a float, or an :class:`InputError` naming ``key`` when it is not a positive finite number."""
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        raise InputError(f"{key}: {t!r} is not a positive number (1.0 means no temperature)")
+    return float(t)
+
+
+def _scale_linear_rows(linear: torch.nn.Module, t: float, rows: slice | torch.Tensor | None = None) -> None:
+    weight: Any = linear.weight
+    bias: Any = getattr(linear, "bias", None)
+    with torch.no_grad():
+        if rows is None:
+            weight.mul_(t)
+            if bias is not None:
+                bias.mul_(t)
+        else:
+            weight[rows] *= t
+            if bias is not None:
+                bias[rows] *= t
+
+
+def _fold_q_proj(attention: torch.nn.Module, t: float) -> None:
+    # Llama-structured attention: a separate query projection.
+    _scale_linear_rows(attention.get_submodule("q_proj"), t)
+
+
+def _fold_neox(attention: torch.nn.Module, t: float) -> None:
+    # GPT-NeoX fuses q, k and v: the output rows are laid out per head as [q | k | v] (head_size each).
+    qkv: Any = attention.get_submodule("query_key_value")
+    head_size = int(attention.head_size)  # type: ignore[arg-type]
+    per_head = torch.arange(int(qkv.weight.shape[0])).view(-1, 3 * head_size)
+    _scale_linear_rows(qkv, t, per_head[:, :head_size].reshape(-1))
+
+
+# model_type -> how the query projection of one attention module is scaled by t.
+QUERY_PROJECTIONS: dict[str, Callable[[torch.nn.Module, float], None]] = {
+    "llama": _fold_q_proj,
+    "mistral": _fold_q_proj,
+    "qwen2": _fold_q_proj,
+    "qwen3": _fold_q_proj,
+    "gemma": _fold_q_proj,
+    "phi3": _fold_q_proj,
+    "gpt_neox": _fold_neox,
+}
+
+
+def fold_attention_temperature(model: torch.nn.Module, t: float) -> None:
+    """Multiply the query projections' weights (and biases) by ``t``: the temperature carried by the weights.
+
+    Use on full-precision weights only (a merged model); a 4-bit base is scaled at run time instead.
+
+    Args:
+        model: a transformers causal LM (not a peft wrapper).
+        t: the temperature factor.
+
+    Raises:
+        InputError: a model type ctxext does not know the query projection of, or a non-positive ``t``.
+    """
+    check_temperature(t)
+    model_type = str(getattr(getattr(model, "config", None), "model_type", ""))
+    fold = QUERY_PROJECTIONS.get(model_type)
+    if fold is None:
+        raise InputError(
+            f"model type {model_type!r}: ctxext does not know where its query projection is, so a calibrated "
+            f"attention temperature cannot be folded into the weights (known: {', '.join(sorted(QUERY_PROJECTIONS))})"
+        )
+    if t == 1.0:
+        return
+    for attention in attention_modules(model):
+        fold(attention, t)
+
+
+def read_calibration(run_dir: str | Path) -> dict[str, Any] | None:
+    """A run folder's ``calibration.json`` (what ``ctxext calibrate`` chose), or ``None`` when there is none.
+
+    Raises:
+        InputError: the file exists but cannot be read, or its ``attention_temperature`` is not a positive number.
+    """
+    path = Path(run_dir) / CALIBRATION_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(
+            f"{path}: cannot be read ({exc}); run `ctxext calibrate {run_dir} --overwrite` again"
+        ) from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: not a calibration record; run `ctxext calibrate {run_dir} --overwrite` again")
+    check_temperature(data.get("attention_temperature"), f"{path}: attention_temperature")
+    return data
+
+
+def run_temperature(run_dir: str | Path | None) -> float:
+    """The attention temperature a run folder was calibrated to (1.0 when it was not calibrated)."""
+    if run_dir is None:
+        return 1.0
+    record = read_calibration(run_dir)
+    return float(record["attention_temperature"]) if record else 1.0
