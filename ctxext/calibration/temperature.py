@@ -121,7 +121,8 @@ def calibrate_run(
     for t in settings.temperatures:
         set_attention_temperature(loaded.model, t)
         with torch.no_grad():
-            far, near = _retrieval(loaded.model, material.far), _retrieval(loaded.model, material.near)
+            # At a long target the far trials are most of the work: a progress line every 30 s without a terminal.
+            far, near = _retrieval(loaded.model, material.far, show=True), _retrieval(loaded.model, material.near)
             measured.append(_Measured(t, far, near, doc_nll(loaded.model, material.windows)))
         ppl = math.exp(measured[-1].nll.mean())
         log(
@@ -195,10 +196,11 @@ def _material(
     return _Material(samples(target, settings.trials), samples(window, settings.window_trials), windows, source)
 
 
-def _retrieval(model: Any, samples: list[Any]) -> list[bool]:
+def _retrieval(model: Any, samples: list[Any], show: bool = False) -> list[bool]:
     from ctxext.evaluation.answer_scoring import score_answers
 
-    return [bool(s.correct) for s in score_answers(model, [x.ids for x in samples], [x.answer_span for x in samples])]
+    ids, spans = [x.ids for x in samples], [x.answer_span for x in samples]
+    return [bool(s.correct) for s in score_answers(model, ids, spans, show_progress=show)]
 
 
 def _candidates(measured: list[_Measured], settings: CalibrationSettings) -> list[dict[str, Any]]:
