@@ -199,3 +199,19 @@ def test_held_out_texts_are_the_runs_validation_documents(tiny_tokenizer, tmp_pa
     recipe.data.validation_fraction = 0
     with pytest.raises(InputError, match="--data"):
         held_out_texts(recipe, tiny_tokenizer)
+
+
+def test_the_report_shows_a_temperature_column_only_where_a_model_runs_with_one():
+    from ctxext.artifacts.report import ModelEntry, ModelInfo, RopeInfo
+    from ctxext.artifacts.tables import models_table
+
+    rope = RopeInfo(rope_type="llama3", rope_theta=10000.0, original_length=64, current_length=256, factor=4.0)
+
+    def entry(name: str, t: float | None) -> ModelEntry:
+        return ModelEntry(name=name, model=ModelInfo(ref=name, attention_temperature=t), rope=rope)
+
+    plain = "\n".join(models_table([entry("base", None), entry("run", 1.0)]))
+    assert "attention temperature" not in plain
+    shown = models_table([entry("base", None), entry("run", 1.2)])
+    rows = [line for line in shown if line.startswith("| run ")]
+    assert "attention temperature" in shown[0] and rows[0].rstrip(" |").endswith("1.2")
