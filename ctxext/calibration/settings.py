@@ -9,6 +9,8 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ctxext.evaluation.settings import check_depths
+
 
 class CalibrationSettings(BaseModel):
     """What ``ctxext calibrate`` measures and how it chooses (each field is one ``--flag``)."""
@@ -51,7 +53,4 @@ class CalibrationSettings(BaseModel):
     @field_validator("depths")
     @classmethod
     def _percent(cls, value: list[float]) -> list[float]:
-        bad = [d for d in value if not 0 <= d <= 100]
-        if bad:
-            raise ValueError(f"{bad} are outside 0–100 (percent)")
-        return value
+        return check_depths(value)

@@ -221,6 +221,14 @@ def _check_bucket(b: int, longest: int) -> None:
 _GRID_DEPTHS: list[float] = [0, 25, 50, 75, 100]
 
 
+def check_depths(values: list[float]) -> list[float]:
+    """Needle depths in percent, or a ``ValueError`` naming those outside 0–100 (a settings validator's check)."""
+    bad = [d for d in values if not 0 <= d <= 100]
+    if bad:
+        raise ValueError(f"depths {bad} are outside 0–100 (percent)")
+    return values
+
+
 class PasskeySettings(BaseModel):
     """A passkey retrieval grid: lengths × depths, ``trials`` seeded keys per cell."""
 
@@ -263,10 +271,7 @@ class PasskeySettings(BaseModel):
     @field_validator("depths")
     @classmethod
     def _depths(cls, values: list[float]) -> list[float]:
-        bad = [d for d in values if not 0 <= d <= 100]
-        if bad:
-            raise ValueError(f"depths {bad} are outside 0–100 (percent)")
-        return values
+        return check_depths(values)
 
 
 class NeedleSettings(PasskeySettings):
