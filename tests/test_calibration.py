@@ -215,3 +215,16 @@ def test_the_report_shows_a_temperature_column_only_where_a_model_runs_with_one(
     shown = models_table([entry("base", None), entry("run", 1.2)])
     rows = [line for line in shown if line.startswith("| run ")]
     assert "attention temperature" in shown[0] and rows[0].rstrip(" |").endswith("1.2")
+
+
+def test_calibrate_reads_the_runs_own_validation_documents_by_default(tiny_run, tmp_path):
+    run = copy_run(tiny_run, tmp_path / "run")
+    result = runner.invoke(app, ["calibrate", str(run), "--temperatures", "1.2", *SMALL])
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / CALIBRATION_FILE).read_text())["held_out"] == "the run's validation documents"
+    # Without its recipe the run's held-out split is unknown: named, and the earlier record is left as it was.
+    before = (run / CALIBRATION_FILE).read_bytes()
+    (run / "recipe.yaml").unlink()
+    result = runner.invoke(app, ["calibrate", str(run), "--overwrite", *SMALL])
+    assert result.exit_code == 2 and "recipe.yaml" in flat(result) and "--data" in flat(result)
+    assert (run / CALIBRATION_FILE).read_bytes() == before
