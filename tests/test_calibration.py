@@ -52,7 +52,7 @@ def logits(model, ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids).logits
 
 
-@pytest.mark.parametrize("kind", ["llama", "mistral", "neox"])
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2", "neox"])
 def test_folded_weights_give_the_run_time_temperature(kind):
     """q scaled in the weights = every logit scaled at run time (NeoX: its fused qkv, the whole head)."""
     make = tiny_neox if kind == "neox" else lambda: tiny_model(kind)

@@ -70,9 +70,7 @@ def set_attention_temperature(model: torch.nn.Module, t: float) -> int:
             "cannot be applied; calibrate only models whose transformers attention passes 'scaling'"
         )
     for m in modules:
-        attention: Any = (
-            m  # transformers' attention modules, duck-typed (nn.Module types attributes as Tensor | Module)
-        )
+        attention: Any = m  # duck-typed: nn.Module types every attribute as Tensor | Module
         own = getattr(attention, _OWN_SCALING, None)
         if own is None:
             own = float(attention.scaling)
@@ -115,16 +113,30 @@ def _fold_neox(attention: torch.nn.Module, t: float) -> None:
     _scale_linear_rows(qkv, t, per_head[:, :head_size].reshape(-1))
 
 
-# model_type -> how the query projection of one attention module is scaled by t.
+# model_type -> how the query projection of one attention module is scaled by t. Only types whose query reaches
+# the logits linearly after it: a q-norm (Qwen3, Gemma 3) would undo the factor, a fused projection (Phi-3)
+# needs its own entry. Each entry is tested against the run-time temperature (tests/test_calibration.py).
 QUERY_PROJECTIONS: dict[str, Callable[[torch.nn.Module, float], None]] = {
     "llama": _fold_q_proj,
     "mistral": _fold_q_proj,
     "qwen2": _fold_q_proj,
-    "qwen3": _fold_q_proj,
-    "gemma": _fold_q_proj,
-    "phi3": _fold_q_proj,
     "gpt_neox": _fold_neox,
 }
+
+
+def query_projection(model_type: str) -> Callable[[torch.nn.Module, float], None]:
+    """How a model type's query projection is scaled (:data:`QUERY_PROJECTIONS`).
+
+    Raises:
+        InputError: a model type ctxext does not know the query projection of.
+    """
+    fold = QUERY_PROJECTIONS.get(model_type)
+    if fold is None:
+        raise InputError(
+            f"model type {model_type!r}: ctxext does not know where its query projection is, so a calibrated "
+            f"attention temperature cannot be folded into the weights (known: {', '.join(sorted(QUERY_PROJECTIONS))})"
+        )
+    return fold
 
 
 def fold_attention_temperature(model: torch.nn.Module, t: float) -> None:
@@ -140,13 +152,7 @@ def fold_attention_temperature(model: torch.nn.Module, t: float) -> None:
         InputError: a model type ctxext does not know the query projection of, or a non-positive ``t``.
     """
     check_temperature(t)
-    model_type = str(getattr(getattr(model, "config", None), "model_type", ""))
-    fold = QUERY_PROJECTIONS.get(model_type)
-    if fold is None:
-        raise InputError(
-            f"model type {model_type!r}: ctxext does not know where its query projection is, so a calibrated "
-            f"attention temperature cannot be folded into the weights (known: {', '.join(sorted(QUERY_PROJECTIONS))})"
-        )
+    fold = query_projection(str(getattr(getattr(model, "config", None), "model_type", "")))
     if t == 1.0:
         return
     for attention in attention_modules(model):

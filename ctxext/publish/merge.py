@@ -34,7 +34,12 @@ from ctxext.artifacts.lock import folder_lock
 from ctxext.artifacts.run import MERGE_FILE, find_reports, plan_from_run, read_run
 from ctxext.atomic import atomic_folder, check_inputs_outside, check_output
 from ctxext.errors import CtxextError, InputError
-from ctxext.models.temperature import fold_attention_temperature, run_temperature, set_attention_temperature
+from ctxext.models.temperature import (
+    fold_attention_temperature,
+    query_projection,
+    run_temperature,
+    set_attention_temperature,
+)
 from ctxext.models.weights import check_fingerprint, check_weights_readable
 from ctxext.rope.verify import verify_folder
 
@@ -388,6 +393,8 @@ def merge_run(
         length = int(smoke_length or run.get("target_length") or config.max_position_embeddings)
 
         temperature = run_temperature(run_dir)
+        if temperature != 1.0:
+            query_projection(str(config.model_type))  # a type the fold does not know is refused before any load
         model = _base_with_adapter(base_dir, run_dir, config, resized, dev, torch_dtype, log)
         if temperature != 1.0:
             set_attention_temperature(model, temperature)
