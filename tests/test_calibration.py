@@ -16,6 +16,7 @@ from ctxext.cli.commands import app
 from ctxext.errors import InputError
 from ctxext.models.temperature import (
     CALIBRATION_FILE,
+    adapter_digest,
     attention_modules,
     fold_attention_temperature,
     read_calibration,
@@ -119,6 +120,7 @@ def test_calibrate_measures_each_candidate_and_records_the_choice(tiny_run, tmp_
     assert result.exit_code == 0, result.output
     record = json.loads((run / CALIBRATION_FILE).read_text())
     assert [c["attention_temperature"] for c in record["candidates"]] == [1.0, 1.5]
+    assert record["adapter"] == adapter_digest(run)
     assert all(c["target_trials"] == 4 and c["window_trials"] == 2 for c in record["candidates"])
     # Four trials cannot make a significant gain: the run keeps its own sharpness, and says why.
     assert record["attention_temperature"] == 1.0 and record["reason"]
@@ -146,6 +148,10 @@ def test_a_calibrated_run_loads_with_its_temperature(tiny_run, tmp_path):
     loaded = load_model(ModelSpec(str(run)), device="cpu")
     assert loaded.info["attention_temperature"] == 1.25
     assert [m.scaling for m in attention_modules(loaded.model)] == pytest.approx([1.25 * 16**-0.5] * 2)
+    # A record measured on other adapter weights (the run trained further since) is refused, not applied.
+    (run / CALIBRATION_FILE).write_text(json.dumps({"attention_temperature": 1.25, "adapter": "sha256:00"}))
+    with pytest.raises(InputError, match="other adapter weights.*--overwrite"):
+        load_model(ModelSpec(str(run)), device="cpu")
 
 
 def test_merging_a_calibrated_run_folds_the_temperature_into_the_query(tiny_run, tmp_path):

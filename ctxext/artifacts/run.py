@@ -9,6 +9,9 @@ The run folder contract (written by training, read here by merge, model card and
                          "method", "rope_parameters", "original_length", "target_length", "seq_len",
                          "steps", "tokens_seen", "quantization", "lora", "extra_trainable", ...}
     <run>/eval/report.json (+ PNG plots)                   from ``ctxext eval``
+    <run>/calibration.json                                 from ``ctxext calibrate`` (the attention temperature)
+
+``find_adapter_dir`` finds a run's (or any peft folder's) adapter.
 
 A folder written by ``ctxext merge`` carries the run's ``run.json`` inside ``ctxext_merge.json`` and
 a copy of the run's evaluation reports under ``eval/``, so it can be published on its own.
@@ -108,6 +111,22 @@ def run_base_model(run_dir: str | Path) -> str:
     if model_section.get("path"):
         return str(model_section["path"])
     raise InputError(f"{run_dir}/run.json names no base model (base_model_resolved / base_model)")
+
+
+def find_adapter_dir(path: str | Path) -> Path | None:
+    """The folder holding a peft adapter: ``path`` itself, or its ``adapter`` / ``final`` subfolder.
+
+    Args:
+        path: an adapter folder or a ctxext run folder.
+
+    Returns:
+        The folder with ``adapter_config.json``, or ``None``.
+    """
+    path = Path(path)
+    for cand in (path, path / "adapter", path / "final"):
+        if (cand / "adapter_config.json").is_file():
+            return cand
+    return None
 
 
 def is_run_folder(path: str | Path) -> bool:

@@ -44,7 +44,7 @@ import torch
 
 from ctxext.calibration.settings import CalibrationSettings
 from ctxext.errors import InputError
-from ctxext.models.temperature import CALIBRATION_FILE, set_attention_temperature
+from ctxext.models.temperature import CALIBRATION_FILE, adapter_digest, set_attention_temperature
 
 # Tokens of held-out text the needle trials draw their filler from (at least 8 target lengths).
 HAYSTACK_TOKENS = 200_000
@@ -138,6 +138,7 @@ def calibrate_run(
         "target_length": target,
         "original_length": window,
         "held_out": material.source,
+        "adapter": adapter_digest(run_dir),
         "settings": settings.model_dump(),
         "candidates": rows,
         "seconds": round(time.time() - started, 1),

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ctxext.artifacts.run import find_adapter_dir
 from ctxext.errors import InputError
 from ctxext.models.sources import resolve_model_path
 from ctxext.rope.runtime import RopeCheck, verify_model_rope
@@ -186,22 +187,6 @@ class InferenceModel:
     compute_dtype: torch.dtype
     rope_check: RopeCheck | None
     attention_temperature: float = 1.0
-
-
-def find_adapter_dir(path: str | Path) -> Path | None:
-    """The folder holding a peft adapter: ``path`` itself, or its ``adapter`` / ``final`` subfolder.
-
-    Args:
-        path: an adapter folder or a ctxext run folder.
-
-    Returns:
-        The folder with ``adapter_config.json``, or ``None``.
-    """
-    path = Path(path)
-    for cand in (path, path / "adapter", path / "final"):
-        if (cand / "adapter_config.json").is_file():
-            return cand
-    return None
 
 
 def _run_folder_of(adapter: str | Path | None, adapter_dir: Path | None) -> Path | None:

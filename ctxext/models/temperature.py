@@ -159,11 +159,34 @@ def fold_attention_temperature(model: torch.nn.Module, t: float) -> None:
         fold(attention, t)
 
 
+def adapter_digest(run_dir: str | Path) -> str:
+    """``sha256:<hex>`` of a run's adapter weights: which weights a calibration was measured on.
+
+    Raises:
+        InputError: the run has no adapter weights.
+    """
+    import hashlib
+
+    from ctxext.artifacts.run import find_adapter_dir
+
+    folder = find_adapter_dir(run_dir)
+    files = sorted(folder.glob("adapter_model.*")) if folder is not None else []
+    if not files:
+        raise InputError(f"{run_dir}: no adapter weights (adapter_model.safetensors) to calibrate")
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 24):
+                digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
 def read_calibration(run_dir: str | Path) -> dict[str, Any] | None:
     """A run folder's ``calibration.json`` (what ``ctxext calibrate`` chose), or ``None`` when there is none.
 
     Raises:
-        InputError: the file exists but cannot be read, or its ``attention_temperature`` is not a positive number.
+        InputError: the file exists but cannot be read, its ``attention_temperature`` is not a positive number,
+            or it was measured on other adapter weights (the run trained further since).
     """
     path = Path(run_dir) / CALIBRATION_FILE
     if not path.is_file():
@@ -177,6 +200,12 @@ def read_calibration(run_dir: str | Path) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise InputError(f"{path}: not a calibration record; run `ctxext calibrate {run_dir} --overwrite` again")
     check_temperature(data.get("attention_temperature"), f"{path}: attention_temperature")
+    # A temperature chosen for other weights is no choice for these: loud, not silently applied.
+    if "adapter" in data and data["adapter"] != adapter_digest(run_dir):
+        raise InputError(
+            f"{path}: measured on other adapter weights than the run's now (it was trained further since); "
+            f"run `ctxext calibrate {run_dir} --overwrite` again"
+        )
     return data
 
 
