@@ -182,7 +182,8 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
     pose = _official_pose(recipe, plan)
     if data.mixture is None and data.short_fraction == 0:
         return prepare_data(data, tokenizer, seq_len, seed=seed, pose=pose)
-    sources = data.mixture or [_whole_path_source(data)]
+    keyed = _keyed_sources(data)
+    keys, sources = [k for k, _ in keyed], [s for _, s in keyed]
     original = plan.original_length if plan is not None else recipe.model.original_length
     if data.short_fraction > 0 and not original:
         raise InputError("data.short_fraction: needs the model's original length; set a rope method")
@@ -194,8 +195,7 @@ def prepare_training_data(recipe: Any, tokenizer: Any, plan: Any, rows: int) -> 
         size = recipe.train.micro_batch_size
         n_short = min(rows - rows % size, size * round(n_short / size))
     counts = allocate(rows - n_short, [s.weight for s in sources])
-    keys = [f"data.mixture[{i}]" if data.mixture else "data" for i in range(len(sources))]
-    corpus = [(k, s) for k, s in zip(keys, sources, strict=True) if s.path]
+    corpus = [(k, s) for k, s in keyed if s.path]
     corpora, held_out = _prepare_corpora(data, corpus, tokenizer, seq_len, seed, pose)
     all_rows: list[dict] = []
     record: list[dict[str, Any]] = []
@@ -333,8 +333,7 @@ def held_out_texts(recipe: Any, tokenizer: Any) -> list[str]:
             its data cannot be read.
     """
     data = recipe.data
-    sources = data.mixture or ([_whole_path_source(data)] if data.path else [])
-    corpus = [(f"data.mixture[{i}]" if data.mixture else "data", s) for i, s in enumerate(sources) if s.path]
+    corpus = [(k, s) for k, s in _keyed_sources(data) if s.path]
     if not corpus or data.validation_fraction == 0:
         raise InputError(
             "data: this run's recipe holds no documents out for validation (no corpus source, or "
@@ -343,6 +342,13 @@ def held_out_texts(recipe: Any, tokenizer: Any) -> list[str]:
     corpora, _ = _prepare_corpora(data, corpus[:1], tokenizer, recipe.seq_len, recipe.train.seed)
     held = corpora[corpus[0][0]].validation_documents
     return list(held["text"]) if held is not None else []
+
+
+def _keyed_sources(data: Any) -> list[tuple[str, Any]]:
+    """The recipe's sources with the key messages name them by: ``data.mixture[i]``, or ``data`` for ``data.path``."""
+    if data.mixture:
+        return [(f"data.mixture[{i}]", s) for i, s in enumerate(data.mixture)]
+    return [("data", _whole_path_source(data))]
 
 
 def _whole_path_source(data: Any) -> Any:
