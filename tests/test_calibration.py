@@ -152,6 +152,10 @@ def test_a_calibrated_run_loads_with_its_temperature(tiny_run, tmp_path):
     (run / CALIBRATION_FILE).write_text(json.dumps({"attention_temperature": 1.25, "adapter": "sha256:00"}))
     with pytest.raises(InputError, match="other adapter weights.*--overwrite"):
         load_model(ModelSpec(str(run)), device="cpu")
+    # What the message asks for works: calibrating again does not load the stale record.
+    result = runner.invoke(app, ["calibrate", str(run), "--overwrite", "--data", "builtin:stdlib", *SMALL])
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / CALIBRATION_FILE).read_text())["adapter"] == adapter_digest(run)
 
 
 def test_merging_a_calibrated_run_folds_the_temperature_into_the_query(tiny_run, tmp_path):

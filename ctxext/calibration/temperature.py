@@ -46,8 +46,6 @@ from ctxext.calibration.settings import CalibrationSettings
 from ctxext.errors import InputError
 from ctxext.models.temperature import CALIBRATION_FILE, adapter_digest, set_attention_temperature
 
-# Tokens of held-out text the needle trials draw their filler from (at least 8 target lengths).
-HAYSTACK_TOKENS = 200_000
 _Log = Callable[[str], None]
 
 
@@ -110,7 +108,7 @@ def calibrate_run(
     target, window = int(run.get("target_length") or 0), int(run.get("original_length") or 0)
     if not window or target <= window:
         raise InputError(f"{run_dir}: run.json names no target length beyond the original window; nothing to calibrate")
-    loaded = load_model(ModelSpec(str(run_dir)), device=device)
+    loaded = load_model(ModelSpec(str(run_dir)), device=device, calibrated=False)
     material = _material(loaded.tokenizer, run_dir, data, settings, target, window, log)
     log(
         f"calibrating {run_dir}: {len(settings.temperatures)} temperatures × ({len(material.far)} needle trials at "
@@ -172,10 +170,12 @@ def _material(
     """The needle trials at the target and in the window and the in-window windows, from held-out text."""
     from ctxext.evaluation.grid import GridSettings, make_samples
     from ctxext.tasks import Haystack
+    from ctxext.training.data.mixture import HAYSTACK_MIN_TOKENS
 
     texts, source = _held_out(run_dir, data, tokenizer, log)
-    # A haystack far longer than one trial, so trials draw their filler from different text (as eval's does).
-    haystack = Haystack.from_texts(tokenizer, texts, max(HAYSTACK_TOKENS, 8 * target), source)
+    # A haystack far longer than one trial (as a task source's in training; at least 8 target lengths), so
+    # trials draw their filler from different text.
+    haystack = Haystack.from_texts(tokenizer, texts, max(HAYSTACK_MIN_TOKENS, 8 * target), source)
     if len(haystack.ids) < 2 * target:
         raise InputError(
             f"{source}: {len(haystack.ids)} tokens of held-out text, fewer than twice the target length ({target}); "

@@ -99,7 +99,11 @@ def pick_device(device: str | None = None) -> torch.device:
 
 
 def load_model(
-    spec: ModelSpec, device: str | None = None, dtype: torch.dtype | None = None, verify: bool = True
+    spec: ModelSpec,
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+    verify: bool = True,
+    calibrated: bool = True,
 ) -> LoadedModel:
     """Load a model for evaluation and verify its runtime RoPE.
 
@@ -112,6 +116,7 @@ def load_model(
         device: ``cpu`` / ``cuda`` (default: cuda when available).
         dtype: compute dtype (default float32 on the CPU, bfloat16 on a GPU).
         verify: check the runtime RoPE against the reference (raises on a mismatch).
+        calibrated: run a calibrated run with its attention temperature (``ctxext calibrate`` measures without).
 
     Returns:
         A :class:`LoadedModel`.
@@ -136,6 +141,7 @@ def load_model(
         device=dev,
         verify=verify,
         what=f"evaluating {spec.ref}",
+        calibrated=calibrated,
     )
     model: torch.nn.Module = loaded.model
     tokenizer = loaded.tokenizer

@@ -214,6 +214,7 @@ def load_inference_model(
     device: torch.device | str = "cpu",
     verify: bool = True,
     what: str | None = None,
+    calibrated: bool = True,
 ) -> InferenceModel:
     """Load a base model (with the patched config of its run) and attach an adapter: the one inference loader.
 
@@ -233,6 +234,8 @@ def load_inference_model(
         device: where to load.
         verify: check the runtime RoPE against the reference (raises on a mismatch).
         what: the command, for the message when a run's base weights changed (default ``loading RUN``).
+        calibrated: apply a calibrated run's attention temperature (``calibration.json``); ``ctxext calibrate``
+            loads without it, so an earlier record, stale or not, does not stand in its way.
 
     Returns:
         An :class:`InferenceModel`.
@@ -284,7 +287,7 @@ def load_inference_model(
 
         model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
     # A calibrated run (``ctxext calibrate``) runs with its attention temperature; a merged model has it folded in.
-    temperature = run_temperature(run_dir)
+    temperature = run_temperature(run_dir) if calibrated else 1.0
     if temperature != 1.0:
         set_attention_temperature(model, temperature)
     model.eval()
