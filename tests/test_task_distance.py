@@ -148,7 +148,7 @@ def test_validate_shows_the_histogram_and_refuses_an_unmeetable_span(tmp_path):
     result = CliRunner().invoke(app, ["validate", shipped], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if "needle distances" in line]
-    assert len(lines) == 2 and "0–512 positions (PoSE)" in lines[0]
+    assert len(lines) == 1 and "0–512 positions (PoSE)" in lines[0]
     shares = [float(x) for x in lines[0].split("eighth: ")[1].split(" (")[0].split()]
     assert len(shares) == 8 and all(abs(x - 12.5) <= 2 for x in shares)
     raw = yaml.safe_load(open(shipped).read())

@@ -58,6 +58,9 @@ def target_cells(result: dict) -> list[list[int]]:
 
 
 def main() -> None:
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()  # the CLI's silencer, as in every benchmark
     factor, groups = int(sys.argv[1]), sys.argv[2:]
     bar = BARS[factor]
     if groups == ["odds"]:
