@@ -6,7 +6,8 @@ Per model (one JSON line): teacher-forced ``needle`` (form t0, the demo's) in th
 by default) and at the target by depth (0/25/50/75/100 %), ``multikey`` with 2 distractors (t0) at both lengths, and the
 per-document NLL of the first ``ORIGINAL`` tokens of 32 documents with the ppl ratio to the unpatched base's
 (95 % paired bootstrap). Trials are seeded as in ``benchmarks/finetune_mix.py`` (1234 needle, 4321
-multi-key), so every model sees the same trials. ``THREADS`` sets torch's threads (default 1); ``BASE``
+multi-key; ``SEED`` moves both, multi-key at ``SEED + 3087``), so every model sees the same trials. ``THREADS``
+sets torch's threads (default 1); ``BASE``
 the unpatched base of the ppl ratio (default ``builtin:grown-code-64``); ``ORIGINAL`` the base's window (default 64):
 the in-window needle length and the tokens of the ppl ratio.
 """
@@ -41,6 +42,7 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))
     paths, target, trials = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3])
     window = int(os.environ.get("ORIGINAL", "64"))
+    seed = int(os.environ.get("SEED", "1234"))  # other trials, to check that a result is not one draw's
     tok = AutoTokenizer.from_pretrained(paths[0])
     hay = Haystack.from_texts(tok, iter_texts("builtin:stdlib"), 200_000, "builtin:stdlib")
     docs = stdlib_documents(tok, target)
@@ -54,7 +56,7 @@ def main() -> None:
         started = time.time()
         loaded = load_model(ModelSpec(path, name=Path(path).name), device="cpu")
         res: dict = {"model": path}
-        grid = GridSettings(lengths=[window, target], depths=DEPTHS, trials=trials, seed=1234)
+        grid = GridSettings(lengths=[window, target], depths=DEPTHS, trials=trials, seed=seed)
         g = evaluate_task_grid(loaded, grid, "needle", hay, template=0, show_progress=False)
         far = [c for c in g["cells"] if c["length"] == target]
         res.update(
@@ -65,7 +67,7 @@ def main() -> None:
             worst_lb=min(round(100 * c["ci_low"]) for c in far),
             out_needle=[o for c in g["cells"] for o in c["outcomes"]],
         )
-        grid = GridSettings(lengths=[window, target], depths=DEPTHS, trials=trials, seed=4321)
+        grid = GridSettings(lengths=[window, target], depths=DEPTHS, trials=trials, seed=seed + 3087)
         options = {"distractors": 2}
         g = evaluate_task_grid(loaded, grid, "multikey", hay, template=0, options=options, show_progress=False)
         res.update(
