@@ -11,13 +11,13 @@ from typing import Any
 def mcnemar_vs_reference(a: list[int], b: list[int]) -> dict[str, Any]:
     """Exact two-sided McNemar test of a model's 0/1 outcomes ``a`` against the reference's ``b``, trial for trial.
 
-    :func:`ctxext.evaluation.stats.mcnemar_exact` computes it; this keeps the keys the benchmarks' results
+    :func:`ctxext.scoring.stats.mcnemar_exact` computes it; this keeps the keys the benchmarks' results
     were written with.
 
     Returns:
         ``only_this`` (``a`` right, ``b`` wrong), ``only_reference`` and ``p_value``.
     """
-    from ctxext.evaluation.stats import mcnemar_exact
+    from ctxext.scoring.stats import mcnemar_exact
 
     test = mcnemar_exact([bool(x) for x in a], [bool(y) for y in b])
     return {"only_this": test["only_a"], "only_reference": test["only_b"], "p_value": test["p_value"]}
@@ -29,14 +29,14 @@ def probe_model(path: str, haystack_tokens: int = 200_000) -> tuple[Any, Any]:
     The sweep's probes (``benchmarks/mix_sweep``) score samples built the way ``qeval.py`` builds them.
 
     Returns:
-        The :class:`ctxext.evaluation.loading.LoadedModel` (named after the folder) and the haystack.
+        The :class:`ctxext.models.load.LoadedModel` (named after the folder) and the haystack.
     """
     from pathlib import Path
 
     import torch
 
-    from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
+    from ctxext.scoring.texts import iter_texts
     from ctxext.tasks import Haystack
 
     torch.set_num_threads(1)
@@ -48,8 +48,8 @@ def probe_model(path: str, haystack_tokens: int = 200_000) -> tuple[Any, Any]:
 
 def stdlib_documents(tokenizer: Any, min_tokens: int, count: int = 32) -> list[Any]:
     """The first ``count`` stdlib documents of at least ``min_tokens`` tokens (``qeval.py``'s perplexity documents)."""
-    from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.documents import tokenize_documents
+    from ctxext.scoring.documents import tokenize_documents
+    from ctxext.scoring.texts import iter_texts
 
     return tokenize_documents(iter_texts("builtin:stdlib"), tokenizer, min_tokens, count).ids
 
@@ -58,7 +58,7 @@ def document_nll(model: Any, documents: list[Any], length: int) -> Any:
     """Per-token NLL of the first ``length`` tokens of each document: a ``[documents, length - 1]`` tensor."""
     import torch
 
-    from ctxext.evaluation.scoring import token_nll
+    from ctxext.scoring.nll import token_nll
 
     return torch.stack([token_nll(model, d[:length].unsqueeze(0))[0] for d in documents])
 

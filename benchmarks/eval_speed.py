@@ -71,7 +71,7 @@ def _tokenizer():
 
 
 def _documents(tok, n_docs: int, min_tokens: int) -> list[list[int]]:
-    from ctxext.evaluation.data import iter_texts
+    from ctxext.scoring.texts import iter_texts
 
     docs = []
     for text in iter_texts("builtin:stdlib"):
@@ -88,10 +88,10 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from ctxext.evaluation.loading import LoadedModel
     from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
-    from ctxext.evaluation.scoring import token_nll
+    from ctxext.models.load import LoadedModel
     from ctxext.rope.read import read_rope
+    from ctxext.scoring.nll import token_nll
 
     lengths = [int(x) for x in args.lengths.split(",")]
     tok = _tokenizer()

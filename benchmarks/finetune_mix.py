@@ -11,7 +11,7 @@ same number of optimizer steps and rows for every arm:
 * ``mix-pose`` — the same mixture with PoSE rows of ``--pose-factor`` × the window (positions reach the
   target; fewer tokens per row, so this arm also sees fewer tokens — reported).
 
-Every model is evaluated on held-out stdlib files, teacher-forced (:mod:`ctxext.evaluation.answer_scoring`):
+Every model is evaluated on held-out stdlib files, teacher-forced (:mod:`ctxext.scoring.answers`):
 ``needle`` with the template it was trained on (t0, the demo's ``KEY_xy = …``) and with the held-out
 template t4 (``xy_id = …``), by length and depth; ``multikey`` with 2 distractor keys at the
 target (the trained form t0; the grown model retrieves no other form even inside its window, so t4
@@ -121,7 +121,7 @@ def evaluate(path: str, name: str, args: argparse.Namespace, docs: list[Any], ha
     import torch
 
     from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
 
     loaded = load_model(ModelSpec(path, name=name), device="cpu")
     if name == "base":  # the unpatched model: only its own window (the original-length ppl reference)
@@ -143,7 +143,7 @@ def evaluate(path: str, name: str, args: argparse.Namespace, docs: list[Any], ha
 
 def _doc_nll(loaded: Any, docs: list[Any], length: int) -> list[float]:
     """Per-document NLL sums of the first ``length`` tokens (the same tokens for every model)."""
-    from ctxext.evaluation.scoring import token_nll
+    from ctxext.scoring.nll import token_nll
 
     return [float(token_nll(loaded.model, ids[:length].unsqueeze(0))[0].sum()) for ids in docs]
 
@@ -157,7 +157,7 @@ def _ppl_ratio(a_sums: list[float], b_sums: list[float], n: int) -> dict[str, An
     """ppl(a) / ppl(b) on the same documents, with its 95 % paired-bootstrap interval."""
     import numpy as np
 
-    from ctxext.evaluation.stats import paired_ppl_ratio
+    from ctxext.scoring.stats import paired_ppl_ratio
 
     r = paired_ppl_ratio(np.array(a_sums), np.array(b_sums), np.full(len(a_sums), n, dtype=float), 2000, seed=0)
     return {"ratio": r["ratio"], "ratio_ci": [r["ci_low"], r["ci_high"]]}
@@ -277,9 +277,9 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.documents import tokenize_documents
-    from ctxext.extend.folder import extend_folder
+    from ctxext.models.folder import extend_folder
+    from ctxext.scoring.documents import tokenize_documents
+    from ctxext.scoring.texts import iter_texts
     from ctxext.tasks import Haystack
 
     out = args.out

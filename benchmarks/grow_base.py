@@ -98,7 +98,7 @@ def context_use(model, docs: list[np.ndarray], lo: int, settings: list[tuple[str
     Returns:
         {name: array of per-document NLL sums}, array of per-document target counts.
     """
-    from ctxext.evaluation.scoring import sliding_nll
+    from ctxext.scoring.nll import sliding_nll
 
     sums: dict[str, list[float]] = {name: [] for name, _, _ in settings}
     counts = []
@@ -116,7 +116,7 @@ def context_use(model, docs: list[np.ndarray], lo: int, settings: list[tuple[str
 
 def bootstrap_gap(a: np.ndarray, b: np.ndarray, counts: np.ndarray, reps: int, seed: int) -> dict[str, Any]:
     """Mean per-token NLL gap ``a - b`` with a 95% paired bootstrap CI over documents, and ppl ratio."""
-    from ctxext.evaluation.stats import bootstrap_mean_diff
+    from ctxext.scoring.stats import bootstrap_mean_diff
 
     gap = (a.sum() - b.sum()) / counts.sum()
     lo, hi = bootstrap_mean_diff(a, b, counts, resamples=reps, seed=seed)
@@ -138,7 +138,7 @@ def needle_accuracy(model, needles: Needles, docs: list[np.ndarray], length: int
     Returns:
         {depth: accuracy}, and the mean needle-to-query distance (tokens) per depth.
     """
-    from ctxext.evaluation.answer_scoring import score_answers
+    from ctxext.scoring.answers import score_answers
 
     rng = np.random.default_rng(seed)
     long_docs = [d for d in docs if len(d) >= length]
@@ -171,7 +171,7 @@ def multikey_accuracy(model, needles: Needles, docs: list[np.ndarray], s: Settin
     Returns:
         (accuracy, trials): every trial's window has exactly ``keys`` needles unless they cannot fit.
     """
-    from ctxext.evaluation.answer_scoring import score_answers
+    from ctxext.scoring.answers import score_answers
 
     data = TrainingSequences(np.concatenate(docs), needles, s, seed)
     trials = s.needle_trials * len(s.depths)

@@ -2,7 +2,7 @@
 
 Both sides load the model through ctxext's own code path: a recipe from :func:`ctxext.recipe.schema.parse_recipe`
 (YaRN to the tested length, nf4 double-quant, LoRA r=16, gradient checkpointing, ``train.seq_len`` = length)
-built by :func:`ctxext.models.training_model.build_training_model`. They differ only in the loss:
+built by :func:`ctxext.training.model.build_training_model`. They differ only in the loss:
 
 * **ctxext**: the training loop's :class:`ctxext.training.run.CausalLMWithChunkedLoss` (chunked cross-entropy over
   the last hidden states, logits never materialised at full length), ``total / n`` then backward.
@@ -74,7 +74,7 @@ def child(side: str, length: int, threads: int, chunk: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from ctxext.models.training_model import build_training_model
+    from ctxext.training.model import build_training_model
     from ctxext.training.run import CausalLMWithChunkedLoss, shifted_labels
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -233,7 +233,7 @@ def main() -> None:
         f"{mem_total_gb():.0f} GB RAM, no GPU; torch {_version('torch')}, transformers "
         f"{_version('transformers')}, peft {_version('peft')}, bitsandbytes {_version('bitsandbytes')}.\n\n"
         + f"Model: `{MODEL}` (4.2M-param Llama, 4 layers, hidden 256, vocab 2048, 64-token window), loaded by "
-        "`ctxext.models.training_model.build_training_model` from a `parse_recipe` recipe: YaRN to the tested "
+        "`ctxext.training.model.build_training_model` from a `parse_recipe` recipe: YaRN to the tested "
         "length, nf4 double-quant, LoRA r=16 α=32 (+ embed_tokens, norm trainable), gradient checkpointing, batch 1, "
         f"`train.seq_len` = length, loss_chunk_size {args.chunk}. One forward + backward on random token ids per "
         "cell, each in a fresh process. **ctxext** = the training loop's `CausalLMWithChunkedLoss` (chunked "

@@ -88,7 +88,7 @@ def child(folder: str, length: int, cell: str) -> dict:
     """One cell in this process: load, warm up, one timed training step; peak resident set and speed."""
     import torch
 
-    from ctxext.models.training_model import build_training_model
+    from ctxext.training.model import build_training_model
 
     loss = CELLS[cell][1]
     recipe = recipe_for(folder, length, cell)

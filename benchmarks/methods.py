@@ -1,7 +1,7 @@
 """RoPE method matrix on the grown model: training-free and after the same short nf4 QLoRA fine-tune.
 
 For each factor (4× and 8× the grown model's 64-token window) and each method (none / linear / ntk / dynamic / yarn
-/ llama3), the script chains the public APIs exactly as ``ctxext demo`` does: ``ctxext.extend.folder.extend_folder``
+/ llama3), the script chains the public APIs exactly as ``ctxext demo`` does: ``ctxext.models.folder.extend_folder``
 (training-free patch), ``ctxext.training.run.train`` (nf4 QLoRA, the demo's recipe with fewer steps; same steps,
 data and seed for every method) and ``ctxext.evaluation.suite.run_suite`` with ``ctxext/resources/demo-suite.yaml``
 (held-out stdlib files: perplexity per length and position bucket, the context-use curve, in-domain needle
@@ -76,9 +76,9 @@ def suite_for(factor: int, args: argparse.Namespace) -> Any:
 def run_factor(factor: int, args: argparse.Namespace, timings: dict[str, float]) -> dict[str, Any]:
     """Extend, fine-tune and evaluate every method at one factor; returns both reports."""
     from ctxext.errors import InputError
-    from ctxext.evaluation.loading import ModelSpec
     from ctxext.evaluation.suite import run_suite
-    from ctxext.extend.folder import extend_folder
+    from ctxext.models.folder import extend_folder
+    from ctxext.models.load import ModelSpec
     from ctxext.models.sources import load_config
     from ctxext.rope.read import read_rope
     from ctxext.training.run import read_run

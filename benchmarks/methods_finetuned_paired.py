@@ -28,8 +28,8 @@ def main() -> None:
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    from ctxext.evaluation.loading import ModelSpec
     from ctxext.evaluation.suite import run_suite
+    from ctxext.models.load import ModelSpec
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--factor", type=int, required=True)

@@ -46,7 +46,7 @@ def main() -> None:
     import torch
 
     from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
     from ctxext.rope.read import read_rope
     from ctxext.rope.runtime import patch_model
 

@@ -58,9 +58,9 @@ def main() -> None:
 
     import torch
 
-    from ctxext.evaluation.answer_scoring import score_answers
     from ctxext.evaluation.grid import load_haystack
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
+    from ctxext.scoring.answers import score_answers
 
     torch.set_num_threads(1)
     print("| model | length | distractors | target value (accuracy) | chance (1/n) | copies one of the values |")

@@ -21,8 +21,8 @@ import itertools
 from pathlib import Path
 
 from ctxext.evaluation.grid import GridSettings, evaluate_task_grid, load_haystack
-from ctxext.evaluation.loading import ModelSpec, load_model
-from ctxext.evaluation.stats import holm, mcnemar_exact, wilson_interval
+from ctxext.models.load import ModelSpec, load_model
+from ctxext.scoring.stats import holm, mcnemar_exact, wilson_interval
 
 TASKS = {  # label -> (task, options)
     "needle": ("needle", {}),

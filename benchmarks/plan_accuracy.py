@@ -1,6 +1,6 @@
 """How close is ``ctxext plan``'s predicted peak memory to the measured peak, on this CPU?
 
-Two models, loaded through ctxext's own training path (:func:`ctxext.models.training_model.build_training_model`: nf4
+Two models, loaded through ctxext's own training path (:func:`ctxext.training.model.build_training_model`: nf4
 double-quant base, YaRN to the tested length, LoRA, peft k-bit preparation):
 
 * ``bench``: the 32k-vocabulary random Llama of ``benchmarks/train_memory.py`` (its ``build_model``; hidden
@@ -100,7 +100,7 @@ def child(model: str, length: int, checkpointing: bool, loss: str, model_dir: st
     import torch
 
     torch.set_num_threads(threads)
-    from ctxext.models.training_model import build_training_model
+    from ctxext.training.model import build_training_model
 
     recipe = recipe_for(model, length, checkpointing, model_dir)
     loaded = build_training_model(recipe)

@@ -38,7 +38,7 @@ NEEDLE = {"needle": "\nKEY_{name} = {key}\n", "question": "\nassert KEY_{name} =
 
 
 def _load(method: str | None):
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
     from ctxext.rope.read import read_rope
     from ctxext.rope.runtime import patch_model
 
@@ -76,8 +76,8 @@ def _run(lm, grid, task, hay, scoring: str, new_tokens: int, per_cell: bool, bat
 
 def _profile(lm, grid, task, hay, repeats: int) -> dict[str, float | bool]:
     """Least CPU seconds of building the grid's samples and of scoring them (answer-only / full final layer)."""
-    from ctxext.evaluation.answer_scoring import score_answers
-    from ctxext.evaluation.grid import make_samples
+    from ctxext.scoring.answers import score_answers
+    from ctxext.tasks.samples import make_samples
 
     variants = {"previous": (False, 32768), "full": (False, None), "answer-only": (True, None)}
     best = {"build": 1e9, **dict.fromkeys(variants, 1e9)}
@@ -88,7 +88,7 @@ def _profile(lm, grid, task, hay, repeats: int) -> dict[str, float | bool]:
             s
             for L in grid.lengths
             for d in grid.depths
-            for s in make_samples(lm.tokenizer, "needle", hay, L, d, grid, task)
+            for s in make_samples(lm.tokenizer, "needle", hay, L, d, trials=grid.trials, seed=grid.seed, template=task)
         ]
         best["build"] = min(best["build"], time.process_time() - cpu)
         seqs, spans = [s.ids for s in samples], [s.answer_span for s in samples]

@@ -275,11 +275,11 @@ def scan_attention(folder: Path, values: list[float], trials: int) -> str:
     """
     import numpy as np
 
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
+    from ctxext.scoring.windows import doc_nll, paired_window_ratio, windows
     from ctxext.search.apply import RopeSwitch
     from ctxext.search.objective import retrieval_set
     from ctxext.search.report import HELDOUT, REPORT_DEPTHS
-    from ctxext.search.window import doc_nll, paired_window_ratio, windows
 
     summary = json.loads((folder / "search.json").read_text())
     target = int(summary["settings"]["target_length"])

@@ -116,10 +116,10 @@ def worker(model: str, length: int, repeats: int, out: str, model_dir: str, thre
     import torch
 
     torch.set_num_threads(threads)
-    from ctxext.models.training_model import build_training_model
     from ctxext.training.data.rows import build_inputs
     from ctxext.training.launch import start_accelerator
     from ctxext.training.losses import micro_batch_loss
+    from ctxext.training.model import build_training_model
     from ctxext.training.sequence_parallel import start_sequence_parallel
     from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer
 

@@ -116,7 +116,7 @@ def worker_plain(args: argparse.Namespace) -> dict:
         default_data_collator,
     )
 
-    from ctxext.extend.folder import extend_folder
+    from ctxext.models.folder import extend_folder
     from ctxext.training.data.corpus import prepare_data
 
     recipe = _recipe(args, args.length, Path("unused"))

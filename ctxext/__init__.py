@@ -33,7 +33,7 @@ _LAZY = {
     "RopeMethod": "ctxext.rope.methods",
     "reset_dynamic_rope": "ctxext.rope.runtime",
     "verify_model_rope": "ctxext.rope.runtime",
-    "extend_folder": "ctxext.extend.folder",
+    "extend_folder": "ctxext.models.folder",
     "load_recipe": "ctxext.recipe.schema",
     "Recipe": "ctxext.recipe.schema",
     "load_for_inference": "ctxext.models.load",

@@ -77,11 +77,11 @@ def run_path(
     import torch
 
     from ctxext.models.devices import Device, cpu_device
-    from ctxext.models.training_model import build_training_model
     from ctxext.planner.fit import device_footprint
     from ctxext.planner.footprint import ModelShape
     from ctxext.planner.plan import setup_for
     from ctxext.recipe.schema import parse_recipe
+    from ctxext.training.model import build_training_model
     from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer
 
     if folder is None:

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ctxext.evaluation.loading import LoadedModel
 from ctxext.models.builtin import stdlib_files
+from ctxext.models.load import LoadedModel
 from ctxext.rope.read import read_rope
 from ctxext.rope.runtime import patch_model
 

@@ -28,7 +28,7 @@ from ctxext.training.steps import CausalLMWithChunkedLoss
 
 
 def main(recipe_path: str, out: str, cases: str) -> None:
-    from ctxext.models.training_model import build_training_model
+    from ctxext.training.model import build_training_model
 
     recipe = load_recipe(recipe_path)
     cfg = recipe.train

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from ctxext.errors import InputError
-from ctxext.evaluation.answer_scoring import answer_only_last_layer, score_answers
 from ctxext.models.builtin import GROWN_DIR
 from ctxext.rope.runtime import patch_model, reset_dynamic_rope
+from ctxext.scoring.answers import answer_only_last_layer, score_answers
 from tests.conftest import tiny_model
 
 
@@ -141,7 +141,7 @@ def test_length_dependent_rope_no_kv_cache_bug(cache_root, method):
     Generation with a KV cache gets 6/30 (dynamic) and 0/30 (longrope) on this grid (issue 10).
     """
     from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
 
     torch.set_num_threads(1)
     lm = load_model(ModelSpec("builtin:grown-code-64"))
@@ -164,7 +164,7 @@ def test_checkpoint_generation_config_changes_no_retrieval_number(cache_root, tm
     import shutil
 
     from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
     from ctxext.models.sources import resolve_model_path
 
     torch.set_num_threads(1)

@@ -142,7 +142,7 @@ def test_calibrate_refuses_bad_settings_before_loading_anything(tiny_run, tmp_pa
 
 
 def test_a_calibrated_run_loads_with_its_temperature(tiny_run, tmp_path):
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
 
     run = calibrated(tiny_run, tmp_path / "run", 1.25)
     loaded = load_model(ModelSpec(str(run)), device="cpu")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def grown():
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
 
     return load_model(ModelSpec("builtin:grown-code-64-mk"), device="cpu")
 
@@ -32,11 +32,14 @@ def haystack(grown):
 
 def test_control_sample_keeps_length_question_and_answer_and_drops_the_inserts(grown, haystack):
     from ctxext.evaluation.control import control_sample
-    from ctxext.evaluation.grid import GridSettings, make_samples
+    from ctxext.evaluation.grid import GridSettings
+    from ctxext.tasks.samples import make_samples
 
     settings = GridSettings(lengths=[64], depths=[50], trials=4)
     for task, opts in (("needle", {}), ("multikey", {"distractors": 2})):
-        for s in make_samples(grown.tokenizer, task, haystack, 64, 50.0, settings, 0, opts):
+        for s in make_samples(
+            grown.tokenizer, task, haystack, 64, 50.0, trials=settings.trials, seed=settings.seed, options=opts
+        ):
             c = control_sample(s, haystack)
             assert len(c.ids) == len(s.ids) == 64 and c.answer_span == s.answer_span
             assert c.ids[s.answer_span[0] - 3 :] == s.ids[s.answer_span[0] - 3 :]  # question end and answer

@@ -107,8 +107,8 @@ def test_unsupported_files_and_unknown_names(tmp_path, tiny_tokenizer):
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".py", ".text", ".md"])
 def test_training_and_evaluation_read_the_same_file_types(tmp_path, suffix):
     # One list of file types (ctxext.models.data_sources) for both readers: what one reads, the other reads too.
-    from ctxext.evaluation.data import iter_texts
     from ctxext.models.data_sources import file_kind
+    from ctxext.scoring.texts import iter_texts
 
     docs = ["def f(x):\n    return x + 1\n", "class A:\n    pass\n"]
     folder = tmp_path / "docs"
@@ -133,7 +133,7 @@ def test_a_missing_file_is_a_path_for_both_readers_and_a_bare_name_is_a_hub_id()
 
     assert looks_like_path("nope.jsonl") and looks_like_path("./x") and looks_like_path("a/b/c")
     assert not looks_like_path("pg19") and not looks_like_path("org/name")
-    from ctxext.evaluation.data import iter_texts
+    from ctxext.scoring.texts import iter_texts
 
     with pytest.raises(InputError, match="does not exist"):
         load_documents("nope.jsonl")

@@ -10,7 +10,7 @@ import pytest
 from ctxext.errors import InputError
 from ctxext.evaluation.paired import compare_models
 from ctxext.evaluation.report import comparisons_markdown
-from ctxext.evaluation.stats import holm, mcnemar_exact, paired_ppl_ratio, ppl_entry
+from ctxext.scoring.stats import holm, mcnemar_exact, paired_ppl_ratio, ppl_entry
 
 
 def _binom_two_sided(k: int, n: int) -> float:

@@ -9,7 +9,7 @@ import torch
 
 from ctxext.errors import InputError
 from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
-from ctxext.evaluation.scoring import sliding_nll, sliding_windows, token_nll
+from ctxext.scoring.nll import sliding_nll, sliding_windows, token_nll
 from tests._eval_helpers import (
     loaded,
     one_thread,  # noqa: F401  (autouse: one thread per test)
@@ -211,8 +211,8 @@ def test_longrope_scores_each_length_in_its_own_pass(tiny_tokenizer, texts):
 
 
 def test_stdlib_long_joins_heldout_files_into_long_documents():
-    from ctxext.evaluation.data import LONG_DOC_CHARS, iter_texts
     from ctxext.models.builtin import stdlib_source_files
+    from ctxext.scoring.texts import LONG_DOC_CHARS, iter_texts
 
     docs = list(iter_texts("builtin:stdlib-long"))
     assert len(docs) >= 3

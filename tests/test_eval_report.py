@@ -110,7 +110,7 @@ def run_dir(tmp_path_factory, tiny_model_dir):
 
 def test_run_folder_loads_base_adapter_and_patched_rope(run_dir, tiny_model_dir):
     from ctxext.artifacts.run import is_run_folder
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
 
     assert is_run_folder(run_dir)
     ft = load_model(ModelSpec(ref=str(run_dir)))
@@ -229,8 +229,8 @@ def test_shipped_suites_validate_and_resolve_lengths():
 
 
 def test_suite_beyond_target_and_original_window_in_context_use(tiny_model_dir, tmp_path):
-    from ctxext.evaluation.loading import ModelSpec
     from ctxext.evaluation.suite import load_suite, run_suite
+    from ctxext.models.load import ModelSpec
 
     path = tmp_path / "beyond.yaml"
     path.write_text(

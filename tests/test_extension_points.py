@@ -78,8 +78,8 @@ def test_a_method_file_reaches_schema_and_cli_and_extends_a_model(toy_method, ti
 
 
 def test_a_section_file_runs_in_a_suite_and_renders(toy_section, tiny_model_dir, tmp_path):
-    from ctxext.evaluation.loading import ModelSpec
     from ctxext.evaluation.suite import load_suite, run_suite
+    from ctxext.models.load import ModelSpec
 
     path = tmp_path / "suite.yaml"
     path.write_text("name: toy\nallow_beyond_context: true\ntoy_repeat: {lengths: ['1x', 512], trials: 1}\n")

@@ -41,10 +41,10 @@ def yarn_model(tmp_path_factory) -> Path:
 
 def _ctxext_outcomes(model: Path, docs: list[dict], budget: int, until: list[str]) -> list[int]:
     """ctxext's own scoring of the exported prompts: the tokens lm-eval feeds, greedy, the one answer match."""
-    from ctxext.evaluation.exact_match import answer_matches
     from ctxext.evaluation.export_tasks import harness_prompt_ids
     from ctxext.evaluation.grid import greedy_generate
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
+    from ctxext.scoring.exact_match import answer_matches
 
     lm = load_model(ModelSpec(str(model)), device="cpu")
     outcomes = []
@@ -82,9 +82,10 @@ def test_lm_eval_scores_exported_prompts_trial_for_trial_as_ctxext(yarn_model, t
 def test_exported_prompts_are_the_grid_samples(yarn_model, tmp_path):
     """The documents are the retrieval grid's own seeded samples for the model's tokenizer, decoded."""
     from ctxext.evaluation.export_tasks import export_lm_eval
-    from ctxext.evaluation.grid import GridSettings, make_samples, text_haystack
+    from ctxext.evaluation.grid import GridSettings, text_haystack
     from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec
     from ctxext.models.load import load_tokenizer_and_config
+    from ctxext.tasks.samples import make_samples
 
     settings = RulerSettings(
         tasks=[RulerTaskSpec(task="needle")], lengths=[128], depths=[0, 100], trials=3, templates=[0]
@@ -94,7 +95,11 @@ def test_exported_prompts_are_the_grid_samples(yarn_model, tmp_path):
     tok, _ = load_tokenizer_and_config(str(yarn_model))
     hay = text_haystack(tok, settings.haystack, settings.text_field, settings.split, 256)
     grid = GridSettings(lengths=[128], depths=[0, 100], trials=3)
-    samples = [s for d in (0, 100) for s in make_samples(tok, "needle", hay, 128, d, grid, [0])]
+    samples = [
+        s
+        for d in (0, 100)
+        for s in make_samples(tok, "needle", hay, 128, d, trials=grid.trials, seed=grid.seed, template=[0])
+    ]
     assert [d["prompt"] for d in docs] == [tok.decode(s.prompt, skip_special_tokens=False) for s in samples]
     assert [d["answer"] for d in docs] == [s.answer for s in samples]
     assert all(d["prompt"].startswith(tok.bos_token) for d in docs)

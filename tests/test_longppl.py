@@ -27,7 +27,7 @@ K, S = 16, 4  # short context and window step: short windows of 20 tokens moved 
 
 @pytest.fixture(scope="module")
 def grown():
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
 
     return load_model(ModelSpec("builtin:grown-code-64-mk"), device="cpu")
 
@@ -68,7 +68,7 @@ def _nll_by_hand(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_key_tokens_are_the_far_copies(grown):
     from ctxext.evaluation.longppl import select_key_tokens
-    from ctxext.evaluation.scoring import sliding_nll, token_nll
+    from ctxext.scoring.nll import sliding_nll, token_nll
 
     ids, answer = _copy_case(grown.tokenizer)
     full, short = _nll_by_hand(grown.model, ids)
@@ -125,8 +125,8 @@ longppl:
 
 def test_section_runs_from_a_suite_with_the_reference_as_evaluator(yarn, tmp_path):
     from ctxext.artifacts.report import read_report
-    from ctxext.evaluation.loading import ModelSpec, load_model
     from ctxext.evaluation.suite import load_suite, run_suite
+    from ctxext.models.load import ModelSpec, load_model
 
     path = tmp_path / "suite.yaml"
     path.write_text(SUITE)
@@ -144,8 +144,8 @@ def test_section_runs_from_a_suite_with_the_reference_as_evaluator(yarn, tmp_pat
     assert sum(map(len, positions)) == e["key_tokens"] and all(p >= K + S for ps in positions for p in ps)
     assert "key_positions" not in base["per_document"]["by_length"]["128"]  # stored once, with the evaluator
     # Each model's LongPPL and perplexity, recomputed here: the same documents, plain full-logits forwards.
-    from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.documents import tokenize_documents
+    from ctxext.scoring.documents import tokenize_documents
+    from ctxext.scoring.texts import iter_texts
 
     for spec, got in zip(specs, (b, e), strict=True):
         lm = load_model(spec, device="cpu")
@@ -204,8 +204,8 @@ def test_old_reports_without_longppl_still_read(tmp_path):
 def test_the_default_suite_means_something():
     """eval/long-context.yaml: keyed held-out retrieval with a control, cells that separate 50 % from 90 %, LongPPL."""
     from ctxext.evaluation.longppl import resolve_run
-    from ctxext.evaluation.stats import wilson_interval
     from ctxext.evaluation.suite import load_suite
+    from ctxext.scoring.stats import wilson_interval
 
     suite, _ = load_suite(Path(__file__).resolve().parents[1] / "eval" / "long-context.yaml")
     ruler = suite.ruler

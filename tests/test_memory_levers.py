@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
 from ctxext.errors import InputError
-from ctxext.models.levers import cast_residual_stream, tile_mlps
 from ctxext.recipe.memory import Levers, MemorySection, resolve_levers
+from ctxext.training.levers import cast_residual_stream, tile_mlps
 from ctxext.training.losses import chunked_cross_entropy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,8 +111,8 @@ def test_tiled_mlp_refuses_a_mlp_that_is_not_gated():
 
 def test_bf16_residual_stream_on_a_4bit_base(tmp_path):
     """nf4 base, bf16 compute: the stream between layers is bf16, the trained embeddings and norms stay fp32."""
-    from ctxext.models.training_model import add_lora, load_base
     from ctxext.recipe.sections import LoraSection
+    from ctxext.training.model import add_lora, load_base
 
     model, _, _ = load_base("builtin:tiny-llama", quantization="nf4", compute_dtype=torch.bfloat16)
     levers = Levers(residual_dtype="bf16")
@@ -146,9 +146,9 @@ def test_planned_layer_bytes_match_autograd(tiny_model_dir, residual, dropout):
     a bf16 stream (peft's fp32 copy of each adapted projection's input: half of the bytes, measured) and LoRA
     dropout (a dropped copy and a mask per projection: +57 % measured, +50 % planned). The fp32 case without
     dropout is tests/test_plan.py's."""
-    from ctxext.models.training_model import add_lora, load_base
     from ctxext.planner.footprint import ModelShape, Setup, layer_bytes
     from ctxext.recipe.sections import LoraSection
+    from ctxext.training.model import add_lora, load_base
     from ctxext.training.steps import CausalLMWithChunkedLoss
 
     length = 512

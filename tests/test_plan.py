@@ -268,8 +268,8 @@ def test_saved_activation_formula_matches_autograd(tiny_model_dir):
     """The per-layer formula against what autograd really saves in ctxext's training forward (nf4, LoRA, SDPA)."""
     import torch
 
-    from ctxext.models.training_model import build_training_model
     from ctxext.planner.footprint import layer_bytes
+    from ctxext.training.model import build_training_model
     from ctxext.training.run import CausalLMWithChunkedLoss, shifted_labels
 
     length = 512

@@ -52,8 +52,8 @@ def test_trained_tasks_hook(tmp_path):
 
 
 def test_suite_ruler_section_runs_and_reports(tiny_model_dir, tmp_path):
-    from ctxext.evaluation.loading import ModelSpec
     from ctxext.evaluation.suite import load_suite, run_suite
+    from ctxext.models.load import ModelSpec
 
     path = tmp_path / "r.yaml"
     path.write_text(

@@ -67,7 +67,7 @@ def test_grid_both_scorings_on_the_same_trials(tiny_tokenizer):
 def test_generated_string_match_agrees_with_teacher_forcing_on_the_grown_model(cache_root):
     """Static RoPE: greedy generation starts with the answer iff teacher forcing says so; string match then finds it."""
     from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
 
     torch.set_num_threads(1)
     lm = load_model(ModelSpec("builtin:grown-code-64"))
@@ -84,8 +84,8 @@ def test_generated_string_match_agrees_with_teacher_forcing_on_the_grown_model(c
 
 def test_ruler_section_reports_both_scorings_and_named_lengths(tiny_model_dir, tmp_path):
     from ctxext.artifacts.report import parse_report
-    from ctxext.evaluation.loading import ModelSpec
     from ctxext.evaluation.suite import load_suite, run_suite
+    from ctxext.models.load import ModelSpec
 
     path = tmp_path / "r.yaml"
     path.write_text(

@@ -327,7 +327,7 @@ def test_recipe_search_section(tmp_path, first_search, tiny_model_dir):
 def test_far_ppl_objective_is_the_nll_beyond_the_window(tiny_model_dir, tmp_path):
     from transformers import AutoTokenizer
 
-    from ctxext.evaluation.scoring import token_nll
+    from ctxext.scoring.nll import token_nll
     from ctxext.search.objective import far_ppl_set
 
     out = tmp_path / "far"

@@ -10,12 +10,12 @@ import pytest
 
 from ctxext.errors import CtxextError, InputError
 from ctxext.recipe.flags import build_settings
+from ctxext.scoring.windows import admissible, paired_window_ratio
 from ctxext.search.evolution import Evolution, EvolutionSettings
 from ctxext.search.factors import is_monotone
 from ctxext.search.objective import ItemScores, ObjectiveSet
 from ctxext.search.report import window_verdict
 from ctxext.search.run import SearchSettings, run_search
-from ctxext.search.window import admissible, paired_window_ratio
 from tests.test_search import _settings
 
 

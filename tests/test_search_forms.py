@@ -19,7 +19,7 @@ needs_grown = pytest.mark.skipif(
 
 @needs_grown
 def test_grown_model_keeps_only_the_form_it_was_trained_to_retrieve():
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
 
     lm = load_model(ModelSpec("builtin:grown-code-64"))
     checks = check_forms(lm.model, lm.tokenizer, "builtin:stdlib-train", 64, [0, 1, 2, 3], seed=0)

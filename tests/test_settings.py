@@ -95,8 +95,8 @@ def _declared() -> dict[tuple[str, ...], Declared]:
     from ctxext.evaluation.harness import HarnessSettings
     from ctxext.evaluation.ruler import RulerSettings
     from ctxext.evaluation.sections import SECTIONS
-    from ctxext.extend.folder import extend_folder
     from ctxext.extend.inspection import inspect_model
+    from ctxext.models.folder import extend_folder
     from ctxext.planner.plan import plan_recipe
     from ctxext.publish.hub import push
     from ctxext.publish.merge import merge_run

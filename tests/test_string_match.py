@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ctxext.errors import InputError
-from ctxext.evaluation.string_match import (
+from ctxext.scoring.string_match import (
     postprocess_prediction,
     sample_match_all,
     sample_match_part,

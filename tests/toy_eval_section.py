@@ -69,7 +69,7 @@ class RepeatCopy(SuiteSection):
         """Copy accuracy, model − reference, per length: paired bootstrap over the (same) trials."""
         import numpy as np
 
-        from ctxext.evaluation.stats import paired_mean_difference
+        from ctxext.scoring.stats import paired_mean_difference
 
         a, b = model[self.name]["per_trial"], reference[self.name]["per_trial"]
         rows = []

@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from ctxext.evaluation.stats import wilson_interval  # noqa: E402
+from ctxext.scoring.stats import wilson_interval  # noqa: E402
 
 DEPTHS = [0, 25, 50, 75, 100]
 # factor -> (least accuracy, least Wilson lower bound); the 8× bar states no bound.

@@ -25,7 +25,7 @@ def main() -> None:
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     import numpy as np
 
-    from ctxext.evaluation.stats import paired_ppl_ratio
+    from ctxext.scoring.stats import paired_ppl_ratio
 
     results = [json.loads(Path(f).read_text().splitlines()[0]) for f in sys.argv[1:]]
     ref = results[0]

@@ -21,7 +21,8 @@ def main() -> None:
     import torch
 
     from benchmarks._common import probe_model
-    from ctxext.evaluation.grid import GridSettings, make_samples
+    from ctxext.evaluation.grid import GridSettings
+    from ctxext.tasks.samples import make_samples
 
     path, length, depth = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     trials = int(sys.argv[4]) if len(sys.argv) > 4 else 50
@@ -29,7 +30,9 @@ def main() -> None:
     tok = loaded.tokenizer
     settings = GridSettings(lengths=[length], depths=[depth], trials=trials, seed=1234)
     misses = 0
-    for i, sample in enumerate(make_samples(tok, "needle", hay, length, depth, settings, 0)):
+    for i, sample in enumerate(
+        make_samples(tok, "needle", hay, length, depth, trials=settings.trials, seed=settings.seed)
+    ):
         start, end = sample.answer_span
         with torch.no_grad():
             logits = loaded.model(torch.tensor([sample.ids])).logits[0]

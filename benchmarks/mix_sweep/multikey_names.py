@@ -28,9 +28,9 @@ def main() -> None:
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     import torch
 
-    from ctxext.evaluation.answer_scoring import score_answers
-    from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
+    from ctxext.scoring.answers import score_answers
+    from ctxext.scoring.texts import iter_texts
     from ctxext.tasks import Haystack
     from ctxext.tasks.base import assemble, encode
 

@@ -33,10 +33,10 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from benchmarks._common import document_nll, stdlib_documents
-    from ctxext.evaluation.data import iter_texts
     from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
-    from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.evaluation.stats import paired_ppl_ratio
+    from ctxext.models.load import ModelSpec, load_model
+    from ctxext.scoring.stats import paired_ppl_ratio
+    from ctxext.scoring.texts import iter_texts
     from ctxext.tasks import Haystack
 
     torch.set_num_threads(int(os.environ.get("THREADS", "1")))

@@ -31,10 +31,11 @@ def main() -> None:
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     from benchmarks._common import probe_model
-    from ctxext.evaluation.answer_scoring import score_answers
-    from ctxext.evaluation.grid import GridSettings, make_samples
-    from ctxext.evaluation.stats import mcnemar_exact
+    from ctxext.evaluation.grid import GridSettings
     from ctxext.models.temperature import set_attention_temperature
+    from ctxext.scoring.answers import score_answers
+    from ctxext.scoring.stats import mcnemar_exact
+    from ctxext.tasks.samples import make_samples
 
     path = sys.argv[1]
     cells = [c.split(":") for c in sys.argv[2].split(",")]
@@ -54,7 +55,9 @@ def main() -> None:
             continue
         length, depth = int(kind), int(size)
         settings = GridSettings(lengths=[length], depths=[depth], trials=trials, seed=1234)
-        samples = make_samples(loaded.tokenizer, "needle", hay, length, depth, settings, 0)
+        samples = make_samples(
+            loaded.tokenizer, "needle", hay, length, depth, trials=settings.trials, seed=settings.seed
+        )
         outcomes = []
         for t in temps:
             use(t)
@@ -90,8 +93,8 @@ def ratio_cell(loaded, window: int, target: int, temps: list[float], use) -> Non
     import numpy as np
 
     from benchmarks._common import document_nll, stdlib_documents
-    from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.evaluation.stats import paired_ppl_ratio
+    from ctxext.models.load import ModelSpec, load_model
+    from ctxext.scoring.stats import paired_ppl_ratio
 
     docs = stdlib_documents(loaded.tokenizer, target)
 

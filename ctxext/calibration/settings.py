@@ -9,7 +9,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ctxext.evaluation.settings import check_depths
+from ctxext.tasks.samples import check_depths
 
 
 class CalibrationSettings(BaseModel):

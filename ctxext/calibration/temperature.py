@@ -10,7 +10,7 @@ universal and it costs perplexity where the context is short, so it is *measured
    at the target length over depths 0–100 and inside the original window, and the perplexity of held-out
    windows of the original length.
 2. A ``t`` is *admissible* under the rule ``ctxext search`` applies to its attention factor
-   (:func:`ctxext.search.window.admissible`), against the run as trained on the same windows: its
+   (:func:`ctxext.scoring.windows.admissible`), against the run as trained on the same windows: its
    in-window perplexity is not detectably higher (the paired 95 % interval reaches down to 1) or
    demonstrably within ``window_tolerance`` percent (2 % by default: the upper end of the interval), and
    its in-window retrieval is not worse (exact McNemar, one-sided, ``alpha``). The reference is the run,
@@ -47,6 +47,8 @@ from ctxext.errors import InputError
 from ctxext.models.temperature import CALIBRATION_FILE, adapter_digest, set_attention_temperature
 
 _Log = Callable[[str], None]
+# Given the run's tokenizer: the held-out texts and the words that name them in the record.
+HeldOut = Callable[[Any], tuple[Iterable[str], str]]
 
 
 @dataclass
@@ -72,7 +74,7 @@ class _Measured:
 def calibrate_run(
     run_dir: str | Path,
     settings: CalibrationSettings,
-    data: str | None = None,
+    held_out: HeldOut,
     device: str | None = None,
     overwrite: bool = False,
     log: _Log = print,
@@ -82,8 +84,8 @@ def calibrate_run(
     Args:
         run_dir: a run folder written by ``ctxext train``.
         settings: the candidates, trials and the choice's thresholds.
-        data: held-out text to measure on (a source as ``ctxext eval`` reads it); default the run's
-            validation documents.
+        held_out: given the run's tokenizer, the held-out texts to measure on and their description (the
+            command passes ``--data``, or the run recipe's validation documents).
         device: ``cpu`` / ``cuda`` (default: cuda when available).
         overwrite: replace an earlier ``calibration.json``.
         log: where progress lines go.
@@ -96,8 +98,8 @@ def calibrate_run(
             length, too little held-out text.
     """
     from ctxext.artifacts.run import read_run
-    from ctxext.evaluation.loading import ModelSpec, load_model
-    from ctxext.search.window import doc_nll
+    from ctxext.models.load import ModelSpec, load_model
+    from ctxext.scoring.windows import doc_nll
 
     started = time.time()
     run_dir = Path(run_dir)
@@ -109,7 +111,7 @@ def calibrate_run(
     if not window or target <= window:
         raise InputError(f"{run_dir}: run.json names no target length beyond the original window; nothing to calibrate")
     loaded = load_model(ModelSpec(str(run_dir)), device=device, calibrated=False)
-    material = _material(loaded.tokenizer, run_dir, data, settings, target, window, log)
+    material = _material(loaded.tokenizer, held_out, settings, target, window)
     log(
         f"calibrating {run_dir}: {len(settings.temperatures)} temperatures × ({len(material.far)} needle trials at "
         f"{target} tokens + {len(material.near)} at {window} + {len(material.windows)} windows of {window}), "
@@ -148,31 +150,12 @@ def calibrate_run(
     return record
 
 
-def _held_out(run_dir: Path, data: str | None, tokenizer: Any, log: _Log) -> tuple[Iterable[str], str]:
-    """The held-out documents' texts and their description: ``data``, or the run recipe's validation split."""
-    if data is not None:
-        from ctxext.evaluation.data import iter_texts
-
-        return iter_texts(data), data
-    from ctxext.recipe.schema import load_recipe
-    from ctxext.training.data.mixture import held_out_texts
-
-    recipe_file = run_dir / "recipe.yaml"
-    if not recipe_file.is_file():
-        raise InputError(f"{recipe_file}: missing, so the run's held-out documents are unknown; name them with --data")
-    log("reading the run's held-out (validation) documents")
-    return held_out_texts(load_recipe(recipe_file), tokenizer), "the run's validation documents"
-
-
-def _material(
-    tokenizer: Any, run_dir: Path, data: str | None, settings: CalibrationSettings, target: int, window: int, log: _Log
-) -> _Material:
+def _material(tokenizer: Any, held_out: HeldOut, settings: CalibrationSettings, target: int, window: int) -> _Material:
     """The needle trials at the target and in the window and the in-window windows, from held-out text."""
-    from ctxext.evaluation.grid import GridSettings, make_samples
-    from ctxext.tasks import Haystack
-    from ctxext.training.data.mixture import HAYSTACK_MIN_TOKENS
+    from ctxext.tasks import HAYSTACK_MIN_TOKENS, Haystack
+    from ctxext.tasks.samples import make_samples
 
-    texts, source = _held_out(run_dir, data, tokenizer, log)
+    texts, source = held_out(tokenizer)
     # A haystack far longer than one trial (as a task source's in training; at least 8 target lengths), so
     # trials draw their filler from different text.
     haystack = Haystack.from_texts(tokenizer, texts, max(HAYSTACK_MIN_TOKENS, 8 * target), source)
@@ -191,14 +174,17 @@ def _material(
         )
 
     def samples(length: int, trials: int) -> list[Any]:
-        grid = GridSettings(lengths=[length], depths=settings.depths, trials=trials, seed=settings.seed)
-        return [s for d in settings.depths for s in make_samples(tokenizer, "needle", haystack, length, d, grid)]
+        return [
+            s
+            for d in settings.depths
+            for s in make_samples(tokenizer, "needle", haystack, length, d, trials=trials, seed=settings.seed)
+        ]
 
     return _Material(samples(target, settings.trials), samples(window, settings.window_trials), windows, source)
 
 
 def _retrieval(model: Any, samples: list[Any], show: bool = False) -> list[bool]:
-    from ctxext.evaluation.answer_scoring import score_answers
+    from ctxext.scoring.answers import score_answers
 
     ids, spans = [x.ids for x in samples], [x.answer_span for x in samples]
     return [bool(s.correct) for s in score_answers(model, ids, spans, show_progress=show)]
@@ -206,8 +192,8 @@ def _retrieval(model: Any, samples: list[Any], show: bool = False) -> list[bool]
 
 def _candidates(measured: list[_Measured], settings: CalibrationSettings) -> list[dict[str, Any]]:
     """Each candidate against t = 1 on the same trials and windows: gains, in-window costs, verdicts."""
-    from ctxext.evaluation.stats import holm, mcnemar_exact
-    from ctxext.search.window import admissible, paired_window_ratio
+    from ctxext.scoring.stats import holm, mcnemar_exact
+    from ctxext.scoring.windows import admissible, paired_window_ratio
 
     one = next(m for m in measured if m.t == 1.0)
     gains = [mcnemar_exact(m.far, one.far) for m in measured]

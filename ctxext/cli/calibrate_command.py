@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -33,8 +34,37 @@ def calibrate(
     from ctxext.recipe.flags import build_settings
 
     settings = build_settings(CalibrationSettings, dict(ctx.meta.get(SETTINGS, {})))
-    record = calibrate_run(run, settings, data=data, device=device, overwrite=overwrite, log=print_line)
+    record = calibrate_run(
+        run, settings, held_out_source(run, data), device=device, overwrite=overwrite, log=print_line
+    )
     console.print(
         f"[green]✓[/] {plain(run)}/calibration.json: attention temperature {record['attention_temperature']:g} "
         f"({record['seconds']:.0f} s)"
     )
+
+
+def held_out_source(run: Path, data: str | None) -> Callable[[Any], tuple[Iterable[str], str]]:
+    """The held-out texts calibration measures on, given the run's tokenizer: ``data``, or the run's validation split.
+
+    The split is training's (the documents its ``val_loss`` reads), so the command puts the two workflows together.
+    """
+
+    def named(tokenizer: Any) -> tuple[Iterable[str], str]:
+        from ctxext.scoring.texts import iter_texts
+
+        return iter_texts(str(data)), str(data)
+
+    def validation_split(tokenizer: Any) -> tuple[Iterable[str], str]:
+        from ctxext.errors import InputError
+        from ctxext.recipe.schema import load_recipe
+        from ctxext.training.data.mixture import held_out_texts
+
+        recipe_file = run / "recipe.yaml"
+        if not recipe_file.is_file():
+            raise InputError(
+                f"{recipe_file}: missing, so the run's held-out documents are unknown; name them with --data"
+            )
+        print_line("reading the run's held-out (validation) documents")
+        return held_out_texts(load_recipe(recipe_file), tokenizer), "the run's validation documents"
+
+    return named if data is not None else validation_split

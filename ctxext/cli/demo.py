@@ -286,7 +286,7 @@ def run_demo(run: DemoRun, fresh: bool = False, console: Console | None = None) 
 
 def _extend(run: DemoRun, console: Console) -> list[str]:
     """1-2. Training-free extension: plain model folders that vanilla transformers loads; returns the methods."""
-    from ctxext.extend.folder import extend_folder
+    from ctxext.models.folder import extend_folder
 
     rope, model = run.recipe.rope, run.recipe.model
     methods = list(dict.fromkeys([run.reference, rope.method]))
@@ -364,8 +364,8 @@ def _cached_report(run: DemoRun) -> dict[str, Any] | None:
 
 def _evaluate(run: DemoRun, methods: list[str], console: Console) -> dict[str, Any]:
     """4. One suite, every model, the same held-out data (cached in the report folder)."""
-    from ctxext.evaluation.loading import ModelSpec
     from ctxext.evaluation.suite import run_suite
+    from ctxext.models.load import ModelSpec
 
     cached = _cached_report(run)
     if cached is not None:

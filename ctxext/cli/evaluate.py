@@ -152,8 +152,8 @@ def _run(
     from ctxext.artifacts.lock import folder_lock
     from ctxext.atomic import check_inputs_outside, check_output
     from ctxext.cli.console import console, plain
-    from ctxext.evaluation.loading import load_model, parse_model_specs
     from ctxext.evaluation.report import REPORT_KIND, build_report, model_entry, write_report
+    from ctxext.models.load import load_model, parse_model_specs
 
     device, overwrite, reference = shared.device, shared.overwrite, shared.reference
     specs = parse_model_specs(models, shared.adapter, shared.name)
@@ -359,8 +359,8 @@ def attention_cmd(
     The flags are the keys of a suite's attention: section, generated from their declaration (the same defaults).
     """
     from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
-    from ctxext.evaluation.data import describe_source, iter_texts
     from ctxext.evaluation.settings import AttentionTask, resolve_length
+    from ctxext.scoring.texts import describe_source, iter_texts
 
     declared = build_settings(AttentionTask, ctx.meta.get(SETTINGS, {}))
     AttentionSettings.of_section(declared, None, allow_beyond_context).validate()  # the bands, before any model
@@ -404,8 +404,8 @@ def _run_section(name: str, key: str, settings: Any, model: list[str], out: Path
 def _run_suite(suite: Any, suite_path: str | None, model: list[str], out: Path, shared: Shared) -> None:
     """Run a suite on the models, print its notes and the summary (``eval run``, and ``eval ppl`` as a suite)."""
     from ctxext.cli.console import console, plain
-    from ctxext.evaluation.loading import parse_model_specs
     from ctxext.evaluation.suite import run_suite
+    from ctxext.models.load import parse_model_specs
 
     specs = parse_model_specs(model, shared.adapter, shared.name)
     _check_reference(specs, shared.reference)

@@ -101,7 +101,7 @@ def extend(
 
     The method options (--beta-fast, --rope-theta …) are generated from the method declarations.
     """
-    from ctxext.extend.folder import extend_folder
+    from ctxext.models.folder import extend_folder
     from ctxext.rope.methods import get_method
 
     get_method(method)  # an unknown method fails before any model is read

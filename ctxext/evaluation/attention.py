@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.loading import LoadedModel, base_model
 from ctxext.evaluation.settings import AttentionTask
+from ctxext.models.load import LoadedModel, base_model
 from ctxext.progress import progress
 from ctxext.rope.runtime import reset_dynamic_rope
 
@@ -274,7 +274,7 @@ def evaluate_attention(
         InputError: bad settings, a length beyond the model's context, too few long documents, or a model
             without Llama-style attention modules.
     """
-    from ctxext.evaluation.documents import document_key, tokenize_documents, too_short_error
+    from ctxext.scoring.documents import document_key, tokenize_documents, too_short_error
 
     settings.validate()
     started = time.perf_counter()

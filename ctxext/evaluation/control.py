@@ -14,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ctxext.evaluation.grid import GridSettings, make_samples, score_trials
-from ctxext.evaluation.loading import LoadedModel
-from ctxext.evaluation.stats import wilson_interval
+from ctxext.evaluation.grid import GridSettings, score_trials
+from ctxext.models.load import LoadedModel
+from ctxext.scoring.stats import wilson_interval
 from ctxext.tasks import Haystack, TaskSample, Template
 from ctxext.tasks.chat import chat_wrap
+from ctxext.tasks.samples import make_samples
 
 CONTROL_NOTE = (
     "no-needle control: each length's trials at the middle depth, every insert (needle, distractors, object) "
@@ -64,7 +65,18 @@ def evaluate_control(
     by_length: dict[str, Any] = {}
     outcomes: list[int] = []
     for L in sorted({int(x) for x in settings.lengths}):
-        samples = make_samples(loaded.tokenizer, task, haystack, L, depth, settings, template, options, chat)
+        samples = make_samples(
+            loaded.tokenizer,
+            task,
+            haystack,
+            L,
+            depth,
+            trials=settings.trials,
+            seed=settings.seed,
+            template=template,
+            options=options,
+            chat=chat,
+        )
         if not samples[0].needle_spans:
             return {"note": f"task {task} inserts nothing into the haystack: no control"}
         results = score_trials(loaded, [control_sample(s, haystack) for s in samples], settings)

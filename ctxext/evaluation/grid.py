@@ -11,7 +11,7 @@ alone, so every model of a comparison sees the same samples (paired trials) in a
 Scoring (``GridSettings.scoring``, recorded in the report):
 
 * ``teacher-forced`` (default): one forward pass over prompt + answer
-  (:func:`ctxext.evaluation.answer_scoring.score_answers`); correct iff every answer token is the
+  (:func:`ctxext.scoring.answers.score_answers`); correct iff every answer token is the
   argmax at its position — exactly "greedy decoding produces the answer" for static RoPE, with no KV
   cache (which is wrong for ``dynamic`` / ``longrope``, transformers#25104) and no
   ``generation_config`` (a checkpoint's repetition penalty cannot change a number);
@@ -20,7 +20,7 @@ Scoring (``GridSettings.scoring``, recorded in the report):
   length plus ``answer_margin`` tokens (at least ``max_new_tokens``). A trial is correct iff the
   generated tokens start with the answer's tokens (the teacher-forced criterion, as a cross-check), and
   every cell also gets RULER's string-match score of the generated text
-  (:mod:`ctxext.evaluation.string_match`: the task's references found in it, ``all`` or ``part``);
+  (:mod:`ctxext.scoring.string_match`: the task's references found in it, ``all`` or ``part``);
 * ``both``: the two on the same trials; the cell's accuracy and outcomes are the teacher-forced ones.
 
 Cells, lengths, depths and the overall entry carry ``teacher_forced`` (correct, trials, accuracy) and
@@ -35,7 +35,6 @@ every cell lists its per-trial outcomes, for paired tests between models.
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -44,16 +43,17 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.loading import LoadedModel, base_model
 from ctxext.evaluation.perplexity import check_lengths
 from ctxext.evaluation.settings import NeedleSettings, PasskeySettings, RulerSuiteSettings
-from ctxext.evaluation.stats import wilson_interval
+from ctxext.models.load import LoadedModel, base_model
 from ctxext.progress import progress
 from ctxext.rope.runtime import reset_dynamic_rope
 from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
+from ctxext.scoring.stats import wilson_interval
 from ctxext.tasks import Haystack, TaskSample, Template, get_task
-from ctxext.tasks.base import NOISE_TEXT, ChatWrap
+from ctxext.tasks.base import NOISE_TEXT
 from ctxext.tasks.chat import chat_wrap, check_chat_template, describe_chat
+from ctxext.tasks.samples import make_samples
 
 if TYPE_CHECKING:
     from transformers import GenerationMixin
@@ -169,7 +169,7 @@ class GridSettings:
         answer_margin: generation: tokens generated beyond the longest answer of a batch (the budget is
             the answer's length plus this, at least ``max_new_tokens``; RULER's fixed budgets are larger).
         batch_tokens: tokens per forward pass / generate call (default: teacher-forced, the scorer's device
-            default, :data:`ctxext.evaluation.answer_scoring.BATCH_TOKENS_CPU` / ``_GPU``; generate, 32768).
+            default, :data:`ctxext.scoring.answers.BATCH_TOKENS_CPU` / ``_GPU``; generate, 32768).
         allow_beyond_context: accept lengths above the model's context (marked).
         scoring: ``teacher-forced`` (default), ``generate`` or ``both``.
         chat_template: ``auto`` (the tokenizer's chat template where it has one), ``none`` or a Jinja file.
@@ -241,37 +241,8 @@ def _needle_default(name: str) -> Any:
     return NeedleSettings.model_fields[name].get_default(call_default_factory=True)
 
 
-def make_samples(
-    tokenizer: Any,
-    task: str,
-    haystack: Haystack,
-    length: int,
-    depth: float,
-    settings: GridSettings,
-    template: int | Template | list[int] = 0,
-    options: dict[str, int] | None = None,
-    chat: ChatWrap | None = None,
-) -> list[TaskSample]:
-    """The ``trials`` samples of one cell (depth in percent), seeded by the cell alone.
-
-    Only the tokenizer is needed, so exports build a grid's prompts without loading weights. A list of template
-    indices is cycled over the trials (trial ``t`` uses ``template[t % n]``); ``chat`` wraps each prompt in a chat
-    template.
-    """
-    t = get_task(task)
-    out = []
-    for trial in range(settings.trials):
-        tpl = template[trial % len(template)] if isinstance(template, list) else template
-        tag = tpl if isinstance(tpl, int) else "custom"
-        rng = random.Random(f"{settings.seed}-{task}-{tag}-{length}-{depth:g}-{trial}")
-        out.append(
-            t.generate(tokenizer, haystack, length, depth / 100, rng, template=tpl, chat=chat, **(options or {}))
-        )
-    return out
-
-
 def _score_generate(loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings) -> list[dict[str, Any]]:
-    from ctxext.evaluation.string_match import postprocess_prediction, sample_metric
+    from ctxext.scoring.string_match import postprocess_prediction, sample_metric
 
     # Prompts of one length run batched (answers of different token lengths give different prompt lengths).
     out: list[dict[str, Any] | None] = [None] * len(samples)
@@ -312,7 +283,7 @@ def score_trials(loaded: LoadedModel, samples: list[TaskSample], settings: GridS
 def _score_teacher_forced(
     loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings
 ) -> list[dict[str, Any]]:
-    from ctxext.evaluation.answer_scoring import score_answers
+    from ctxext.scoring.answers import score_answers
 
     scores = score_answers(
         loaded.model, [s.ids for s in samples], [s.answer_span for s in samples], batch_tokens=settings.batch_tokens
@@ -363,7 +334,18 @@ def evaluate_task_grid(
             built = [
                 (
                     float(d),
-                    make_samples(loaded.tokenizer, task, haystack, L, float(d), settings, template, options, chat),
+                    make_samples(
+                        loaded.tokenizer,
+                        task,
+                        haystack,
+                        L,
+                        float(d),
+                        trials=settings.trials,
+                        seed=settings.seed,
+                        template=template,
+                        options=options,
+                        chat=chat,
+                    ),
                 )
                 for d in settings.depths
             ]
@@ -488,7 +470,7 @@ class NeedleTask:
     r"""What to hide and ask in a needle-in-a-haystack run.
 
     Attributes:
-        haystack: a data source for the haystack text (see :func:`ctxext.evaluation.data.iter_texts`).
+        haystack: a data source for the haystack text (see :func:`ctxext.scoring.texts.iter_texts`).
         needle: the sentence hidden in it. A needle containing ``{key}`` is *keyed*: every trial draws a
             fresh 5-digit ``{key}`` and a 2-letter ``{name}`` (seeded), formatted into needle, question and
             answer. E.g. the in-domain code needle ``"\nKEY_{name} = {key}\n"`` / ``"\nassert KEY_{name} =="``
@@ -538,7 +520,7 @@ def load_haystack(loaded: LoadedModel, source: str, text_field: str, split: str,
 
 def text_haystack(tokenizer: Any, source: str, text_field: str, split: str, tokens: int) -> Haystack:
     """:func:`load_haystack` for a tokenizer alone."""
-    from ctxext.evaluation.data import iter_texts
+    from ctxext.scoring.texts import iter_texts
 
     if source == "noise":
         return Haystack.noise(tokenizer, tokens)

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ctxext.errors import InputError
 
 if TYPE_CHECKING:
-    from ctxext.evaluation.loading import LoadedModel
+    from ctxext.models.load import LoadedModel
 
 HARNESS = "lm-evaluation-harness"
 INSTALL_HINT = "pip install 'ctxext[harness]' (lm-eval>=0.4.13)"

@@ -9,7 +9,7 @@ Definition followed (the paper's LSD / LCL key-token rule and its reference code
 * ``LCL(x_t) = log P(x_t | x_<t)``: the token scored with the whole document prefix (truncated to the
   evaluation length ``L``: the truncated-document protocol of :mod:`ctxext.evaluation.perplexity`);
 * the short-context score ``log P(x_t | s_t)``: windows of ``K + S`` tokens moved by ``S``
-  (:func:`~ctxext.evaluation.scoring.sliding_nll`), so a token at position ``t ≥ K + S`` sees between
+  (:func:`~ctxext.scoring.nll.sliding_nll`), so a token at position ``t ≥ K + S`` sees between
   ``K`` and ``K + S − 1`` tokens — exactly the reference code's ``trunc_len = K = 4096``, ``internal = S =
   1024``; tokens before ``K + S`` see all of theirs (gain 0, never key);
 * ``LSD(x_t) = LCL(x_t) − log P(x_t | s_t)`` (long-short difference);
@@ -18,7 +18,7 @@ Definition followed (the paper's LSD / LCL key-token rule and its reference code
   ``exp(mean NLL)`` of its own full-context scores on those tokens: models are compared on the same
   tokens of the same documents (paired);
 * next to it, plain perplexity over all tokens ``1..L−1`` of the same documents, and the number of key
-  tokens; 95 % bootstrap intervals over documents (:func:`~ctxext.evaluation.stats.ppl_entry`).
+  tokens; 95 % bootstrap intervals over documents (:func:`~ctxext.scoring.stats.ppl_entry`).
 
 Where ctxext differs from the paper: the evaluator is, by default, a model of the run — the reference
 model (the longest configured context; ``evaluator:`` names another) — where the paper uses a fixed
@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ctxext.errors import InputError
 from ctxext.evaluation.settings import MIN_DOCS, Length
-from ctxext.evaluation.stats import DEFAULT_RESAMPLES
+from ctxext.scoring.stats import DEFAULT_RESAMPLES
 
 _TARGET: list[Length] = ["target"]  # typed (a bare lambda's list literal would be list[str])
 
@@ -168,8 +168,8 @@ def resolve_run(settings: LongPPLSettings, models: tuple[str, ...], original: in
 
 
 def _documents(loaded: Any, settings: LongPPLSettings, longest: int) -> list[Any]:
-    from ctxext.evaluation.data import iter_texts
-    from ctxext.evaluation.documents import tokenize_documents
+    from ctxext.scoring.documents import tokenize_documents
+    from ctxext.scoring.texts import iter_texts
 
     texts = iter_texts(settings.data, settings.text_field, settings.split)
     docs = tokenize_documents(texts, loaded.tokenizer, longest, settings.max_docs, longest)
@@ -196,11 +196,11 @@ def score_model(loaded: Any, settings: LongPPLSettings, run: LongPPLRun, lengths
 
     The results stay in ``run`` until :func:`finish_run` (the evaluator may come after other models).
     """
-    from ctxext.evaluation.documents import document_key
-    from ctxext.evaluation.scoring import sliding_nll, token_nll
     from ctxext.progress import progress
     from ctxext.rope.runtime import reset_dynamic_rope
     from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
+    from ctxext.scoring.documents import document_key
+    from ctxext.scoring.nll import sliding_nll, token_nll
 
     run.lengths = list(lengths)
     longest = lengths[-1]
@@ -248,7 +248,7 @@ def _select(run: LongPPLRun, settings: LongPPLSettings, nll: dict[int, list[Any]
 
 def model_result(name: str, settings: LongPPLSettings, run: LongPPLRun) -> dict[str, Any]:
     """The ``longppl`` section of one model's report entry (after every model, the evaluator included, ran)."""
-    from ctxext.evaluation.stats import ppl_entry
+    from ctxext.scoring.stats import ppl_entry
 
     lengths = run.lengths
     scores = run.models[name]

@@ -6,10 +6,10 @@ resampled jointly for both models) and the same trials, the differences that are
 
 * perplexity, per evaluation length and per position bucket: the ratio ``ppl(model) / ppl(reference)``
   with a 95 % paired bootstrap interval and a two-sided p-value from the bootstrap standard error
-  (:func:`~ctxext.evaluation.stats.paired_ppl_ratio`); documents are
+  (:func:`~ctxext.scoring.stats.paired_ppl_ratio`); documents are
   matched by a hash of their tokens, so models with different tokenizers are not paired (and say so);
 * retrieval grids (any task section with ``cells`` holding ``outcomes``), per length and overall:
-  the exact McNemar test on the discordant trials (:func:`~ctxext.evaluation.stats.mcnemar_exact`);
+  the exact McNemar test on the discordant trials (:func:`~ctxext.scoring.stats.mcnemar_exact`);
 * attention diagnostics (its section, :mod:`ctxext.evaluation.sections.attention`): the difference in the
   share of attention beyond the original window (mean over layers), paired bootstrap over documents;
 * every p-value of a report is also Holm-adjusted over all the comparisons the report makes, and the
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ctxext.errors import InputError
-from ctxext.evaluation.stats import DEFAULT_RESAMPLES, holm, mcnemar_exact, paired_ppl_ratio
+from ctxext.scoring.stats import DEFAULT_RESAMPLES, holm, mcnemar_exact, paired_ppl_ratio
 
 
 def choose_reference(models: list[dict[str, Any]], reference: str | None) -> str:

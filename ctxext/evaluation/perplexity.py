@@ -38,18 +38,18 @@ import numpy as np
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.documents import Documents, document_key, tokenize_documents, too_short_error
-from ctxext.evaluation.loading import LoadedModel
-from ctxext.evaluation.scoring import (
+from ctxext.evaluation.settings import PerplexitySettings
+from ctxext.models.load import LoadedModel
+from ctxext.progress import progress
+from ctxext.rope.runtime import reset_dynamic_rope
+from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
+from ctxext.scoring.documents import Documents, document_key, tokenize_documents, too_short_error
+from ctxext.scoring.nll import (
     sliding_nll,
     sliding_windows,
     token_nll,
 )
-from ctxext.evaluation.settings import PerplexitySettings
-from ctxext.evaluation.stats import bootstrap_mean_diff, ppl_entry
-from ctxext.progress import progress
-from ctxext.rope.runtime import reset_dynamic_rope
-from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
+from ctxext.scoring.stats import bootstrap_mean_diff, ppl_entry
 
 # ---------------------------------------------------------------------------------------------
 # Checks (the settings are declared in ctxext.evaluation.settings)
@@ -190,7 +190,7 @@ def evaluate_perplexity(
     settings = (settings or PerplexitySettings()).resolved(loaded.original_length, loaded.context_length)
     settings.check()
     if texts is None:
-        from ctxext.evaluation.data import iter_texts
+        from ctxext.scoring.texts import iter_texts
 
         texts = iter_texts(settings.data, settings.text_field, settings.split)
     started = time.perf_counter()

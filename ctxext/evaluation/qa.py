@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.loading import LoadedModel
 from ctxext.evaluation.settings import QASettings
-from ctxext.evaluation.stats import bootstrap_nll
+from ctxext.models.load import LoadedModel
 from ctxext.progress import progress
 from ctxext.rope.runtime import reset_dynamic_rope
+from ctxext.scoring.stats import bootstrap_nll
 from ctxext.tasks.base import ChatWrap, encode
 from ctxext.tasks.chat import chat_wrap, describe_chat
 
@@ -64,7 +64,7 @@ def load_examples(settings: QASettings) -> list[dict[str, Any]]:
     Raises:
         InputError: a missing file, missing columns, or no examples.
     """
-    from ctxext.evaluation.data import iter_records
+    from ctxext.scoring.texts import iter_records
 
     out = []
     fields = (settings.context_field, settings.question_field, settings.answers_field)

@@ -35,7 +35,7 @@ def model_entry(loaded: Any) -> dict[str, Any]:
     """The ``name`` / ``model`` / ``rope`` part of a model's report entry.
 
     Args:
-        loaded: a :class:`~ctxext.evaluation.loading.LoadedModel`.
+        loaded: a :class:`~ctxext.models.load.LoadedModel`.
 
     Returns:
         A JSON-ready dict to which task sections are added.

@@ -19,7 +19,7 @@ Both named definitions are reported beside it, for every scoring that ran (``eff
   length (Modarressi et al. 2025), with the same ``min_reference`` floor.
 
 Scorings: ``teacher_forced`` (accuracy) and ``generated`` (RULER's string-match score of greedy
-generations, :mod:`ctxext.evaluation.string_match`), as the section's ``scoring`` ran them.
+generations, :mod:`ctxext.scoring.string_match`), as the section's ``scoring`` ran them.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 from ctxext.errors import InputError
 from ctxext.evaluation.control import evaluate_control
 from ctxext.evaluation.grid import GridSettings, evaluate_task_grid, load_haystack
-from ctxext.evaluation.loading import LoadedModel
 from ctxext.evaluation.settings import RulerSuiteSettings, RulerTaskEntry
+from ctxext.models.load import LoadedModel
 from ctxext.tasks import get_task
 
 THRESHOLD_REFERENCES = ("original", "absolute")

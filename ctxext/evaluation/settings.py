@@ -19,7 +19,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ctxext.errors import InputError
-from ctxext.evaluation.stats import DEFAULT_RESAMPLES
+from ctxext.scoring.stats import DEFAULT_RESAMPLES
+from ctxext.tasks.samples import check_depths
 
 Scoring = Literal["teacher-forced", "generate", "both"]
 CHAT_HELP = "auto (the tokenizer's chat template, if it has one), none, or a Jinja chat template file"
@@ -219,14 +220,6 @@ def _check_bucket(b: int, longest: int) -> None:
 
 # Typed default (a bare lambda's list literal would be inferred as list[int]).
 _GRID_DEPTHS: list[float] = [0, 25, 50, 75, 100]
-
-
-def check_depths(values: list[float]) -> list[float]:
-    """Needle depths in percent, or a ``ValueError`` naming those outside 0–100 (a settings validator's check)."""
-    bad = [d for d in values if not 0 <= d <= 100]
-    if bad:
-        raise ValueError(f"depths {bad} are outside 0–100 (percent)")
-    return values
 
 
 class PasskeySettings(BaseModel):

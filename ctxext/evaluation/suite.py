@@ -195,7 +195,7 @@ def run_suite(
 
     Args:
         suite: the validated suite.
-        specs: :class:`~ctxext.evaluation.loading.ModelSpec` list.
+        specs: :class:`~ctxext.models.load.ModelSpec` list.
         out: report folder.
         suite_path: for the report.
         show_progress: progress bars.
@@ -210,8 +210,8 @@ def run_suite(
     """
     from ctxext.artifacts.lock import folder_lock
     from ctxext.atomic import check_inputs_outside, check_output
-    from ctxext.evaluation.loading import load_model
     from ctxext.evaluation.report import REPORT_KIND, build_report, write_report
+    from ctxext.models.load import load_model
 
     # Before any work: an output that cannot be written must not cost an evaluation.
     check_inputs_outside(out, [p for s in specs for p in (s.ref, s.adapter, s.config_from) if p], report=True)
@@ -314,7 +314,7 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
 
 
 def _data_sources(suite: Suite) -> dict[str, Any]:
-    """What each section reads (:func:`~ctxext.evaluation.data.describe_source`), for the report."""
+    """What each section reads (:func:`~ctxext.scoring.texts.describe_source`), for the report."""
     data: dict[str, Any] = {}
     from ctxext.evaluation.sections import sections_in
 
@@ -361,7 +361,7 @@ def run_suite_for_run(run_dir: str | Path, recipe: Any, show_progress: bool = Tr
         The report folder.
     """
     from ctxext.artifacts.run import run_base_model
-    from ctxext.evaluation.loading import ModelSpec
+    from ctxext.models.load import ModelSpec
 
     run_dir = Path(run_dir)
     suite_ref = recipe.eval.suite

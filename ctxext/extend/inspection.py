@@ -42,13 +42,10 @@ def inspect_model(
         model = runtime_model_from_config(config)
         loaded = "config only (rotary modules built from the config; weights not loaded)"
     else:
-        from transformers import AutoModelForCausalLM
+        from ctxext.models.build import load_weights
 
-        from ctxext.models.weights import check_weights_readable
-
-        folder = resolve_model_path(ref, revision)
-        check_weights_readable(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, config=config, dtype="auto")
+        # The stored dtype is kept (a bf16 checkpoint is inspected in bf16, as it would run).
+        model = load_weights(resolve_model_path(ref, revision), config, compute_dtype="auto")
         loaded = "weights loaded"
     check = check_model_rope(model)
     if not problems:

@@ -1,7 +1,7 @@
 """What a data source may be: the file types ctxext reads, ``builtin:stdlib``, and a local path vs a Hub id.
 
 Training (:func:`ctxext.training.data.corpus.load_documents`), evaluation
-(:func:`ctxext.evaluation.data.iter_texts`) and ``ctxext validate`` (:mod:`ctxext.cli.validate`) accept the same
+(:func:`ctxext.scoring.texts.iter_texts`) and ``ctxext validate`` (:mod:`ctxext.cli.validate`) accept the same
 sources; this module is the one place that says which. How each reads them differs by purpose: training loads
 through ``datasets`` and wants one kind of file per folder; evaluation reads text files itself and, in a folder,
 only the text files.

@@ -1,192 +1,132 @@
-"""Loading model weights: compute dtype, attention implementation, quantization, and inference reloads.
+"""The one model loader: a folder, a Hub id, ``builtin:NAME``, a ctxext run folder, or base + adapter.
 
-The shared loading steps (:func:`load_weights` with its dtype, attention and bitsandbytes choices) used by
-training (:mod:`ctxext.models.training_model`) and by evaluation; :func:`load_inference_model` reloads a
-base with a run's patched config and adapter; :func:`load_for_inference` is its notebook form.
+Evaluation, calibration, search, merge and export load through :func:`load_model`; training builds on
+the same weights step (:func:`ctxext.models.build.load_weights`) and adds quantization and adapters. It is
+where a reference is resolved to a local folder (built-ins included), a run's patched config and adapter are
+put together, the base weights are checked against the run's fingerprint, the runtime RoPE is verified
+against ctxext's reference, and a calibrated run's attention temperature is applied — once, for every caller.
+
+A ctxext run folder holds ``run.json`` (naming the base model), the LoRA adapter (``adapter_config.json`` +
+weights) and a ``config.json`` that carries the patched RoPE. The base weights are built with that config, so
+the rotary modules carry the patched settings, and the adapter goes on top.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
-from ctxext.artifacts.run import find_adapter_dir
 from ctxext.errors import InputError
-from ctxext.models.sources import resolve_model_path
+from ctxext.models.build import attention_for, compute_dtype_for, load_weights
+from ctxext.rope.read import read_rope
 from ctxext.rope.runtime import RopeCheck, verify_model_rope
+from ctxext.rope.types import RopeState
 
-# Quantization modes → the BitsAndBytesConfig arguments they need (None: full precision).
-QUANTIZATION_MODES: dict[str, dict[str, Any] | None] = {
-    "nf4": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"},
-    "int8": {"load_in_8bit": True},
-    "none": None,
-}
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def compute_dtype_for(setting: str, device: torch.device) -> torch.dtype:
-    """The activation dtype: bf16 on CUDA, fp32 on the CPU (bf16 is ~25× slower there), unless set.
-
-    Args:
-        setting: ``auto`` or a dtype name.
-        device: where the model runs.
-
-    Returns:
-        A torch dtype.
-    """
-    if setting != "auto":
-        return _DTYPES[setting]
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def attention_for(setting: str, device: torch.device) -> str:
-    """The attention implementation: flash_attention_2 when installed on CUDA, else SDPA.
-
-    Args:
-        setting: ``auto`` or an implementation name.
-        device: where the model runs.
-
-    Returns:
-        The ``attn_implementation`` string for transformers.
-
-    Raises:
-        InputError: flash_attention_2 asked for where it cannot run.
-    """
-    has_flash = importlib.util.find_spec("flash_attn") is not None
-    if setting == "auto":
-        return "flash_attention_2" if device.type == "cuda" and has_flash else "sdpa"
-    if setting == "flash_attention_2" and (device.type != "cuda" or not has_flash):
-        raise InputError(
-            "model.attn_implementation: flash_attention_2 needs CUDA and the flash-attn package; use auto or sdpa here"
-        )
-    return setting
-
-
-def quantization_config(mode: str, double_quant: bool, dtype: torch.dtype, sharded: bool = False):
-    """A ``BitsAndBytesConfig`` for a quantization mode, or ``None`` for full precision.
-
-    Args:
-        mode: ``nf4``, ``int8`` or ``none``.
-        double_quant: quantize the 4-bit quantization constants too (QLoRA).
-        dtype: the compute dtype of 4-bit layers.
-        sharded: FSDP will shard the model; 4-bit weights are then stored in ``dtype`` so FSDP can
-            flatten them with the other weights (FSDP-QLoRA).
-
-    Returns:
-        The config, or ``None``.
-    """
-    args = QUANTIZATION_MODES[mode]
-    if args is None:
-        return None
-    from transformers import BitsAndBytesConfig
-
-    if mode == "nf4":
-        args = {**args, "bnb_4bit_use_double_quant": double_quant, "bnb_4bit_compute_dtype": dtype}
-        if sharded:
-            args["bnb_4bit_quant_storage"] = dtype
-    return BitsAndBytesConfig(**args)
-
-
-def load_weights(
-    folder: Path,
-    config: Any,
-    *,
-    quantization: str = "none",
-    double_quant: bool = True,
-    compute_dtype: torch.dtype = torch.float32,
-    attn_implementation: str = "sdpa",
-    device: torch.device | str = "cpu",
-    trust_remote_code: bool = False,
-    sharded: bool = False,
-) -> Any:
-    """Load a causal LM's weights from a local folder with a given config, on ``device``.
-
-    Args:
-        folder: the local model folder (see :func:`ctxext.models.sources.resolve_model_path`).
-        config: the config to build the model with (the folder's, or a patched one).
-        quantization: ``nf4``, ``int8`` or ``none``.
-        double_quant: nested quantization for nf4.
-        compute_dtype: dtype of the non-quantized weights and activations.
-        attn_implementation: transformers attention implementation.
-        device: the device to load onto (each process loads its own copy).
-        trust_remote_code: allow custom modeling code.
-        sharded: the model will be sharded by FSDP (see :func:`quantization_config`).
-
-    Returns:
-        The transformers model.
-
-    Raises:
-        InputError: truncated or corrupt weight files (named before transformers fails on them).
-    """
-    from transformers import AutoModelForCausalLM
-
-    from ctxext.models.weights import check_weights_readable
-
-    device = torch.device(device)
-    kwargs: dict[str, Any] = {
-        "config": config,
-        "dtype": compute_dtype,
-        "attn_implementation": attn_implementation,
-        "trust_remote_code": trust_remote_code,
-    }
-    # Damaged files are named as such before transformers fails on them with a traceback.
-    check_weights_readable(folder)
-    qconf = quantization_config(quantization, double_quant, compute_dtype, sharded)
-    if qconf is not None:
-        kwargs["quantization_config"] = qconf
-        # bitsandbytes layers are placed at load time; the index keeps one process per GPU.
-        kwargs["device_map"] = {"": device.index if device.type == "cuda" and device.index is not None else str(device)}
-    model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
-    if qconf is None:
-        # transformers decorates PreTrainedModel.to with functools.wraps, which mypy reads as unbound (self first).
-        model.to(device)  # type: ignore[arg-type]
-    elif device.type == "cpu":
-        _keep_cpu_4bit_layout(model)
-    return model
-
-
-def _keep_cpu_4bit_layout(model: torch.nn.Module) -> None:
-    # bitsandbytes 0.50 repacks a 4-bit weight for its AVX512-BF16 CPU kernel the first time the layer
-    # runs in eval mode without grad. That repacking asserts out_features % 32 == 0 (the tiny Llama's
-    # 176-wide MLP fails) and switches validation and inference to other numerics than training.
-    # Keeping the training layout makes train, validation and reload compute the same thing.
-    for module in model.modules():
-        if hasattr(module, "support_avx512bf16_for_cpu"):
-            # A bool attribute of bitsandbytes' layer; nn.Module types attributes as Tensor | Module.
-            module.support_avx512bf16_for_cpu = False  # type: ignore[assignment]
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass
-class InferenceModel:
-    """A base model reloaded for inference, with its adapter attached, and where each part came from.
+class ModelSpec:
+    """What to load.
 
     Attributes:
-        model: the causal LM in eval mode (a ``PeftModel`` when an adapter is attached).
+        ref: a model folder, Hub id, ``builtin:NAME``, or a ctxext run folder (its base plus its adapter).
+        adapter: a LoRA adapter folder applied on top of ``ref`` (a peft folder or a ctxext run folder).
+        name: the label used in reports (default: derived from ``ref`` / ``adapter``).
+        config_from: a folder whose ``config.json`` replaces the base's config (e.g. the patched RoPE of a
+            run, for the "patched only" comparison without the adapter).
+        revision: Hub revision of ``ref``.
+    """
+
+    ref: str
+    adapter: str | None = None
+    name: str | None = None
+    config_from: str | None = None
+    revision: str | None = None
+
+    def label(self) -> str:
+        """The name shown in reports."""
+        if self.name:
+            return self.name
+        base = Path(self.ref).name or self.ref
+        if self.adapter:
+            return f"{base}+{Path(self.adapter).name}"
+        if self.config_from:
+            return f"{base} (patched)"
+        return base
+
+
+@dataclass
+class LoadedModel:
+    """A loaded model, in eval mode, and where each part of it came from.
+
+    Attributes:
+        name: report label.
+        model: the causal LM (a ``PeftModel`` when an adapter is attached).
         tokenizer: its tokenizer.
+        rope: the RoPE state of the config the model runs with.
+        info: JSON-ready description (references, dtype, parameters) for reports.
         base: the base model reference (folder, Hub id or ``builtin:NAME``).
         base_path: the local folder the base weights came from.
         adapter_dir: the folder holding ``adapter_config.json``, or ``None``.
+        run_dir: the ctxext run folder the adapter belongs to, or ``None``.
         config_from: the folder whose ``config.json`` the base runs with (``None``: the base's own).
         compute_dtype: the dtype of the non-quantized weights and activations.
         rope_check: the runtime RoPE verification (``None`` when not verified).
         attention_temperature: the factor the attention logits run with (a calibrated run's, else 1.0).
     """
 
-    model: Any
+    name: str
+    model: torch.nn.Module
     tokenizer: Any
-    base: str
-    base_path: Path
-    adapter_dir: Path | None
-    config_from: str | None
-    compute_dtype: torch.dtype
-    rope_check: RopeCheck | None
+    rope: RopeState
+    info: dict[str, Any] = field(default_factory=dict)
+    base: str = ""
+    base_path: Path = Path()
+    adapter_dir: Path | None = None
+    run_dir: Path | None = None
+    config_from: str | None = None
+    compute_dtype: torch.dtype = torch.float32
+    rope_check: RopeCheck | None = None
     attention_temperature: float = 1.0
+
+    @property
+    def context_length(self) -> int:
+        """The context the model is configured for (``max_position_embeddings``)."""
+        return int(self.rope.current_length)
+
+    @property
+    def original_length(self) -> int:
+        """The pretraining context its scaling is relative to."""
+        return int(self.rope.original_length)
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's parameters."""
+        return next(self.model.parameters()).device
+
+    @property
+    def base_model(self) -> PreTrainedModel:
+        """The transformers model under a peft wrapper (or the model itself)."""
+        return base_model(self.model)
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    """``cuda`` when available (unless told otherwise), else the CPU (:func:`ctxext.models.devices.resolve_device`)."""
+    from ctxext.models.devices import resolve_device
+
+    return resolve_device(device)
+
+
+def base_model(model: torch.nn.Module) -> PreTrainedModel:
+    """The transformers model under a peft wrapper (or the model itself): where RoPE and the config live."""
+    getter = getattr(model, "get_base_model", None)
+    return cast("PreTrainedModel", getter() if callable(getter) else model)
 
 
 def _run_folder_of(adapter: str | Path | None, adapter_dir: Path | None) -> Path | None:
@@ -202,55 +142,29 @@ def _run_folder_of(adapter: str | Path | None, adapter_dir: Path | None) -> Path
     return None
 
 
-def load_inference_model(
-    base: str | None,
-    adapter: str | Path | None = None,
-    *,
-    config_from: str | Path | None = None,
-    revision: str | None = None,
-    quantization: str = "none",
-    compute_dtype: torch.dtype | None = None,
-    attn_implementation: str = "sdpa",
-    device: torch.device | str = "cpu",
-    verify: bool = True,
-    what: str | None = None,
-    calibrated: bool = True,
-) -> InferenceModel:
-    """Load a base model (with the patched config of its run) and attach an adapter: the one inference loader.
+@dataclass
+class _Parts:
+    """A spec resolved to local parts: base folder, adapter, run folder, config folder."""
 
-    A ctxext run folder writes the patched base config next to its adapter; the base weights are built
-    with that config, so the rotary modules carry the patched RoPE, and the runtime RoPE is verified
-    before the adapter goes on.
+    base: str
+    base_dir: Path
+    adapter: str | None
+    adapter_dir: Path | None
+    run_dir: Path | None
+    config_from: str | Path | None
 
-    Args:
-        base: the base model reference; ``None`` reads it from ``adapter``'s ``run.json`` (a ctxext run
-            folder) and checks that the base weights are still the ones the run was trained on.
-        adapter: an adapter folder or a ctxext run folder (its ``adapter`` / ``final`` subfolder is found too).
-        config_from: a folder whose ``config.json`` replaces the base's (default: the adapter's, when it has one).
-        revision: Hub revision of ``base``.
-        quantization: ``nf4``, ``int8`` or ``none``.
-        compute_dtype: dtype of activations (default: bf16 on CUDA, fp32 on the CPU).
-        attn_implementation: transformers attention implementation (already resolved, see :func:`attention_for`).
-        device: where to load.
-        verify: check the runtime RoPE against the reference (raises on a mismatch).
-        what: the command, for the message when a run's base weights changed (default ``loading RUN``).
-        calibrated: apply a calibrated run's attention temperature (``calibration.json``); ``ctxext calibrate``
-            loads without it, so an earlier record, stale or not, does not stand in its way.
 
-    Returns:
-        An :class:`InferenceModel`.
-
-    Raises:
-        InputError: an adapter folder without an adapter, an unusable run folder, damaged files, no tokenizer.
-        ctxext.rope.types.RopeMismatchError: the runtime RoPE differs from the config.
-    """
-    from ctxext.artifacts.run import RUN_FILE, run_base_model
-    from ctxext.models.sources import config_from_folder
-    from ctxext.models.temperature import run_temperature, set_attention_temperature
+def _resolve(spec: ModelSpec, what: str | None) -> _Parts:
+    """Resolve a spec to local parts, checking a run's base weights against the ones it was trained on."""
+    from ctxext.artifacts.run import RUN_FILE, find_adapter_dir, is_run_folder, run_base_model
+    from ctxext.models.sources import resolve_model_path
     from ctxext.models.weights import check_fingerprint, check_weights_readable
 
-    device = torch.device(device)
-    dtype = compute_dtype or compute_dtype_for("auto", device)
+    # A ctxext run folder as the model means its base plus its adapter, with the run's patched config.
+    from_run = spec.adapter is None and is_run_folder(spec.ref)
+    base: str | None = None if from_run else spec.ref
+    adapter = spec.ref if from_run else spec.adapter
+    config_from: str | Path | None = spec.config_from
     adapter_dir: Path | None = None
     if adapter is not None:
         adapter_dir = find_adapter_dir(adapter)
@@ -264,42 +178,104 @@ def load_inference_model(
         base = run_base_model(run_dir)
     if base is None:
         raise InputError("no base model: name one, or give a ctxext run folder whose run.json names it")
-    base_dir = resolve_model_path(base, revision)
+    base_dir = resolve_model_path(base, spec.revision)
     if run_dir is not None:
         # Whether the base comes from run.json or is named beside the run's adapter, it must be the weights the
         # adapter was trained on. Damaged weight files are named as such before the fingerprint check reads them.
         check_weights_readable(base_dir)
         run = json.loads((run_dir / RUN_FILE).read_text())
         check_fingerprint(base_dir, run.get("base_fingerprint"), what or f"loading {run_dir}")
-    config = config_from_folder(config_from or base_dir)
+    return _Parts(base, base_dir, adapter, adapter_dir, run_dir, config_from)
+
+
+def load_model(
+    spec: ModelSpec | str,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    *,
+    quantization: str = "none",
+    attn_implementation: str = "sdpa",
+    verify: bool = True,
+    calibrated: bool = True,
+    what: str | None = None,
+) -> LoadedModel:
+    """Load a model (base, base + adapter, or a ctxext run), verify its runtime RoPE, and put it in eval mode.
+
+    Args:
+        spec: what to load (see :class:`ModelSpec`; a string is a ``ref``).
+        device: ``cpu`` / ``cuda`` (default: cuda when available).
+        dtype: compute dtype (default: bf16 on CUDA, fp32 on the CPU).
+        quantization: ``nf4``, ``int8`` or ``none`` (a run's own quantization reproduces its trained logits).
+        attn_implementation: ``auto``, ``sdpa``, ``eager`` or ``flash_attention_2``.
+        verify: check the runtime RoPE against the reference (raises on a mismatch).
+        calibrated: run a calibrated run with its attention temperature (``ctxext calibrate`` measures without,
+            so an earlier record, stale or not, does not stand in its way).
+        what: the command, for the message when a run's base weights changed (default ``loading RUN``).
+
+    Returns:
+        A :class:`LoadedModel`.
+
+    Raises:
+        InputError: an adapter folder without an adapter, an unusable run folder, damaged files, no tokenizer.
+        ctxext.rope.types.RopeMismatchError: the runtime RoPE differs from the config.
+    """
+    from ctxext.models.sources import config_from_folder
+    from ctxext.models.temperature import run_temperature, set_attention_temperature
+
+    spec = ModelSpec(spec) if isinstance(spec, str) else spec
+    dev = device if isinstance(device, torch.device) else pick_device(device)
+    compute_dtype = dtype or compute_dtype_for("auto", dev)
+    parts = _resolve(spec, what)
+    attention = attention_for(attn_implementation, dev)
+    config = config_from_folder(parts.config_from or parts.base_dir)
     model = load_weights(
-        base_dir,
+        parts.base_dir,
         config,
         quantization=quantization,
-        compute_dtype=dtype,
-        attn_implementation=attn_implementation,
-        device=device,
+        compute_dtype=compute_dtype,
+        attn_implementation=attention,
+        device=dev,
     )
     # The rotary modules were built from the (patched) config at load time; check they really are.
     check = verify_model_rope(model) if verify else None
-    if adapter_dir is not None:
+    if parts.adapter_dir is not None:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+        model = PeftModel.from_pretrained(model, str(parts.adapter_dir), is_trainable=False)
     # A calibrated run (``ctxext calibrate``) runs with its attention temperature; a merged model has it folded in.
-    temperature = run_temperature(run_dir) if calibrated else 1.0
+    temperature = run_temperature(parts.run_dir) if calibrated else 1.0
     if temperature != 1.0:
         set_attention_temperature(model, temperature)
     model.eval()
-    tokenizer = _find_tokenizer([str(p) for p in (adapter, config_from, base_dir) if p])
-    return InferenceModel(
+    tokenizer = find_tokenizer([str(p) for p in (parts.adapter, parts.config_from, parts.base_dir) if p])
+    label = spec.label()
+    info = {
+        "name": label,
+        "ref": spec.ref,
+        "base": parts.base,
+        "base_path": str(parts.base_dir),
+        "adapter": str(parts.adapter_dir) if parts.adapter_dir else None,
+        "config_from": str(parts.config_from) if parts.config_from is not None else None,
+        "dtype": str(compute_dtype).replace("torch.", ""),
+        "device": str(dev),
+        "attention": attention,
+        "quantization": quantization,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "rope_verified": bool(check and check.ok),
+        "attention_temperature": temperature,
+    }
+    return LoadedModel(
+        name=label,
         model=model,
         tokenizer=tokenizer,
-        base=base,
-        base_path=base_dir,
-        adapter_dir=adapter_dir,
-        config_from=str(config_from) if config_from is not None else None,
-        compute_dtype=dtype,
+        rope=read_rope(base_model(model).config),
+        info=info,
+        base=parts.base,
+        base_path=parts.base_dir,
+        adapter_dir=parts.adapter_dir,
+        run_dir=parts.run_dir,
+        config_from=info["config_from"],
+        compute_dtype=compute_dtype,
         rope_check=check,
         attention_temperature=temperature,
     )
@@ -320,20 +296,25 @@ def load_tokenizer_and_config(ref: str, revision: str | None = None) -> tuple[An
         InputError: no tokenizer next to the model; SourceError: the model cannot be found.
     """
     from ctxext.artifacts.run import is_run_folder, run_base_model
-    from ctxext.models.sources import config_from_folder, load_config
+    from ctxext.models.sources import config_from_folder, load_config, resolve_model_path
 
     if is_run_folder(ref):
         base = resolve_model_path(run_base_model(ref))
-        return _find_tokenizer([ref, str(base)]), config_from_folder(ref)
+        return find_tokenizer([ref, str(base)]), config_from_folder(ref)
     config, folder = load_config(ref, revision)
     if folder.is_dir():
-        return _find_tokenizer([str(folder)]), config
+        return find_tokenizer([str(folder)]), config
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(ref, revision=revision), config  # a Hub id: its tokenizer files only
 
 
-def _find_tokenizer(candidates: list[str]) -> Any:
+def find_tokenizer(candidates: list[str]) -> Any:
+    """The tokenizer of the first folder among ``candidates`` that holds one.
+
+    Raises:
+        InputError: none of them holds a tokenizer.
+    """
     from transformers import AutoTokenizer
 
     for cand in candidates:
@@ -356,7 +337,7 @@ def load_for_inference(
 ) -> tuple[Any, Any]:
     """Reload a base model with a trained adapter, using the adapter's patched RoPE config, and verify RoPE.
 
-    The run folder's own checks and its quantization, on top of :func:`load_inference_model`.
+    The notebook form of :func:`load_model` for a run folder, with the run's own quantization by default.
 
     Args:
         base: the base model reference; ``None`` reads it from the run folder's ``run.json``.
@@ -386,13 +367,55 @@ def load_for_inference(
         raise InputError(f"{adapter_dir}/run.json does not name the base model; pass it explicitly")
     if quantization in (None, "auto"):
         quantization = run.get("quantization", "none")
-    device = torch.device(device)
-    loaded = load_inference_model(
-        base,
-        adapter_dir,
+    spec = ModelSpec(str(adapter_dir)) if base is None else ModelSpec(base, adapter=str(adapter_dir))
+    loaded = load_model(
+        spec,
+        torch.device(device),
+        compute_dtype,
         quantization=str(quantization),
-        compute_dtype=compute_dtype,
-        attn_implementation=attention_for(attn_implementation, device),
-        device=device,
+        attn_implementation=attn_implementation,
     )
     return loaded.model, loaded.tokenizer
+
+
+def parse_model_specs(
+    models: list[str], adapters: list[str] | None = None, names: list[str] | None = None
+) -> list[ModelSpec]:
+    """Pair ``--model`` / ``--adapter`` / ``--name`` options into specs.
+
+    ``--adapter`` is either given once per ``--model`` (``none`` for a model without one), or once for
+    a single ``--model``.
+
+    Args:
+        models: model references.
+        adapters: adapter folders.
+        names: report labels.
+
+    Returns:
+        One :class:`ModelSpec` per model.
+
+    Raises:
+        InputError: the counts do not pair up.
+    """
+    if not models:
+        raise InputError("give at least one --model")
+    adapters = adapters or []
+    names = names or []
+    if adapters and len(adapters) != len(models):
+        raise InputError(
+            f"{len(adapters)} --adapter for {len(models)} --model: give one --adapter per --model "
+            "(use 'none' for a model without an adapter)"
+        )
+    if names and len(names) != len(models):
+        raise InputError(f"{len(names)} --name for {len(models)} --model: give one name per model")
+    specs = []
+    for i, ref in enumerate(models):
+        adapter = adapters[i] if adapters else None
+        if adapter is not None and adapter.lower() in ("none", "-", ""):
+            adapter = None
+        specs.append(ModelSpec(ref=ref, adapter=adapter, name=names[i] if names else None))
+    labels = [s.label() for s in specs]
+    for i, label in enumerate(labels):
+        if labels.count(label) > 1:
+            specs[i].name = f"{label}#{i + 1}"
+    return specs

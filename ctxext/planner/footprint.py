@@ -1,6 +1,6 @@
 """Training memory of one process, by component, from a model's config and a training setup (no weights).
 
-The formulas follow what ctxext's training path does (``ctxext/models/training_model.py``, ``ctxext/training/run.py``,
+The formulas follow what ctxext's training path does (``ctxext/training/model.py``, ``ctxext/training/run.py``,
 ``ctxext/training/losses.py``), written out per component in ``docs/planning.md``:
 
 * bitsandbytes 4-bit layers save no activation for the backward pass (the weight is frozen), so only LoRA

@@ -217,8 +217,8 @@ def _logits_at(model: Any, ids: torch.Tensor, positions: torch.Tensor) -> torch.
 @torch.no_grad()
 def _nll(causal_lm: Any, ids: torch.Tensor) -> tuple[float, int]:
     # Mean next-token NLL through the evaluator's one scorer (chunked projection, logit softcapping).
-    from ctxext.evaluation.scoring import token_nll
     from ctxext.rope.runtime import reset_dynamic_rope
+    from ctxext.scoring.nll import token_nll
 
     reset_dynamic_rope(causal_lm)
     nll = token_nll(causal_lm, ids)
@@ -278,7 +278,7 @@ def passkey_trial(model: Any, tokenizer: Any, length: int, seed: int = 0, depth:
 
     Correct iff every answer token is the argmax at its position — exactly what greedy decoding would
     produce, with no KV cache and no ``generation_config`` (see
-    :func:`ctxext.evaluation.answer_scoring.score_answers`).
+    :func:`ctxext.scoring.answers.score_answers`).
 
     Args:
         model: a causal LM.
@@ -290,8 +290,8 @@ def passkey_trial(model: Any, tokenizer: Any, length: int, seed: int = 0, depth:
     Returns:
         ``(key, the model's argmax continuation at the answer positions, correct)``.
     """
-    from ctxext.evaluation.answer_scoring import score_answers
     from ctxext.rope.runtime import reset_dynamic_rope
+    from ctxext.scoring.answers import score_answers
 
     sample = passkey_prompt(tokenizer, length, depth, seed)
     (score,) = score_answers(model, [sample.ids], [sample.answer_span])
@@ -438,16 +438,15 @@ def _base_with_adapter(
 ) -> Any:
     """The full-precision base with the run's RoPE (verified) and the run's adapter on top, in eval mode."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
+    from ctxext.models.build import load_weights
     from ctxext.rope.runtime import verify_model_rope
 
     log(f"loading the base {base_dir} in {str(dtype).replace('torch.', '')} on {dev} with the run's RoPE")
-    model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, dtype=dtype, attn_implementation="sdpa")
+    model = load_weights(base_dir, config, compute_dtype=dtype, device=dev)
     if resized:
         model.resize_token_embeddings(int(resized))
-    # transformers decorates PreTrainedModel.to with functools.wraps, which mypy reads as unbound (self first).
-    model.to(dev).eval()  # type: ignore[arg-type]
+    model.eval()
     check = verify_model_rope(model)
     log(f"  base RoPE: {check.summary()}")
     return PeftModel.from_pretrained(model, run_dir, is_trainable=False).eval()
@@ -493,13 +492,13 @@ def _check_written(
     folder: Path, probe: _Probe, plan: Any, tokenizer: Any, tol: float, dtype: torch.dtype, dev: torch.device, log: _Log
 ) -> SmokeResult:
     """Reload the written folder the way a user will, verify its RoPE and compare it with the probe."""
-    from transformers import AutoModelForCausalLM
-
+    from ctxext.models.build import load_weights
+    from ctxext.models.sources import config_from_folder
     from ctxext.rope.runtime import verify_model_rope
 
     log(f"reloading {folder.name} with plain transformers")
-    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
-    reloaded.to(dev).eval()  # type: ignore[arg-type]  # functools.wraps on .to, as above
+    # What a user runs: the folder's own config, from_pretrained, nothing of ctxext's on top.
+    reloaded = load_weights(folder, config_from_folder(folder), compute_dtype=dtype, device=dev).eval()
     rope = verify_model_rope(reloaded).summary()
     if plan is not None:
         # Against the run's plan, not the reloaded config: what was trained is what must be published.

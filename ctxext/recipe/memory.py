@@ -3,7 +3,7 @@
 Each lever is a recipe key; ``auto`` turns it on where it is safe (a CUDA run; the bf16 stream on any bf16 run)
 and off on the CPU, where the training path computes in fp32 by default and has no pinned accelerator memory. What
 each one does to memory is modelled by ``ctxext plan`` (``ctxext/planner/footprint.py``) and written out in
-``docs/planning.md``; how it is applied is in ``ctxext/models/levers.py``; :func:`resolve_levers` decides, for a
+``docs/planning.md``; how it is applied is in ``ctxext/training/levers.py``; :func:`resolve_levers` decides, for a
 device, which levers a run uses (training and the planner call the same function).
 """
 

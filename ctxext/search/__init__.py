@@ -4,7 +4,7 @@ Modules: :mod:`~ctxext.search.factors` (named methods as factors, the seed grid,
 :mod:`~ctxext.search.evolution` (the evolutionary search), :mod:`~ctxext.search.objective` (the fitness
 sets), :mod:`~ctxext.search.forms` (the needle forms the base retrieves inside its window),
 :mod:`~ctxext.search.apply` (switching a loaded model's RoPE), :mod:`~ctxext.search.log`
-(``search.jsonl`` and resume), :mod:`~ctxext.search.window` (the in-window cost, paired with the base),
+(``search.jsonl`` and resume), :mod:`~ctxext.scoring.windows` (the in-window cost, paired with the base),
 :mod:`~ctxext.search.report` (held-out comparison),
 :mod:`~ctxext.search.recipe` (the recipe's ``search:`` section), :mod:`~ctxext.search.settings` (what to
 search, what was found), :mod:`~ctxext.search.session` (one session: evolution, log, clocks) and

@@ -5,13 +5,13 @@ Two objectives, both "lower is better" and both computed on the **training** spl
 
 * ``needle`` (default, LongRoPE2's needle-driven perplexity): mean NLL per answer token of key/value
   needles hidden in real text at depths spread over the whole target length, scored teacher-forced
-  (:func:`ctxext.evaluation.answer_scoring.score_answers`); the answer is the last tokens of each
+  (:func:`ctxext.scoring.answers.score_answers`); the answer is the last tokens of each
   sequence, so every sequence is exactly the target length and runs with the long factors;
 * ``needle-worst``: the same needles, but the fitness is the mean answer NLL of the **worst depth**
   (the largest of the per-depth means): a mean over depths can improve by helping the easy depths
   while one depth stays bad, and the retrieval target is "at every depth";
 * ``far-ppl``: mean NLL of the tokens beyond the original window (positions ≥ L) of documents cut to
-  the target length (:func:`ctxext.evaluation.scoring.token_nll`).
+  the target length (:func:`ctxext.scoring.nll.token_nll`).
 
 The set is built once, from a seed, and every candidate is scored on the same sequences: comparisons
 between candidates are paired.
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ctxext.errors import InputError
+from ctxext.scoring.texts import leading_tokens, tokenizer_key
 
 # Objective name -> how the per-item scores of its set become one fitness value (lower is better).
 AGGREGATES = {"needle": "mean", "needle-worst": "worst-depth", "far-ppl": "mean"}
@@ -95,7 +96,7 @@ class ObjectiveSet:
         """Score every item with the model as it is now (one forward pass per batch)."""
         if self.kind == "far-ppl":
             return _score_far(model, self, batch_tokens or 16384)
-        from ctxext.evaluation.answer_scoring import score_answers
+        from ctxext.scoring.answers import score_answers
 
         results = score_answers(model, self.sequences, self.spans, batch_tokens=batch_tokens)
         return ItemScores(
@@ -106,8 +107,8 @@ class ObjectiveSet:
 
 
 def _score_far(model: torch.nn.Module, objective: ObjectiveSet, batch_tokens: int) -> ItemScores:
-    from ctxext.evaluation.scoring import token_nll
     from ctxext.rope.runtime import reset_dynamic_rope
+    from ctxext.scoring.nll import token_nll
 
     start = objective.spans[0][0]
     per_batch = max(1, batch_tokens // objective.length)
@@ -120,26 +121,6 @@ def _score_far(model: torch.nn.Module, objective: ObjectiveSet, batch_tokens: in
     reset_dynamic_rope(model)
     counts = np.full(len(sums), objective.length - start, dtype=np.float64)
     return ItemScores(nll_sums=np.array(sums, dtype=np.float64), counts=counts)
-
-
-def _documents(tokenizer: Any, source: str, min_tokens: int, limit: int) -> list[list[int]]:
-    key = (_tokenizer_key(tokenizer), source, min_tokens, limit)
-    if key not in _DOCUMENTS:
-        _DOCUMENTS[key] = _read_documents(tokenizer, source, min_tokens, limit)
-    return [list(d) for d in _DOCUMENTS[key]]
-
-
-def _read_documents(tokenizer: Any, source: str, min_tokens: int, limit: int) -> list[list[int]]:
-    from ctxext.evaluation.data import iter_texts
-
-    docs: list[list[int]] = []
-    for text in iter_texts(source):
-        ids = list(tokenizer(text, verbose=False)["input_ids"])
-        if len(ids) >= min_tokens:
-            docs.append(ids[:min_tokens])
-            if len(docs) >= limit:
-                break
-    return docs
 
 
 def far_ppl_set(tokenizer: Any, source: str, length: int, original_length: int, samples: int) -> ObjectiveSet:
@@ -155,7 +136,7 @@ def far_ppl_set(tokenizer: Any, source: str, length: int, original_length: int, 
     Raises:
         InputError: no document of the source is long enough.
     """
-    docs = _documents(tokenizer, source, length, samples)
+    docs = leading_tokens(tokenizer, source, length, samples)
     if not docs:
         raise InputError(
             f"no document of {source} has {length} tokens; use a data source with longer documents "
@@ -167,20 +148,14 @@ def far_ppl_set(tokenizer: Any, source: str, length: int, original_length: int, 
 
 
 _HAYSTACKS: dict[tuple[Any, str, int], Any] = {}
-_DOCUMENTS: dict[tuple[Any, str, int, int], list[list[int]]] = {}
-
-
-def _tokenizer_key(tokenizer: Any) -> tuple[str, str, int]:
-    # Sets are cached per process; a tokenizer is identified by its class, origin and vocabulary size.
-    return type(tokenizer).__name__, str(getattr(tokenizer, "name_or_path", "")), len(tokenizer)
 
 
 def _haystack(tokenizer: Any, source: str, min_tokens: int) -> Any:
     # A report builds several sets from one source: tokenize its texts once per process.
-    from ctxext.evaluation.data import iter_texts
+    from ctxext.scoring.texts import iter_texts
     from ctxext.tasks import Haystack
 
-    key = (_tokenizer_key(tokenizer), source, min_tokens)
+    key = (tokenizer_key(tokenizer), source, min_tokens)
     if key not in _HAYSTACKS:
         _HAYSTACKS[key] = Haystack.from_texts(tokenizer, iter_texts(source), min_tokens, name=source)
     return _HAYSTACKS[key]

@@ -11,7 +11,7 @@ applied to the same loaded model and scored on the same held-out items, so every
 
 "Best named method" is the named method with the lowest held-out objective; the searched factors are
 compared with it by a paired bootstrap over items (documents or trials) of the difference of means
-(:func:`ctxext.evaluation.stats.bootstrap_mean_diff`): the objective in NLL per token, retrieval in
+(:func:`ctxext.scoring.stats.bootstrap_mean_diff`): the objective in NLL per token, retrieval in
 accuracy points.
 """
 
@@ -37,8 +37,8 @@ def heldout_overlap(data: str) -> int:
     Only the built-in standard-library sources can share files with it; ``builtin:stdlib`` read as
     evaluation data *is* the held-out split.
     """
-    from ctxext.evaluation.data import STDLIB_SPLITS
     from ctxext.models.builtin import stdlib_source_files
+    from ctxext.scoring.texts import STDLIB_SPLITS
 
     name = data.removeprefix("builtin:")
     if not data.startswith("builtin:") or name not in STDLIB_SPLITS:
@@ -66,13 +66,13 @@ def check_fitness_data(data: str) -> None:
 
 
 def _ppl(sums: np.ndarray, counts: np.ndarray) -> dict[str, Any]:
-    from ctxext.evaluation.stats import ppl_entry
+    from ctxext.scoring.stats import ppl_entry
 
     return ppl_entry(sums, counts)
 
 
 def _accuracy(scores: ItemScores, depths: list[float | None]) -> dict[str, Any]:
-    from ctxext.evaluation.stats import wilson_interval
+    from ctxext.scoring.stats import wilson_interval
 
     correct = scores.correct if scores.correct is not None else np.zeros(0, dtype=bool)
     by_depth: dict[str, Any] = {}
@@ -97,7 +97,7 @@ def _accuracy(scores: ItemScores, depths: list[float | None]) -> dict[str, Any]:
 
 
 def _paired(a: np.ndarray, b: np.ndarray, counts: np.ndarray) -> dict[str, Any]:
-    from ctxext.evaluation.stats import bootstrap_mean_diff
+    from ctxext.scoring.stats import bootstrap_mean_diff
 
     diff = float((a.sum() - b.sum()) / counts.sum())
     low, high = bootstrap_mean_diff(a, b, counts)
@@ -146,10 +146,10 @@ def compare_heldout(
     Returns:
         The JSON-ready comparison.
     """
+    from ctxext.scoring.texts import leading_tokens
+    from ctxext.scoring.windows import windows
     from ctxext.search.apply import longrope_options
     from ctxext.search.factors import NAMED_METHODS, method_factors
-    from ctxext.search.objective import _documents
-    from ctxext.search.window import windows
 
     switch.restore()
     original = switch.state.original_length
@@ -157,7 +157,7 @@ def compare_heldout(
         m: method_factors(switch.model.config, m, target_length, None, switch.original_length) for m in NAMED_METHODS
     }
     texts = {
-        "ppl": _documents(tokenizer, HELDOUT, target_length, docs),
+        "ppl": leading_tokens(tokenizer, HELDOUT, target_length, docs),
         "window": windows(tokenizer, HELDOUT, original, window_docs),
     }
     sets = _heldout_sets(tokenizer, objective, target_length, original, trials, seed, templates)
@@ -217,7 +217,7 @@ def _score_variant(
     sets: dict[str, ObjectiveSet],
 ) -> dict[str, Any]:
     """Apply one variant (None: the base) and score every held-out item with it."""
-    from ctxext.search.window import doc_nll
+    from ctxext.scoring.windows import doc_nll
 
     if method is None:
         switch.restore()
@@ -233,7 +233,7 @@ def _summarise(
     r: dict[str, Any], base: dict[str, Any], sets: dict[str, ObjectiveSet], target_length: int
 ) -> dict[str, Any]:
     """One variant's report entry: perplexities (by bucket, in-window paired with the base) and retrieval."""
-    from ctxext.search.window import paired_window_ratio
+    from ctxext.scoring.windows import paired_window_ratio
 
     n_docs = r["nll"].shape[0]
     bucket = target_length // N_BUCKETS

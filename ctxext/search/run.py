@@ -6,14 +6,14 @@ The workflow, top to bottom:
    before anything is written;
 2. load the model once (fp32 on the CPU) and build the fitness set on the training split; with
    ``--attention-factor search``, bound the attention factor by its in-window cost
-   (:mod:`ctxext.search.window`);
+   (:mod:`ctxext.scoring.windows`);
 3. run the evolutionary search (:mod:`ctxext.search.evolution`) from the seeds of
    :mod:`ctxext.search.factors`, each candidate applied in place (:class:`~ctxext.search.apply.RopeSwitch`)
    and scored teacher-forced (:mod:`ctxext.search.objective`), logging every candidate to
    ``OUT/search.jsonl`` until the generations are done or the time budget is spent;
 4. compare the best factors with the named methods on held-out files (:mod:`ctxext.search.report`);
 5. write ``OUT`` as a model folder (``rope_type: longrope``, short factors 1, the found long factors)
-   through :func:`ctxext.extend.folder.extend_folder` in a temporary folder, reload it with plain transformers
+   through :func:`ctxext.models.folder.extend_folder` in a temporary folder, reload it with plain transformers
    and check its runtime RoPE, then rename it into place — with the log, the factors and the report.
 
 While the search runs, ``OUT`` holds only ``search.jsonl`` (no ``config.json``: it does not load as a
@@ -132,7 +132,7 @@ def _search(
     settings: SearchSettings, log: Callable[[str], None], on_candidate: Callable[[Candidate], None] | None
 ) -> SearchResult:
     """:func:`run_search` with the output folder's lock held."""
-    from ctxext.evaluation.loading import ModelSpec, load_model
+    from ctxext.models.load import ModelSpec, load_model
     from ctxext.models.sources import load_config
     from ctxext.rope.plan import describe_extension, plan_extension
     from ctxext.rope.read import read_rope
@@ -191,7 +191,7 @@ def _write_output(
 ) -> Path:
     """Write the model folder (with log, factors and report) atomically, after reloading and verifying it."""
     from ctxext.atomic import atomic_folder
-    from ctxext.extend.folder import extend_folder
+    from ctxext.models.folder import extend_folder
 
     out = settings.out
     # The folder holds this search's log (its manifest says so): replaced by the finished folder.
@@ -224,13 +224,12 @@ def _write_output(
 
 def _verify_folder(folder: Path, long_factor: list[float]) -> None:
     """Reload a written folder with plain transformers and check its runtime RoPE and its long factors."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
+    from ctxext.models.build import load_weights
+    from ctxext.models.sources import config_from_folder
     from ctxext.rope.runtime import verify_model_rope
     from ctxext.rope.types import RopeMismatchError
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = load_weights(folder, config_from_folder(folder))
     verify_model_rope(model)
     params = model.config.rope_parameters
     if params.get("rope_type") != "longrope" or list(params.get("long_factor") or []) != list(long_factor):

@@ -332,7 +332,7 @@ def _attention_limit(
     if not settings.searches_attention():
         return None
     from ctxext.search.apply import resolve_attention_factor
-    from ctxext.search.window import AttentionLimit, attention_limit
+    from ctxext.search.attention import AttentionLimit, attention_limit
 
     if logged is not None:
         limit = AttentionLimit(**logged)

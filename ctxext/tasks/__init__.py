@@ -16,7 +16,17 @@ Tasks: ``passkey``, ``needle``, ``multikey``, ``multivalue``, ``multiquery``, ``
 and need only a tokenizer; importing this package does not import torch.
 """
 
-from ctxext.tasks.base import Haystack, Prompt, Task, TaskSample, Template
+from ctxext.tasks.base import HAYSTACK_MIN_TOKENS, Haystack, Prompt, Task, TaskSample, Template
 from ctxext.tasks.registry import get_task, register_task, task_names
 
-__all__ = ["Haystack", "Prompt", "Task", "TaskSample", "Template", "get_task", "register_task", "task_names"]
+__all__ = [
+    "HAYSTACK_MIN_TOKENS",
+    "Haystack",
+    "Prompt",
+    "Task",
+    "TaskSample",
+    "Template",
+    "get_task",
+    "register_task",
+    "task_names",
+]

@@ -8,7 +8,7 @@ A task sample is a token sequence of exactly ``length`` tokens::
     [answer]
 
 The answer's tokens are the last ones, at ``answer_span``; a model is scored (or trained) on them
-teacher-forced (:func:`ctxext.evaluation.answer_scoring.score_answers`). ``F = length − |prefix| −
+teacher-forced (:func:`ctxext.scoring.answers.score_answers`). ``F = length − |prefix| −
 |inserts| − |question| − |answer|`` filler tokens are taken from the haystack at a seeded offset; an
 insert at depth ``d`` goes after the first ``round(d · F)`` of them (``d = 0``: right after the prefix;
 ``d = 1``: right before the question).
@@ -159,6 +159,11 @@ def fill(text: str, **fields: Any) -> str:
             f"template text {text!r} has a field this task does not provide ({exc}); fields: "
             f"{', '.join('{' + k + '}' for k in fields) or 'none'} (double literal braces: {{{{ }}}})"
         ) from None
+
+
+# Tokens of real text a task's haystack holds at least (samples start at random offsets in it, so trials draw
+# their filler from different text): training's task sources and calibration's trials.
+HAYSTACK_MIN_TOKENS = 200_000
 
 
 @dataclass

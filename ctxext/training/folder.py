@@ -192,7 +192,7 @@ def run_record(
 
     Args:
         recipe: the recipe.
-        loaded: the training model (:class:`ctxext.models.training_model.TrainingModel`).
+        loaded: the training model (:class:`ctxext.training.model.TrainingModel`).
         num_processes: processes in the job.
         base_fingerprint: the base weights' fingerprint (:func:`ctxext.models.weights.fingerprint`).
         previous: the resumed run's ``run.json`` (its initial validation loss is kept), or ``None``.

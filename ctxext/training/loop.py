@@ -55,7 +55,7 @@ class TrainingLoop:
     Args:
         recipe: the recipe.
         launch: the accelerator and this process's place in the job.
-        loaded: the training model (:class:`ctxext.models.training_model.TrainingModel`: plan, attention
+        loaded: the training model (:class:`ctxext.training.model.TrainingModel`: plan, attention
             implementation).
         data: the training data (:class:`ctxext.training.data.corpus.TrainingData`).
         model: the prepared :class:`~ctxext.training.steps.CausalLMWithChunkedLoss`.

@@ -42,7 +42,7 @@ def preflight_problems(recipe: Recipe, config: Any = None, model: bool = True) -
         )
     if cfg.optimizer == "paged_adamw_8bit" and not cuda:
         problems.append(("train.optimizer", "paged_adamw_8bit pages optimizer state through CUDA; use adamw on CPU"))
-    from ctxext.models.load import attention_for
+    from ctxext.models.build import attention_for
 
     try:
         attention_for(recipe.model.attn_implementation, torch.device("cuda" if cuda else "cpu"))
@@ -103,7 +103,7 @@ def _lora_problems(recipe: Recipe, config: Any) -> list[tuple[str, str]]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ctxext.models.training_model import lora_module_problems
+    from ctxext.training.model import lora_module_problems
 
     if config is None:
         config = _local_config(recipe)

@@ -123,7 +123,7 @@ def _train(
     """:func:`train` with the run folder's lock held and SIGTERM / SIGINT turned into a clean stop."""
     from accelerate.utils import DistributedType, set_seed
 
-    from ctxext.models.training_model import build_training_model
+    from ctxext.training.model import build_training_model
 
     cfg = recipe.train
     out = Path(recipe.output.dir)

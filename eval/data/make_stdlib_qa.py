@@ -1,6 +1,6 @@
 """Build eval/data/stdlib-qa.jsonl: extractive QA over held-out standard-library source files.
 
-Each example's context is the start of a held-out stdlib file (see ctxext/evaluation/data.py); the
+Each example's context is the start of a held-out stdlib file (see ctxext/scoring/texts.py); the
 question asks for the value assigned to a module-level name somewhere in it; the answer is that value.
 Answers sit at different depths of the contexts, and contexts have different lengths. Regenerate with
 ``python eval/data/make_stdlib_qa.py`` (deterministic for a given Python version).

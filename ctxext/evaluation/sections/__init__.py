@@ -90,7 +90,7 @@ class SuiteSection:
         """Measure one model.
 
         Args:
-            loaded: the :class:`~ctxext.evaluation.loading.LoadedModel`.
+            loaded: the :class:`~ctxext.models.load.LoadedModel`.
             settings: the validated settings.
             lengths: the resolved token lengths (ascending).
             beyond_context_ok: lengths past the model's context are allowed (comparisons, ``2x target``).
@@ -116,7 +116,7 @@ class SuiteSection:
         """
 
     def annotate(self, result: dict[str, Any], spec: Any) -> None:
-        """Add what the model's source says to its results (its :class:`~ctxext.evaluation.loading.ModelSpec`).
+        """Add what the model's source says to its results (its :class:`~ctxext.models.load.ModelSpec`).
 
         Called after :meth:`run`, with the run's model spec (a run folder's recipe, for instance); default: none.
         """

@@ -30,7 +30,7 @@ class AttentionSection(SuiteSection):
 
     def describe_data(self, settings: Any) -> dict[str, Any] | None:
         """The documents' source."""
-        from ctxext.evaluation.data import describe_source
+        from ctxext.scoring.texts import describe_source
 
         return describe_source(settings.data, settings.text_field, settings.split)
 
@@ -39,7 +39,7 @@ class AttentionSection(SuiteSection):
     ) -> dict[str, Any]:
         """One model's diagnostics at the section's length (:func:`ctxext.evaluation.attention.evaluate_attention`)."""
         from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
-        from ctxext.evaluation.data import iter_texts
+        from ctxext.scoring.texts import iter_texts
 
         measured = AttentionSettings.of_section(settings, lengths[0], beyond_context_ok)
         texts = iter_texts(settings.data, settings.text_field, settings.split)
@@ -217,7 +217,7 @@ def attention_rows(m: dict[str, Any], ref: dict[str, Any], resamples: int, seed:
     """The share of attention beyond the original window, model − reference, paired bootstrap over documents."""
     import numpy as np
 
-    from ctxext.evaluation.stats import paired_mean_difference
+    from ctxext.scoring.stats import paired_mean_difference
 
     a, b = m.get("attention") or {}, ref.get("attention") or {}
     da, db = a.get("per_document"), b.get("per_document")

@@ -99,7 +99,7 @@ class NeedleSection(GridSection):
 
     def describe_data(self, settings: Any) -> dict[str, Any] | None:
         """The haystack's source."""
-        from ctxext.evaluation.data import describe_source
+        from ctxext.scoring.texts import describe_source
 
         return describe_source(settings.haystack, settings.text_field, settings.split)
 

@@ -33,8 +33,8 @@ class LongPPLSection(SuiteSection):
         self._last = run.models[-1]
 
     def describe_data(self, settings: Any) -> dict[str, Any] | None:
-        """The documents' source (:func:`ctxext.evaluation.data.describe_source`)."""
-        from ctxext.evaluation.data import describe_source
+        """The documents' source (:func:`ctxext.scoring.texts.describe_source`)."""
+        from ctxext.scoring.texts import describe_source
 
         return describe_source(settings.data, settings.text_field, settings.split)
 
@@ -117,7 +117,7 @@ def _ratio(m: dict[str, Any], ref: dict[str, Any] | None, length: int) -> str:
     import numpy as np
 
     from ctxext.artifacts.tables import fmt
-    from ctxext.evaluation.stats import paired_ppl_ratio
+    from ctxext.scoring.stats import paired_ppl_ratio
 
     if ref is None or m is ref:
         return "(reference)" if m is ref else "–"

@@ -37,7 +37,7 @@ class PerplexitySection(SuiteSection):
 
     def describe_data(self, settings: Any) -> dict[str, Any] | None:
         """The documents' source."""
-        from ctxext.evaluation.data import describe_source
+        from ctxext.scoring.texts import describe_source
 
         return describe_source(settings.data, settings.text_field, settings.split)
 

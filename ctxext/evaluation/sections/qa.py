@@ -33,7 +33,7 @@ class QASection(SuiteSection):
 
     def describe_data(self, settings: Any) -> dict[str, Any] | None:
         """The QA data set."""
-        from ctxext.evaluation.data import describe_source
+        from ctxext.scoring.texts import describe_source
 
         return describe_source(settings.data, split=settings.split)
 

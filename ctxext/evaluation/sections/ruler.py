@@ -32,7 +32,7 @@ class RulerTasks(SuiteSection):
 
     def describe_data(self, settings: Any) -> dict[str, Any] | None:
         """The haystack's source (nothing for noise)."""
-        from ctxext.evaluation.data import describe_source
+        from ctxext.scoring.texts import describe_source
 
         if settings.haystack == "noise":
             return None

@@ -224,8 +224,10 @@ def as_loaded(s: GrowSettings, tokenizer: Any) -> Any:
 
 def load_saved(path: Path) -> tuple[Any, Any]:
     """A saved grown model (fp32, SDPA, eval mode) and its tokenizer."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from ctxext.models.build import load_weights
+    from ctxext.models.sources import config_from_folder
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="sdpa", dtype=torch.float32)
-    return model.eval(), tokenizer
+    return load_weights(path, config_from_folder(path)).eval(), tokenizer

@@ -32,6 +32,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from ctxext.errors import InputError
+from ctxext.tasks import HAYSTACK_MIN_TOKENS
 from ctxext.training.data.corpus import (
     PoseRows,
     TrainingData,
@@ -43,9 +44,6 @@ from ctxext.training.data.corpus import (
 
 if TYPE_CHECKING:
     from ctxext.training.data.task_rows import DistanceDraws
-
-# Tokens of real text a task's haystack holds (samples start at random offsets in it).
-HAYSTACK_MIN_TOKENS = 200_000
 
 
 def allocate(n: int, weights: list[float]) -> list[int]:

@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 
 from ctxext.errors import InputError
-from ctxext.evaluation.scoring import head_and_decoder
 from ctxext.progress import progress
 from ctxext.rope.runtime import reset_dynamic_rope
+from ctxext.scoring.nll import head_and_decoder
 
 # Tokens per batched forward pass on the CPU / a GPU (sequences of one length are stacked up to this). On the
 # CPU small batches are faster per token: the activations of a pass stay in cache (the grown model's needle

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ctxext.errors import InputError
-from ctxext.evaluation.loading import base_model
+from ctxext.models.load import base_model
 from ctxext.rope.runtime import reset_dynamic_rope
 
 # Positions projected onto the vocabulary at once. On the CPU a 256-row chunk of logits (32 MB at a 32k

@@ -3,7 +3,7 @@
 ctxext's own greedy scoring of exported prompts and lm-evaluation-harness apply this same rule (lm-eval cuts
 at the task's ``until`` and its ``exact_match`` ignores leading and trailing whitespace through the
 ``regexes_to_ignore`` the exported task files declare), so their outcomes compare trial for trial. It is stricter
-than teacher-forced scoring (:mod:`ctxext.evaluation.answer_scoring`, "the answer's tokens are the greedy
+than teacher-forced scoring (:mod:`ctxext.scoring.answers`, "the answer's tokens are the greedy
 continuation"): text generated after the answer and before a stop sequence makes the answer wrong, as it does in
 a harness.
 """

@@ -16,7 +16,7 @@ scores its needle, variable-tracking and word-extraction tasks with ``all`` and 
 Pure Python (no torch), importable by any scorer that has predictions: the retrieval grid, the RULER
 section, a harness bridge::
 
-    from ctxext.evaluation.string_match import score_predictions
+    from ctxext.scoring.string_match import score_predictions
     score_predictions(["The numbers are 123 and 456."], [["123", "456", "789"]], "all")  # 66.67
 """
 

@@ -119,7 +119,7 @@ def tile_mlps(model: torch.nn.Module, shards: int) -> int:
 def apply_levers(model: torch.nn.Module, levers: Levers) -> None:
     """Apply the levers that act on the (peft-wrapped) model: the residual dtype and the tiled MLP.
 
-    Checkpoint offload is applied where checkpointing is enabled (``ctxext.models.training_model.add_lora``), expandable
+    Checkpoint offload is applied where checkpointing is enabled (``ctxext.training.model.add_lora``), expandable
     segments by :func:`configure_allocator`.
     """
     if levers.residual_dtype == "bf16":

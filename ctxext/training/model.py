@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ctxext.errors import InputError
-from ctxext.models.load import attention_for, compute_dtype_for, load_weights
+from ctxext.models.build import attention_for, compute_dtype_for, load_weights
 from ctxext.models.sources import resolve_model_path
 from ctxext.rope.runtime import patch_model, verify_model_rope
 from ctxext.rope.types import RopePlan
@@ -209,7 +209,7 @@ def add_lora(
     )
     peft_model = get_peft_model(model, config)
     if levers is not None:
-        from ctxext.models.levers import apply_levers
+        from ctxext.training.levers import apply_levers
 
         apply_levers(peft_model, levers)
     return peft_model, extra
@@ -229,8 +229,8 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
     device = torch.device(device)
     dtype = compute_dtype_for(recipe.quantization.compute_dtype, device)
     attn = attention_for(recipe.model.attn_implementation, device)
-    from ctxext.models.levers import configure_allocator
     from ctxext.recipe.memory import recipe_levers
+    from ctxext.training.levers import configure_allocator
 
     # The levers are checked before anything is loaded, and the allocator set before the weights are allocated.
     levers = recipe_levers(recipe, device.type, str(dtype).removeprefix("torch."))

@@ -178,3 +178,27 @@ def _iter_texts(source: str, text_field: str, split: str) -> Iterator[str]:
                 "to name a column of strings"
             )
         yield value or ""
+
+
+# Leading tokens of documents, per (tokenizer, source, length, limit): a search and its report read the same ones.
+_LEADING: dict[tuple[Any, str, int, int], list[list[int]]] = {}
+
+
+def tokenizer_key(tokenizer: Any) -> tuple[str, str, int]:
+    """A tokenizer's identity for per-process caches: its class, origin and vocabulary size."""
+    return type(tokenizer).__name__, str(getattr(tokenizer, "name_or_path", "")), len(tokenizer)
+
+
+def leading_tokens(tokenizer: Any, source: str, min_tokens: int, limit: int) -> list[list[int]]:
+    """The first ``min_tokens`` tokens of up to ``limit`` documents of ``source`` that have that many (cached)."""
+    key = (tokenizer_key(tokenizer), source, min_tokens, limit)
+    if key not in _LEADING:
+        docs: list[list[int]] = []
+        for text in iter_texts(source):
+            ids = list(tokenizer(text, verbose=False)["input_ids"])
+            if len(ids) >= min_tokens:
+                docs.append(ids[:min_tokens])
+                if len(docs) >= limit:
+                    break
+        _LEADING[key] = docs
+    return [list(d) for d in _LEADING[key]]
