@@ -279,13 +279,13 @@ def test_two_process_ctxext_train_killed_and_resumed_ends_with_the_one_process_a
     finally:
         if proc.poll() is None:
             _kill_tree(proc.pid)
-    assert read_run(tmp_path / "two", allow_incomplete=True)["status"] == "running"
+    assert read_run(tmp_path / "two", allow_incomplete=True).status == "running"
     done = run([*cmd, "--resume"], ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout + done.stderr
 
     one, two = read_run(tmp_path / "one"), read_run(tmp_path / "two")
-    assert two["num_processes"] == 2 and two["tokens_seen"] == one["tokens_seen"] == 6 * 2 * 2048
+    assert two.num_processes == 2 and two.tokens_seen == one.tokens_seen == 6 * 2 * 2048
     losses = [
         [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines()]
         for d in (tmp_path / "one", tmp_path / "two")
@@ -293,7 +293,7 @@ def test_two_process_ctxext_train_killed_and_resumed_ends_with_the_one_process_a
     assert len(losses[1]) == 6
     for a, b in zip(*losses, strict=True):
         assert abs(a - b) <= 1e-5 * a
-    assert abs(one["final_val_loss"] - two["final_val_loss"]) <= 1e-5 * one["final_val_loss"]
+    assert abs(one.final_val_loss - two.final_val_loss) <= 1e-5 * one.final_val_loss
     a, b = adapter_tensors(tmp_path / "one"), adapter_tensors(tmp_path / "two")
     assert a.keys() == b.keys()
     for name in a:

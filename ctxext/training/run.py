@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.artifacts.run import read_run
+from ctxext.artifacts.run_record import RunRecord
 from ctxext.errors import CtxextError
 from ctxext.models.sources import resolve_model_path
 from ctxext.models.weights import check_fingerprint, check_weights_readable, fingerprint
@@ -65,12 +66,12 @@ class TrainResult:
     Attributes:
         run_dir: the complete run folder.
         model: the trained peft model (unwrapped, eval mode) on the main process, else ``None``.
-        run: the ``run.json`` record.
+        run: the run's record (``run.json``).
     """
 
     run_dir: Path
     model: Any
-    run: dict[str, Any]
+    run: RunRecord
 
 
 def train(
@@ -147,8 +148,9 @@ def _train(
     # The run folder: created only once the model and the data are known to be usable.
     accelerator.wait_for_everyone()
     record = run_record(recipe, loaded, accelerator.num_processes, base_fingerprint, previous)
-    if search is not None or (previous and previous.get("search")):
-        record["search"] = search if search is not None else previous["search"]  # type: ignore[index]
+    record.folder = out.resolve()
+    if search is not None:
+        record.search = search
     writer = RunWriter(out, launch.main, record)
     writer.start(recipe_text, versions(recipe, command or sys.argv), data.mixture)
     stop.graceful = True  # from here a stop signal ends the run at a step boundary, with a checkpoint
@@ -186,16 +188,16 @@ def _train(
     val = "none" if loop.last_val is None else f"{loop.last_val:.4f}"
     accelerator.print(f"run complete: {out} (train loss {loop.last_loss:.4f}, val loss {val})")
     unwrapped = accelerator.unwrap_model(model).peft_model.eval() if launch.main else None
-    return TrainResult(run_dir=out, model=unwrapped, run=dict(writer.run))
+    return TrainResult(run_dir=out, model=unwrapped, run=writer.run.model_copy())
 
 
-def _check_base(recipe: Recipe, previous: dict[str, Any] | None) -> str:
+def _check_base(recipe: Recipe, previous: RunRecord | None) -> str:
     """The base weights' fingerprint, once they are readable (and, on resume, the same as the run's)."""
     base_dir = resolve_model_path(recipe.model.path, recipe.model.revision)
     check_weights_readable(base_dir)
     base_fingerprint = fingerprint(base_dir)
     if previous is not None:
-        check_fingerprint(base_dir, previous.get("base_fingerprint"), "--resume")
+        check_fingerprint(base_dir, previous.base_fingerprint, "--resume")
     return base_fingerprint
 
 
