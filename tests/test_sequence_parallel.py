@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -23,9 +24,10 @@ from typer.testing import CliRunner
 from ctxext.cli.commands import app
 from ctxext.errors import InputError
 from ctxext.planner.footprint import ModelShape, Setup, footprint
+from ctxext.recipe.refusals import check_split_launch, split_heads_problem
 from ctxext.recipe.schema import RecipeError, load_recipe
 from ctxext.training.data.rows import IGNORE_INDEX, ModelInputs, build_inputs
-from ctxext.training.sequence_parallel import SequenceSplit, check_heads, check_sequence_parallel
+from ctxext.training.sequence_parallel import SequenceSplit
 
 deepspeed_missing = pytest.mark.skipif(
     __import__("importlib").util.find_spec("deepspeed") is None,
@@ -155,14 +157,12 @@ def test_heads_and_launch_size_are_checked(cache_root):
     from ctxext.models.sources import resolve_model_path
 
     config = AutoConfig.from_pretrained(resolve_model_path("builtin:tiny-llama"))
-    check_heads(config, 2)  # 4 heads, 2 key/value heads
-    with pytest.raises(
-        InputError, match=r"train.sequence_parallel_size: 4 must divide .* heads \(4\) and key/value heads \(2\)"
-    ):
-        check_heads(config, 4)
-    with pytest.raises(InputError, match=r"2 does not divide the 3 process\(es\)"):
-        check_sequence_parallel(2, 3)
-    check_sequence_parallel(2, 4)
+    assert split_heads_problem(config, 2) is None  # 4 heads, 2 key/value heads
+    problem = split_heads_problem(config, 4)
+    assert problem and re.search(r"4 must divide .* heads \(4\) and key/value heads \(2\)", problem)
+    with pytest.raises(InputError, match=r"train.sequence_parallel_size: 2 does not divide the 3 process\(es\)"):
+        check_split_launch(2, 3)
+    check_split_launch(2, 4)
 
 
 @pytest.mark.slow

@@ -53,7 +53,7 @@ def validate(
             failed = True
             err_console.print(f"[bold red]✗ {plain(exc.source)}[/]: {len(exc.problems)} problem(s)")
             for key, msg in exc.problems:
-                err_console.print(f"  [yellow]{plain(key)}[/]: {plain(msg)}")
+                err_console.print(f"  [yellow]{plain(key)}[/]: {plain(msg)}", soft_wrap=True)
             continue
         console.print(
             f"[green]✓[/] {plain(path)}: {plain(recipe.model.path)}, {recipe.rope.method} → "
@@ -88,9 +88,9 @@ def train(
     parsed = load_recipe(recipe, overrides or [])
     # A split this launch cannot make is refused within a second, before torch is imported (the launcher's
     # WORLD_SIZE; start_accelerator checks again against the processes accelerate sees).
-    from ctxext.training.sequence_parallel import check_sequence_parallel
+    from ctxext.recipe.refusals import check_split_launch
 
-    check_sequence_parallel(parsed.train.sequence_parallel_size, int(os.environ.get("WORLD_SIZE", "1")))
+    check_split_launch(parsed.train.sequence_parallel_size, int(os.environ.get("WORLD_SIZE", "1")))
     # Before any model is loaded: problems that would surface only after training (an eval suite that
     # does not exist), and settings that run but teach nothing (train.seq_len within the original window).
     for warning in check_recipe(parsed, str(recipe)):

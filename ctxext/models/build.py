@@ -34,9 +34,9 @@ def compute_dtype_for(setting: str, device: torch.device) -> torch.dtype:
     Returns:
         A torch dtype.
     """
-    if setting != "auto":
-        return _DTYPES[setting]
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    from ctxext.recipe.refusals import compute_dtype_name
+
+    return _DTYPES[compute_dtype_name(setting, device.type == "cuda")]
 
 
 def attention_for(setting: str, device: torch.device) -> str:
@@ -52,13 +52,14 @@ def attention_for(setting: str, device: torch.device) -> str:
     Raises:
         InputError: flash_attention_2 asked for where it cannot run.
     """
+    from ctxext.recipe.refusals import attention_problem
+
     has_flash = importlib.util.find_spec("flash_attn") is not None
     if setting == "auto":
         return "flash_attention_2" if device.type == "cuda" and has_flash else "sdpa"
-    if setting == "flash_attention_2" and (device.type != "cuda" or not has_flash):
-        raise InputError(
-            "model.attn_implementation: flash_attention_2 needs CUDA and the flash-attn package; use auto or sdpa here"
-        )
+    problem = attention_problem(setting, device.type == "cuda", has_flash)
+    if problem:
+        raise InputError(f"model.attn_implementation: {problem}")
     return setting
 
 

@@ -10,8 +10,9 @@ from typing import Any
 import torch
 
 from ctxext.errors import CtxextError, InputError
+from ctxext.recipe.refusals import check_split_launch
 from ctxext.recipe.schema import Recipe
-from ctxext.training.sequence_parallel import SequenceSplit, check_sequence_parallel
+from ctxext.training.sequence_parallel import SequenceSplit
 
 
 @dataclass
@@ -85,7 +86,7 @@ def check_launch(accelerator: Any, recipe: Recipe) -> None:
             "directly.",
             exit_code=2,
         )
-    check_sequence_parallel(recipe.train.sequence_parallel_size, accelerator.num_processes)
+    check_split_launch(recipe.train.sequence_parallel_size, accelerator.num_processes)
 
 
 def configure_deepspeed(accelerator: Any, recipe: Recipe, world: int) -> None:

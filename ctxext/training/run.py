@@ -29,6 +29,7 @@ from ctxext.artifacts.run_record import RunRecord
 from ctxext.errors import CtxextError
 from ctxext.models.sources import resolve_model_path
 from ctxext.models.weights import check_fingerprint, check_weights_readable, fingerprint
+from ctxext.recipe.refusals import check_refusals
 from ctxext.recipe.schema import Recipe, dump_recipe
 from ctxext.training.checkpoints import Checkpoints, Counters
 from ctxext.training.data.rows import shifted_labels
@@ -43,7 +44,6 @@ from ctxext.training.folder import (
 )
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop, TrainingState
-from ctxext.training.preflight import check_preflight
 from ctxext.training.sequence_parallel import start_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 from ctxext.training.stop import StopRequest, stop_on_signals
@@ -97,7 +97,7 @@ def train(
             run stops at a step boundary with a checkpoint, see :mod:`ctxext.training.stop`).
     """
     out = Path(recipe.output.dir)
-    check_preflight(recipe)  # the checks `ctxext validate` runs too: nothing is loaded for a recipe refused here
+    check_refusals(recipe)  # what `ctxext validate` refuses too: nothing is loaded for a recipe refused here
     launch = start_accelerator(recipe, out)
     # One writer per run folder: a second `train` (or a `--resume` of a run in progress) is refused here.
     with run_folder_lock(out, launch), stop_on_signals() as stop:

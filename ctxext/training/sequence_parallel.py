@@ -41,10 +41,8 @@ from typing import Any
 import torch
 
 from ctxext.errors import InputError
+from ctxext.recipe.refusals import SPLIT_KEY, split_heads_problem
 from ctxext.training.data.rows import IGNORE_INDEX, ModelInputs
-
-KEY = "train.sequence_parallel_size"
-INSTALL_HINT = "pip install 'ctxext[deepspeed]'"
 
 
 @dataclass
@@ -142,42 +140,6 @@ def split_rows(data: Any, first: int, n: int, micro_batch_size: int) -> tuple[di
     return data[[*range(first, first + real), *[0] * (micro_batch_size - real)]], real
 
 
-def check_sequence_parallel(size: int, num_processes: int) -> None:
-    """Refuse a split this launch cannot make, before anything is loaded or written.
-
-    Raises:
-        InputError: DeepSpeed missing, or N not dividing the number of processes.
-    """
-    if size == 1:
-        return
-    import importlib.util
-
-    if importlib.util.find_spec("deepspeed") is None:
-        raise InputError(f"{KEY}: {size} needs DeepSpeed (Ulysses sequence parallelism); {INSTALL_HINT}")
-    if num_processes % size:
-        raise InputError(
-            f"{KEY}: {size} does not divide the {num_processes} process(es) of this launch; launch a multiple of "
-            f"{size} (e.g. `accelerate launch --num_processes {size} -m ctxext train ...`; on the CPU add "
-            f"`--multi_gpu` and ACCELERATE_USE_CPU=true) or set {KEY}=1"
-        )
-
-
-def check_heads(config: Any, size: int) -> None:
-    """Refuse a model whose attention heads or key/value heads N does not divide.
-
-    Raises:
-        InputError: naming both head counts and N.
-    """
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = int(text.num_attention_heads)
-    kv = int(getattr(text, "num_key_value_heads", None) or heads)
-    if heads % size or kv % size:
-        raise InputError(
-            f"{KEY}: {size} must divide the model's attention heads ({heads}) and key/value heads ({kv}): each "
-            f"process attends with heads/N of them. Use a divisor of {kv}"
-        )
-
-
 def start_sequence_parallel(size: int, model: Any, attn_implementation: str, micro_batch_size: int) -> SequenceSplit:
     """Install DeepSpeed's Ulysses attention for ``model`` and return this process's :class:`SequenceSplit`.
 
@@ -194,7 +156,9 @@ def start_sequence_parallel(size: int, model: Any, attn_implementation: str, mic
     """
     if size == 1:
         return SequenceSplit()
-    check_heads(model.config, size)
+    problem = split_heads_problem(model.config, size)
+    if problem:
+        raise InputError(f"{SPLIT_KEY}: {problem}")
     if not torch.cuda.is_available():
         # DeepSpeed picks its accelerator once, at import; on a machine without CUDA it must be the CPU one.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
