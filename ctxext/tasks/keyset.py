@@ -1,0 +1,114 @@
+"""Many keys in one long input: needles at several depths, then one question and answer per needle.
+
+At long lengths a forward pass is the cost (a 32k-token pass of a 135M model takes ~6 minutes on two CPU
+cores), and one needle per pass spends it on one trial. A key set hides ``k`` key/value needles (fresh names and
+keys, the needle task's forms) at the depths asked for, then asks for each of them in turn, in a shuffled
+order, each answer written after its question::
+
+    [prefix] [haystack with k needles at their depths] [q_1] [a_1] [q_2] [a_2] … [q_k] [a_k]
+
+Scored teacher-forced (:func:`ctxext.scoring.answers.score_answer_sets`), every answer is correct iff greedy
+decoding, given everything before it, writes it: one pass scores ``k`` trials. The earlier answers are other
+keys, so they give nothing of a later one away; all trials of one input share its haystack, so their
+statistics are clustered by input (:func:`ctxext.scoring.stats.cluster_rate`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from ctxext.errors import InputError
+from ctxext.tasks.base import Haystack, Template, draw_keys, draw_names, encode, encode_prefix, fill
+from ctxext.tasks.needle import KV_TEMPLATES
+
+
+@dataclass
+class KeySet:
+    """One input holding several retrieval trials.
+
+    Attributes:
+        ids: the token ids, exactly the length asked for.
+        spans: ``(start, end)`` of each answer, in the order asked.
+        depths: the depth (0–1) of the needle each answer retrieves, in the same order.
+        keys: the keys asked for, in the same order.
+        distances: tokens from each needle's end to its answer's start.
+        fields: what was drawn, JSON-ready.
+    """
+
+    ids: list[int]
+    spans: list[tuple[int, int]]
+    depths: list[float]
+    keys: list[int]
+    distances: list[int]
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def make_keyset(
+    tokenizer: Any,
+    haystack: Haystack,
+    length: int,
+    depths: list[float],
+    rng: random.Random,
+    template: int | Template = 0,
+) -> KeySet:
+    """A key set of ``len(depths)`` needles, one per depth (0–1), exactly ``length`` tokens long.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        haystack: the filler (real text, so the model must find the needles in it).
+        length: total tokens.
+        depths: where each needle goes in the filler, 0 (start) to 1 (end).
+        rng: the only source of randomness (names, keys, haystack offset, the order of the questions).
+        template: a :data:`ctxext.tasks.needle.KV_TEMPLATES` index or a custom :class:`Template`.
+
+    Raises:
+        InputError: no depths, a depth outside 0–1, or a length too short for the needles and questions.
+    """
+    if not depths:
+        raise InputError("a key set needs at least one depth")
+    if any(not 0.0 <= d <= 1.0 for d in depths):
+        raise InputError(f"key set depths {depths} must be between 0 and 1")
+    tpl = template if isinstance(template, Template) else KV_TEMPLATES[template]
+    n = len(depths)
+    names, keys = draw_names(rng, n), draw_keys(rng, n)
+    needles = [encode(tokenizer, fill(tpl.needle, name=nm, key=k)) for nm, k in zip(names, keys, strict=True)]
+    order = list(range(n))
+    rng.shuffle(order)
+    asks = [
+        (
+            encode(tokenizer, fill(tpl.question, name=names[i], key=keys[i])),
+            encode(tokenizer, fill(tpl.answer, key=keys[i])),
+        )
+        for i in order
+    ]
+    head = encode_prefix(tokenizer, fill(tpl.prefix))
+    fixed = len(head) + sum(map(len, needles)) + sum(len(q) + len(a) for q, a in asks)
+    n_fill = length - fixed
+    if n_fill < 0:
+        raise InputError(f"a key set of {n} needles needs at least {fixed} tokens; length {length} is too short")
+    offset = rng.randrange(len(haystack))
+    stream = haystack.take(n_fill, offset)
+    # Needles at their depths in the filler; equal depths keep the order given.
+    placed = sorted(((round(d * n_fill), i) for i, d in enumerate(depths)), key=lambda t: t)
+    ids, ends, cursor = list(head), [0] * n, 0
+    for pos, i in placed:
+        ids += stream[cursor:pos]
+        cursor = pos
+        ids += needles[i]
+        ends[i] = len(ids)
+    ids += stream[cursor:]
+    spans: list[tuple[int, int]] = []
+    for question, answer in asks:
+        ids += question
+        spans.append((len(ids), len(ids) + len(answer)))
+        ids += answer
+    return KeySet(
+        ids=ids,
+        spans=spans,
+        depths=[depths[i] for i in order],
+        keys=[keys[i] for i in order],
+        distances=[start - ends[i] for (start, _), i in zip(spans, order, strict=True)],
+        fields={"names": [names[i] for i in order], "haystack_offset": offset},
+    )
