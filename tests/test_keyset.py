@@ -48,8 +48,7 @@ def test_keyset_refuses_what_it_cannot_build(tiny_tokenizer):
 def test_one_pass_scores_every_answer_as_separate_passes_do(tiny_tokenizer):
     model = tiny_model("llama", seed=2, vocab_size=len(tiny_tokenizer))
     sets = [
-        make_keyset(tiny_tokenizer, _haystack(tiny_tokenizer), 300, [0.1, 0.5, 0.9], random.Random(s))
-        for s in range(2)
+        make_keyset(tiny_tokenizer, _haystack(tiny_tokenizer), 300, [0.1, 0.5, 0.9], random.Random(s)) for s in range(2)
     ]
     together = score_answer_sets(model, [k.ids for k in sets], [k.spans for k in sets])
     for ks, scores in zip(sets, together, strict=True):
