@@ -59,14 +59,12 @@ def start_accelerator(recipe: Recipe, out: Path) -> Launch:
     acc_kwargs: dict[str, Any] = {"dataloader_config": DataLoaderConfiguration(split_batches=False)}
     if cfg.tracker != "none":
         acc_kwargs.update(log_with=cfg.tracker, project_dir=str(out / "logs"))
-    if cfg.context_parallel_size > 1 and torch.cuda.is_available():
-        from accelerate import ParallelismConfig
-
-        acc_kwargs["parallelism_config"] = ParallelismConfig(cp_size=cfg.context_parallel_size)
     accelerator = Accelerator(**acc_kwargs)
     check_launch(accelerator, recipe)
-    cp = cfg.context_parallel_size if "parallelism_config" in acc_kwargs else 1
-    # The processes sharing a sequence are consecutive (DeepSpeed's groups): they share a data-parallel rank.
+    # The processes sharing a sequence are consecutive (the split's grid, DeepSpeed's groups): they share a
+    # data-parallel rank. The ring is torch's context parallelism on that grid (training/sequence_parallel.py), not
+    # accelerate's ParallelismConfig, which refuses a ring beside a head split.
+    cp = cfg.context_parallel_size
     group = cp * cfg.sequence_parallel_size
     return Launch(accelerator, accelerator.num_processes // group, accelerator.process_index // group, cp)
 
@@ -85,7 +83,8 @@ def check_launch(accelerator: Any, recipe: Recipe) -> None:
             "directly.",
             exit_code=2,
         )
-    check_sequence_parallel(recipe.train.sequence_parallel_size, accelerator.num_processes)
+    cfg = recipe.train
+    check_sequence_parallel(cfg.sequence_parallel_size, accelerator.num_processes, cfg.context_parallel_size)
 
 
 def configure_deepspeed(accelerator: Any, recipe: Recipe, world: int) -> None:
@@ -104,7 +103,7 @@ def configure_deepspeed(accelerator: Any, recipe: Recipe, world: int) -> None:
     ds = plugin.deepspeed_config
     ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
     ds["gradient_accumulation_steps"] = 1
-    # DeepSpeed averages gradients over every process, sequence-parallel ones included (the loss is scaled for it).
-    ds["train_batch_size"] = cfg.micro_batch_size * world * cfg.sequence_parallel_size
+    # DeepSpeed averages gradients over every process, those splitting a sequence included (the loss is scaled for it).
+    ds["train_batch_size"] = cfg.micro_batch_size * world * cfg.sequence_parallel_size * cfg.context_parallel_size
     ds["gradient_clipping"] = cfg.max_grad_norm or 0.0
     ds.setdefault("bf16", {})["enabled"] = torch.cuda.is_available()

@@ -140,7 +140,11 @@ def _train(
     )
     # The split is installed before the data and the run folder: a model it cannot split is refused first.
     launch.split = start_sequence_parallel(
-        cfg.sequence_parallel_size, loaded.model, loaded.attn_implementation, cfg.micro_batch_size
+        cfg.sequence_parallel_size,
+        loaded.model,
+        loaded.attn_implementation,
+        cfg.micro_batch_size,
+        cfg.context_parallel_size,
     )
     data = _training_data(recipe, loaded, launch)
 
