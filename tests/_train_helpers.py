@@ -114,6 +114,15 @@ def accelerate_cmd(num_processes: int, *args: str) -> list[str]:
     ]
 
 
+def node_cmd(node: int, nodes: int, processes: int, port: int, *args: str) -> list[str]:
+    """``accelerate launch`` of machine ``node`` of ``nodes`` (``processes`` in all), the main one on localhost."""
+    cmd = accelerate_cmd(processes, *args)
+    at = cmd.index("--num_machines")
+    cmd[at : at + 2] = ["--num_machines", str(nodes), "--machine_rank", str(node), "--main_process_ip", "127.0.0.1"]
+    cmd[cmd.index("--main_process_port") + 1] = str(port)
+    return cmd
+
+
 def run(cmd: list[str], timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:
     """Run a command from the repository root and capture its output."""
     return subprocess.run(cmd, cwd=ROOT, env=env(**extra_env), capture_output=True, text=True, timeout=timeout)

@@ -38,6 +38,43 @@ class Launch:
         """Whether this is the process that writes the run folder."""
         return bool(self.accelerator.is_main_process)
 
+    def topology(self) -> dict[str, Any]:
+        """Where the job runs and how it splits each sequence: the run record's ``topology``.
+
+        Processes per node come from the launcher (``LOCAL_WORLD_SIZE`` from torchrun and accelerate launch, which
+        runs it; ``LOCAL_SIZE`` from DeepSpeed's); without one the job is one process on one node.
+        """
+        processes = int(self.accelerator.num_processes)
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or processes)
+        return {
+            "world_size": processes,
+            "nodes": max(1, processes // per_node),
+            "processes_per_node": per_node,
+            "data_parallel": self.world,
+            "sequence_parallel": self.split.size,
+            "context_parallel": self.cp,
+            "ulysses": self.split.engine,
+        }
+
+    def check_resume(self, previous: dict[str, Any] | None) -> None:
+        """Refuse to resume a run (``previous``: its ``run.json``; ``None``: a new run) on another number of processes.
+
+        Any split of the same number into nodes is fine.
+
+        Raises:
+            InputError: naming both counts.
+        """
+        if previous is None:
+            return
+        before, now = previous.get("num_processes"), int(self.accelerator.num_processes)
+        if before is not None and int(before) != now:
+            raise InputError(
+                f"--resume: the run was trained on {before} process(es) and this launch has {now}: the rows each "
+                "process reads, the batch of a step and the saved random states are per process, so the run would "
+                f"not continue as it began. Resume it with {before} processes (on any number of nodes), or start a "
+                "new output.dir"
+            )
+
 
 def start_accelerator(recipe: Recipe, out: Path) -> Launch:
     """Create the accelerator for a recipe and check that the launch makes one synchronised job.

@@ -133,6 +133,7 @@ def _train(
     recipe_text = dump_recipe(recipe)
     previous = check_output_dir(out, recipe_text, resume, search_folder=Path(search["folder"]) if search else None)
     base_fingerprint = _check_base(recipe, previous)
+    launch.check_resume(previous)
 
     set_seed(cfg.seed)
     loaded = build_training_model(
@@ -151,6 +152,7 @@ def _train(
     # The run folder: created only once the model and the data are known to be usable.
     accelerator.wait_for_everyone()
     record = run_record(recipe, loaded, accelerator.num_processes, base_fingerprint, previous)
+    record["topology"] = launch.topology()
     if search is not None or (previous and previous.get("search")):
         record["search"] = search if search is not None else previous["search"]  # type: ignore[index]
     writer = RunWriter(out, launch.main, record)
