@@ -28,6 +28,7 @@ from _train_helpers import (
     run,
     write_recipe,
 )
+from conftest import tiny_model
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
@@ -212,6 +213,25 @@ def test_the_ring_is_refused_where_torch_s_ring_cannot_run_it():
     assert "model.attn_implementation: sdpa" in ring_refusal(llama, "flash_attention_2", cuda=True)
     windowed = MistralConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, sliding_window=128)
     assert "within a window" in ring_refusal(windowed, "sdpa", cuda=True)
+
+
+def test_stopping_the_split_gives_back_the_attention_it_replaced():
+    # After training, what runs in the main process (the recipe's evaluation) must attend on its own.
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from ctxext.training import sequence_parallel as sp
+
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    model = tiny_model(num_attention_heads=4, num_key_value_heads=1)
+    attention = model.model.layers[0].self_attn
+    sp._CORES.setdefault("sdpa", original)
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = sp.segment_attention(original)  # a split's wrapper
+    attention.num_key_value_groups = 2  # as DeepSpeed leaves it when it replicates the key/value head over 2
+    try:
+        sp.stop_sequence_parallel(model)
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is original and attention.num_key_value_groups == 4
+    finally:
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = original
 
 
 def test_heads_and_launch_size_are_checked(cache_root):

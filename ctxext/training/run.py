@@ -43,7 +43,7 @@ from ctxext.training.folder import (
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop
 from ctxext.training.preflight import check_preflight
-from ctxext.training.sequence_parallel import start_sequence_parallel
+from ctxext.training.sequence_parallel import start_sequence_parallel, stop_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 from ctxext.training.stop import StopRequest, stop_on_signals
 
@@ -101,6 +101,8 @@ def train(
     # One writer per run folder: a second `train` (or a `--resume` of a run in progress) is refused here.
     with run_folder_lock(out, launch), stop_on_signals() as stop:
         result = _train(recipe, resume, command, launch, stop, search)
+    # What the CLI chains after training (evaluation) runs in the main process alone: no split attention there.
+    stop_sequence_parallel(result.model)
     if stop.signum is not None:
         # The signal came while the finished run wrote its outputs: it is complete, but what the CLI chains
         # after training (evaluation, push) must not start.

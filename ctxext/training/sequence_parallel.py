@@ -389,6 +389,27 @@ def start_sequence_parallel(
     return split
 
 
+def stop_sequence_parallel(model: Any = None) -> None:
+    """Put back the attention functions a split replaced, so that this process attends on its own again.
+
+    Args:
+        model: the trained model, if it is used further here: DeepSpeed's attention rewrites its attention modules'
+            ``num_key_value_groups`` when it replicates key/value heads; they get the config's value back.
+    """
+    if not _CORES:
+        return
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    for name, core in _CORES.items():
+        ALL_ATTENTION_FUNCTIONS[name] = core
+    if model is not None:
+        text = model.config.get_text_config()
+        groups = text.num_attention_heads // (getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+        for module in model.modules():
+            if hasattr(module, "num_key_value_groups"):
+                module.num_key_value_groups = groups
+
+
 def _start_deepspeed(model: Any, attn_implementation: str, core: Callable[..., Any], size: int, rows: int) -> None:
     """Register DeepSpeed's Ulysses attention around ``core`` (its groups: consecutive ranks, as the grid's)."""
     if not torch.cuda.is_available():
