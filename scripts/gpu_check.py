@@ -6,7 +6,7 @@ LoRA r=16 on every projection, embeddings and norms trained) and one optimizer s
 backward, paged 8-bit AdamW) at ``--seq-len`` tokens, with the path's ``train.memory`` levers. Measured: the
 allocator's peak (``torch.cuda.max_memory_allocated``) during the step; planned: the same recipe's plan on this
 GPU less its overhead group (CUDA context, fragmentation: outside ``max_memory_allocated``). One line per path,
-then a summary line; the format is in docs/planning.md.
+then a summary line, then one line for the sequence split's GPU tests; the format is in docs/planning.md.
 """
 
 from __future__ import annotations
@@ -35,6 +35,13 @@ PATHS: dict[str, tuple[dict[str, Any], str]] = {
     "all levers (train.memory defaults)": ({}, "sdpa"),
 }
 TOLERANCE = 0.25
+# The sequence split's GPU-only paths, checked for exactness against one process by their tests (marked gpu): torch's
+# ring (context parallelism) alone and under FSDP2, ctxext's own Ulysses attention over NCCL, and with 4 GPUs the
+# hybrid of the two. One process per GPU: on fewer than 2 GPUs they cannot run.
+SPLIT_TESTS = [
+    "tests/test_sequence_parallel.py::test_ring_and_hybrid_splits_on_gpus_give_the_one_process_loss_and_gradients",
+    "tests/test_train_gpu.py::test_context_parallel_fsdp2",
+]
 
 
 def save_model(folder: Path, layers: int, device: str = "cuda", shape: dict[str, int] | None = None) -> None:
@@ -144,6 +151,20 @@ def _line(name: str, r: dict[str, Any]) -> str:
     )
 
 
+def split_check() -> tuple[str, bool]:
+    """Run :data:`SPLIT_TESTS`; one line (ok, FAILED, or skipped on fewer than 2 GPUs) and whether it did not fail."""
+    import torch
+
+    name = "sequence split (ring, Ulysses, hybrid)"
+    count = torch.cuda.device_count()
+    if count < 2:
+        return f"gpu-check | {name:<38} | skipped: needs 2 GPUs (one process each); this machine has {count}", True
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", *SPLIT_TESTS]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    tail = (done.stdout.strip().splitlines() or ["?"])[-1][:200]
+    return f"gpu-check | {name:<38} | {'ok' if done.returncode == 0 else 'FAILED'}: {tail}", done.returncode == 0
+
+
 def main() -> int:
     """Run every path in a fresh process and print one line each, then the summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -197,7 +218,9 @@ def main() -> int:
         f"gpu-check summary: {len(results)} of {len(names)} paths ran; {within} within ±{TOLERANCE:.0%} of the plan; "
         f"{len(agree)} of {len(names) - 1} move the measured peak from the no-lever path's the way the plan says"
     )
-    return 0 if len(results) == len(names) else 1
+    line, split_ok = split_check()
+    print(line, flush=True)
+    return 0 if len(results) == len(names) and split_ok else 1
 
 
 if __name__ == "__main__":

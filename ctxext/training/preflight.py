@@ -36,10 +36,6 @@ def preflight_problems(recipe: Recipe, config: Any = None, model: bool = True) -
     module = _TRACKERS.get(cfg.tracker)
     if module and importlib.util.find_spec(module) is None:
         problems.append(("train.tracker", f"{cfg.tracker} is not installed; pip install {module}"))
-    if cfg.context_parallel_size > 1 and not cuda:
-        problems.append(
-            ("train.context_parallel_size", "accelerate's context parallelism needs CUDA with FSDP2; set it to 1 here")
-        )
     if cfg.optimizer == "paged_adamw_8bit" and not cuda:
         problems.append(("train.optimizer", "paged_adamw_8bit pages optimizer state through CUDA; use adamw on CPU"))
     from ctxext.models.build import attention_for
@@ -52,7 +48,9 @@ def preflight_problems(recipe: Recipe, config: Any = None, model: bool = True) -
     problems += _recipe_problems(recipe)
     problems += _data_problems(recipe)
     if model:
+        config = config if config is not None else _local_config(recipe)
         problems += _lora_problems(recipe, config)
+    problems += _split_problems(recipe, config if model else None, cuda)
     return problems
 
 
@@ -82,6 +80,30 @@ def _recipe_problems(recipe: Recipe) -> list[tuple[str, str]]:
     return problems
 
 
+def _split_problems(recipe: Recipe, config: Any, cuda: bool) -> list[tuple[str, str]]:
+    """A head split no engine serves, or a ring this machine or model cannot run (the rules ``train`` applies)."""
+    import torch
+
+    from ctxext.models.build import attention_for
+    from ctxext.training.sequence_parallel import KEY, RING_KEY, check_heads, ring_refusal
+
+    cfg, problems = recipe.train, []
+    if cfg.sequence_parallel_size > 1 and config is not None:
+        try:
+            check_heads(config, cfg.sequence_parallel_size)
+        except InputError as exc:
+            problems.append((KEY, str(exc).removeprefix(f"{KEY}: ")))
+    if cfg.context_parallel_size > 1:
+        try:
+            attn = attention_for(recipe.model.attn_implementation, torch.device("cuda" if cuda else "cpu"))
+        except InputError:
+            attn = "sdpa"  # reported above, under model.attn_implementation
+        refusal = ring_refusal(config, attn, cuda)
+        if refusal:
+            problems.append((RING_KEY, f"{cfg.context_parallel_size}: {refusal}"))
+    return problems
+
+
 def _data_problems(recipe: Recipe) -> list[tuple[str, str]]:
     from ctxext.models.data_sources import is_stdlib
     from ctxext.training.data.corpus import stdlib_problem
@@ -106,9 +128,7 @@ def _lora_problems(recipe: Recipe, config: Any) -> list[tuple[str, str]]:
     from ctxext.training.model import lora_module_problems
 
     if config is None:
-        config = _local_config(recipe)
-        if config is None:
-            return []
+        return []
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
