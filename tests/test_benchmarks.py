@@ -5,6 +5,8 @@ the package would break them only when someone runs them, months later. Here eac
 ``benchmarks/`` and ``experiments/`` is imported as ``python -m`` imports it (the repository root first on
 ``sys.path``), each ``from ctxext… import name`` anywhere in it is resolved, and each module-level path into
 the package must exist. Every runnable module answers ``--help`` with its options; none edits ``sys.path``.
+The result pages each name the command that regenerates them and when they were measured, and their links
+resolve.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ PACKAGES = ("benchmarks", "experiments")
 FILES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
 MODULES = [p for p in FILES if p.name != "__init__.py"]
 RUNNABLE = [p for p in MODULES if not p.name.startswith("_")]
+PAGES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.md"))
 
 
 def _id(path: Path) -> str:
@@ -210,3 +213,62 @@ def test_a_sweep_arm_refuses_overrides_that_are_not_a_json_object(capsys) -> Non
             arm.main(["A", bad])
         assert info.value.code == 2
         assert "overrides" in capsys.readouterr().err
+
+
+# ---- result pages
+
+CURRENT = [p for p in PAGES if p.parent.name == "results"]
+LOGS = [p for p in PAGES if p.parent.name == "log"]
+# A command as a page names it: inline or in a code block, perhaps behind `nice` and environment variables.
+COMMAND = re.compile(
+    r"(?:^|`)(?:[A-Z_]+=\S+ )*(?:nice -n \d+ )?(?:python -m (?:benchmarks|experiments)\.|ctxext )", flags=re.M
+)
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+
+
+def test_there_are_current_pages_and_dated_logs() -> None:
+    assert len(CURRENT) >= 10 and len(LOGS) >= 5
+    assert all(p.parent.parent.name == "results" for p in LOGS), "logs sit in results/log/"
+
+
+@pytest.mark.parametrize("path", CURRENT, ids=_id)
+def test_a_current_page_starts_with_its_command_and_date(path: Path) -> None:
+    lines = path.read_text().splitlines()
+    assert lines[0].startswith("# "), f"{_id(path)}: no title"
+    head = "\n".join(lines[1:14])
+    assert re.search(r"\bCommands?\b", head) and COMMAND.search(head), (
+        f"{_id(path)}: the first lines do not name the command that regenerates the page"
+    )
+    assert DATE.search(head), f"{_id(path)}: the first lines do not say when it was measured"
+
+
+@pytest.mark.parametrize("path", LOGS, ids=_id)
+def test_a_log_is_named_by_its_date_and_topic(path: Path) -> None:
+    assert re.fullmatch(r"20\d\d-\d\d-\d\d-[a-z0-9-]+\.md", path.name), f"{_id(path)}: not YYYY-MM-DD-topic.md"
+    assert path.read_text().startswith("# "), f"{_id(path)}: no title"
+
+
+def test_every_current_page_is_listed_in_its_readme() -> None:
+    for package in PACKAGES:
+        readme = (ROOT / package / "README.md").read_text()
+        pages = [p for p in CURRENT if p.is_relative_to(ROOT / package)]
+        unlisted = [_id(p) for p in pages if f"(results/{p.name})" not in readme]
+        assert not unlisted, f"{package}/README.md does not list {unlisted}"
+
+
+@pytest.mark.parametrize("path", PAGES, ids=_id)
+def test_relative_links_of_a_page_resolve(path: Path) -> None:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)  # commands in code blocks are not links
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    relative = [t.split("#", 1)[0] for t in targets if not re.match(r"[a-z]+:|#", t)]
+    missing = [t for t in relative if not (path.parent / t).exists()]
+    assert not missing, f"{_id(path)} links to files that do not exist: {missing}"
+
+
+STALE = re.compile(r"python3? (?:\S*/)?benchmarks/\w+\.py|benchmarks/mix_sweep")
+
+
+@pytest.mark.parametrize("path", [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *PAGES, *FILES], ids=_id)
+def test_no_page_runs_a_benchmark_by_its_file_path(path: Path) -> None:
+    stale = sorted({m.group(0) for m in STALE.finditer(path.read_text())})
+    assert not stale, f"{_id(path)}: run benchmarks and experiments as `python -m PACKAGE.NAME`, not {stale}"
