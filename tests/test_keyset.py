@@ -26,6 +26,9 @@ def test_keyset_places_each_needle_at_its_depth_and_asks_for_each(tiny_tokenizer
     for (start, end), key in zip(ks.spans, ks.keys, strict=True):
         assert tiny_tokenizer.decode(ks.ids[start:end]).strip() == str(key)
         assert text.count(str(key)) == 2  # once in its needle, once as its answer
+    for (start, end), key in zip(ks.needle_spans, ks.keys, strict=True):
+        assert str(key) in tiny_tokenizer.decode(ks.ids[start:end])
+        assert ks.filler[0] <= start < end <= ks.filler[1] <= ks.spans[0][0]
     # A deeper needle is nearer its question: distances shrink with depth (questions come after all needles).
     by_depth = sorted(zip(ks.depths, ks.distances, ks.spans, strict=True))
     assert all(a[1] - a[2][0] > b[1] - b[2][0] for a, b in zip(by_depth, by_depth[1:], strict=False))

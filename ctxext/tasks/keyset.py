@@ -34,6 +34,8 @@ class KeySet:
         depths: the depth (0–1) of the needle each answer retrieves, in the same order.
         keys: the keys asked for, in the same order.
         distances: tokens from each needle's end to its answer's start.
+        needle_spans: ``(start, end)`` of every needle in ``ids``, in the order asked.
+        filler: ``(start, end)`` of the haystack's stretch (needles inside it excluded via ``needle_spans``).
         fields: what was drawn, JSON-ready.
     """
 
@@ -42,6 +44,8 @@ class KeySet:
     depths: list[float]
     keys: list[int]
     distances: list[int]
+    needle_spans: list[tuple[int, int]] = field(default_factory=list)
+    filler: tuple[int, int] = (0, 0)
     fields: dict[str, Any] = field(default_factory=dict)
 
 
@@ -52,6 +56,7 @@ def make_keyset(
     depths: list[float],
     rng: random.Random,
     template: int | Template = 0,
+    offset: int | None = None,
 ) -> KeySet:
     """A key set of ``len(depths)`` needles, one per depth (0–1), exactly ``length`` tokens long.
 
@@ -62,6 +67,8 @@ def make_keyset(
         depths: where each needle goes in the filler, 0 (start) to 1 (end).
         rng: the only source of randomness (names, keys, haystack offset, the order of the questions).
         template: a :data:`ctxext.tasks.needle.KV_TEMPLATES` index or a custom :class:`Template`.
+        offset: where the filler starts in the haystack (default: drawn by ``rng``; 0 with a haystack of one
+            document starts at its beginning, the truncated-document protocol).
 
     Raises:
         InputError: no depths, a depth outside 0–1, or a length too short for the needles and questions.
@@ -88,7 +95,7 @@ def make_keyset(
     n_fill = length - fixed
     if n_fill < 0:
         raise InputError(f"a key set of {n} needles needs at least {fixed} tokens; length {length} is too short")
-    offset = rng.randrange(len(haystack))
+    offset = rng.randrange(len(haystack)) if offset is None else offset
     stream = haystack.take(n_fill, offset)
     # Needles at their depths in the filler; equal depths keep the order given.
     placed = sorted(((round(d * n_fill), i) for i, d in enumerate(depths)), key=lambda t: t)
@@ -99,6 +106,7 @@ def make_keyset(
         ids += needles[i]
         ends[i] = len(ids)
     ids += stream[cursor:]
+    filler = (len(head), len(ids))
     spans: list[tuple[int, int]] = []
     for question, answer in asks:
         ids += question
@@ -110,5 +118,7 @@ def make_keyset(
         depths=[depths[i] for i in order],
         keys=[keys[i] for i in order],
         distances=[start - ends[i] for (start, _), i in zip(spans, order, strict=True)],
+        needle_spans=[(ends[i] - len(needles[i]), ends[i]) for i in order],
+        filler=filler,
         fields={"names": [names[i] for i in order], "haystack_offset": offset},
     )
