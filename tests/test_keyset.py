@@ -10,7 +10,7 @@ from ctxext.errors import InputError
 from ctxext.scoring.answers import score_answer_sets, score_answers
 from ctxext.scoring.stats import cluster_rate, paired_cluster_difference, wilson_interval
 from ctxext.tasks import Haystack
-from ctxext.tasks.keyset import make_keyset
+from ctxext.tasks.keyset import make_json_keyset, make_keyset
 from tests.conftest import tiny_model
 
 
@@ -76,3 +76,16 @@ def test_cluster_interval_is_wider_than_wilson_when_clusters_agree_within():
     diff = paired_cluster_difference(correct, [False] * 100, clusters)
     assert diff["difference"] == pytest.approx(0.6) and diff["p_value"] < 0.01 and diff["ci_low"] > 0.2
     assert paired_cluster_difference(correct, correct, clusters)["p_value"] == 1.0
+
+
+def test_json_keyset_asks_for_pairs_at_their_depths(tiny_tokenizer):
+    ks = make_json_keyset(tiny_tokenizer, _haystack(tiny_tokenizer), 700, [0.0, 0.5, 1.0], random.Random(1))
+    assert len(ks.ids) == 700 and len(ks.spans) == 3
+    pairs = ks.fields["pairs"]
+    assert sorted(ks.keys) == [0, round(0.5 * (pairs - 1)), pairs - 1]
+    text = tiny_tokenizer.decode(ks.ids)
+    for (start, end), key, value in zip(ks.spans, ks.fields["asked"], ks.fields["values"], strict=True):
+        assert value in tiny_tokenizer.decode(ks.ids[start:end])
+        assert text.count(key) == 2 and text.count(value) == 2  # in the object, and in its question / answer
+    with pytest.raises(InputError, match="twice"):
+        make_json_keyset(tiny_tokenizer, _haystack(tiny_tokenizer), 200, [0.5, 0.51], random.Random(1))

@@ -122,3 +122,81 @@ def make_keyset(
         filler=filler,
         fields={"names": [names[i] for i in order], "haystack_offset": offset},
     )
+
+
+def make_json_keyset(
+    tokenizer: Any,
+    haystack: Haystack,
+    length: int,
+    depths: list[float],
+    rng: random.Random,
+    template: int = 0,
+    hex_digits: int = 8,
+) -> KeySet:
+    """Key-value lookup with several queries: a JSON-like object of random keys, then one question per depth.
+
+    The object fills the input (HELMET's json_kv); each question asks for the value of the pair at its depth of
+    the object, its answer after it (``keys`` holds the asked pairs' indices). Every pair is a distractor of
+    every other, so the model must look a key up, not find the one odd sentence. A few haystack tokens before
+    the object make the length exact.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        haystack: filler for the few tokens the object leaves.
+        length: total tokens.
+        depths: where each asked pair sits in the object, 0 (first pair) to 1 (last), distinct pairs.
+        rng: the only source of randomness.
+        template: a :data:`ctxext.tasks.json_kv.JSON_KV_TEMPLATES` index.
+        hex_digits: digits of each key and value (32: a UUID; fewer: easier to copy).
+
+    Raises:
+        InputError: no depths, two depths on one pair, or a length too short.
+    """
+    from ctxext.tasks.json_kv import JSON_KV_TEMPLATES, draw_uuid
+
+    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
+        raise InputError(f"a key-value set needs depths between 0 and 1 (got {depths})")
+    tpl = JSON_KV_TEMPLATES[template]
+    head = encode_prefix(tokenizer, fill(tpl.prefix))
+    probe = draw_uuid(rng, hex_digits)
+    qa = len(encode(tokenizer, fill(tpl.question, key=probe))) + len(encode(tokenizer, fill(tpl.answer, value=probe)))
+    per_pair = max(1, len(encode(tokenizer, tpl.join + fill(tpl.item, key=probe, value=probe))))
+    n = max(len(depths), (length - len(head) - len(depths) * qa) // per_pair + 2)
+    keys = list(dict.fromkeys(draw_uuid(rng, hex_digits) for _ in range(n + 8)))[:n]
+    values = [draw_uuid(rng, hex_digits) for _ in range(len(keys))]
+    order = list(range(len(depths)))
+    rng.shuffle(order)
+    while True:
+        n = min(n, len(keys))
+        targets = [round(depths[i] * (n - 1)) for i in order]
+        if len(set(targets)) != len(targets):
+            raise InputError(f"key-value set depths {depths} ask for one pair twice at {n} pairs; spread them out")
+        items = tpl.join.join(fill(tpl.item, key=k, value=v) for k, v in zip(keys[:n], values[:n], strict=True))
+        obj = encode(tokenizer, fill(tpl.needle) + items + fill(tpl.link))
+        asks = [
+            (encode(tokenizer, fill(tpl.question, key=keys[t])), encode(tokenizer, fill(tpl.answer, value=values[t])))
+            for t in targets
+        ]
+        over = len(head) + len(obj) + sum(len(q) + len(a) for q, a in asks) - length
+        if over <= 0:
+            break
+        if n <= len(depths):
+            raise InputError(f"a key-value set of {len(depths)} queries does not fit in {length} tokens")
+        n = max(len(depths), n - max(1, over // per_pair))
+    pad = haystack.take(-over, 0)
+    ids = list(head) + pad + obj
+    spans: list[tuple[int, int]] = []
+    for q, a in asks:
+        ids += q
+        spans.append((len(ids), len(ids) + len(a)))
+        ids += a
+    start = len(head) + len(pad)
+    return KeySet(
+        ids=ids,
+        spans=spans,
+        depths=[depths[i] for i in order],
+        keys=list(targets),
+        distances=[s - (start + len(obj)) for s, _ in spans],
+        filler=(start, start + len(obj)),
+        fields={"pairs": n, "asked": [keys[t] for t in targets], "values": [values[t] for t in targets]},
+    )
