@@ -173,8 +173,10 @@ def advise(shape: ModelShape, setup: Setup, device: Device, max_cp: int = 64) ->
 def replication_notes(shape: ModelShape, setup: Setup, device: Device) -> list[str]:
     """What replicating key/value heads under a wide Ulysses split costs, and whether it pays.
 
-    It pays when the replicated split fits a longer sequence than the widest split that needs no replication
-    (on the same GPUs); otherwise the plan says that replication costs more than it saves.
+    The comparison is the widest split that needs no replication, on the same GPUs (the others then train other
+    rows). Replication pays when that split does not fit the recipe's length and the wider one does; it costs
+    more than it saves when the narrower split fits already (the replicas only add memory and all-to-all traffic)
+    or when neither fits.
     """
     extra = replicated_kv(shape, setup)
     if extra <= 0:
@@ -184,23 +186,34 @@ def replication_notes(shape: ModelShape, setup: Setup, device: Device) -> list[s
     plain = max(k for k in range(1, sp + 1) if shape.heads % k == 0 and shape.kv_heads % k == 0 and sp % k == 0)
     narrow = dataclasses.replace(setup, sequence_parallel=plain)
     cost = replication_bytes(shape, setup)
-    # The exchange sends the replicas too: k and v grow from kv/N to the held heads' share of every exchange.
-    rows, seq = setup.micro_batch, -(-setup.seq_len // sp) * sp
+    # The exchange sends the replicas too: each rank's k and v grow from kv/N heads to the held ones, on its T/N
+    # tokens, of which (N - 1)/N leave; forward, recomputation and backward.
+    local = setup.micro_batch * -(-setup.seq_len // sp)
     passes = 3 if setup.checkpointing else 2
-    replicas = 2 * rows * seq * shape.head_dim * (held - shape.kv_heads / sp) * (sp - 1)
-    sent = shape.layers * passes * replicas * setup.residual
+    sent = shape.layers * passes * 2 * local * shape.head_dim * (held - shape.kv_heads / sp) * (sp - 1)
+    sent *= setup.residual
     notes = [
-        f"key/value heads replicated: sp {sp} > what divides the {shape.kv_heads} key/value heads, so each rank "
-        f"holds {held} key/value head(s) for its {shape.heads // sp} query heads ({extra} replicas in all); "
+        f"key/value heads replicated: sp {sp} does not divide the {shape.kv_heads} key/value heads, so each rank "
+        f"holds {held} key/value head(s) for its {shape.heads // sp} query heads ({extra} replicas in all): "
         f"+{cost / 2**30:.2f} GiB per GPU in the recomputed layer's attention (k, v and their gradients), "
         f"+{sent / 2**30:.2f} GiB sent per GPU per micro-batch"
     ]
-    mine, theirs = longest_fit(shape, setup, device), longest_fit(shape, narrow, device)
-    if (mine or 0) <= (theirs or 0):
+    wide_fits, narrow_fits = fits(shape, setup, device), fits(shape, narrow, device)
+    narrow_gib = device_footprint(shape, narrow, device).total / 2**30
+    wide_gib = device_footprint(shape, setup, device).total / 2**30
+    if narrow_fits or not wide_fits:
+        why = (
+            f"sp {plain} (no replication) fits {setup.seq_len:,} tokens already ({narrow_gib:.2f} GiB per GPU)"
+            if narrow_fits
+            else f"sp {sp} does not fit {setup.seq_len:,} tokens either ({wide_gib:.2f} GiB per GPU)"
+        )
         notes.append(
-            f"replication costs more than it saves here: sp {sp} fits {mine or 0:,} tokens, sp {plain} (no "
-            f"replication) {theirs or 0:,}; use train.sequence_parallel_size={plain}"
+            f"replication costs more than it saves here: {why}; use train.sequence_parallel_size={plain} and "
+            "the other GPUs for data parallelism"
         )
     else:
-        notes.append(f"replication pays: sp {sp} fits {mine:,} tokens, sp {plain} (no replication) {theirs or 0:,}")
+        notes.append(
+            f"replication pays: sp {plain} (no replication) needs {narrow_gib:.2f} GiB per GPU for "
+            f"{setup.seq_len:,} tokens and does not fit; sp {sp} needs {wide_gib:.2f} GiB"
+        )
     return notes

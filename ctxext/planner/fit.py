@@ -13,7 +13,7 @@ import dataclasses
 from ctxext.models.devices import GIB, Device
 from ctxext.planner.band import band_of
 from ctxext.planner.footprint import FWD_BWD, PHASES, Footprint, ModelShape, Setup, footprint, heap_layer_bytes
-from ctxext.planner.layer import flash_backward_buffers
+from ctxext.planner.layer import cpu_attention_backward_buffers, flash_backward_buffers
 
 # CUDA: the context, cuBLAS/cuDNN workspaces and NCCL buffers live outside PyTorch's allocator; the caching
 # allocator holds more than it hands out (fragmentation). Not calibrated here (no GPU): typical values.
@@ -42,7 +42,6 @@ HEADROOM = 0.05
 def device_footprint(shape: ModelShape, setup: Setup, device: Device) -> Footprint:
     """:func:`ctxext.planner.footprint.footprint` plus the device's runtime terms."""
     fp = footprint(shape, setup)
-    dynamic = max(fp.group_total("activations", p) + fp.group_total("loss", p) for p in PHASES)
     if device.kind == "cuda":
         buffers = flash_backward_buffers(shape, setup)
         fp.add(
@@ -59,15 +58,22 @@ def device_footprint(shape: ModelShape, setup: Setup, device: Device) -> Footpri
         share = CUDA_FRAGMENTATION_EXPANDABLE if setup.expandable_segments else CUDA_FRAGMENTATION
         how = "expandable segments" if setup.expandable_segments else "caching allocator"
         fp.add("overhead", "allocator fragmentation", share * dynamic, f"{share:.0%} of the activations ({how})")
-    else:
-        fp.add("overhead", "Python + torch runtime", CPU_RUNTIME, "fitted on this CPU (benchmarks/plan_accuracy.py)")
-        fp.add(
-            "overhead",
-            "malloc retention",
-            shape.layers * heap_layer_bytes(shape, setup, MMAP_THRESHOLD_MAX),
-            "freed activation memory glibc keeps: one forward pass of saved tensors under 32 MiB each",
-            FWD_BWD,
-        )
+        return fp
+    fp.add(
+        "activations",
+        "CPU attention backward buffers",
+        cpu_attention_backward_buffers(shape, setup),
+        "the CPU SDPA kernel's accumulators (memory profiler, isolated SDPA backward)",
+        ("attention backward",),
+    )
+    fp.add("overhead", "Python + torch runtime", CPU_RUNTIME, "fitted on this CPU (benchmarks/plan_accuracy.py)")
+    fp.add(
+        "overhead",
+        "malloc retention",
+        shape.layers * heap_layer_bytes(shape, setup, MMAP_THRESHOLD_MAX),
+        "freed activation memory glibc keeps: one forward pass of saved tensors under 32 MiB each",
+        FWD_BWD,
+    )
     return fp
 
 

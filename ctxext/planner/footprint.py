@@ -186,8 +186,9 @@ def all_to_all(shape: ModelShape, s: Setup, fp: Footprint) -> None:
 
     What the exchange leaves for the backward pass (the gathered q, k, v and output) is among the layer's saved
     tensors; what is in flight while one layer exchanges is a send and a receive buffer of q, k and v (modelled
-    from DeepSpeed's ``UlyssesSPAttentionHF``, not measured): in the forward pass and around the attention's
-    backward, not at the start of a layer's backward.
+    from DeepSpeed's ``UlyssesSPAttentionHF``, not measured). They count in the forward pass; in the backward
+    the exchanges come before the attention kernel (the gathered dO, counted there) and after it (dQ, dK, dV
+    swapped back once q, k, v and the kernel's buffers are freed), at neither of the backward's two peaks.
     """
     if s.sequence_parallel == 1:
         return
@@ -199,7 +200,7 @@ def all_to_all(shape: ModelShape, s: Setup, fp: Footprint) -> None:
         "Ulysses all-to-all buffers in flight",
         per_layer,
         f"send + receive copies of one layer's q/k/v, heads/{s.sequence_parallel}",
-        ("loss", "attention backward"),
+        ("loss",),
     )
 
 

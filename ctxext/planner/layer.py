@@ -268,3 +268,17 @@ def replication_bytes(shape: ModelShape, s: Setup) -> int:
     rows, seq, _, kv_heads = kernel_view(shape, s)
     share = shape.kv_heads / s.sequence_parallel
     return int(2 * 2 * attention_dtype(s) * rows * seq * shape.head_dim * (kv_heads - share))
+
+
+def cpu_attention_backward_buffers(shape: ModelShape, s: Setup) -> int:
+    """The CPU SDPA (flash) backward's own buffers beyond dQ, dK and dV: t·q·(4 + c/2) bytes.
+
+    Fitted to the CPU memory profiler's live peak of an isolated SDPA backward (4 shapes, fp32 and bf16, GQA and
+    not: 1.25–1.5 × t·q·c over the gradients in fp32, 1.75–2.5 × in bf16; per-thread blocks make small shapes
+    larger), what an fp32 dQ accumulator plus half a q-sized copy gives.
+    """
+    if s.attention != "sdpa":
+        return 0
+    rows, seq, q_heads, _ = kernel_view(shape, s)
+    c = attention_dtype(s)
+    return int(rows * seq * q_heads * shape.head_dim * (4 + c / 2))

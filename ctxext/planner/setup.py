@@ -227,6 +227,7 @@ BASIS = {
     "all layers' saved tensors": "measured",
     "full logits": "measured",
     "Python + torch runtime": "fitted",
+    "CPU attention backward buffers": "fitted",
     "attention backward": "modelled",
     "MLP backward": "modelled",
     "flash-attention backward buffers": "modelled",
