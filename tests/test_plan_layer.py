@@ -172,3 +172,18 @@ def test_planned_layer_terms_equal_what_autograd_saves(folders, case):
     planned = layer_bytes(shape, setup)
     detail = "\n".join(f"{x.bytes / TOKENS:8.1f} B/token  {x.what}" for x in layer_saved(shape, setup))
     assert planned == measured, f"planned {planned / TOKENS} B/token, measured {measured / TOKENS}\n{detail}"
+
+
+def test_gpu_check_measures_the_same_terms_on_the_cpu(folders):
+    """scripts/gpu_check.py's planner-term checks run here with the CPU's kernels: the saved tensors equal."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from gpu_check import attention_backward_check, saved_layer_check
+
+    for full in (False, True):
+        result = saved_layer_check(folders["llama-gqa"], full=full, device_type="cpu")
+        assert result["measured"] == result["planned"] > 0, result
+    attention = attention_backward_check("sdpa", 256, "cpu", {"heads": 4, "kv": 2, "dim": 16})
+    assert attention["planned"] > 0

@@ -298,6 +298,29 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
 # ------------------------------------------------------------------------------------------------
 
 
+def _check_heads(shape: ModelShape, setup: Setup) -> None:
+    if shape.heads % setup.sequence_parallel:
+        raise InputError(
+            f"train.sequence_parallel_size: {setup.sequence_parallel} must divide the model's attention heads "
+            f"({shape.heads}): each process attends with heads/N query heads (key/value heads, {shape.kv_heads}, "
+            "are replicated where N does not divide them)"
+        )
+
+
+def what_if(shape: ModelShape, setup: Setup, device: Device) -> dict[str, int]:
+    """The same step's peak with checkpointing and the loss flipped, for comparison (the table shows the recipe's)."""
+    flips: dict[str, dict[str, Any]] = {
+        f"checkpointing {'off' if setup.checkpointing else 'on'}": {"checkpointing": not setup.checkpointing},
+        "full logits" if setup.loss == "chunked" else "chunked loss": {
+            "loss": "full" if setup.loss == "chunked" else "chunked"
+        },
+    }
+    return {
+        label: device_footprint(shape, dataclasses.replace(setup, **change), device).total
+        for label, change in flips.items()
+    }
+
+
 def plan_recipe(
     recipe: Any,
     device: Device,
@@ -349,12 +372,7 @@ def plan_recipe(
     shape = ModelShape.from_config(config)
     world = num_gpus * nodes
     setup = setup_for(recipe, device, world, sharding, loss, mode, offload_optimizer)
-    if shape.heads % setup.sequence_parallel:
-        raise InputError(
-            f"train.sequence_parallel_size: {setup.sequence_parallel} must divide the model's attention heads "
-            f"({shape.heads}): each process attends with heads/N query heads (key/value heads, {shape.kv_heads}, "
-            "are replicated where N does not divide them)"
-        )
+    _check_heads(shape, setup)
     memory = device_footprint(shape, setup, device)
     band = band_of(memory.total, device.kind)
     ok = band.high <= usable(device)
@@ -377,15 +395,7 @@ def plan_recipe(
         plan.levers = lever_effects(shape, setup, device, lambda *a: device_footprint(*a).total, longest_fit)
     if advise_changes and not ok:
         plan.advice = advise(shape, setup, device)
-    # The same step with checkpointing and the loss flipped, for comparison (the table shows the recipe's own).
-    flips: dict[str, dict[str, Any]] = {
-        f"checkpointing {'off' if setup.checkpointing else 'on'}": {"checkpointing": not setup.checkpointing},
-        "full logits" if setup.loss == "chunked" else "chunked loss": {
-            "loss": "full" if setup.loss == "chunked" else "chunked"
-        },
-    }
-    for label, change in flips.items():
-        plan.what_if[label] = device_footprint(shape, dataclasses.replace(setup, **change), device).total
+    plan.what_if = what_if(shape, setup, device)
     plan.flops_per_token = flops_per_token(shape, setup)
     data_parallel = world // setup.split
     ga = recipe.train.gradient_accumulation_steps
