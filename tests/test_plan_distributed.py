@@ -156,3 +156,10 @@ def test_mode_defaults_to_what_the_recipe_trains():
     assert qlora.mode == "qlora" and lora.mode == "lora" and lora.setup.quantization == "none"
     full = plan_recipe(load_recipe(LLAMA3), gpu("h100-80gb"), search=False, advise_changes=False, mode="full")
     assert full.setup.quantization == "none" and full.setup.optimizer == "adamw" and full.setup.lora_targets == ()
+
+
+def test_a_full_fine_tune_that_does_not_fit_gets_sharding_and_splits_not_a_4_bit_base():
+    plan = plan_recipe(load_recipe(LLAMA3), gpu("h100-80gb"), num_gpus=8, sharding="none", mode="full")
+    assert not plan.fits
+    summaries = " | ".join(a.summary for a in plan.advice)
+    assert "4-bit" not in summaries and "shard weights, gradients and optimizer over the 8 GPUs" in summaries

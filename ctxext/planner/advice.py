@@ -64,7 +64,7 @@ def _advice_candidates(setup: Setup, device: Device, gpus: int) -> list[tuple[st
         out.append(
             ("paged 8-bit AdamW", ["train.optimizer=paged_adamw_8bit"], "", rep(setup, optimizer="paged_adamw_8bit"))
         )
-    if setup.quantization != "nf4":
+    if setup.quantization != "nf4" and setup.finetune != "full":  # a full fine-tune trains unquantized weights
         out.append(("4-bit (nf4) base", ["quantization.mode=nf4"], "", rep(setup, quantization="nf4")))
     if "embed_tokens" in setup.extra_trainable:
         kept = [x for x in setup.extra_trainable if x != "embed_tokens"]
