@@ -214,7 +214,31 @@ def report(store: dict, args: argparse.Namespace) -> str:
         f"{sum(runtime) / max(1, len(runtime)):.0f} MiB (range {min(runtime, default=0):.0f}–"
         f"{max(runtime, default=0):.0f}); `CPU_RUNTIME` in ctxext/planner/fit.py = {CPU_RUNTIME / 2**20:.0f} MiB."
     )
-    return table + live_table(store, bench_dir), summary
+    return table + live_table(store, bench_dir), summary + " " + band_line(store, bench_dir)
+
+
+def band_line(store: dict, bench_dir: str) -> str:
+    """The plan's error band from these cells: measured / planned − 1, resident and live (ctxext/planner/band.py)."""
+    from ctxext.planner.band import LIVE_PEAK, RESIDENT_PEAK
+    from ctxext.planner.footprint import PHASES
+
+    seen: dict[str, list[float]] = {"resident": [], "live": []}
+    for key, cell in store.items():
+        if not cell.get("ok"):
+            continue
+        model, length, ckpt, loss, *mmap = key.split("/")
+        plan = predict(model, int(length), ckpt == "ckpt", loss, bench_dir)
+        if mmap:
+            dynamic = max(sum(plan.memory.group_total(g, p) for g in ("activations", "loss")) for p in PHASES)
+            seen["live"].append((cell["peak_mb"] - cell["warm_mb"]) * 2**20 / dynamic - 1)
+        else:
+            seen["resident"].append(cell["peak_mb"] * 2**20 / plan.memory.total - 1)
+    parts = [
+        f"{kind} peaks {min(v):+.1%} … {max(v):+.1%} over {len(v)} cells (band.py: {low:+.0%} … {high:+.0%})"
+        for (kind, v), (low, high, _) in zip(seen.items(), (RESIDENT_PEAK, LIVE_PEAK), strict=True)
+        if v
+    ]
+    return "Error band (measured / planned − 1): " + "; ".join(parts) + "."
 
 
 def live_table(store: dict, bench_dir: str) -> str:

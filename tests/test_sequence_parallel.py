@@ -279,14 +279,18 @@ def test_plan_divides_activations_by_the_split_but_not_the_all_to_all_buffers():
     setup = Setup(seq_len=8192, optimizer="adamw", loss_chunk=256)
     one, two = footprint(shape, setup), footprint(shape, dataclasses.replace(setup, sequence_parallel=2, world=2))
     size_one, size_two = ({c.name: c.bytes for c in fp.components} for fp in (one, two))
-    per_token = ["layer inputs (checkpoints)", "recomputed layer", "backward working set", "final norm + hidden states"]
+    per_token = ["layer inputs (checkpoints)", "backward working set", "final norm + hidden states"]
     for name in [*per_token, "grad of hidden states"]:
         assert abs(size_two[name] - size_one[name] / 2) <= 1, name
-    # Not divided: the exchange buffers (the gathered q, k, v and output of the recomputed layer), fp32 stream.
-    q_k_v_out = 2 * 64 + 2 * 32
-    assert size_two["Ulysses all-to-all buffers"] == 4096 * q_k_v_out * 4
-    assert "Ulysses all-to-all buffers" not in size_one and one.all_to_all == 0
+    # The recomputed layer halves too, but for o_proj's input: the attention output swapped back is a new tensor
+    # (without the split it is the kernel's own), 4096 tokens × q 64 × fp32.
+    assert size_two["recomputed layer"] == size_one["recomputed layer"] / 2 + 4096 * 64 * 4
+    # Not divided by the split: one layer's exchange in flight (send + receive copies of q, k, v), fp32 stream.
+    q_k_v = 64 + 2 * 32
+    assert size_two["Ulysses all-to-all buffers in flight"] == 2 * 4096 * q_k_v * 4
+    assert "Ulysses all-to-all buffers in flight" not in size_one and one.all_to_all == 0
     # Sent per micro-batch: 2 layers x 3 passes (forward, recomputation, backward) x the half that leaves.
+    q_k_v_out = 2 * 64 + 2 * 32
     assert two.all_to_all == 2 * 3 * (4096 * q_k_v_out // 2) * 4
 
 
