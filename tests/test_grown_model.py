@@ -20,7 +20,7 @@ from ctxext.models.builtin import GROWN_DIR, GROWN_MK_DIR
 
 pytestmark = pytest.mark.skipif(
     not (GROWN_DIR / "model.safetensors").is_file(),
-    reason=f"the grown model is not packaged at {GROWN_DIR} (grow it with benchmarks/grow_base.py)",
+    reason=f"the grown model is not packaged at {GROWN_DIR} (grow it with python -m benchmarks.grow_base)",
 )
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

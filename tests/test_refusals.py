@@ -46,16 +46,17 @@ CASES = {
                                            "data.short_fraction", "needs the model's original length"),
     "unpacked examples shorter than a row": ({"data": {"path": "builtin:stdlib", "packing": False, "min_tokens": 64}},
                                              "data.min_tokens", "64 is below train.seq_len (512)"),
-    "a sequence split that does not divide the key/value heads": (
-        {"train": {"sequence_parallel_size": 4}}, "train.sequence_parallel_size",
-        "4 must divide the model's attention heads (4) and key/value heads (2)"),
+    "a head split wider than the heads": ({"train": {"sequence_parallel_size": 8}}, "train.sequence_parallel_size",
+                                          "8 exceeds the model's 4 attention heads"),
     "a tiled MLP on a model whose MLP is not gated": (
         {"model": {"path": str(NEOX)}, "rope": {"method": "yarn", "target_length": 256}, "lora": NEOX_LORA,
          "train": {"memory": {"tiled_mlp": True}}}, "train.memory.tiled_mlp", "this model's MLP is not one"),
     "a CUDA optimizer without CUDA": ({"train": {"optimizer": "paged_adamw_8bit"}}, "train.optimizer",
                                       "pages optimizer state through CUDA"),
-    "context parallelism without CUDA": ({"train": {"context_parallel_size": 2}}, "train.context_parallel_size",
-                                         "needs CUDA"),
+    "a ring without CUDA": ({"train": {"context_parallel_size": 2}}, "train.context_parallel_size",
+                            "runs only CUDA SDPA kernels"),
+    "a ring with PoSE": ({"train": {"context_parallel_size": 2, "pose": {"chunks": 2}, "seq_len": 256}},
+                         "train.context_parallel_size", "PoSE, data.document_mask and data.short_fraction need 1"),
     "flash attention without CUDA": ({"model": {"attn_implementation": "flash_attention_2"}},
                                      "model.attn_implementation", "flash_attention_2 needs CUDA"),
     "offloaded checkpoints without CUDA": ({"train": {"memory": {"offload_checkpoints": True}}},
@@ -68,7 +69,7 @@ CASES = {
 }  # fmt: skip
 if importlib.util.find_spec("wandb") is None:
     CASES["a tracker that is not installed"] = ({"train": {"tracker": "wandb"}}, "train.tracker", "not installed")
-CUDA_ONLY = {"a CUDA optimizer", "context parallelism", "flash attention", "offloaded checkpoints", "a bf16 residual"}
+CUDA_ONLY = {"a CUDA optimizer", "a ring without", "flash attention", "offloaded checkpoints", "a bf16 residual"}
 
 
 def squash(text: str) -> str:
@@ -97,15 +98,10 @@ def write_case(tmp_path: Path, changes: dict, model_dir: Path) -> Path:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_validate_refuses_what_train_refuses_with_the_same_message(case, tmp_path, tiny_model_dir, monkeypatch):
+def test_validate_refuses_what_train_refuses_with_the_same_message(case, tmp_path, tiny_model_dir):
     changes, key, words = CASES[case]
     if any(case.startswith(c) for c in CUDA_ONLY) and torch.cuda.is_available():
         pytest.skip("the machine has CUDA: the setting is valid here")
-    if "sequence split" in case:
-        if importlib.util.find_spec("deepspeed") is None:
-            pytest.skip("without DeepSpeed the split is refused for that first")
-        # A launch the split divides: what is left to refuse is the model's heads.
-        monkeypatch.setenv("WORLD_SIZE", "4")
     path = write_case(tmp_path, changes, tiny_model_dir)
     checked = runner.invoke(app, ["validate", str(path)])
     assert checked.exit_code == 2, checked.output
@@ -113,12 +109,12 @@ def test_validate_refuses_what_train_refuses_with_the_same_message(case, tmp_pat
     # The library's train() refuses it before it launches or loads anything, with that very problem.
     with pytest.raises(RecipeError) as refused:
         train(load_recipe(path))
-    problems = dict(refused.value.problems)
-    assert key in problems, problems
-    assert words in problems[key] and squash(f"{key}: {problems[key]}") in squash(checked.output)
+    message = next((m for k, m in refused.value.problems if k == key and words in m), None)
+    assert message is not None, refused.value.problems
+    assert squash(f"{key}: {message}") in squash(checked.output)
     trained = runner.invoke(app, ["train", str(path)])
     assert trained.exit_code == 2, trained.output
-    assert squash(f"{key}: {problems[key]}") in squash(trained.output), trained.output
+    assert squash(f"{key}: {message}") in squash(trained.output), trained.output
     assert "Traceback" not in checked.output + trained.output
     assert not (tmp_path / "run").exists()
 
@@ -161,9 +157,23 @@ def test_what_the_machine_decides(tmp_path, tiny_model_dir):
     # Without DeepSpeed a split is refused, naming what installs it; so is a tracker that is not installed.
     recipe = _recipe(tmp_path, tiny_model_dir, train={"sequence_parallel_size": 2, "tracker": "wandb"})
     problems = dict(refusals(recipe, CPU).problems)
-    assert "pip install 'ctxext[deepspeed]'" in problems["train.sequence_parallel_size"]
+    assert (
+        "with DeepSpeed's Ulysses attention; pip install 'ctxext[deepspeed]'"
+        in problems["train.sequence_parallel_size"]
+    )
     assert "wandb is not installed; pip install wandb" == problems["train.tracker"]
     assert refusals(recipe, GPU).problems == []
+    # The ring needs CUDA's SDPA kernels: on a CUDA machine with SDPA it runs, with flash attention it is refused.
+    recipe = _recipe(
+        tmp_path, tiny_model_dir, train={"context_parallel_size": 2}, model={"attn_implementation": "sdpa"}
+    )
+    assert refusals(recipe, GPU).problems == []
+    assert [k for k, _ in refusals(recipe, CPU).problems] == ["train.context_parallel_size"]
+    recipe = _recipe(tmp_path, tiny_model_dir, train={"context_parallel_size": 2})  # auto: flash attention on GPU
+    assert (
+        "the ring replaces SDPA, not flash_attention_2"
+        in dict(refusals(recipe, GPU).problems)["train.context_parallel_size"]
+    )
     # Offloading needs checkpoints to offload, on any machine.
     recipe = _recipe(
         tmp_path,
@@ -181,7 +191,7 @@ def test_validate_says_what_the_launch_needs(tmp_path, tiny_model_dir):
         assert checked.exit_code == 2 and "ctxext[deepspeed]" in checked.output
         return
     assert checked.exit_code == 0, checked.output
-    assert "must be launched on a multiple of 2 processes" in " ".join(checked.output.split())
+    assert "`ctxext train` must be launched on a multiple of 2" in " ".join(checked.output.split())
 
 
 def test_importing_the_refusals_does_not_import_torch():

@@ -134,7 +134,10 @@ def _declared() -> dict[tuple[str, ...], Declared]:
         # --sp is a recipe override (train.sequence_parallel_size); --gpu/--gpu-memory/--tflops/--cpu: the device.
         ("plan",): Declared(
             own=frozenset({"recipe", "overrides", "gpu", "gpu_memory", "tflops", "cpu", "sp", "as_json", "list_gpus"}),
-            literal={k: _arg(plan_recipe, k) for k in ("num_gpus", "nodes", "sharding", "loss", "utilization")},
+            literal={
+                k: _arg(plan_recipe, k)
+                for k in ("num_gpus", "nodes", "sharding", "loss", "utilization", "mode", "offload_optimizer")
+            },
         ),
         ("search",): Declared(
             models=(SearchOptions,),

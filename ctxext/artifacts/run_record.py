@@ -39,6 +39,20 @@ class LoraRecord(BaseModel):
     target_modules: list[str] = Field(default_factory=list)
 
 
+class TopologyRecord(BaseModel):
+    """Where the job ran and how it split each sequence (:meth:`ctxext.training.launch.Launch.topology`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    world_size: int
+    nodes: int = 1
+    processes_per_node: int | None = None
+    data_parallel: int | None = None
+    sequence_parallel: int = 1
+    context_parallel: int = 1
+    ulysses: str | None = None
+
+
 class RunRecord(BaseModel):
     """A run folder's ``run.json``: what was trained, from which base, how far, and how it ended.
 
@@ -64,6 +78,7 @@ class RunRecord(BaseModel):
         quantization: the base weights during training (``nf4``, ``int8``, ``none``).
         memory: the memory levers used (``train.memory``, resolved).
         num_processes: processes in the job.
+        topology: where the job ran and how it split each sequence.
         steps: optimizer steps done.
         tokens_seen: training tokens seen.
         initial_val_loss: the held-out loss before training.
@@ -95,6 +110,7 @@ class RunRecord(BaseModel):
     quantization: str | None = None
     memory: Levers | None = None
     num_processes: int | None = None
+    topology: TopologyRecord | None = None
     steps: int = 0
     tokens_seen: int = 0
     initial_val_loss: float | None = None

@@ -59,12 +59,13 @@ def check_recipe(recipe: Recipe, source: str = "recipe", check_output: bool = Fa
 
 def _launch_warnings(recipe: Recipe) -> list[str]:
     """What the launch must provide: ``validate`` cannot know how many processes ``train`` will be started with."""
-    size = recipe.train.sequence_parallel_size
-    if size == 1 or int(os.environ.get("WORLD_SIZE", "1")) % size == 0:
+    cfg = recipe.train
+    group = cfg.sequence_parallel_size * cfg.context_parallel_size
+    if group == 1 or int(os.environ.get("WORLD_SIZE", "1")) % group == 0:
         return []
     return [
-        f"train.sequence_parallel_size {size}: `ctxext train` must be launched on a multiple of {size} processes "
-        f"(e.g. `accelerate launch --num_processes {size} -m ctxext train ...`); a single process refuses it"
+        f"a sequence split over {group} processes: `ctxext train` must be launched on a multiple of {group} "
+        f"(e.g. `accelerate launch --num_processes {group} -m ctxext train ...`); a single process refuses it"
     ]
 
 

@@ -52,15 +52,13 @@ def attention_for(setting: str, device: torch.device) -> str:
     Raises:
         InputError: flash_attention_2 asked for where it cannot run.
     """
-    from ctxext.recipe.refusals import attention_problem
+    from ctxext.recipe.refusals import attention_problem, resolve_attention
 
-    has_flash = importlib.util.find_spec("flash_attn") is not None
-    if setting == "auto":
-        return "flash_attention_2" if device.type == "cuda" and has_flash else "sdpa"
-    problem = attention_problem(setting, device.type == "cuda", has_flash)
+    cuda, has_flash = device.type == "cuda", importlib.util.find_spec("flash_attn") is not None
+    problem = attention_problem(setting, cuda, has_flash)
     if problem:
         raise InputError(f"model.attn_implementation: {problem}")
-    return setting
+    return resolve_attention(setting, cuda, has_flash)
 
 
 def quantization_config(mode: str, double_quant: bool, dtype: torch.dtype, sharded: bool = False):

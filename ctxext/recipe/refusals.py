@@ -8,23 +8,27 @@ does not import torch; the checks that need the model's structure import it when
 
 Checked here:
 
-* **this machine** (:class:`Machine`): a tracker that is not installed; settings that need CUDA (context
-  parallelism, the paged 8-bit optimizer, flash attention, offloaded checkpoints); a bf16 residual stream without a
-  bf16 run, or an fp32 one that would upcast; DeepSpeed for a sequence split;
-* **the recipe**: settings that exclude each other (context parallelism with PoSE, document masks or short blocks;
-  short blocks without a RoPE method; unpacked examples shorter than a row);
+* **this machine** (:class:`Machine`): a tracker that is not installed; settings that need CUDA (the paged 8-bit
+  optimizer, flash attention, offloaded checkpoints, the ring of ``train.context_parallel_size``); a bf16 residual
+  stream without a bf16 run, or an fp32 one that would upcast;
+* **the recipe**: settings that exclude each other (the ring with PoSE, document masks or short blocks; short
+  blocks without a RoPE method; unpacked examples shorter than a row);
 * **the data sources**: a local corpus that does not exist or is not UTF-8, a built-in read in a field it lacks;
 * **the model's config**, read without weights (local folders and built-ins; a Hub model is not fetched, and these
   checks then wait for training): the model exists and its weight files are readable; its RoPE can be extended as
-  the recipe asks (the plan; a search needs an unextended base); a sequence split must divide its key/value heads
-  (:func:`split_heads_problem`); LoRA target and trained modules must exist and the tiled MLP must be a gated one,
-  both checked on a weightless copy built on the meta device.
+  the recipe asks (the plan; a search needs an unextended base); its heads can be split over
+  ``train.sequence_parallel_size`` (:func:`ctxext.recipe.parallel.ulysses_plan`, the one rule for the head split,
+  and DeepSpeed installed where its attention serves the shape) and its attention run as a ring
+  (:func:`ctxext.recipe.parallel.ring_refusal`); LoRA target and trained modules must exist and the tiled MLP must
+  be a gated one, both checked on a weightless copy built on the meta device.
 
 Checked elsewhere, because they need more than the recipe, the config and the machine:
 
-* the launch: a sequence split must divide the processes (:func:`check_split_launch`, by ``ctxext train`` from the
-  launcher's ``WORLD_SIZE`` and again from accelerate); a launcher whose processes accelerate does not see as one job
-  and gradient accumulation under a DeepSpeed config (``ctxext.training.launch``); ``validate`` only warns;
+* the launch: the processes of one sequence must divide the processes started
+  (:func:`ctxext.recipe.parallel.check_split_launch`, by ``ctxext train`` from the launcher's ``WORLD_SIZE`` and
+  again from accelerate; ``validate`` warns); a launcher whose processes accelerate does not see as one job,
+  gradient accumulation under a DeepSpeed config, and a ``--resume`` on another number of processes
+  (``ctxext.training.launch``);
 * the workflows' own inputs, checked by the CLI (``ctxext.cli.validate``) for both commands: the output folder
   (``ctxext.training.folder.check_output_dir``; the library's ``train`` checks it itself), the eval suite, the search
   settings, the mixture's needle distances;
@@ -49,7 +53,6 @@ if TYPE_CHECKING:
 
 Problem = tuple[str, str]
 
-SPLIT_KEY = "train.sequence_parallel_size"
 # Optional packages a recipe setting needs: module → what installs it.
 OPTIONAL = {
     "tensorboard": "pip install tensorboard",
@@ -112,7 +115,7 @@ def refusals(recipe: Recipe, machine: Machine | None = None) -> Checked:
     levers = _machine_problems(recipe, machine, checked.problems)
     checked.problems += _recipe_problems(recipe)
     checked.problems += _data_problems(recipe)
-    _model_problems(recipe, levers, checked)
+    _model_problems(recipe, machine, levers, checked)
     return checked
 
 
@@ -144,54 +147,14 @@ def attention_problem(setting: str, cuda: bool, has_flash: bool) -> str | None:
     return None
 
 
-def split_heads_problem(config: Any, size: int) -> str | None:
-    """Why a sequence split over ``size`` processes cannot split this model's attention heads, or ``None``.
+def resolve_attention(setting: str, cuda: bool, has_flash: bool) -> str:
+    """What ``model.attn_implementation`` means here: ``auto`` is flash attention 2 where installed on CUDA, else SDPA.
 
-    Each process attends with ``heads / size`` query heads and ``kv_heads / size`` key/value heads after the
-    all-to-all, so both must divide.
-
-    Args:
-        config: the model's config (a multimodal one's text config is read).
-        size: ``train.sequence_parallel_size``.
+    A setting :func:`attention_problem` refuses is returned as given.
     """
-    if size == 1:
-        return None
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = int(text.num_attention_heads)
-    kv = int(getattr(text, "num_key_value_heads", None) or heads)
-    if heads % size or kv % size:
-        return (
-            f"{size} must divide the model's attention heads ({heads}) and key/value heads ({kv}): each process "
-            f"attends with heads/N of them. Use a divisor of {kv}"
-        )
-    return None
-
-
-def check_split_launch(size: int, num_processes: int) -> None:
-    """Refuse a sequence split this launch cannot make: DeepSpeed missing, or N not dividing the processes.
-
-    ``ctxext train`` calls it first, from the launcher's ``WORLD_SIZE`` (within a second, before torch is imported),
-    and again once accelerate has started the processes.
-
-    Raises:
-        InputError: naming ``train.sequence_parallel_size`` and the launch that would work.
-    """
-    missing = _deepspeed_problem(size, importlib.util.find_spec("deepspeed") is not None)
-    if missing:
-        raise InputError(f"{SPLIT_KEY}: {missing}")
-    if size > 1 and num_processes % size:
-        raise InputError(
-            f"{SPLIT_KEY}: {size} does not divide the {num_processes} process(es) of this launch; launch a multiple "
-            f"of {size} (e.g. `accelerate launch --num_processes {size} -m ctxext train ...`; on the CPU add "
-            f"`--multi_gpu` and ACCELERATE_USE_CPU=true) or set {SPLIT_KEY}=1"
-        )
-
-
-def _deepspeed_problem(size: int, has_deepspeed: bool) -> str | None:
-    """A split needs DeepSpeed's Ulysses attention."""
-    if size > 1 and not has_deepspeed:
-        return f"{size} needs DeepSpeed (Ulysses sequence parallelism); {OPTIONAL['deepspeed']}"
-    return None
+    if setting == "auto":
+        return "flash_attention_2" if cuda and has_flash else "sdpa"
+    return setting
 
 
 def _problem(exc: InputError) -> Problem:
@@ -205,18 +168,11 @@ def _machine_problems(recipe: Recipe, machine: Machine, problems: list[Problem])
     cfg, cuda = recipe.train, machine.cuda
     if cfg.tracker != "none" and not machine.has(cfg.tracker):
         problems.append(("train.tracker", f"{cfg.tracker} is not installed; {OPTIONAL[cfg.tracker]}"))
-    if cfg.context_parallel_size > 1 and not cuda:
-        problems.append(
-            ("train.context_parallel_size", "accelerate's context parallelism needs CUDA with FSDP2; set it to 1 here")
-        )
     if cfg.optimizer == "paged_adamw_8bit" and not cuda:
         problems.append(("train.optimizer", "paged_adamw_8bit pages optimizer state through CUDA; use adamw on CPU"))
     attention = attention_problem(recipe.model.attn_implementation, cuda, machine.has("flash_attn"))
     if attention:
         problems.append(("model.attn_implementation", attention))
-    deepspeed = _deepspeed_problem(cfg.sequence_parallel_size, machine.has("deepspeed"))
-    if deepspeed:
-        problems.append((SPLIT_KEY, deepspeed))
     dtype = compute_dtype_name(recipe.quantization.compute_dtype, cuda)
     try:
         return recipe_levers(recipe, "cuda" if cuda else "cpu", dtype)
@@ -282,16 +238,38 @@ def _corpus_problems(key: str, path: str) -> list[Problem]:
     return []
 
 
-def _model_problems(recipe: Recipe, levers: Levers | None, checked: Checked) -> None:
-    """The model's config against the recipe: the RoPE plan, the head split, LoRA modules and the tiled MLP."""
+def _model_problems(recipe: Recipe, machine: Machine, levers: Levers | None, checked: Checked) -> None:
+    """The model's config against the recipe: the RoPE plan, the split, LoRA modules and the tiled MLP."""
     config = _local_config(recipe, checked.problems)
+    checked.problems += split_problems(recipe, config, machine)
     if config is None:
         return
     _plan_problems(recipe, config, checked)
-    split = split_heads_problem(config, recipe.train.sequence_parallel_size)
-    if split:
-        checked.problems.append((SPLIT_KEY, split))
     checked.problems += _structure_problems(recipe, config, levers)
+
+
+def split_problems(recipe: Recipe, config: Any, machine: Machine) -> list[Problem]:
+    """A head split no engine serves here, or a ring this machine or model cannot run (``train``'s own rules).
+
+    Args:
+        recipe: the recipe.
+        config: the model's config (``None``: a Hub model, not read; the heads and the window are checked when
+            training loads it).
+        machine: where it trains.
+    """
+    from ctxext.recipe.parallel import RING_KEY, SPLIT_KEY, head_split_problem, ring_refusal
+
+    cfg, problems = recipe.train, []
+    if cfg.sequence_parallel_size > 1 and config is not None:
+        heads = head_split_problem(config, cfg.sequence_parallel_size, machine.has("deepspeed"))
+        if heads:
+            problems.append((SPLIT_KEY, heads))
+    if cfg.context_parallel_size > 1:
+        attention = resolve_attention(recipe.model.attn_implementation, machine.cuda, machine.has("flash_attn"))
+        ring = ring_refusal(config, attention, machine.cuda)
+        if ring:
+            problems.append((RING_KEY, f"{cfg.context_parallel_size}: {ring}"))
+    return problems
 
 
 def _local_config(recipe: Recipe, problems: list[Problem]) -> Any:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.artifacts.run import read_run
-from ctxext.artifacts.run_record import RunRecord
+from ctxext.artifacts.run_record import RunRecord, TopologyRecord
 from ctxext.errors import CtxextError
 from ctxext.models.sources import resolve_model_path
 from ctxext.models.weights import check_fingerprint, check_weights_readable, fingerprint
@@ -44,7 +44,7 @@ from ctxext.training.folder import (
 )
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop, TrainingState
-from ctxext.training.sequence_parallel import start_sequence_parallel
+from ctxext.training.sequence_parallel import start_sequence_parallel, stop_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 from ctxext.training.stop import StopRequest, stop_on_signals
 
@@ -102,6 +102,8 @@ def train(
     # One writer per run folder: a second `train` (or a `--resume` of a run in progress) is refused here.
     with run_folder_lock(out, launch), stop_on_signals() as stop:
         result = _train(recipe, resume, command, launch, stop, search)
+    # What the CLI chains after training (evaluation) runs in the main process alone: no split attention there.
+    stop_sequence_parallel(result.model)
     if stop.signum is not None:
         # The signal came while the finished run wrote its outputs: it is complete, but what the CLI chains
         # after training (evaluation, push) must not start.
@@ -134,6 +136,7 @@ def _train(
     recipe_text = dump_recipe(recipe)
     previous = check_output_dir(out, recipe_text, resume, search_folder=Path(search["folder"]) if search else None)
     base_fingerprint = _check_base(recipe, previous)
+    launch.check_resume(previous)
 
     set_seed(cfg.seed)
     loaded = build_training_model(
@@ -141,7 +144,11 @@ def _train(
     )
     # The split is installed before the data and the run folder: a model it cannot split is refused first.
     launch.split = start_sequence_parallel(
-        cfg.sequence_parallel_size, loaded.model, loaded.attn_implementation, cfg.micro_batch_size
+        cfg.sequence_parallel_size,
+        loaded.model,
+        loaded.attn_implementation,
+        cfg.micro_batch_size,
+        cfg.context_parallel_size,
     )
     data = _training_data(recipe, loaded, launch)
 
@@ -149,6 +156,7 @@ def _train(
     accelerator.wait_for_everyone()
     record = run_record(recipe, loaded, accelerator.num_processes, base_fingerprint, previous)
     record.folder = out.resolve()
+    record.topology = TopologyRecord.model_validate(launch.topology())
     if search is not None:
         record.search = search
     writer = RunWriter(out, launch.main, record)

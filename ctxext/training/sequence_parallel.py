@@ -8,6 +8,18 @@ attention (MLP, norms, the loss) sees only ``T/N`` tokens. ctxext uses it direct
 (DDP), not through accelerate's ``ParallelismConfig(sp_backend="deepspeed")``, which shards only prepared
 DataLoaders inside the DeepSpeed engine; ``docs/sequence-parallel.md`` says why.
 
+Which engine splits the heads is decided in one place, :func:`ctxext.recipe.parallel.ulysses_plan` (torch-free, so
+``ctxext validate`` applies it too), from the head counts alone: DeepSpeed's
+attention wherever it serves the shape (N divides the query heads, and N divides the key/value heads or is a
+multiple of them: it then replicates them), ctxext's own (:mod:`ctxext.training.ulysses`) for the shapes it does not
+serve (SmolLM2's 9 query / 3 key/value heads over 2 processes). Both give rank r the same contiguous query heads.
+
+``train.context_parallel_size`` adds torch's ring attention (context parallelism, CUDA only) around the head split:
+the processes of one sequence form a ``(context, sequence)`` grid, each row is first cut into context-parallel
+shards (torch's load-balanced layout), each shard into the Ulysses group's pieces, and the SDPA call after the
+all-to-all runs as a ring over the context-parallel group (:meth:`SequenceSplit.place`). So a split wider than the
+heads allow goes to the ring, as ms-swift does.
+
 What ctxext adds around it (:class:`SequenceSplit`):
 
 * Every process of a sequence-parallel group reads the same rows (the data order is a pure function of the seed,
@@ -34,33 +46,62 @@ What ctxext adds around it (:class:`SequenceSplit`):
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ctxext.errors import InputError
-from ctxext.recipe.refusals import SPLIT_KEY, split_heads_problem
+from ctxext.recipe.parallel import RING_KEY, SPLIT_KEY, UlyssesPlan, head_split_problem, ring_refusal, split_plan
 from ctxext.training.data.rows import IGNORE_INDEX, ModelInputs
+
+# The attention functions transformers registered before any split wrapped them (a later start wraps these again).
+_CORES: dict[str, Callable[..., Any]] = {}
+
+
+def _pad(inputs: ModelInputs, multiple: int, flatten: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ids, labels and positions (always present), flattened if asked, padded at the end to a multiple."""
+    ids, labels, positions = inputs.input_ids, inputs.labels, inputs.position_ids
+    if positions is None:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    if flatten and ids.shape[0] > 1:
+        ids, labels, positions = (t.reshape(1, -1) for t in (ids, labels, positions))
+    pad = -ids.shape[1] % multiple
+    if pad:
+        ids = torch.nn.functional.pad(ids, (0, pad), value=0)
+        labels = torch.nn.functional.pad(labels, (0, pad), value=IGNORE_INDEX)
+        more = positions[:, -1:] + torch.arange(1, pad + 1, device=positions.device)
+        positions = torch.cat([positions, more], dim=1)
+    return ids.contiguous(), labels.contiguous(), positions.contiguous()
 
 
 @dataclass
 class SequenceSplit:
-    """This process's share of a sequence; ``size == 1`` is no split (inputs and loss unchanged).
+    """This process's share of a sequence; ``size == 1`` without a ring is no split (inputs and loss unchanged).
 
     Attributes:
-        size: processes per sequence (N).
-        rank: this process's place in its group (which slice it keeps).
-        group: the group's ``torch.distributed`` process group (``None`` without a split).
+        size: processes per sequence in the head split (N, Ulysses).
+        rank: this process's place in its Ulysses group (which slice it keeps).
+        group: the Ulysses group's ``torch.distributed`` process group (``None`` without a split).
         flatten: the attention backend takes one flattened row (flash attention: variable-length sequences are
             found from position ids that restart at 0), so the micro-batch is flattened before it is split.
+        ring: the context-parallel device mesh (torch's ring attention), ``None`` without one.
+        engine: which attention splits the heads (:class:`UlyssesPlan`).
     """
 
     size: int = 1
     rank: int = 0
     group: Any = None
     flatten: bool = False
+    ring: Any = None
+    engine: str = "none"
+
+    @property
+    def active(self) -> bool:
+        """Whether the processes of a group share each row (a head split, a ring, or both)."""
+        return self.size > 1 or self.ring is not None
 
     def shard(self, inputs: ModelInputs) -> ModelInputs:
         """This process's slice of a micro-batch: padded to a multiple of N, global positions kept.
@@ -68,26 +109,34 @@ class SequenceSplit:
         A row of several documents arrives with a 4D mask and positions that restart at 0 at each document: the
         mask is dropped here and rebuilt from the gathered positions after the all-to-all (module doc).
         """
-        if self.size == 1:
+        if not self.active:
             return inputs
-        ids, labels, positions = inputs.input_ids, inputs.labels, inputs.position_ids
-        if positions is None:
-            positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-        if self.flatten and ids.shape[0] > 1:
-            ids, labels, positions = (t.reshape(1, -1) for t in (ids, labels, positions))
-        pad = -ids.shape[1] % self.size
-        if pad:
-            ids = torch.nn.functional.pad(ids, (0, pad), value=0)
-            labels = torch.nn.functional.pad(labels, (0, pad), value=IGNORE_INDEX)
-            more = positions[:, -1:] + torch.arange(1, pad + 1, device=positions.device)
-            positions = torch.cat([positions, more], dim=1)
+        ids, labels, positions = _pad(inputs, self.size, self.flatten)
         chunk = ids.shape[1] // self.size
         part = slice(chunk * self.rank, chunk * (self.rank + 1))
         ids, labels, positions = ids[:, part], labels[:, part], positions[:, part].contiguous()
-        # An all-ones 2D mask keeps transformers from reading position jumps (PoSE) as packed sequences when it
-        # builds the shard's mask; DeepSpeed drops that mask and attends causally over the gathered row.
+        # An all-ones 2D mask keeps transformers from reading position jumps (PoSE, the ring's load-balanced
+        # layout) as packed sequences when it builds the shard's mask; the split's attention drops that mask.
         mask = None if self.flatten else torch.ones_like(ids, dtype=torch.bool)
         return ModelInputs(ids.contiguous(), labels.contiguous(), positions, mask)
+
+    @contextmanager
+    def place(self, inputs: ModelInputs) -> Iterator[ModelInputs]:
+        """This process's share of a micro-batch (already on its device), for a forward and backward inside.
+
+        With a ring, torch's ``context_parallel`` first cuts the row into its load-balanced context-parallel
+        shards (so padded to a multiple of twice the grid) and patches SDPA into ring attention until the block
+        ends; the shard is then split over the Ulysses group as without a ring.
+        """
+        if self.ring is None:
+            yield self.shard(inputs)
+            return
+        from torch.distributed.tensor.experimental import context_parallel
+
+        # Copies: context_parallel shards its buffers in place.
+        buffers = [t.clone() for t in _pad(inputs, 2 * self.ring.size() * self.size, self.flatten)]
+        with context_parallel(self.ring, buffers=buffers, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(buffers)):
+            yield self.shard(ModelInputs(*buffers))
 
 
 def segment_attention(core: Callable[..., Any]) -> Callable[..., Any]:
@@ -127,6 +176,28 @@ def segment_attention(core: Callable[..., Any]) -> Callable[..., Any]:
     return attend
 
 
+def ring_attention(core: Callable[..., Any]) -> Callable[..., Any]:
+    """An attention function for torch's ring: causal without a mask, key/value heads expanded to the query heads.
+
+    Inside ``context_parallel`` SDPA runs as ring attention, which takes no mask (documents are refused with a
+    ring) and equal head counts.
+    """
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    def attend(
+        module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, Any]:
+        repeat = query.shape[1] // key.shape[1]
+        saved = getattr(module, "num_key_value_groups", 1)
+        module.num_key_value_groups = 1
+        try:
+            return core(module, query, repeat_kv(key, repeat), repeat_kv(value, repeat), None, *args, **kwargs)
+        finally:
+            module.num_key_value_groups = saved
+
+    return attend
+
+
 def split_rows(data: Any, first: int, n: int, micro_batch_size: int) -> tuple[dict[str, torch.Tensor], int]:
     """Rows ``first ..`` of the first ``n`` of ``data``, filled up to a whole micro-batch with row 0.
 
@@ -140,25 +211,100 @@ def split_rows(data: Any, first: int, n: int, micro_batch_size: int) -> tuple[di
     return data[[*range(first, first + real), *[0] * (micro_batch_size - real)]], real
 
 
-def start_sequence_parallel(size: int, model: Any, attn_implementation: str, micro_batch_size: int) -> SequenceSplit:
-    """Install DeepSpeed's Ulysses attention for ``model`` and return this process's :class:`SequenceSplit`.
-
-    Call it once per process, after ``torch.distributed`` is initialised (the accelerator), on every process.
-
-    Args:
-        size: processes per sequence; 1 returns ``SequenceSplit()`` and changes nothing.
-        model: the (peft-wrapped) model; its config gives the head counts and attention implementation.
-        attn_implementation: the model's attention implementation (``sdpa`` or a flash variant).
-        micro_batch_size: rows per micro-batch.
+def check_heads(config: Any, size: int) -> UlyssesPlan:
+    """The head plan for a model's config (:func:`ctxext.recipe.parallel.split_plan`), refusing what cannot run here.
 
     Raises:
-        InputError: heads or key/value heads not divisible by N.
+        InputError: a head shape no engine here splits, or DeepSpeed missing where its attention serves the shape.
     """
-    if size == 1:
-        return SequenceSplit()
-    problem = split_heads_problem(model.config, size)
+    import importlib.util
+
+    problem = head_split_problem(config, size, importlib.util.find_spec("deepspeed") is not None)
     if problem:
         raise InputError(f"{SPLIT_KEY}: {problem}")
+    plan = split_plan(config, size)
+    assert isinstance(plan, UlyssesPlan)  # refused above otherwise
+    return plan
+
+
+def start_sequence_parallel(
+    size: int, model: Any, attn_implementation: str, micro_batch_size: int, context_parallel: int = 1
+) -> SequenceSplit:
+    """Install the split's attention for ``model`` and return this process's :class:`SequenceSplit`.
+
+    Call it once per process, after ``torch.distributed`` is initialised (the accelerator), on every process.
+    The processes of one sequence are consecutive ranks, a ``(context, sequence)`` grid with the Ulysses group
+    innermost (its all-to-all is the heavier exchange: within a node).
+
+    Args:
+        size: processes per sequence in the head split; 1 without a ring returns ``SequenceSplit()``.
+        model: the (peft-wrapped) model; its config gives the head counts.
+        attn_implementation: the model's attention implementation (``sdpa`` or a flash variant).
+        micro_batch_size: rows per micro-batch.
+        context_parallel: processes per sequence in the ring (``train.context_parallel_size``).
+
+    Raises:
+        InputError: a head shape no engine splits, or a ring this machine or model cannot run.
+    """
+    if size == 1 and context_parallel == 1:
+        return SequenceSplit()
+    plan = check_heads(model.config, size)
+    if context_parallel > 1:
+        refusal = ring_refusal(model.config, attn_implementation, torch.cuda.is_available())
+        if refusal:
+            raise InputError(f"{RING_KEY}: {context_parallel}: {refusal}")
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    grid = size * context_parallel
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(
+        device, (dist.get_world_size() // grid, context_parallel, size), mesh_dim_names=("dp", "cp", "sp")
+    )
+    flatten = attn_implementation.startswith("flash")
+    core = _CORES.setdefault(attn_implementation, ALL_ATTENTION_FUNCTIONS[attn_implementation])
+    if context_parallel > 1:
+        core = ring_attention(core)
+    if not flatten:
+        core = segment_attention(core)
+    split = SequenceSplit(size, mesh.get_local_rank("sp"), mesh.get_group("sp"), flatten, engine=plan.engine)
+    if context_parallel > 1:
+        split.ring = mesh["cp"]
+    if plan.engine == "deepspeed":
+        _start_deepspeed(model, attn_implementation, core, size, 1 if flatten else micro_batch_size)
+    elif plan.engine == "ctxext":
+        from ctxext.training.ulysses import ulysses_attention
+
+        ALL_ATTENTION_FUNCTIONS[attn_implementation] = ulysses_attention(plan, split.rank, split.group, core)
+    else:
+        ALL_ATTENTION_FUNCTIONS[attn_implementation] = core
+    return split
+
+
+def stop_sequence_parallel(model: Any = None) -> None:
+    """Put back the attention functions a split replaced, so that this process attends on its own again.
+
+    Args:
+        model: the trained model, if it is used further here: DeepSpeed's attention rewrites its attention modules'
+            ``num_key_value_groups`` when it replicates key/value heads; they get the config's value back.
+    """
+    if not _CORES:
+        return
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    for name, core in _CORES.items():
+        ALL_ATTENTION_FUNCTIONS[name] = core
+    if model is not None:
+        text = model.config.get_text_config()
+        groups = text.num_attention_heads // (getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+        for module in model.modules():
+            if hasattr(module, "num_key_value_groups"):
+                module.num_key_value_groups = groups
+
+
+def _start_deepspeed(model: Any, attn_implementation: str, core: Callable[..., Any], size: int, rows: int) -> None:
+    """Register DeepSpeed's Ulysses attention around ``core`` (its groups: consecutive ranks, as the grid's)."""
     if not torch.cuda.is_available():
         # DeepSpeed picks its accelerator once, at import; on a machine without CUDA it must be the CPU one.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -166,6 +312,7 @@ def start_sequence_parallel(size: int, model: Any, attn_implementation: str, mic
     import deepspeed.ops
     import torch.distributed as dist
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     if not torch.cuda.is_available():
         # On the CPU, DeepSpeed's comm layer JIT-compiles a shared-memory all-reduce that only its inference path
@@ -175,19 +322,13 @@ def start_sequence_parallel(size: int, model: Any, attn_implementation: str, mic
 
     # accelerate initialised torch.distributed; DeepSpeed's comm layer wraps that process group.
     deepspeed.init_distributed(dist_backend=dist.get_backend(), verbose=False)
-    flatten = attn_implementation.startswith("flash")
-    if not flatten:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        # Registered under the backend's own name (the table the models read) before DeepSpeed captures it as its
-        # core attention and registers its own wrapper there in turn.
-        core = ALL_ATTENTION_FUNCTIONS[attn_implementation]
-        ALL_ATTENTION_FUNCTIONS[attn_implementation] = segment_attention(core)
-    mpu = UlyssesSPAttentionHF.register_with_transformers(
+    # Registered under the backend's own name (the table the models read) before DeepSpeed captures it as its core
+    # attention and registers its own wrapper there in turn.
+    ALL_ATTENTION_FUNCTIONS[attn_implementation] = core
+    UlyssesSPAttentionHF.register_with_transformers(
         model_name_or_path=model,
         core_attn_implementation=attn_implementation,
         sequence_parallel_size=size,
-        micro_batch_size=1 if flatten else micro_batch_size,
+        micro_batch_size=rows,
         seq_length_is_variable=True,
     )
-    return SequenceSplit(size, mpu.get_sequence_parallel_rank(), mpu.get_sequence_parallel_group(), flatten)

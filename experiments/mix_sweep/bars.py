@@ -1,8 +1,8 @@
 """Issue 22's retrieval bars from qeval results, per seed and pooled over seeds, with the odds of each verdict.
 
-    python benchmarks/mix_sweep/bars.py 4 LABEL=A-s0.jsonl,A-s1.jsonl,A-s2.jsonl [LABEL=...]
-    python benchmarks/mix_sweep/bars.py 8 LABEL=...
-    python benchmarks/mix_sweep/bars.py 4 odds   # the per-seed reading's odds for a model equally good at every depth
+    python -m experiments.mix_sweep.bars 4 LABEL=A-s0.jsonl,A-s1.jsonl,A-s2.jsonl [LABEL=...]
+    python -m experiments.mix_sweep.bars 8 LABEL=...
+    python -m experiments.mix_sweep.bars 4 odds   # the per-seed reading's odds for a model equally good at every depth
 
 The bar at 4×: ≥ 90 % at every depth with a Wilson lower bound ≥ 80 %; at 8× (PoSE): ≥ 85 % at every depth.
 The issue asks for "≥ 50 trials per cell, 3 seeds", which reads two ways, both printed:
@@ -17,15 +17,12 @@ per-seed reading in all three seeds (exact binomial; the depths independent): ho
 test's own noise.
 """
 
+import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from ctxext.scoring.stats import wilson_interval  # noqa: E402
+from ctxext.scoring.stats import wilson_interval
 
 DEPTHS = [0, 25, 50, 75, 100]
 # factor -> (least accuracy, least Wilson lower bound); the 8× bar states no bound.
@@ -57,11 +54,18 @@ def target_cells(result: dict) -> list[list[int]]:
     return [far[i * n : (i + 1) * n] for i in range(len(DEPTHS))]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Print the bars' table for each group of seeds (or the per-seed reading's odds)."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer, as in every benchmark
-    factor, groups = int(sys.argv[1]), sys.argv[2:]
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("factor", type=int, choices=sorted(BARS), help="the bar's factor")
+    parser.add_argument("groups", nargs="+", metavar="LABEL=FILE,FILE,...", help="an arm's qeval files, or `odds`")
+    args = parser.parse_args(argv)
+    factor, groups = args.factor, args.groups
     bar = BARS[factor]
     if groups == ["odds"]:
         for p in (0.90, 0.93, 0.95, 0.97, 0.98, 0.99):

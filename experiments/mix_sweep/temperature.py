@@ -1,8 +1,8 @@
 """Attention temperature probe: needle retrieval of a model with its attention logits multiplied by ``t``.
 
-    python benchmarks/mix_sweep/temperature.py MODEL LENGTH:DEPTH[,LENGTH:DEPTH …] T[,T …] [TRIALS]
-    python benchmarks/mix_sweep/temperature.py MODEL ppl:LENGTH T[,T …]
-    BASE=BASE python benchmarks/mix_sweep/temperature.py MODEL ratio:WINDOW:TARGET T[,T …]
+    python -m experiments.mix_sweep.temperature MODEL LENGTH:DEPTH[,LENGTH:DEPTH …] T[,T …] [TRIALS]
+    python -m experiments.mix_sweep.temperature MODEL ppl:LENGTH T[,T …]
+    BASE=BASE python -m experiments.mix_sweep.temperature MODEL ratio:WINDOW:TARGET T[,T …]
 
 Every attention module's ``scaling`` is multiplied by ``t`` (``ctxext.models.temperature``, what ``ctxext
 calibrate`` measures and a calibrated run loads with), so every query-key logit is multiplied by ``t``. The
@@ -18,29 +18,39 @@ in-window perplexity ratio to the unpatched ``BASE`` (the first ``WINDOW`` token
 ``TARGET`` tokens, 95 % paired bootstrap), per ``t``.
 """
 
+import argparse
 import math
-import sys
+import os
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Print one line per cell (and per temperature for the perplexity cells)."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    from benchmarks._common import probe_model
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("model", help="the model folder")
+    parser.add_argument("cells", help="LENGTH:DEPTH, ppl:LENGTH or ratio:WINDOW:TARGET cells, comma-separated")
+    parser.add_argument("temperatures", help="temperatures t, comma-separated; the first is the paired reference")
+    parser.add_argument("trials", type=int, nargs="?", default=100, help="needle trials per cell (default 100)")
+    parser.add_argument("--base", default=os.environ.get("BASE"), help="the unpatched base of ratio cells (env BASE)")
+    args = parser.parse_args(argv)
     from ctxext.evaluation.grid import GridSettings
     from ctxext.models.temperature import set_attention_temperature
     from ctxext.scoring.answers import score_answers
     from ctxext.scoring.stats import mcnemar_exact
     from ctxext.tasks.samples import make_samples
+    from experiments.mix_sweep._probe import probe_model
 
-    path = sys.argv[1]
-    cells = [c.split(":") for c in sys.argv[2].split(",")]
-    temps = [float(t) for t in sys.argv[3].split(",")]
-    trials = int(sys.argv[4]) if len(sys.argv) > 4 else 100
+    path = args.model
+    cells = [c.split(":") for c in args.cells.split(",")]
+    temps = [float(t) for t in args.temperatures.split(",")]
+    trials = args.trials
+    if any(c[0] == "ratio" for c in cells) and not args.base:
+        parser.error("a ratio:WINDOW:TARGET cell needs --base (or BASE): the unpatched base")
     loaded, hay = probe_model(path)
 
     def use(t: float) -> None:
@@ -51,7 +61,7 @@ def main() -> None:
             ppl_cell(loaded, int(size), temps, use)
             continue
         if kind == "ratio":
-            ratio_cell(loaded, int(size), int(rest[0]), temps, use)
+            ratio_cell(loaded, args.base, int(size), int(rest[0]), temps, use)
             continue
         length, depth = int(kind), int(size)
         settings = GridSettings(lengths=[length], depths=[depth], trials=trials, seed=1234)
@@ -75,7 +85,7 @@ def main() -> None:
 
 def ppl_cell(loaded, length: int, temps: list[float], use) -> None:
     """Perplexity of the first ``length`` tokens of 32 stdlib documents per ``t``: all, last quarter, first 128."""
-    from benchmarks._common import document_nll, stdlib_documents
+    from experiments.mix_sweep._probe import document_nll, stdlib_documents
 
     docs = stdlib_documents(loaded.tokenizer, length)
     for t in temps:
@@ -86,22 +96,20 @@ def ppl_cell(loaded, length: int, temps: list[float], use) -> None:
         print(f"{loaded.name} ppl of {length} tokens, t={t:g}: {shown}", flush=True)
 
 
-def ratio_cell(loaded, window: int, target: int, temps: list[float], use) -> None:
-    """In-window perplexity ratio to the unpatched ``BASE`` per ``t``, on ``qeval.py``'s documents."""
-    import os
-
+def ratio_cell(loaded, base_path: str, window: int, target: int, temps: list[float], use) -> None:
+    """In-window perplexity ratio to the unpatched base per ``t``, on ``qeval``'s documents."""
     import numpy as np
 
-    from benchmarks._common import document_nll, stdlib_documents
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.scoring.stats import paired_ppl_ratio
+    from experiments.mix_sweep._probe import document_nll, stdlib_documents
 
     docs = stdlib_documents(loaded.tokenizer, target)
 
     def nll(model) -> np.ndarray:
         return document_nll(model, docs, window).sum(dim=1).double().numpy()
 
-    base = nll(load_model(ModelSpec(os.environ["BASE"], name="base"), device="cpu").model)
+    base = nll(load_model(ModelSpec(base_path, name="base"), device="cpu").model)
     for t in temps:
         use(t)
         r = paired_ppl_ratio(nll(loaded.model), base, np.full(len(docs), window - 1.0), resamples=1000, seed=0)

@@ -1,16 +1,17 @@
 """Train one sweep arm: the demo's fine-tune recipe with overrides; prints CPU seconds and peak RSS.
 
-    python benchmarks/mix_sweep/arm.py NAME '{"steps": 240, "rope": {"method": "llama3"}}'
+    python -m experiments.mix_sweep.arm NAME '{"steps": 240, "rope": {"method": "llama3"}}'
+    THREADS=2 python -m experiments.mix_sweep.arm NAME '{...}'    # or --threads 2
 
 Overrides: ``steps``, ``lr``, ``r``, ``short``, ``tasks``, ``multikey``, ``factor``, ``pose``, ``pose_factor``,
-``original`` (the base's window, default 64) (the
-arm's knobs over the demo's recipe file, :func:`benchmarks._common.demo_recipe`) and any recipe section
-(deep-merged into the recipe). The run
-goes to ``runs/sweep/NAME``; ``THREADS`` sets the training's thread count (default 1). ``cpu_s`` is the
-training process's user + system CPU time (data preparation and loading included): on a quiet machine
-that is the single-core wall time, the honest measure on a shared one.
+``original`` (the base's window, default 64) (the arm's knobs over the demo's recipe file,
+:func:`benchmarks._common.demo_recipe`) and any recipe section (deep-merged into the recipe). The run goes to
+``runs/sweep/NAME``; ``--threads`` (or ``THREADS``) sets the training's thread count (default 1). ``cpu_s`` is
+the training process's user + system CPU time (data preparation and loading included): on a quiet machine that
+is the single-core wall time, the honest measure on a shared one.
 """
 
+import argparse
 import json
 import os
 import resource
@@ -20,13 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks._common import demo_recipe  # noqa: E402
-from ctxext.recipe.schema import dump_recipe  # noqa: E402
 
 
 def deep_merge(a: dict, b: dict) -> None:
@@ -38,15 +33,41 @@ def deep_merge(a: dict, b: dict) -> None:
             a[k] = v
 
 
+def json_object(text: str) -> dict:
+    """The overrides argument: a JSON object, or an argparse error that says what is wrong."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("not a JSON object")
+    return value
+
+
 # The arm's knobs that are one recipe key each.
 KNOBS = {"lr": "train.learning_rate", "short": "data.short_fraction"}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Parse the arm's name and overrides, write its recipe, train it, print one JSON line."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    name, ov = sys.argv[1], json.loads(sys.argv[2])
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("name", help="the arm's name: the run goes to runs/sweep/NAME, its recipe to NAME.yaml")
+    parser.add_argument("overrides", type=json_object, help="a JSON object of knobs and recipe sections")
+    parser.add_argument(
+        "--threads", type=int, default=os.environ.get("THREADS", "1"), help="training threads (env THREADS)"
+    )
+    args = parser.parse_args(argv)
+    import yaml
+
+    from benchmarks._common import demo_recipe
+    from ctxext.recipe.schema import dump_recipe
+
+    name, ov = args.name, dict(args.overrides)
     factor = ov.pop("factor", 4)
     pose = ov.pop("pose", False)
     pose_factor = ov.pop("pose_factor", 2)
@@ -73,7 +94,7 @@ def main() -> None:
     if run.exists():
         shutil.rmtree(run)
     started = time.time()
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("THREADS", "1"))
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     proc = subprocess.run([sys.executable, "-m", "ctxext", "train", str(file)], env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(proc.stdout[-2000:] + proc.stderr[-3000:])

@@ -1,6 +1,6 @@
 """Where a recipe's task rows put their needles: needle position against needle-to-question distance.
 
-    python benchmarks/mix_sweep/needle_positions.py RECIPE.yaml [ROWS]
+    python -m experiments.mix_sweep.needle_positions RECIPE.yaml [ROWS]
 
 Builds ``ROWS`` rows (300 by default) of the recipe's first task source on a noise haystack (positions depend
 on lengths, not on the filler) and prints, per eighth of the distance span, how many samples fall in it and
@@ -9,26 +9,29 @@ the span to their question sit past half and three quarters of it: where an eval
 target puts them.
 """
 
+import argparse
 import statistics
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Print the needle positions by distance."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("recipe", help="the recipe file (e.g. runs/sweep/NAME.yaml, written by the arm)")
+    parser.add_argument("rows", type=int, nargs="?", default=300, help="rows to build (default 300)")
+    args = parser.parse_args(argv)
     from transformers import AutoTokenizer
 
     from ctxext.models.sources import load_config
     from ctxext.recipe.schema import load_recipe
     from ctxext.training.data.mixture import preview_draws
 
-    recipe = load_recipe(sys.argv[1])
-    rows = int(sys.argv[2]) if len(sys.argv) > 2 else 300
+    recipe = load_recipe(args.recipe)
+    rows = args.rows
     _, folder = load_config(recipe.model.path, recipe.model.revision)
     key, draws = next(iter(preview_draws(recipe, AutoTokenizer.from_pretrained(folder), rows).items()))
     span = draws.span

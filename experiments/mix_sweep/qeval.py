@@ -1,48 +1,59 @@
 """Quick evaluation of sweep arms on held-out stdlib files, with per-trial outcomes for paired tests.
 
-    python benchmarks/mix_sweep/qeval.py runs/sweep/A,runs/sweep/B 256 50 > evals.jsonl
+    python -m experiments.mix_sweep.qeval runs/sweep/A,runs/sweep/B 256 50 > evals.jsonl
+    BASE=ctxext/resources/grown-mistral-128 ORIGINAL=128 python -m experiments.mix_sweep.qeval runs/sweep/C 512 50
 
 Per model (one JSON line): teacher-forced ``needle`` (form t0, the demo's) in the window (``ORIGINAL``, 64 tokens
 by default) and at the target by depth (0/25/50/75/100 %), ``multikey`` with 2 distractors (t0) at both lengths, and the
 per-document NLL of the first ``ORIGINAL`` tokens of 32 documents with the ppl ratio to the unpatched base's
 (95 % paired bootstrap). Trials are seeded as in ``benchmarks/finetune_mix.py`` (1234 needle, 4321
-multi-key; ``SEED`` moves both, multi-key at ``SEED + 3087``), so every model sees the same trials. ``THREADS``
-sets torch's threads (default 1); ``BASE``
-the unpatched base of the ppl ratio (default ``builtin:grown-code-64``); ``ORIGINAL`` the base's window (default 64):
-the in-window needle length and the tokens of the ppl ratio.
+multi-key; ``--seed`` moves both, multi-key at seed + 3087), so every model sees the same trials. Each option
+can also be given as an environment variable, as the sweep's logged commands do: ``THREADS`` (torch's threads,
+default 1), ``BASE`` (the unpatched base of the ppl ratio, default ``builtin:grown-code-64``), ``ORIGINAL`` (the
+base's window, default 64: the in-window needle length and the tokens of the ppl ratio), ``SEED`` (default 1234).
 """
 
+import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 DEPTHS = [0, 25, 50, 75, 100]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Evaluate each model; print one JSON line per model."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("models", help="model folders, comma-separated")
+    parser.add_argument("target", type=int, help="the target length in tokens")
+    parser.add_argument("trials", type=int, help="needle trials per (length, depth) cell")
+    parser.add_argument("--base", default=env("BASE", "builtin:grown-code-64"), help="the unpatched base (env BASE)")
+    parser.add_argument("--original", type=int, default=env("ORIGINAL", "64"), help="its window (env ORIGINAL)")
+    parser.add_argument("--seed", type=int, default=env("SEED", "1234"), help="the trials' seed (env SEED)")
+    parser.add_argument("--threads", type=int, default=env("THREADS", "1"), help="torch threads (env THREADS)")
+    args = parser.parse_args(argv)
     import numpy as np
     import torch
     from transformers import AutoTokenizer
 
-    from benchmarks._common import document_nll, stdlib_documents
     from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.scoring.stats import paired_ppl_ratio
     from ctxext.scoring.texts import iter_texts
     from ctxext.tasks import Haystack
+    from experiments.mix_sweep._probe import document_nll, stdlib_documents
 
-    torch.set_num_threads(int(os.environ.get("THREADS", "1")))
-    paths, target, trials = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3])
-    window = int(os.environ.get("ORIGINAL", "64"))
-    seed = int(os.environ.get("SEED", "1234"))  # other trials, to check that a result is not one draw's
+    torch.set_num_threads(args.threads)
+    paths, target, trials = args.models.split(","), args.target, args.trials
+    window = args.original
+    seed = args.seed  # other trials, to check that a result is not one draw's
     tok = AutoTokenizer.from_pretrained(paths[0])
     hay = Haystack.from_texts(tok, iter_texts("builtin:stdlib"), 200_000, "builtin:stdlib")
     docs = stdlib_documents(tok, target)
@@ -50,7 +61,7 @@ def main() -> None:
     def doc_nll(loaded, length):
         return [float(x) for x in document_nll(loaded.model, docs, length).sum(dim=1)]
 
-    base = ModelSpec(os.environ.get("BASE", "builtin:grown-code-64"), name="base")
+    base = ModelSpec(args.base, name="base")
     base_nll = doc_nll(load_model(base, device="cpu"), window)
     for path in paths:
         started = time.time()

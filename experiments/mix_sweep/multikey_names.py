@@ -1,6 +1,6 @@
 """Does a model select a key by its name? Multi-key retrieval inside the window, by kind of name.
 
-    python benchmarks/mix_sweep/multikey_names.py MODEL [DISTRACTORS [SAMPLES]]
+    python -m experiments.mix_sweep.multikey_names MODEL [DISTRACTORS [SAMPLES]]
 
 Samples of 64 tokens (the grown model's window; no extension involved), built by the task registry's prompt
 builder (``ctxext.tasks.base.assemble``): ``1 + DISTRACTORS`` needles ``KEY_{name} = {5-digit key}`` (template
@@ -12,20 +12,24 @@ token after ``KEY_`` (``KEY_path``), so that a name is matched by one token. Pri
 fully right, and first answer token right (chance: 1 / (1 + DISTRACTORS)).
 """
 
+import argparse
 import json
 import random
 import string
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Print one JSON line per kind of name."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("model", help="the model folder (or builtin:NAME)")
+    parser.add_argument("distractors", type=int, nargs="?", default=2, help="distractor keys (default 2)")
+    parser.add_argument("samples", type=int, nargs="?", default=100, help="samples per kind of name (default 100)")
+    args = parser.parse_args(argv)
     import torch
 
     from ctxext.models.load import ModelSpec, load_model
@@ -35,8 +39,7 @@ def main() -> None:
     from ctxext.tasks.base import assemble, encode
 
     torch.set_num_threads(2)
-    path = sys.argv[1]
-    distractors, samples = (int(x) for x in (sys.argv[2:] + ["2", "100"][len(sys.argv) - 2 :])[:2])
+    path, distractors, samples = args.model, args.distractors, args.samples
     loaded = load_model(ModelSpec(path, name="m"), device="cpu")
     tok = loaded.tokenizer
     hay = Haystack.from_texts(tok, iter_texts("builtin:stdlib"), 50_000, "builtin:stdlib")

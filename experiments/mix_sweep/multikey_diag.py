@@ -1,6 +1,6 @@
 """Why multi-key retrieval fails: where the first answer token comes from, and whether the rest follows.
 
-    python benchmarks/mix_sweep/multikey_diag.py MODEL [LENGTH [SAMPLES [DISTRACTORS]]]
+    python -m experiments.mix_sweep.multikey_diag MODEL [LENGTH [SAMPLES [DISTRACTORS]]]
 
 On ``multikey`` samples (form t0, ``KEY_xy = 12345``) inside the window by default, teacher-forced:
 the share of samples fully right; whether the first predicted answer token is the target key's first
@@ -8,27 +8,31 @@ token, a distractor's, or neither; and whether the remaining answer tokens are r
 prefix (copying on after the first token). Also split by whether the target's name is one token.
 """
 
+import argparse
 import collections
 import json
 import random
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Print one JSON line of counts."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("model", help="the model folder")
+    parser.add_argument("length", type=int, nargs="?", default=64, help="sample length in tokens (default 64)")
+    parser.add_argument("samples", type=int, nargs="?", default=200, help="samples (default 200)")
+    parser.add_argument("distractors", type=int, nargs="?", default=2, help="distractor keys (default 2)")
+    args = parser.parse_args(argv)
     import torch
 
-    from benchmarks._common import probe_model
     from ctxext.tasks import get_task
+    from experiments.mix_sweep._probe import probe_model
 
-    path = sys.argv[1]
-    length, n, distractors = (int(x) for x in (sys.argv[2:] + ["64", "200", "2"][len(sys.argv) - 2 :])[:3])
+    path, length, n, distractors = args.model, args.length, args.samples, args.distractors
     loaded, hay = probe_model(path, 50_000)
     tok, model = loaded.tokenizer, loaded.model
     one_token = len(tok.encode("\nKEY_ab =", add_special_tokens=False))

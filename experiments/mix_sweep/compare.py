@@ -1,35 +1,41 @@
 """Paired comparison of qeval results: each model against the first (McNemar exact, ppl ratio bootstrap).
 
-python benchmarks/mix_sweep/compare.py REF.jsonl OTHER.jsonl ...
+python -m experiments.mix_sweep.compare REF.jsonl OTHER.jsonl ...
 
 A reference measured in its window only (``qeval.py BASE WINDOW N``: one length) is compared with the others'
 in-window cells (a cell's trials are seeded by the cell alone); its ppl documents are other documents (those
 of at least WINDOW tokens), so the ppl ratio to it is each model's own ``ppl64_vs_base`` (qeval pairs it with
-``BASE`` on the model's documents). ``ORIGINAL`` is the window (default 64), the tokens per document of the ratio.
+``BASE`` on the model's documents). ``--original`` (or ``ORIGINAL``) is the window (default 64), the tokens per
+document of the ratio.
 """
 
+import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from benchmarks._common import mcnemar_vs_reference  # noqa: E402
+from benchmarks._common import mcnemar_vs_reference
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Print each model's summary and its paired tests against the first."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("files", nargs="+", type=Path, help="qeval output files, the reference first")
+    original = os.environ.get("ORIGINAL", "64")
+    parser.add_argument("--original", type=int, default=original, help="the window in tokens (env ORIGINAL)")
+    args = parser.parse_args(argv)
     import numpy as np
 
     from ctxext.scoring.stats import paired_ppl_ratio
 
-    results = [json.loads(Path(f).read_text().splitlines()[0]) for f in sys.argv[1:]]
+    results = [json.loads(f.read_text().splitlines()[0]) for f in args.files]
     ref = results[0]
-    window = int(os.environ.get("ORIGINAL", "64"))
+    window = args.original
     for r in results:
         print(r["model"], {k: v for k, v in r.items() if not k.startswith("out") and k not in ("doc_nll64", "model")})
         if r is ref:

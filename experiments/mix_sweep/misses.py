@@ -1,31 +1,35 @@
 """The needle trials a model misses in one cell, and what it predicts instead (teacher-forced argmax).
 
-    python benchmarks/mix_sweep/misses.py MODEL LENGTH DEPTH [TRIALS]
+    python -m experiments.mix_sweep.misses MODEL LENGTH DEPTH [TRIALS]
 
 Trials are ``needle`` (form t0) samples seeded as in ``qeval.py`` (1234; 50 per cell by default, the trials
 ``qeval.py`` scores). Per miss: the trial index, the value asked for and its tokens, the argmax prediction at
 each answer position given the true prefix, and the needle's span and text.
 """
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import argparse
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Print each missed trial of the cell and the count."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("model", help="the model folder")
+    parser.add_argument("length", type=int, help="the sample length in tokens")
+    parser.add_argument("depth", type=float, help="the needle's depth in percent")
+    parser.add_argument("trials", type=int, nargs="?", default=50, help="trials (default 50, qeval's)")
+    args = parser.parse_args(argv)
     import torch
 
-    from benchmarks._common import probe_model
     from ctxext.evaluation.grid import GridSettings
     from ctxext.tasks.samples import make_samples
+    from experiments.mix_sweep._probe import probe_model
 
-    path, length, depth = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-    trials = int(sys.argv[4]) if len(sys.argv) > 4 else 50
+    path, length, depth, trials = args.model, args.length, args.depth, args.trials
     loaded, hay = probe_model(path)
     tok = loaded.tokenizer
     settings = GridSettings(lengths=[length], depths=[depth], trials=trials, seed=1234)
