@@ -20,7 +20,7 @@ import argparse
 import itertools
 from pathlib import Path
 
-from ctxext.evaluation.grid import GridSettings, evaluate_task_grid, load_haystack
+from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid, load_haystack
 from ctxext.models.load import ModelSpec, load_model
 from ctxext.scoring.stats import holm, mcnemar_exact, wilson_interval
 

@@ -42,7 +42,7 @@ def yarn_model(tmp_path_factory) -> Path:
 def _ctxext_outcomes(model: Path, docs: list[dict], budget: int, until: list[str]) -> list[int]:
     """ctxext's own scoring of the exported prompts: the tokens lm-eval feeds, greedy, the one answer match."""
     from ctxext.evaluation.export_tasks import harness_prompt_ids
-    from ctxext.evaluation.grid import greedy_generate
+    from ctxext.evaluation.sections.grids.engine import greedy_generate
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.scoring.exact_match import answer_matches
 
@@ -82,8 +82,8 @@ def test_lm_eval_scores_exported_prompts_trial_for_trial_as_ctxext(yarn_model, t
 def test_exported_prompts_are_the_grid_samples(yarn_model, tmp_path):
     """The documents are the retrieval grid's own seeded samples for the model's tokenizer, decoded."""
     from ctxext.evaluation.export_tasks import export_lm_eval
-    from ctxext.evaluation.grid import GridSettings, text_haystack
-    from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec
+    from ctxext.evaluation.sections.grids.engine import GridSettings, text_haystack
+    from ctxext.evaluation.sections.ruler.engine import RulerSettings, RulerTaskSpec
     from ctxext.models.load import load_tokenizer_and_config
     from ctxext.tasks.samples import make_samples
 

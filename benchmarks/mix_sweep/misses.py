@@ -21,7 +21,7 @@ def main() -> None:
     import torch
 
     from benchmarks._common import probe_model
-    from ctxext.evaluation.grid import GridSettings
+    from ctxext.evaluation.sections.grids.engine import GridSettings
     from ctxext.tasks.samples import make_samples
 
     path, length, depth = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])

@@ -33,7 +33,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from benchmarks._common import document_nll, stdlib_documents
-    from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
+    from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.scoring.stats import paired_ppl_ratio
     from ctxext.scoring.texts import iter_texts

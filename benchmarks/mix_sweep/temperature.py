@@ -31,7 +31,7 @@ def main() -> None:
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     from benchmarks._common import probe_model
-    from ctxext.evaluation.grid import GridSettings
+    from ctxext.evaluation.sections.grids.engine import GridSettings
     from ctxext.models.temperature import set_attention_temperature
     from ctxext.scoring.answers import score_answers
     from ctxext.scoring.stats import mcnemar_exact
