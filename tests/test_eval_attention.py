@@ -111,3 +111,20 @@ def test_cli_attention_two_models_report_plot_and_paired_difference(tiny_model_d
     )
     assert bad.exit_code == 2 and "8x" in bad.output and "--allow-beyond-context" in " ".join(bad.output.split())
     assert not (tmp_path / "x").exists()
+
+
+def test_bad_bands_are_refused_as_a_flag_and_a_suite_key(tmp_path):
+    # Checked where declared (the section's settings): before any model is loaded, named by flag or key.
+    from typer.testing import CliRunner
+
+    from ctxext.cli.commands import app
+    from ctxext.evaluation.suite import load_suite
+
+    args = ["eval", "attention", "--model", "builtin:tiny-llama", "--bands", "0.5,0.1", "--out", str(tmp_path / "x")]
+    bad = CliRunner().invoke(app, args)
+    assert bad.exit_code == 2 and "--bands" in bad.output and "increasing fractions" in bad.output
+    assert not (tmp_path / "x").exists()
+    suite = tmp_path / "s.yaml"
+    suite.write_text("name: s\nattention: {bands: [0.2, 1.5]}\n")
+    with pytest.raises(InputError, match="attention.bands"):
+        load_suite(suite)
