@@ -89,7 +89,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+    from ctxext.evaluation.sections.perplexity.engine import evaluate_perplexity
+    from ctxext.evaluation.sections.perplexity.settings import PerplexitySettings
     from ctxext.models.load import LoadedModel
     from ctxext.rope.read import read_rope
     from ctxext.scoring.nll import token_nll

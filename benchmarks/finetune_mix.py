@@ -119,7 +119,7 @@ def evaluate(path: str, name: str, args: argparse.Namespace, docs: list[Any], ha
     """Retrieval grids and per-document NLL of one model on the held-out files."""
     import torch
 
-    from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
+    from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid
     from ctxext.models.load import ModelSpec, load_model
 
     loaded = load_model(ModelSpec(path, name=name), device="cpu")

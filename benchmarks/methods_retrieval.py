@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
+    from ctxext.evaluation.sections.grids.engine import GridSettings, NeedleTask, evaluate_needle
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.rope.read import read_rope
     from ctxext.rope.runtime import patch_model

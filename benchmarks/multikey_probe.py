@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from ctxext.evaluation.grid import load_haystack
+    from ctxext.evaluation.sections.grids.engine import load_haystack
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.scoring.answers import score_answers
 

@@ -21,7 +21,7 @@ import itertools
 from pathlib import Path
 
 from benchmarks._common import measured_on
-from ctxext.evaluation.grid import GridSettings, evaluate_task_grid, load_haystack
+from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid, load_haystack
 from ctxext.models.load import ModelSpec, load_model
 from ctxext.scoring.stats import holm, mcnemar_exact, wilson_interval
 

@@ -57,7 +57,7 @@ def _load(method: str | None):
 def _run(lm, grid, task, hay, scoring: str, new_tokens: int, per_cell: bool, batch_tokens: int | None):
     from dataclasses import replace
 
-    from ctxext.evaluation.grid import evaluate_task_grid
+    from ctxext.evaluation.sections.grids.engine import evaluate_task_grid
 
     settings = replace(grid, scoring=scoring, max_new_tokens=new_tokens, batch_tokens=batch_tokens)
     cpu, wall = time.process_time(), time.perf_counter()
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from ctxext.evaluation.grid import GridSettings, NeedleTask, load_haystack
+    from ctxext.evaluation.sections.grids.engine import GridSettings, NeedleTask, load_haystack
     from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
 
     torch.set_num_threads(args.threads)

@@ -224,7 +224,7 @@ def test_packaged_base_of_another_shape_retrieves_inside_its_window(name, window
     for key, value in shape.items():
         assert (config.rope_parameters.get(key) if key == "partial_rotary_factor" else getattr(config, key)) == value
     # The registry's needle task in the code form it was pretrained on (template 0), teacher-forced, seeded.
-    from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
+    from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.scoring.texts import iter_texts
     from ctxext.tasks import Haystack

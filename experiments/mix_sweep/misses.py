@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import torch
 
-    from ctxext.evaluation.grid import GridSettings
+    from ctxext.evaluation.sections.grids.engine import GridSettings
     from ctxext.tasks.samples import make_samples
     from experiments.mix_sweep._probe import probe_model
 

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
+    from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.scoring.stats import paired_ppl_ratio
     from ctxext.scoring.texts import iter_texts

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("trials", type=int, nargs="?", default=100, help="needle trials per cell (default 100)")
     parser.add_argument("--base", default=os.environ.get("BASE"), help="the unpatched base of ratio cells (env BASE)")
     args = parser.parse_args(argv)
-    from ctxext.evaluation.grid import GridSettings
+    from ctxext.evaluation.sections.grids.engine import GridSettings
     from ctxext.models.temperature import set_attention_temperature
     from ctxext.scoring.answers import score_answers
     from ctxext.scoring.stats import mcnemar_exact

@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.perplexity import check_lengths
-from ctxext.evaluation.settings import NeedleSettings, PasskeySettings, RulerSuiteSettings
+from ctxext.evaluation.lengths import check_lengths
+from ctxext.evaluation.sections.grids.settings import NeedleSettings, PasskeySettings
 from ctxext.models.load import LoadedModel, base_model
 from ctxext.progress import progress
 from ctxext.rope.runtime import reset_dynamic_rope
@@ -57,6 +57,8 @@ from ctxext.tasks.samples import make_samples
 
 if TYPE_CHECKING:
     from transformers import GenerationMixin
+
+    from ctxext.evaluation.sections.ruler.settings import RulerSuiteSettings
 
 SCORINGS = ("teacher-forced", "generate", "both")
 # Prompt + new tokens per generate call (generation's per-step overhead favours large batches).
@@ -175,7 +177,7 @@ class GridSettings:
         chat_template: ``auto`` (the tokenizer's chat template where it has one), ``none`` or a Jinja file.
     """
 
-    # The defaults are the declared ones (ctxext.evaluation.settings.PasskeySettings): one default each.
+    # The defaults are the declared ones (:mod:`.settings`, PasskeySettings): one default each.
     lengths: list[int]
     depths: list[float] = field(default_factory=lambda: _declared("depths"))
     trials: int = field(default_factory=lambda: _declared("trials"))

@@ -1,115 +1,13 @@
-"""The ``attention:`` suite section: attention diagnostics per layer (:mod:`ctxext.evaluation.attention`).
+"""The ``attention`` section's part of ``report.md`` and of the model card, its plot, paired rows and console lines.
 
-Mass by query–key distance band, beyond the model's original window and on the first tokens (sinks), and
-entropy, recomputed from each layer's q and k; one length per model. Paired against the reference model:
-the share beyond the original window on the same documents.
+Every function reads the report's JSON form (model entries holding an ``attention`` part, its schema
+:class:`~ctxext.evaluation.sections.attention.schema.Attention`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
-from ctxext.evaluation.sections import SuiteSection, register_section
-from ctxext.evaluation.settings import AttentionTask, Length
-
-
-@register_section
-class AttentionSection(SuiteSection):
-    """Attention diagnostics per layer: mass by distance band, beyond the original window, on sinks; entropy."""
-
-    name = "attention"
-    title = "Attention diagnostics"
-    settings = AttentionTask
-    order = 50
-    data_keys = ("data",)
-
-    def lengths(self, settings: Any) -> list[Length]:
-        """The one length of the section."""
-        return [settings.length]
-
-    def describe_data(self, settings: Any) -> dict[str, Any] | None:
-        """The documents' source."""
-        from ctxext.scoring.texts import describe_source
-
-        return describe_source(settings.data, settings.text_field, settings.split)
-
-    def run(
-        self, loaded: Any, settings: Any, lengths: list[int], beyond_context_ok: bool, show: bool
-    ) -> dict[str, Any]:
-        """One model's diagnostics at the section's length (:func:`ctxext.evaluation.attention.evaluate_attention`)."""
-        from ctxext.evaluation.attention import AttentionSettings, evaluate_attention
-        from ctxext.scoring.texts import iter_texts
-
-        measured = AttentionSettings.of_section(settings, lengths[0], beyond_context_ok)
-        texts = iter_texts(settings.data, settings.text_field, settings.split)
-        return evaluate_attention(loaded, texts, measured, show)
-
-    def markdown(self, models: list[dict[str, Any]], report: dict[str, Any]) -> list[str]:
-        """Per model and layer: mass by distance band, beyond the window, on sinks; entropy."""
-        return attention_markdown(models)
-
-    def plots(self, plt: Any, models: list[dict[str, Any]], folder: Path) -> dict[str, str]:
-        """``attention.png``: beyond the window per layer, mass by distance band, entropy by position."""
-        return attention_plot(plt, models, folder)
-
-    def paired(
-        self, model: dict[str, Any], reference: dict[str, Any], resamples: int, seed: int, notes: list[str]
-    ) -> list[dict[str, Any]]:
-        """The share of attention beyond the original window, model − reference, on the same documents."""
-        return attention_rows(model, reference, resamples, seed)
-
-    def paired_markdown(self, rows: list[dict[str, Any]], reference: str) -> list[str]:
-        """One table: Δ share beyond the window [95 % CI] per model."""
-        from ctxext.artifacts.tables import num_text, p_text, table
-
-        lines = [
-            "### Attention beyond the original window, paired documents",
-            "",
-            f"Share of attention on keys beyond the original window (mean over layers), model − {reference}, in "
-            "percentage points [95 % paired bootstrap CI over documents].",
-            "",
-        ]
-        cells = [
-            [
-                r["model"],
-                str(r["length"]),
-                f"{num_text(r['difference'], '+.1f', 100)} [{num_text(r['ci_low'], '+.1f', 100)}, "
-                f"{num_text(r['ci_high'], '+.1f', 100)}]",
-                str(r["documents"]),
-                p_text(r["p_value"]),
-                p_text(r["p_holm"]),
-            ]
-            for r in rows
-        ]
-        lines += table(["model", "length", "Δ share (pts)", "docs", "p", "p Holm"], cells)
-        return lines
-
-    def card_rows(self, models: list[dict[str, Any]], report: dict[str, Any]) -> list[str]:
-        """One row per model: the layer means (the report has the per-layer table)."""
-        from ctxext.artifacts.tables import num_text, table
-
-        rows = [
-            [
-                m["name"] + (" †" if m["attention"].get("beyond_context") else ""),
-                str(m["attention"]["length"]),
-                num_text(m["attention"]["mean"]["beyond_original"], ".1f", 100),
-                num_text(m["attention"]["mean"]["sinks"], ".1f", 100),
-                num_text(m["attention"]["mean"]["entropy"], ".2f"),
-            ]
-            for m in models
-        ]
-        header = ["model", "length", "beyond original window %", "sinks %", "entropy (nats)"]
-        return ["Attention (means over layers):", "", *table(header, rows)]
-
-    def summary(self, entry: dict[str, Any]) -> str | None:
-        """Means over layers: beyond the original window, on sinks, entropy."""
-        a = entry["attention"]
-        return (
-            f"at {a['length']} tokens: mass beyond the original window ({a['original_length']}) "
-            f"{a['mean']['beyond_original'] * 100:.1f} %, on the first {a['settings']['sink_tokens']} tokens "
-            f"{a['mean']['sinks'] * 100:.1f} %, entropy {a['mean']['entropy']:.2f} nats (means over layers)"
-        )
 
 
 def attention_markdown(models: list[dict[str, Any]]) -> list[str]:
@@ -230,3 +128,70 @@ def attention_rows(m: dict[str, Any], ref: dict[str, Any], resamples: int, seed:
     xa = np.array([da["beyond_original"][i] for i, _ in pairs])
     xb = np.array([db["beyond_original"][j] for _, j in pairs])
     return [{"model": m["name"], "length": a["length"], **paired_mean_difference(xa, xb, resamples, seed)}]
+
+
+def attention_paired_markdown(rows: list[dict[str, Any]], reference: str) -> list[str]:
+    """One table: Δ share beyond the window [95 % CI] per model."""
+    from ctxext.artifacts.tables import num_text, p_text, table
+
+    lines = [
+        "### Attention beyond the original window, paired documents",
+        "",
+        f"Share of attention on keys beyond the original window (mean over layers), model − {reference}, in "
+        "percentage points [95 % paired bootstrap CI over documents].",
+        "",
+    ]
+    cells = [
+        [
+            r["model"],
+            str(r["length"]),
+            f"{num_text(r['difference'], '+.1f', 100)} [{num_text(r['ci_low'], '+.1f', 100)}, "
+            f"{num_text(r['ci_high'], '+.1f', 100)}]",
+            str(r["documents"]),
+            p_text(r["p_value"]),
+            p_text(r["p_holm"]),
+        ]
+        for r in rows
+    ]
+    lines += table(["model", "length", "Δ share (pts)", "docs", "p", "p Holm"], cells)
+    return lines
+
+
+def attention_paired_summary(rows: list[dict[str, Any]], reference: str) -> list[str]:
+    """Console lines: the difference in the share beyond the original window, per model."""
+    from ctxext.artifacts.tables import num_text
+
+    return [
+        f"paired — {r['model']} − {reference} attention beyond the original window at {r['length']}: "
+        f"{num_text(r['difference'], '+.1f', 100)} pts [{num_text(r['ci_low'], '+.1f', 100)}, "
+        f"{num_text(r['ci_high'], '+.1f', 100)}] over {r['documents']} documents"
+        for r in rows
+    ]
+
+
+def attention_card_rows(models: list[dict[str, Any]]) -> list[str]:
+    """One row per model: the layer means (the report has the per-layer table)."""
+    from ctxext.artifacts.tables import num_text, table
+
+    rows = [
+        [
+            m["name"] + (" †" if m["attention"].get("beyond_context") else ""),
+            str(m["attention"]["length"]),
+            num_text(m["attention"]["mean"]["beyond_original"], ".1f", 100),
+            num_text(m["attention"]["mean"]["sinks"], ".1f", 100),
+            num_text(m["attention"]["mean"]["entropy"], ".2f"),
+        ]
+        for m in models
+    ]
+    header = ["model", "length", "beyond original window %", "sinks %", "entropy (nats)"]
+    return ["Attention (means over layers):", "", *table(header, rows)]
+
+
+def attention_summary(entry: dict[str, Any]) -> str:
+    """Means over layers: beyond the original window, on sinks, entropy."""
+    a = entry["attention"]
+    return (
+        f"at {a['length']} tokens: mass beyond the original window ({a['original_length']}) "
+        f"{a['mean']['beyond_original'] * 100:.1f} %, on the first {a['settings']['sink_tokens']} tokens "
+        f"{a['mean']['sinks'] * 100:.1f} %, entropy {a['mean']['entropy']:.2f} nats (means over layers)"
+    )

@@ -7,7 +7,7 @@ perplexity. LongPPL scores only the *key tokens*: those whose log-probability th
 Definition followed (the paper's LSD / LCL key-token rule and its reference code):
 
 * ``LCL(x_t) = log P(x_t | x_<t)``: the token scored with the whole document prefix (truncated to the
-  evaluation length ``L``: the truncated-document protocol of :mod:`ctxext.evaluation.perplexity`);
+  evaluation length ``L``: the truncated-document protocol of :mod:`ctxext.evaluation.sections.perplexity.engine`);
 * the short-context score ``log P(x_t | s_t)``: windows of ``K + S`` tokens moved by ``S``
   (:func:`~ctxext.scoring.nll.sliding_nll`), so a token at position ``t ≥ K + S`` sees between
   ``K`` and ``K + S − 1`` tokens — exactly the reference code's ``trunc_len = K = 4096``, ``internal = S =
@@ -35,49 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from ctxext.errors import InputError
-from ctxext.evaluation.settings import MIN_DOCS, Length
-from ctxext.scoring.stats import DEFAULT_RESAMPLES
-
-_TARGET: list[Length] = ["target"]  # typed (a bare lambda's list literal would be list[str])
+from ctxext.evaluation.sections.longppl.settings import LongPPLSettings
 
 DEFINITION = (
     "LongPPL (Fang et al. 2024): perplexity over key tokens, those with LSD = log P(long) - log P(short) > "
     "lsd_threshold and LCL = log P(long) > lcl_threshold under the evaluator; short context: windows of "
     "K + S tokens moved by S (each token sees K to K + S - 1 tokens); chosen once, every model scored on them"
 )
-
-
-class LongPPLSettings(BaseModel):
-    """The ``longppl:`` section of a suite (its keys, defaults and help, declared once)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    data: str = Field(
-        default="builtin:stdlib-long", description="documents: text file, folder, jsonl/parquet, Hub id, builtin:"
-    )
-    text_field: str = Field(default="text", description="text column of table-like data")
-    split: str = Field(default="test", description="split of a Hub data set")
-    lengths: list[Length] = Field(
-        default_factory=_TARGET.copy, description="evaluation lengths (documents truncated to each)"
-    )
-    short_context: Length = Field(
-        default="1x", description="K: the short context, in tokens or relative ('1x' = the original window)"
-    )
-    stride: int | None = Field(
-        default=None, gt=0, description="S: short windows of K + S tokens move by S (default K / 4, the paper's)"
-    )
-    lsd_threshold: float = Field(default=2.0, ge=0, description="alpha: least long-short log-prob gain (nats)")
-    lcl_threshold: float = Field(default=-2.0, le=0, description="beta: least long-context log-prob (nats)")
-    evaluator: str | None = Field(
-        default=None, description="label of the model that picks the key tokens (default: the reference model)"
-    )
-    max_docs: int = Field(default=20, gt=0, description="documents reaching the longest length")
-    min_docs: int = Field(default=MIN_DOCS, gt=0, description="fewest documents (a bootstrap interval needs several)")
-    resamples: int = Field(default=DEFAULT_RESAMPLES, gt=0, description="bootstrap resamples for the 95% CIs")
-    seed: int = Field(default=0, description="bootstrap seed")
 
 
 def select_key_tokens(long_nll: Any, short_nll: Any, lsd_threshold: float, lcl_threshold: float) -> Any:
@@ -147,7 +113,7 @@ def resolve_run(settings: LongPPLSettings, models: tuple[str, ...], original: in
     Raises:
         InputError: an evaluator that is no model of the run, or a short context that leaves no token to score.
     """
-    from ctxext.evaluation.suite import resolve_length, resolve_lengths
+    from ctxext.evaluation.lengths import resolve_length, resolve_lengths
 
     if settings.evaluator is not None and settings.evaluator not in models:
         raise InputError(

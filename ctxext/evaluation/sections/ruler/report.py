@@ -1,68 +1,13 @@
-"""The ``ruler:`` suite section: RULER-style synthetic tasks × lengths × depths, with effective length.
+"""The ``ruler`` section's part of ``report.md``, its heatmap and its console lines.
 
-The tasks come from the task registry (:mod:`ctxext.tasks`); the engine is :mod:`ctxext.evaluation.ruler`.
-Paired statistics need no hook: each task's grid (``cells`` with ``outcomes``) is compared trial by trial as
-``ruler/<task>`` (:mod:`ctxext.evaluation.paired`).
+Every function reads the report's JSON form (model entries holding a ``ruler`` part, its schema
+:class:`~ctxext.evaluation.sections.ruler.schema.Ruler`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
-from ctxext.evaluation.sections import SuiteSection, register_section
-from ctxext.evaluation.settings import RulerSuiteSettings
-
-
-@register_section
-class RulerTasks(SuiteSection):
-    """RULER-style synthetic tasks × lengths × depths on one haystack, with effective length per task."""
-
-    name = "ruler"
-    title = "RULER-style tasks"
-    settings = RulerSuiteSettings
-    data_keys = ("haystack", "chat_template")
-    order = 45  # after qa: the suite definition's key order of report.json before sections were registered
-
-    def check(self, settings: Any) -> None:
-        """Unknown tasks, options or templates fail when the suite loads."""
-        from ctxext.evaluation.ruler import RulerSettings
-
-        RulerSettings.of_section(settings, [1], False).check()
-
-    def describe_data(self, settings: Any) -> dict[str, Any] | None:
-        """The haystack's source (nothing for noise)."""
-        from ctxext.scoring.texts import describe_source
-
-        if settings.haystack == "noise":
-            return None
-        return describe_source(settings.haystack, settings.text_field, settings.split)
-
-    def run(
-        self, loaded: Any, settings: Any, lengths: list[int], beyond_context_ok: bool, show: bool
-    ) -> dict[str, Any]:
-        """Every task of one model (:func:`ctxext.evaluation.ruler.evaluate_ruler`)."""
-        from ctxext.evaluation.ruler import RulerSettings, evaluate_ruler
-
-        return evaluate_ruler(loaded, RulerSettings.of_section(settings, lengths, beyond_context_ok), show)
-
-    def annotate(self, result: dict[str, Any], spec: Any) -> None:
-        """Mark the tasks this model was fine-tuned on (from a run folder's recipe ``data.mixture``)."""
-        from ctxext.evaluation.ruler import trained_tasks
-
-        result["trained_tasks"] = trained_tasks(spec.adapter or spec.ref)
-
-    def markdown(self, models: list[dict[str, Any]], report: dict[str, Any]) -> list[str]:
-        """Effective lengths side by side, then score by task × length per model."""
-        return ruler_markdown(models)
-
-    def card_rows(self, models: list[dict[str, Any]], report: dict[str, Any]) -> list[str]:
-        """None: per-task grids are too long for a card (the published report has them, and the heatmap)."""
-        return []
-
-    def plots(self, plt: Any, models: list[dict[str, Any]], folder: Path) -> dict[str, str]:
-        """``ruler_heatmap.png``: tasks × lengths per model, the effective length framed."""
-        return {"ruler_heatmap": ruler_heatmap(plt, models, folder)}
 
 
 def ruler_markdown(models: list[dict[str, Any]]) -> list[str]:
@@ -74,7 +19,8 @@ def ruler_markdown(models: list[dict[str, Any]]) -> list[str]:
         if st["threshold_reference"] == "original"
         else f"an absolute {st['threshold'] * 100:g} %"
     )
-    from ctxext.artifacts.tables import chat_note, scoring_note, table
+    from ctxext.artifacts.tables import table
+    from ctxext.evaluation.sections.grids.report import chat_note, scoring_note
 
     lines = ["## RULER-style tasks", ""]
     lines += [
@@ -104,7 +50,6 @@ def ruler_markdown(models: list[dict[str, Any]]) -> list[str]:
     )
     lines += ["### Effective length", ""]
     lines += table(["task"] + names, rows)
-    from ctxext.evaluation.ruler import named_effective_markdown
 
     lines += named_effective_markdown(models)
     from ctxext.evaluation.control import control_markdown
@@ -183,3 +128,62 @@ def ruler_heatmap(plt: Any, models: list[dict[str, Any]], folder: Path) -> str:
     fig.colorbar(image, ax=axes[0].tolist(), label="accuracy")
     fig.suptitle("RULER-style tasks (frame: effective length)")
     return save_figure(fig, folder, "ruler_heatmap.png", tight=False)
+
+
+SCORING_LABELS = {"teacher_forced": "teacher-forced accuracy", "generated": "generated, RULER string match"}
+
+
+def named_effective_markdown(models: list[dict[str, Any]]) -> list[str]:
+    """``report.md`` lines: effective lengths by RULER's and NoLiMa's definitions, per scoring, side by side.
+
+    Args:
+        models: report model entries (JSON form) with a ``ruler`` section.
+
+    Returns:
+        Markdown lines (none for reports written before the named definitions).
+    """
+    from ctxext.artifacts.tables import table
+    from ctxext.evaluation.sections.ruler.engine import NAMED_THRESHOLDS
+
+    scorings = [k for k in SCORING_LABELS if any(k in (m["ruler"].get("effective_lengths") or {}) for m in models)]
+    if not scorings:
+        return []
+    lines = ["### Effective length: RULER and NoLiMa", ""]
+    for scoring in scorings:
+        header = ["task"]
+        for m in models:
+            header += [f"{m['name']}: {label}" for label, _, _ in NAMED_THRESHOLDS.values()]
+        rows = []
+        for t in models[0]["ruler"]["tasks"]:
+            row = [t]
+            for m in models:
+                named = m["ruler"]["tasks"].get(t, {}).get("effective_lengths", {}).get(scoring, {})
+                row += [_named_cell(named.get(k)) for k in NAMED_THRESHOLDS]
+            rows.append(row)
+        overall = ["**overall** (mean over tasks)"]
+        for m in models:
+            named = (m["ruler"].get("effective_lengths") or {}).get(scoring, {})
+            overall += [_named_cell(named.get(k)) for k in NAMED_THRESHOLDS]
+        lines += [f"Scoring: {SCORING_LABELS[scoring]}.", "", *table(header, rows + [overall])]
+    return lines
+
+
+def _named_cell(e: dict[str, Any] | None) -> str:
+    if not e:
+        return "–"
+    if e.get("length") is not None:
+        return str(e["length"])
+    if e.get("threshold") is None:
+        return "n/a (no reference)"
+    return f"< shortest (≥ {e['threshold'] * 100:.1f} %)"
+
+
+def summary(entry: dict[str, Any]) -> list[str]:
+    """Console lines: the effective length (the section's definition, per task), then RULER's and NoLiMa's."""
+    r = entry["ruler"]
+    per_task = ", ".join(f"{t} {e['effective_length']['length'] or 'n/a'}" for t, e in r["tasks"].items())
+    lines = [f"effective length {r['effective_length']['length'] or 'n/a'} ({per_task})"]
+    for scoring, named in (r.get("effective_lengths") or {}).items():
+        both = "; ".join(f"{e['name']} {e['length'] or 'n/a'}" for e in named.values())
+        lines.append(f"{scoring.replace('_', '-')}: {both}")
+    return lines

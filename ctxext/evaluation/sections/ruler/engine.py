@@ -1,6 +1,6 @@
 """RULER-style task suite: registered synthetic tasks × lengths × depths, with effective length.
 
-Each task of the suite runs as a retrieval grid (:func:`ctxext.evaluation.grid.evaluate_task_grid`)
+Each task of the suite runs as a retrieval grid (:func:`ctxext.evaluation.sections.grids.engine.evaluate_task_grid`)
 on one haystack, with trials spread over the chosen templates (``heldout``: the templates training does
 not use by default). A task's score at a length is its accuracy over every depth and trial there.
 
@@ -30,8 +30,8 @@ from typing import Any
 
 from ctxext.errors import InputError
 from ctxext.evaluation.control import evaluate_control
-from ctxext.evaluation.grid import GridSettings, evaluate_task_grid, load_haystack
-from ctxext.evaluation.settings import RulerSuiteSettings, RulerTaskEntry
+from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid, load_haystack
+from ctxext.evaluation.sections.ruler.settings import RulerSuiteSettings, RulerTaskEntry
 from ctxext.models.load import LoadedModel
 from ctxext.tasks import get_task
 
@@ -315,50 +315,3 @@ def trained_tasks(run_ref: str | None) -> list[str] | None:
         if isinstance(name, str) and name and name not in names:
             names.append(name)
     return names
-
-
-SCORING_LABELS = {"teacher_forced": "teacher-forced accuracy", "generated": "generated, RULER string match"}
-
-
-def named_effective_markdown(models: list[dict[str, Any]]) -> list[str]:
-    """``report.md`` lines: effective lengths by RULER's and NoLiMa's definitions, per scoring, side by side.
-
-    Args:
-        models: report model entries (JSON form) with a ``ruler`` section.
-
-    Returns:
-        Markdown lines (none for reports written before the named definitions).
-    """
-    from ctxext.artifacts.tables import table
-
-    scorings = [k for k in SCORING_LABELS if any(k in (m["ruler"].get("effective_lengths") or {}) for m in models)]
-    if not scorings:
-        return []
-    lines = ["### Effective length: RULER and NoLiMa", ""]
-    for scoring in scorings:
-        header = ["task"]
-        for m in models:
-            header += [f"{m['name']}: {label}" for label, _, _ in NAMED_THRESHOLDS.values()]
-        rows = []
-        for t in models[0]["ruler"]["tasks"]:
-            row = [t]
-            for m in models:
-                named = m["ruler"]["tasks"].get(t, {}).get("effective_lengths", {}).get(scoring, {})
-                row += [_named_cell(named.get(k)) for k in NAMED_THRESHOLDS]
-            rows.append(row)
-        overall = ["**overall** (mean over tasks)"]
-        for m in models:
-            named = (m["ruler"].get("effective_lengths") or {}).get(scoring, {})
-            overall += [_named_cell(named.get(k)) for k in NAMED_THRESHOLDS]
-        lines += [f"Scoring: {SCORING_LABELS[scoring]}.", "", *table(header, rows + [overall])]
-    return lines
-
-
-def _named_cell(e: dict[str, Any] | None) -> str:
-    if not e:
-        return "–"
-    if e.get("length") is not None:
-        return str(e["length"])
-    if e.get("threshold") is None:
-        return "n/a (no reference)"
-    return f"< shortest (≥ {e['threshold'] * 100:.1f} %)"

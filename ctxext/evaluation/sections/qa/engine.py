@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.settings import QASettings
+from ctxext.evaluation.sections.qa.settings import QASettings
 from ctxext.models.load import LoadedModel
 from ctxext.progress import progress
 from ctxext.rope.runtime import reset_dynamic_rope
@@ -38,7 +38,7 @@ NOT_FOUND = "not found"
 
 def normalize_answer(text: str) -> str:
     """SQuAD v1.1 normalization (lower-case, no punctuation, no articles, single spaces)."""
-    from ctxext.evaluation.metrics.squad_offline.squad_offline import normalize_answer as _norm
+    from ctxext.evaluation.sections.qa.metrics.squad_offline.squad_offline import normalize_answer as _norm
 
     return _norm(text)
 
@@ -244,7 +244,7 @@ def _length_bucket(tokens: int, edges: list[int]) -> str:
 
 @torch.no_grad()
 def _answer(loaded: LoadedModel, ids: list[int], max_new_tokens: int) -> str:
-    from ctxext.evaluation.grid import greedy_generate
+    from ctxext.evaluation.sections.grids.engine import greedy_generate
 
     text = greedy_generate(loaded, [ids], max_new_tokens)[0]
     return text.strip().split("\n")[0].strip()

@@ -1,4 +1,4 @@
-"""lm-evaluation-harness on the model ctxext loaded and verified: ``ctxext eval harness``.
+"""lm-evaluation-harness on the model ctxext loaded and verified: the ``harness`` section's engine.
 
 ``lm_eval --model hf --model_args pretrained=DIR`` rebuilds the model from its folder; ctxext instead hands
 lm-eval the model object it loaded and whose runtime RoPE it checked against its reference
@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from ctxext.errors import InputError
+from ctxext.evaluation.sections.harness.settings import HarnessSettings
 
 if TYPE_CHECKING:
     from ctxext.models.load import LoadedModel
@@ -35,31 +34,6 @@ HARNESS = "lm-evaluation-harness"
 INSTALL_HINT = "pip install 'ctxext[harness]' (lm-eval>=0.4.13)"
 # lm-eval's own default answer budget, used for max_length when the tasks are not ctxext's export.
 DEFAULT_GEN_TOKS = 256
-
-
-class HarnessSettings(BaseModel):
-    """An lm-evaluation-harness run (``ctxext eval harness`` flags and the ``harness:`` suite section).
-
-    Attributes:
-        tasks: lm-eval task, group or tag names (``ctxext_needle``, ``ctxext_needle_256``, ``hellaswag`` …).
-        include_path: a folder of extra task files (``ctxext tasks export`` writes one).
-        batch_size: documents per generate call (1 feeds every prompt unpadded).
-        max_length: lm-eval's ``max_length``, prompt + generated tokens (default: the model's context plus the
-            answer budget: the export's largest, else lm-eval's default 256).
-        limit: at most this many documents per task.
-        num_fewshot: few-shot examples (default: each task's own).
-        allow_beyond_context: run exported tasks longer than the model's context.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    tasks: list[str] = Field(min_length=1)
-    include_path: str | None = None
-    batch_size: int = Field(1, ge=1)
-    max_length: int | None = Field(None, ge=2)
-    limit: int | None = Field(None, ge=1)
-    num_fewshot: int | None = Field(None, ge=0)
-    allow_beyond_context: bool = False
 
 
 def _require_lm_eval() -> Any:
@@ -237,32 +211,3 @@ def _task_results(results: dict[str, Any]) -> dict[str, Any]:
             ]
         out[name] = entry
     return out
-
-
-def harness_markdown(models: list[dict[str, Any]]) -> list[str]:
-    """``report.md``'s lm-eval part: each task's metrics per model (± standard error, documents)."""
-    names = sorted({t for m in models for t in m["harness"]["tasks"]})
-    version = models[0]["harness"].get("version", "?")
-    lines = [f"## lm-evaluation-harness {version}", ""]
-    lines += [
-        "The model object ctxext loaded and verified, passed to lm-eval (`HFLM(pretrained=<model>)`): no rebuild "
-        "from a folder. Exact match after stripping for ctxext's exported tasks.",
-        "",
-        "| task | metric | " + " | ".join(m["name"] for m in models) + " |",
-        "| --- | --- |" + " --- |" * len(models),
-    ]
-    for name in names:
-        entries = [m["harness"]["tasks"].get(name) or {} for m in models]
-        metrics = sorted({k for e in entries for k in e.get("metrics", {})})
-        for metric in metrics:
-            cells = []
-            for e in entries:
-                value = e.get("metrics", {}).get(metric)
-                err = e.get("stderr", {}).get(metric)
-                cell = "–" if value is None else f"{value:.4g}"
-                cell += f" ± {err:.2g}" if isinstance(err, (int, float)) else ""
-                cells.append(cell + (f" ({e['documents']})" if value is not None and e.get("documents") else ""))
-            lines.append(f"| {name} | {metric} | " + " | ".join(cells) + " |")
-    notes = sorted({n for m in models for n in m["harness"].get("notes", [])})
-    lines += [""] + [f"Note: {n}." for n in notes] + ([""] if notes else [])
-    return lines

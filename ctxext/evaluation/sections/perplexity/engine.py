@@ -38,7 +38,8 @@ import numpy as np
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.settings import PerplexitySettings
+from ctxext.evaluation.lengths import check_lengths
+from ctxext.evaluation.sections.perplexity.settings import PPL_PROTOCOL, SLIDING_PROTOCOL, PerplexitySettings
 from ctxext.models.load import LoadedModel
 from ctxext.progress import progress
 from ctxext.rope.runtime import reset_dynamic_rope
@@ -50,86 +51,6 @@ from ctxext.scoring.nll import (
     token_nll,
 )
 from ctxext.scoring.stats import bootstrap_mean_diff, ppl_entry
-
-# ---------------------------------------------------------------------------------------------
-# Checks (the settings are declared in ctxext.evaluation.settings)
-# ---------------------------------------------------------------------------------------------
-
-
-def check_lengths(loaded: LoadedModel, lengths: Sequence[int], allow_beyond: bool) -> list[int]:
-    """The lengths above the model's configured context; raises unless ``allow_beyond``.
-
-    Args:
-        loaded: the model.
-        lengths: requested lengths.
-        allow_beyond: accept (and mark) lengths above the configured context.
-
-    Returns:
-        The lengths beyond the context.
-
-    Raises:
-        InputError: a length above what the model addresses, saying what it does.
-    """
-    ctx = loaded.context_length
-    beyond = [L for L in lengths if L > ctx]
-    if beyond and not allow_beyond:
-        raise InputError(
-            f"{loaded.name} addresses {ctx} tokens (max_position_embeddings; rope type {loaded.rope.rope_type}, "
-            f"original context {loaded.original_length}); lengths {', '.join(map(str, beyond))} are beyond it. "
-            f"Use lengths ≤ {ctx}, extend the model first (ctxext extend), or pass --allow-beyond-context to "
-            "measure how it degrades past its window."
-        )
-    return beyond
-
-
-# A suite evaluates every model at the lengths it asks for, past a model's context included (a base beside its
-# extension; "2x target"). Past this multiple of the reference context (the longest among the models) a length is
-# a typo more often than a measurement (100,000 at a 256 target: minutes of work, no warning): it is refused
-# unless the suite sets allow_beyond_context. Degradation past a window shows well within 2-4x.
-BEYOND_CONTEXT_FACTOR = 8
-# Evaluations that score more tokens than this (per model) print an estimate of their work before they start.
-LARGE_WORK_TOKENS = 1_000_000
-
-
-def check_far_lengths(lengths: Sequence[int], context: int, allowed: bool, where: str) -> None:
-    """Refuse lengths above ``BEYOND_CONTEXT_FACTOR`` × ``context`` unless ``allowed``.
-
-    Args:
-        lengths: requested lengths in tokens.
-        context: the reference context (the longest configured context among the models evaluated).
-        allowed: the suite sets ``allow_beyond_context``.
-        where: the section, for the message.
-
-    Raises:
-        InputError: naming the lengths, their multiple of the context and the key that allows them.
-    """
-    far = sorted(L for L in lengths if L > BEYOND_CONTEXT_FACTOR * context)
-    if far and not allowed:
-        raise InputError(
-            f"{where}: length {', '.join(f'{L:,}' for L in far)} is {far[-1] / context:.0f}x the reference context "
-            f"{context:,}; lengths past {BEYOND_CONTEXT_FACTOR}x it ({BEYOND_CONTEXT_FACTOR * context:,} tokens) are "
-            "refused, as each costs at least as many times the work of one at the context. Lower it, or allow it "
-            "(--allow-beyond-context on ctxext eval ppl / passkey / needle / qa; allow_beyond_context: true in a suite)"
-        )
-
-
-def work_estimate(what: str, lengths: Sequence[int], per_length: int) -> str | None:
-    """One line on the work of an evaluation that scores ``per_length`` sequences at each length, or ``None`` if small.
-
-    Args:
-        what: the evaluation, e.g. ``passkey``.
-        lengths: the lengths in tokens.
-        per_length: sequences scored at each length (depths × trials).
-    """
-    tokens = per_length * sum(lengths)
-    if tokens < LARGE_WORK_TOKENS:
-        return None
-    return (
-        f"{what}: {len(lengths)} length(s) × {per_length} sequence(s) = {len(lengths) * per_length:,} sequences, "
-        f"{tokens:,} tokens per model (the longest {max(lengths):,}); attention work grows with the square of the "
-        "length"
-    )
-
 
 # ---------------------------------------------------------------------------------------------
 # The evaluation
@@ -182,7 +103,7 @@ def evaluate_perplexity(
         show_progress: draw a progress bar with ETA.
 
     Returns:
-        The ``perplexity`` section of a report for this model (see :mod:`ctxext.evaluation.report`).
+        The ``perplexity`` section of a report for this model (its schema: :mod:`.schema`).
 
     Raises:
         InputError: bad settings, lengths beyond the model's context, or no document long enough.
@@ -215,6 +136,7 @@ def evaluate_perplexity(
     common = set(scores.full_docs)
     by_length, by_length_all = _length_tables(scores, requested, beyond, common, settings)
     result: dict[str, Any] = {
+        "protocol": SLIDING_PROTOCOL if mode == "sliding" else PPL_PROTOCOL,
         "mode": mode,
         "document_set": "common",
         "by_length": by_length,

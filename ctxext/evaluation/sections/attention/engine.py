@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.settings import AttentionTask
+from ctxext.evaluation.sections.attention.settings import AttentionTask
 from ctxext.models.load import LoadedModel, base_model
 from ctxext.progress import progress
 from ctxext.rope.runtime import reset_dynamic_rope
@@ -57,7 +57,7 @@ class AttentionSettings:
             attends past its window).
     """
 
-    # The defaults are the declared ones (ctxext.evaluation.settings.AttentionTask, the suite section): one each.
+    # The defaults are the declared ones (:mod:`.settings`, AttentionTask: the suite section): one each.
     length: int | None = None
     docs: int = field(default_factory=lambda: _declared("docs"))
     bands: list[float] = field(default_factory=lambda: _declared("bands"))
