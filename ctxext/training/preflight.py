@@ -52,7 +52,9 @@ def preflight_problems(recipe: Recipe, config: Any = None, model: bool = True) -
     problems += _recipe_problems(recipe)
     problems += _data_problems(recipe)
     if model:
+        config = config if config is not None else _local_config(recipe)
         problems += _lora_problems(recipe, config)
+        problems += _split_problems(recipe, config)
     return problems
 
 
@@ -106,9 +108,7 @@ def _lora_problems(recipe: Recipe, config: Any) -> list[tuple[str, str]]:
     from ctxext.training.model import lora_module_problems
 
     if config is None:
-        config = _local_config(recipe)
-        if config is None:
-            return []
+        return []
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
@@ -117,14 +117,34 @@ def _lora_problems(recipe: Recipe, config: Any) -> list[tuple[str, str]]:
     return lora_module_problems(model, recipe.lora)
 
 
+def _split_problems(recipe: Recipe, config: Any) -> list[tuple[str, str]]:
+    """A sequence split the model's (key/value) heads cannot be divided into, before a weight is loaded."""
+    from ctxext.training.sequence_parallel import check_heads
+
+    if config is None or recipe.train.sequence_parallel_size == 1:
+        return []
+    try:
+        check_heads(config, recipe.train.sequence_parallel_size)
+    except InputError as exc:
+        key, _, message = str(exc).partition(": ")
+        return [(key, message)]
+    return []
+
+
 def _local_config(recipe: Recipe) -> Any:
     from pathlib import Path
 
     from ctxext.models.builtin import BUILTIN_PREFIX
+    from ctxext.models.gguf import split_gguf_ref
     from ctxext.models.sources import load_config
 
     path = recipe.model.path
-    if not path.startswith(BUILTIN_PREFIX) and not Path(path).expanduser().is_dir():
+    local = path.startswith(BUILTIN_PREFIX) or Path(path).expanduser().is_dir()
+    try:
+        local = local or split_gguf_ref(path) is not None  # a GGUF file: its converted folder (once per file)
+    except InputError:
+        return None
+    if not local:
         return None
     try:
         config, _ = load_config(path, recipe.model.revision)

@@ -172,9 +172,12 @@ def check_heads(config: Any, size: int) -> None:
     heads = int(text.num_attention_heads)
     kv = int(getattr(text, "num_key_value_heads", None) or heads)
     if heads % size or kv % size:
+        # Ulysses gives each process heads/N query heads and kv/N key/value heads; replicating key/value heads to
+        # fill more processes is not implemented, so a model with few of them (SmolLM2: 3) splits over fewer.
+        sizes = [n for n in range(1, kv + 1) if heads % n == 0 and kv % n == 0]
         raise InputError(
             f"{KEY}: {size} must divide the model's attention heads ({heads}) and key/value heads ({kv}): each "
-            f"process attends with heads/N of them. Use a divisor of {kv}"
+            f"process attends with heads/N of them. Use {' or '.join(map(str, sizes))}"
         )
 
 
