@@ -79,7 +79,10 @@ def test_merge_keeps_one_tensor_and_the_adapter_models_logits(tied_run, tied_bas
 
     run, _ = tied_run
     out = tmp_path / "merged"
-    result = merge_run(run, out, log=lambda line: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = merge_run(run, out, log=lambda line: None)
+    assert [str(w.message) for w in caught if "tying" in str(w.message) or "tied" in str(w.message)] == []
     assert result.ok and result.embeddings == "tied" and result.max_abs_diff <= 1e-4
     assert "lm_head.weight" not in _keys(out / "model.safetensors")  # stored once
     merged = AutoModelForCausalLM.from_pretrained(out).eval()

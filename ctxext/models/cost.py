@@ -70,6 +70,9 @@ class ForwardClock:
         embeddings = model.get_input_embeddings()
         device = embeddings.weight.device
         ids = torch.randint(0, int(embeddings.weight.shape[0]), (1, length), generator=torch.Generator().manual_seed(0))
+        # The first forward of a freshly loaded model also pages its weights in (40 s instead of 2 s for SmolLM2 on
+        # busy cores): a few tokens first, so that the timed forward is what every later one costs.
+        model(input_ids=ids[:, :8].to(device), logits_to_keep=1, use_cache=False)
         reset_dynamic_rope(model)
         start = time.perf_counter()
         model(input_ids=ids.to(device), logits_to_keep=1, use_cache=False)
