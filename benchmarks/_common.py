@@ -1,11 +1,28 @@
 """Helpers that several benchmarks share and the package does not have (statistics come from the package).
 
-Import as ``from benchmarks._common import …`` (the scripts put the repository root on ``sys.path``).
+Import as ``from benchmarks._common import …``; the benchmarks run as ``python -m benchmarks.NAME`` from the
+repository root, so this checkout's ``ctxext`` and ``benchmarks`` are the ones imported.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def measured_on() -> str:
+    """A result page's line saying when and where it was measured: ``Date: … UTC. Machine: …``."""
+    import os
+    import platform
+    from datetime import datetime, timezone
+    from importlib.metadata import version
+
+    from benchmarks._memory import mem_total_gb
+
+    return (
+        f"Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC. Machine: {platform.machine()} CPU, "
+        f"{os.cpu_count()} cores, {mem_total_gb():.0f} GB RAM; torch {version('torch')}, "
+        f"transformers {version('transformers')}."
+    )
 
 
 def mcnemar_vs_reference(a: list[int], b: list[int]) -> dict[str, Any]:
@@ -21,46 +38,6 @@ def mcnemar_vs_reference(a: list[int], b: list[int]) -> dict[str, Any]:
 
     test = mcnemar_exact([bool(x) for x in a], [bool(y) for y in b])
     return {"only_this": test["only_a"], "only_reference": test["only_b"], "p_value": test["p_value"]}
-
-
-def probe_model(path: str, haystack_tokens: int = 200_000) -> tuple[Any, Any]:
-    """A model loaded for a probe (CPU, one thread) and a stdlib haystack in its tokenizer.
-
-    The sweep's probes (``benchmarks/mix_sweep``) score samples built the way ``qeval.py`` builds them.
-
-    Returns:
-        The :class:`ctxext.models.load.LoadedModel` (named after the folder) and the haystack.
-    """
-    from pathlib import Path
-
-    import torch
-
-    from ctxext.models.load import ModelSpec, load_model
-    from ctxext.scoring.texts import iter_texts
-    from ctxext.tasks import Haystack
-
-    torch.set_num_threads(1)
-    loaded = load_model(ModelSpec(path, name=Path(path).name), device="cpu")
-    return loaded, Haystack.from_texts(
-        loaded.tokenizer, iter_texts("builtin:stdlib"), haystack_tokens, "builtin:stdlib"
-    )
-
-
-def stdlib_documents(tokenizer: Any, min_tokens: int, count: int = 32) -> list[Any]:
-    """The first ``count`` stdlib documents of at least ``min_tokens`` tokens (``qeval.py``'s perplexity documents)."""
-    from ctxext.scoring.documents import tokenize_documents
-    from ctxext.scoring.texts import iter_texts
-
-    return tokenize_documents(iter_texts("builtin:stdlib"), tokenizer, min_tokens, count).ids
-
-
-def document_nll(model: Any, documents: list[Any], length: int) -> Any:
-    """Per-token NLL of the first ``length`` tokens of each document: a ``[documents, length - 1]`` tensor."""
-    import torch
-
-    from ctxext.scoring.nll import token_nll
-
-    return torch.stack([token_nll(model, d[:length].unsqueeze(0))[0] for d in documents])
 
 
 def demo_recipe(

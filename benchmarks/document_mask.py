@@ -10,31 +10,28 @@ the same packed rows of training-split stdlib code, alternately
 interleaved ``--repeats`` times in one process; the table gives tokens/s of both and their ratio
 (median over repeats), at each ``--seq-lens``.
 
-    python benchmarks/document_mask.py --seq-lens 256,1024 --repeats 7
+    python -m benchmarks.document_mask --seq-lens 256,1024 --repeats 7
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seq-lens", default="256,1024")
-    parser.add_argument("--rows", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seq-lens", default="256,1024", help="row lengths in tokens, comma-separated")
+    parser.add_argument("--rows", type=int, default=8, help="rows per training step")
+    parser.add_argument("--repeats", type=int, default=7, help="interleaved repeats; the median counts")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    args = parser.parse_args(argv)
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

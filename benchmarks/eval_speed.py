@@ -12,7 +12,7 @@ ctxext's code tokenizer):
 Part 2 (memory): a tiny-depth Llama with a 32k vocabulary on one 16k-token document: ctxext's scoring vs one
 forward pass with full float32 logits (``model(ids, labels=ids)``).
 
-    nice -n 10 python benchmarks/eval_speed.py            # writes benchmarks/results/eval_speed.md
+    nice -n 10 python -m benchmarks.eval_speed            # writes benchmarks/results/eval_speed.md
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from _memory import status_kb
+from benchmarks._common import measured_on
+from benchmarks._memory import status_kb
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "eval_speed.md"
@@ -88,7 +89,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+    from ctxext.evaluation.sections.perplexity.engine import evaluate_perplexity
+    from ctxext.evaluation.sections.perplexity.settings import PerplexitySettings
     from ctxext.models.load import LoadedModel
     from ctxext.rope.read import read_rope
     from ctxext.scoring.nll import token_nll
@@ -176,7 +178,7 @@ class _IdsTokenizer:
 
 
 def _run(method: str, args: argparse.Namespace, **overrides) -> dict:
-    cmd = [sys.executable, __file__, "--worker", method, "--threads", str(args.threads)]
+    cmd = [sys.executable, "-m", __spec__.name, "--worker", method, "--threads", str(args.threads)]
     opts = {
         "lengths": args.lengths,
         "docs": args.docs,
@@ -200,27 +202,30 @@ def _run(method: str, args: argparse.Namespace, **overrides) -> dict:
     return res
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run every method, print and write the table."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--lengths", default="512,1024,2048,4096")
-    p.add_argument("--docs", type=int, default=3)
-    p.add_argument("--vocab", type=int, default=32000)
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--lengths", default="512,1024,2048,4096", help="part 1's lengths, comma-separated")
+    p.add_argument("--docs", type=int, default=3, help="part 1's documents")
+    p.add_argument("--vocab", type=int, default=32000, help="the random Llama's vocabulary")
+    p.add_argument("--hidden", type=int, default=512, help="part 1's hidden size")
+    p.add_argument("--layers", type=int, default=2, help="part 1's layers")
+    p.add_argument("--head-dim", type=int, default=128, help="part 1's head dimension")
     p.add_argument("--repeats", type=int, default=2, help="runs per method, interleaved; the fastest counts")
-    p.add_argument("--chunk", type=int, default=256)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--mem-length", type=int, default=16384)
-    p.add_argument("--skip-memory", action="store_true")
-    p.add_argument("--skip-sliding", action="store_true")
+    p.add_argument("--chunk", type=int, default=256, help="ctxext's scoring chunk (tokens)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per method")
+    p.add_argument("--mem-length", type=int, default=16384, help="part 2's document length")
+    p.add_argument("--skip-memory", action="store_true", help="skip part 2 (memory)")
+    p.add_argument("--skip-sliding", action="store_true", help="skip the sliding-window rows")
     p.add_argument("--append", action="store_true", help="append this run's tables to the results file")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
     if args.worker:
         args.method = args.worker
         worker(args)
@@ -253,10 +258,12 @@ def write_table(args: argparse.Namespace, runs: dict, mem: dict) -> None:
 
     lengths = args.lengths.split(",")
     c, p_ = runs["ctxext"], runs["per-length"]
-    argv = " ".join(sys.argv[1:])
+    argv = "".join(f" {a}" for a in args.argv)
     lines = [] if args.append else ["# Perplexity evaluation speed and memory", ""]
     lines += [
-        f"Command: `nice -n 10 python benchmarks/eval_speed.py {argv}`".replace("py `", "py`"),
+        f"Command: `nice -n 10 python -m benchmarks.eval_speed{argv}`",
+        "",
+        measured_on(),
         "",
         f"torch {torch.__version__}, {args.threads} thread(s), CPU fp32, SDPA, on a shared 2-core machine. "
         "Each method runs in its own process, single-threaded; times are process CPU seconds (wall time, shown too, "

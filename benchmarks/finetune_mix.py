@@ -1,7 +1,7 @@
 """Fine-tuning data for context extension: plain code vs the retrieval mixture vs the mixture with PoSE.
 
 On the demo's grown model (``--model``: ``builtin:grown-code-64-mk`` since 2026-12-01, before that
-``builtin:grown-code-64``, which the results page's older sections used; 64-token window) extended ×F, the
+``builtin:grown-code-64``, which its results page's 2026-11-30 run used; 64-token window) extended ×F, the
 same number of optimizer steps and rows for every arm:
 
 * ``yarn`` — YaRN training-free (the reference every arm is paired against);
@@ -21,8 +21,8 @@ against YaRN training-free: exact McNemar on the same trials (retrieval) and a p
 NLL difference over documents (perplexity). Training time and peak memory (each run in its own process,
 peak RSS) are reported per arm.
 
-    python benchmarks/finetune_mix.py --factor 4 --seeds 0 --trials 50 --out runs/finetune_mix
-    python benchmarks/finetune_mix.py --factor 8 --arms mix,mix-pose --seeds 0
+    python -m benchmarks.finetune_mix --factor 4 --seeds 0 --trials 50 --out runs/finetune_mix
+    python -m benchmarks.finetune_mix --factor 8 --arms mix,mix-pose --seeds 0
 
 Results: ``<out>/results.json`` and a Markdown table (``--md benchmarks/results/finetune_mix.md``).
 """
@@ -39,10 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks._common import demo_recipe, mcnemar_vs_reference
 
-from benchmarks._common import demo_recipe, mcnemar_vs_reference  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DEPTHS = [0, 25, 50, 75, 100]
 
@@ -120,7 +119,7 @@ def evaluate(path: str, name: str, args: argparse.Namespace, docs: list[Any], ha
     """Retrieval grids and per-document NLL of one model on the held-out files."""
     import torch
 
-    from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
+    from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid
     from ctxext.models.load import ModelSpec, load_model
 
     loaded = load_model(ModelSpec(path, name=name), device="cpu")
@@ -238,18 +237,22 @@ def markdown(payload: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     from ctxext.cli.demo import RECIPE
     from ctxext.recipe.schema import load_recipe
 
     demo = load_recipe(RECIPE)  # every training default is the demo's, so the `mix` arm is the demo's fine-tune
-    parser.add_argument("--model", default=demo.model.path)
-    parser.add_argument("--original", type=int, default=64)
-    parser.add_argument("--factor", type=int, default=int(demo.rope.target_length or 256) // 64)
+    parser.add_argument("--model", default=demo.model.path, help="the base model (default: the demo's)")
+    parser.add_argument("--original", type=int, default=64, help="the base's window in tokens")
+    parser.add_argument(
+        "--factor", type=int, default=int(demo.rope.target_length or 256) // 64, help="extend to factor × original"
+    )
     parser.add_argument("--method", default=demo.rope.method, help="the RoPE method of the fine-tuned arms")
     parser.add_argument(
         "--gradient-checkpointing",
@@ -257,22 +260,27 @@ def main() -> None:
         default=demo.train.gradient_checkpointing,
         help="train with activation checkpointing (saves memory, costs time)",
     )
-    parser.add_argument("--arms", default="plain,mix,mix-pose")
-    parser.add_argument("--seeds", default="0")
-    parser.add_argument("--steps", type=int, default=demo.train.max_steps)
-    parser.add_argument("--micro-batch-size", type=int, default=demo.train.micro_batch_size)
-    parser.add_argument("--lr", type=float, default=demo.train.learning_rate)
-    parser.add_argument("--lora-r", type=int, default=demo.lora.r)
-    parser.add_argument("--short-fraction", type=float, default=demo.data.short_fraction)
-    parser.add_argument("--task-weight", type=float, default=sum(s.weight for s in demo.data.mixture or [] if s.task))
+    parser.add_argument("--arms", default="plain,mix,mix-pose", help="comma-separated: plain, mix, mix-pose")
+    parser.add_argument("--seeds", default="0", help="training seeds, comma-separated")
+    parser.add_argument("--steps", type=int, default=demo.train.max_steps, help="optimizer steps per arm")
+    parser.add_argument("--micro-batch-size", type=int, default=demo.train.micro_batch_size, help="rows per step")
+    parser.add_argument("--lr", type=float, default=demo.train.learning_rate, help="learning rate")
+    parser.add_argument("--lora-r", type=int, default=demo.lora.r, help="LoRA rank")
+    parser.add_argument("--short-fraction", type=float, default=demo.data.short_fraction, help="share of short rows")
+    parser.add_argument(
+        "--task-weight",
+        type=float,
+        default=sum(s.weight for s in demo.data.mixture or [] if s.task),
+        help="share of task rows in the mixture",
+    )
     parser.add_argument("--multikey-share", type=float, default=0.0, help="part of the task rows that are multi-key")
-    parser.add_argument("--pose-factor", type=int, default=2)
-    parser.add_argument("--trials", type=int, default=50)
+    parser.add_argument("--pose-factor", type=int, default=2, help="mix-pose rows of pose-factor × the window")
+    parser.add_argument("--trials", type=int, default=50, help="needle trials per (length, depth) cell")
     parser.add_argument("--docs", type=int, default=32, help="held-out documents for perplexity")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=Path("runs/finetune_mix"))
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--out", type=Path, default=Path("runs/finetune_mix"), help="runs and results.json")
     parser.add_argument("--md", type=Path, default=None, help="append the Markdown table to this file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
 

@@ -19,20 +19,20 @@ deterministic (seeded); this script is its command line, and measures what it gr
 
 Usage::
 
-    nice -n 10 python benchmarks/grow_base.py                 # grow + measure (~40 min on 2 cores)
-    python benchmarks/grow_base.py --measure-only             # re-measure the saved model (~2 min)
-    python benchmarks/grow_base.py --steps 20 --out /tmp/g    # smoke run
+    nice -n 10 python -m benchmarks.grow_base                 # grow + measure (~40 min on 2 cores)
+    python -m benchmarks.grow_base --measure-only             # re-measure the saved model (~2 min)
+    python -m benchmarks.grow_base --steps 20 --out /tmp/g    # smoke run
     # other shapes (docs/grown-model.md): Mistral or Qwen2 with GQA at a 128-token window, GPT-NeoX with
     # partial rotary
-    python benchmarks/grow_base.py --arch mistral --heads 4 --kv-heads 2 --window 128 --short-context 16 \
+    python -m benchmarks.grow_base --arch mistral --heads 4 --kv-heads 2 --window 128 --short-context 16 \
         --out ctxext/resources/grown-mistral-128
-    python benchmarks/grow_base.py --arch gpt_neox --rotary-pct 0.25 --intermediate 1024 \
+    python -m benchmarks.grow_base --arch gpt_neox --rotary-pct 0.25 --intermediate 1024 \
         --out ctxext/resources/grown-neox-64
     # builtin:grown-code-64-mk: two further stages on windows with 2-4 keys, asking for one, with an extra
     # loss on the asked key's answer (without it, 3,600 steps of such windows never taught key selection):
-    python benchmarks/grow_base.py --init-from ctxext/resources/grown-code-64 --out /tmp/grow-mka --skip-measure \
+    python -m benchmarks.grow_base --init-from ctxext/resources/grown-code-64 --out /tmp/grow-mka --skip-measure \
         --steps 800 --lr 1e-3 --warmup 20 --needle-share 0.2 --multikey-share 0.4 --answer-weight 1.0 --seed 5
-    python benchmarks/grow_base.py --init-from /tmp/grow-mka --out ctxext/resources/grown-code-64-mk \
+    python -m benchmarks.grow_base --init-from /tmp/grow-mka --out ctxext/resources/grown-code-64-mk \
         --steps 600 --lr 7e-4 --warmup 20 --needle-share 0.2 --multikey-share 0.5 --answer-weight 2.0 --seed 6
 
 Everything measured is printed and written to ``grow_report.json`` / ``grow_report.md`` in the
@@ -421,7 +421,7 @@ def markdown(report: dict[str, Any], name: str = "grown-code-64") -> str:
 
 
 def parse(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="model folder to write / measure")
     parser.add_argument("--measure-only", action="store_true", help="measure the saved model, do not train")
     parser.add_argument("--init-from", type=Path, default=None, help="continue training this saved model")
@@ -461,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
-    command = "python benchmarks/grow_base.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.grow_base " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.measure_only:
         if not (out / "model.safetensors").is_file():
             print(f"no saved model in {out}; run without --measure-only first", file=sys.stderr)

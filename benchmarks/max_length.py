@@ -15,7 +15,7 @@ would overrun the compute budget.
 
 Usage::
 
-    nice -n 5 python benchmarks/max_length.py --lengths 4096 8192 16384 32768 65536
+    nice -n 5 python -m benchmarks.max_length --lengths 4096 8192 16384 32768 65536
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from _memory import mem_total_gb, run_watched, status_kb
+from benchmarks._memory import mem_total_gb, run_watched, status_kb
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "max_length.md"
@@ -124,7 +124,7 @@ def child(side: str, length: int, threads: int, chunk: int) -> dict:
 
 def run_one(side: str, length: int, args: argparse.Namespace) -> dict:
     """Run :func:`child` in a fresh process, watching its memory and time."""
-    cmd = [sys.executable, __file__, "--child", side, str(length), "--threads", str(args.threads)]
+    cmd = [sys.executable, "-m", __spec__.name, "--child", side, str(length), "--threads", str(args.threads)]
     cmd += ["--chunk", str(args.chunk)]
     result = run_watched(cmd, args.threads, args.budget_mb, args.timeout)
     result.setdefault("side", side)
@@ -164,12 +164,12 @@ def table(results: dict[tuple[str, int], dict], lengths: list[int]) -> str:
     return "\n".join(rows)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Parse arguments; run the children (or be one)."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192, 16384, 32768, 65536])
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     parser.add_argument("--threads", type=int, default=2)
@@ -179,7 +179,7 @@ def main() -> None:
     parser.add_argument("--compute-budget", type=float, default=1200, help="seconds for the whole benchmark")
     parser.add_argument("--child", nargs=2, metavar=("SIDE", "LENGTH"), help=argparse.SUPPRESS)
     parser.add_argument("--no-write", action="store_true", help="do not write the results file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child[0], int(args.child[1]), args.threads, args.chunk)))
         return
@@ -223,7 +223,7 @@ def main() -> None:
     print(f"longest ctxext length: {longest:,} tokens; total {time.monotonic() - started:.0f} s")
     if args.no_write:
         return
-    command = "nice -n 5 python benchmarks/max_length.py " + " ".join(sys.argv[1:])
+    command = "nice -n 5 python -m benchmarks.max_length " + " ".join(sys.argv[1:] if argv is None else argv)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         "# Longest trainable sequence: grown-code-64 with ctxext vs. plain transformers loss\n\n"

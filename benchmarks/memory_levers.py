@@ -17,8 +17,8 @@ Checkpoint offload needs pinned CUDA memory: ``scripts/gpu-check.sh`` measures i
 
 Usage::
 
-    nice -n 10 python benchmarks/memory_levers.py                   # ~10+ minutes on a quiet 2-core machine
-    python benchmarks/memory_levers.py --hidden 256 --length 1024   # a quick smoke run of the script itself
+    nice -n 10 python -m benchmarks.memory_levers                   # ~10+ minutes on a quiet 2-core machine
+    python -m benchmarks.memory_levers --hidden 256 --length 1024   # a quick smoke run of the script itself
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-from _memory import mem_total_gb, peak_rss_mb, run_watched, training_step
+from benchmarks._common import measured_on
+from benchmarks._memory import mem_total_gb, peak_rss_mb, run_watched, training_step
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's ctxext, not another installed copy
 RESULTS_MD = ROOT / "benchmarks" / "results" / "memory_levers.md"
 RESULTS_JSON = RESULTS_MD.with_suffix(".json")
 # name → (train.memory.tiled_mlp, loss, quantization.compute_dtype, train.memory.residual_dtype)
@@ -50,8 +50,7 @@ CELLS = {
 
 def model_dir(hidden: int) -> Path:
     """The random benchmark model of this width (built once by ``train_memory.build_model``)."""
-    from train_memory import build_model
-
+    from benchmarks.train_memory import build_model
     from ctxext.models.builtin import cache_dir
 
     folder = cache_dir() / "benchmarks" / f"llama-v32000-h{hidden}-l2"
@@ -115,12 +114,12 @@ def predict(folder: str, length: int, cell: str) -> float:
     return plan.memory.total / 2**20
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Measure every cell, one fresh process at a time, and write the table."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--length", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=2)
@@ -128,7 +127,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--remeasure", action="store_true", help="measure cells already in the JSON again")
     parser.add_argument("--child", nargs=3, metavar=("FOLDER", "LENGTH", "CELL"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         folder, length, cell = args.child
         print(json.dumps(child(folder, int(length), cell)))
@@ -139,7 +138,7 @@ def main() -> None:
     for cell in CELLS:
         key = f"h{args.hidden}-t{args.length}-{cell}"
         if args.remeasure or not store.get(key, {}).get("ok"):
-            cmd = [sys.executable, __file__, "--child", folder, str(args.length), cell]
+            cmd = [sys.executable, "-m", __spec__.name, "--child", folder, str(args.length), cell]
             store[key] = run_watched(cmd, args.threads, args.budget_mb, args.timeout)
             RESULTS_JSON.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
         result = store[key]
@@ -157,7 +156,7 @@ def main() -> None:
         )
         print(rows[-1], flush=True)
     flags = f"--hidden {args.hidden} --length {args.length} --threads {args.threads}"
-    command = f"python benchmarks/memory_levers.py {flags}"
+    command = f"python -m benchmarks.memory_levers {flags}"
     text = "\n".join(
         [
             "# Memory levers on the CPU (`benchmarks/memory_levers.py`)",
@@ -167,6 +166,8 @@ def main() -> None:
             f"intermediate {3 * args.hidden}, "
             f"2 layers, 32k vocabulary, nf4 + LoRA r=8, checkpointing, AdamW; {args.length:,} tokens; fp32 compute "
             "unless the cell says bf16. Speed ratio: to the first cell, same run. Error: measured / planned - 1.",
+            "",
+            measured_on(),
             "",
             "| cell | measured peak MiB | planned MiB | error | tokens/s | speed ratio | loss |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",

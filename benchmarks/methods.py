@@ -15,7 +15,7 @@ all factors (cached) writes ``benchmarks/results/methods.md``.
 
 Usage::
 
-    nice -n 5 python benchmarks/methods.py --factors 4 8 --steps 60 --out /tmp/methods-bench
+    nice -n 5 python -m benchmarks.methods --factors 4 8 --steps 60 --out /tmp/methods-bench
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import argparse
 import json
 import platform
 import shutil
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,8 +38,6 @@ METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
 
 def recipe(method: str, original: int, target: int, run_dir: Path, args: argparse.Namespace) -> Any:
     """The demo's plain-code fine-tune with this benchmark's steps; identical for every method but the RoPE method."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     from benchmarks._common import demo_recipe
 
     overrides = [
@@ -119,7 +116,9 @@ def run_factor(factor: int, args: argparse.Namespace, timings: dict[str, float])
                         shutil.rmtree(run_dir)
                     t0 = time.time()
                     print(f"[x{factor}] fine-tuning {method}: {args.steps} steps at {target} tokens", flush=True)
-                    run_training(recipe(method, original, target, run_dir, args), command=["benchmarks/methods.py"])
+                    run_training(
+                        recipe(method, original, target, run_dir, args), command=["python", "-m", "benchmarks.methods"]
+                    )
                     timings[f"x{factor} finetune {method}"] = time.time() - t0
             specs = [ModelSpec(str(out / f"ft-{m}"), name=f"{m}+QLoRA") for m in methods]
             beyond = None
@@ -132,7 +131,7 @@ def run_factor(factor: int, args: argparse.Namespace, timings: dict[str, float])
             suite_path=str(SUITE),
             show_progress=False,
             allow_beyond_for=beyond,
-            command="benchmarks/methods.py",
+            command="python -m benchmarks.methods",
             overwrite=True,
         )
         timings[f"x{factor} eval {stage}"] = time.time() - t0
@@ -271,7 +270,7 @@ def render(reports: dict[int, dict[str, Any]], args: argparse.Namespace, timings
         "Command:",
         "",
         "```",
-        f"nice -n 5 python benchmarks/methods.py --factors {' '.join(map(str, args.factors))} --steps {args.steps} "
+        f"nice -n 5 python -m benchmarks.methods --factors {' '.join(map(str, args.factors))} --steps {args.steps} "
         f"--micro-batch {args.micro_batch} --lr {args.lr} --trials {args.trials} --max-docs {args.max_docs} "
         f"--threads {args.threads} --out {args.out}",
         "```",
@@ -297,11 +296,11 @@ def render(reports: dict[int, dict[str, Any]], args: argparse.Namespace, timings
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
     parser.add_argument("--factors", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
     parser.add_argument("--steps", type=int, default=60, help="QLoRA steps (0: training-free only)")
@@ -314,7 +313,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="/tmp/methods-bench")
     parser.add_argument("--no-write", action="store_true", help="do not write benchmarks/results/methods.md")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
 

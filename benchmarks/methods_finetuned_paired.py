@@ -7,7 +7,7 @@ retrieval trials, Holm-adjusted over the report.
 
 Usage (after ``methods.py --factors F --steps 60 --out DIR`` has trained the fine-tunes)::
 
-    python benchmarks/methods_finetuned_paired.py --factor 4 --out DIR
+    python -m benchmarks.methods_finetuned_paired --factor 4 --out DIR
     # -> DIR/x4/report-finetuned-paired/report.md
 """
 
@@ -17,33 +17,33 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import methods  # noqa: E402  (the benchmark next to this file: its suite and folder layout)
+from benchmarks import methods  # its suite and folder layout
 
 REFERENCE = "yarn"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
     from ctxext.evaluation.suite import run_suite
     from ctxext.models.load import ModelSpec
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--factor", type=int, required=True)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--factor", type=int, required=True, help="the factor whose fine-tunes to pair (4 or 8)")
     parser.add_argument("--out", default="/tmp/methods-bench", help="methods.py's --out")
     parser.add_argument("--trials", type=int, default=6, help="as methods.py")
     parser.add_argument("--max-docs", type=int, default=16, help="as methods.py")
     parser.add_argument("--resamples", type=int, default=1000, help="as methods.py")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     folder = Path(args.out) / f"x{args.factor}"
     names = [REFERENCE] + [m for m in methods.METHODS if m not in ("none", REFERENCE)]
     missing = [m for m in names if not (folder / f"ft-{m}" / "run.json").is_file()]
     if missing:
-        sys.exit(f"no fine-tuned run for {missing} in {folder}: run benchmarks/methods.py --factors {args.factor}")
+        sys.exit(
+            f"no fine-tuned run for {missing} in {folder}: run python -m benchmarks.methods --factors {args.factor}"
+        )
     specs = [ModelSpec(str(folder / f"ft-{m}"), name=f"{m}+QLoRA") for m in names]
     run_suite(
         methods.suite_for(args.factor, args),
@@ -51,7 +51,7 @@ def main() -> None:
         folder / "report-finetuned-paired",
         suite_path=str(methods.SUITE),
         show_progress=False,
-        command=" ".join(["python", *sys.argv]),
+        command=" ".join(["python", "-m", __spec__.name, *(sys.argv[1:] if argv is None else argv)]),
         overwrite=True,
         reference=f"{REFERENCE}+QLoRA",
     )

@@ -8,7 +8,7 @@ script re-runs only those retrieval cells (the perplexities are unaffected), tra
 needle, depths and trials per length, scored teacher-forced (prompt + answer fit L; exact for greedy
 decoding; no cache), and for a cross-check by generation without the cache for length-dependent RoPE.
 
-    nice -n 10 python benchmarks/methods_retrieval.py      # writes benchmarks/results/methods_retrieval.md
+    nice -n 10 python -m benchmarks.methods_retrieval      # writes benchmarks/results/methods_retrieval.md
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import argparse
 import sys
 import time
 from pathlib import Path
+
+from benchmarks._common import measured_on
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "methods_retrieval.md"
@@ -31,21 +33,21 @@ def _acc(e: dict) -> str:
     return f"{e['accuracy'] * 100:.0f}% ({e['ci_low'] * 100:.0f}–{e['ci_high'] * 100:.0f})"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--factors", default="4,8")
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--trials", type=int, default=6, help="per (length, depth) cell; methods.md used 6")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(RESULTS))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
 
-    from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
+    from ctxext.evaluation.sections.grids.engine import GridSettings, NeedleTask, evaluate_needle
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.rope.read import read_rope
     from ctxext.rope.runtime import patch_model
@@ -81,12 +83,16 @@ def main() -> None:
             )
             print(rows[-1], flush=True)
     n = 5 * args.trials
-    cmd = "nice -n 10 python benchmarks/methods_retrieval.py" + "".join(f" {a}" for a in sys.argv[1:])
+    cmd = "nice -n 10 python -m benchmarks.methods_retrieval" + "".join(
+        f" {a}" for a in (sys.argv[1:] if argv is None else argv)
+    )
     lines = [
         "# Needle retrieval of the RoPE method matrix, re-measured teacher-forced",
         "",
         f"Command: `{cmd}` ({time.time() - started:.0f} s on a shared 2-core CPU, torch {torch.__version__}, "
         f"{args.threads} thread(s)).",
+        "",
+        measured_on(),
         "",
         "`builtin:grown-code-64` patched training-free in memory (`patch_model`, RoPE verified), needle "
         "`KEY_xy = NNNNN` / `assert KEY_xy ==` in held-out stdlib source, depths 10/30/50/70/90 %, "

@@ -9,7 +9,7 @@ sample it records whether the argmax is the target's value, and whether it is *a
 at random scores ``1/n``: accuracy at that level with "copies a value" near 100 % means it copies without
 looking up the name.
 
-    nice -n 5 python benchmarks/multikey_probe.py -m builtin:grown-code-64 -m runs/demo/finetuned
+    nice -n 5 python -m benchmarks.multikey_probe -m builtin:grown-code-64 -m runs/demo/finetuned
 """
 
 from __future__ import annotations
@@ -44,21 +44,21 @@ def _samples(tok, hay, length: int, distractors: int, trials: int, seed: int):
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("-m", "--model", action="append", required=True)
     parser.add_argument("--lengths", default="64")
     parser.add_argument("--distractors", default="0,1,2,3")
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
 
-    from ctxext.evaluation.grid import load_haystack
+    from ctxext.evaluation.sections.grids.engine import load_haystack
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.scoring.answers import score_answers
 

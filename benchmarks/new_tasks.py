@@ -8,7 +8,7 @@ the suite's own grid, seeded by the cell), template 0 (the code forms; the grown
 trial by trial (exact McNemar), Holm-adjusted over every task and pair::
 
     ctxext demo --out runs/demo
-    python benchmarks/new_tasks.py --demo runs/demo --out benchmarks/results/new_tasks.md
+    python -m benchmarks.new_tasks --demo runs/demo --out benchmarks/results/new_tasks.md
 
 The tasks are JSON key-value retrieval (HELMET's json_kv) and many-document QA ("which file defines X",
 doc_qa) beside the single needle and multi-key retrieval with two distractor keys.
@@ -20,7 +20,8 @@ import argparse
 import itertools
 from pathlib import Path
 
-from ctxext.evaluation.grid import GridSettings, evaluate_task_grid, load_haystack
+from benchmarks._common import measured_on
+from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid, load_haystack
 from ctxext.models.load import ModelSpec, load_model
 from ctxext.scoring.stats import holm, mcnemar_exact, wilson_interval
 
@@ -33,18 +34,18 @@ TASKS = {  # label -> (task, options)
 DEPTHS = [10, 50, 90]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Score every model on every task and write the paired comparison."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     ap.add_argument("--demo", type=Path, required=True, help="the folder `ctxext demo --out` wrote")
     ap.add_argument("--base", default="builtin:grown-code-64-mk")
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--trials", type=int, default=100, help="per (task, depth) cell")
     ap.add_argument("--out", type=Path, required=True, help="the Markdown result page")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     models = {
         "base": args.base,
         "yarn": str(args.demo / "patched-yarn"),
@@ -67,7 +68,9 @@ def _write(args: argparse.Namespace, models: dict[str, str], outcomes: dict[tupl
     lines = [
         f"# Beyond the single needle: paired retrieval at {args.length} tokens (4x the grown model's window)",
         "",
-        f"`python benchmarks/new_tasks.py --demo {args.demo} --out {args.out}` (models from `ctxext demo`; "
+        measured_on(),
+        "",
+        f"Command: `python -m benchmarks.new_tasks --demo {args.demo} --out {args.out}` (models from `ctxext demo`; "
         f"teacher-forced, template 0, depths {DEPTHS}, {args.trials} trials per (task, depth), the same samples "
         "for every model). Accuracy with its 95 % Wilson interval:",
         "",

@@ -22,8 +22,8 @@ the comparison is written to ``benchmarks/results/plan_accuracy.md``.
 
 Usage::
 
-    nice -n 10 python benchmarks/plan_accuracy.py --lengths 1024 4096 16384
-    python benchmarks/plan_accuracy.py --report-only      # re-predict from the stored measurements
+    nice -n 10 python -m benchmarks.plan_accuracy --lengths 1024 4096 16384
+    python -m benchmarks.plan_accuracy --report-only      # re-predict from the stored measurements
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from _memory import mem_total_gb, peak_rss_mb, run_watched, training_step
+from benchmarks._memory import mem_total_gb, peak_rss_mb, run_watched, training_step
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's ctxext, not another installed copy
 RESULTS_MD = ROOT / "benchmarks" / "results" / "plan_accuracy.md"
 RESULTS_JSON = ROOT / "benchmarks" / "results" / "plan_accuracy.json"
 TOLERANCE = 0.20
@@ -49,8 +48,7 @@ SETTINGS = ((True, "chunked"), (True, "full"), (False, "chunked"), (False, "full
 
 def bench_model_dir() -> Path:
     """The 32k-vocabulary random Llama of ``train_memory.py`` (built there, by its own builder, once)."""
-    from train_memory import build_model
-
+    from benchmarks.train_memory import build_model
     from ctxext.models.builtin import cache_dir
 
     folder = cache_dir() / "benchmarks" / "llama-v32000-h128-l2"
@@ -147,7 +145,16 @@ def measure(args: argparse.Namespace, store: dict) -> None:
                 key = cell_key(model, length, checkpointing, loss) + ("/mmap" if args.force_mmap else "")
                 if key in store and store[key].get("ok") and not args.remeasure:
                     continue
-                cmd = [sys.executable, __file__, "--child", model, str(length), str(int(checkpointing)), loss]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    __spec__.name,
+                    "--child",
+                    model,
+                    str(length),
+                    str(int(checkpointing)),
+                    loss,
+                ]
                 cmd += ["--model-dir", bench_dir, "--threads", str(args.threads)]
                 env = FORCE_MMAP if args.force_mmap else None
                 result = run_watched(cmd, args.threads, args.budget_mb, args.timeout, env)
@@ -207,7 +214,31 @@ def report(store: dict, args: argparse.Namespace) -> str:
         f"{sum(runtime) / max(1, len(runtime)):.0f} MiB (range {min(runtime, default=0):.0f}–"
         f"{max(runtime, default=0):.0f}); `CPU_RUNTIME` in ctxext/planner/fit.py = {CPU_RUNTIME / 2**20:.0f} MiB."
     )
-    return table + live_table(store, bench_dir), summary
+    return table + live_table(store, bench_dir), summary + " " + band_line(store, bench_dir)
+
+
+def band_line(store: dict, bench_dir: str) -> str:
+    """The plan's error band from these cells: measured / planned − 1, resident and live (ctxext/planner/band.py)."""
+    from ctxext.planner.band import LIVE_PEAK, RESIDENT_PEAK
+    from ctxext.planner.footprint import PHASES
+
+    seen: dict[str, list[float]] = {"resident": [], "live": []}
+    for key, cell in store.items():
+        if not cell.get("ok"):
+            continue
+        model, length, ckpt, loss, *mmap = key.split("/")
+        plan = predict(model, int(length), ckpt == "ckpt", loss, bench_dir)
+        if mmap:
+            dynamic = max(sum(plan.memory.group_total(g, p) for g in ("activations", "loss")) for p in PHASES)
+            seen["live"].append((cell["peak_mb"] - cell["warm_mb"]) * 2**20 / dynamic - 1)
+        else:
+            seen["resident"].append(cell["peak_mb"] * 2**20 / plan.memory.total - 1)
+    parts = [
+        f"{kind} peaks {min(v):+.1%} … {max(v):+.1%} over {len(v)} cells (band.py: {low:+.0%} … {high:+.0%})"
+        for (kind, v), (low, high, _) in zip(seen.items(), (RESIDENT_PEAK, LIVE_PEAK), strict=True)
+        if v
+    ]
+    return "Error band (measured / planned − 1): " + "; ".join(parts) + "."
 
 
 def live_table(store: dict, bench_dir: str) -> str:
@@ -239,12 +270,12 @@ def live_table(store: dict, bench_dir: str) -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Parse arguments; measure (or be a child), then write the comparison."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--threads", type=int, default=1)
@@ -257,7 +288,7 @@ def main() -> None:
     )
     parser.add_argument("--child", nargs=4, metavar=("MODEL", "LENGTH", "CKPT", "LOSS"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         model, length, ckpt, loss = args.child
         print(json.dumps(child(model, int(length), ckpt == "1", loss, args.model_dir, args.threads)))
@@ -273,8 +304,8 @@ def main() -> None:
 
     # The table is rebuilt from every stored cell, so it names the commands that measured them.
     command = (
-        "`nice -n 10 python benchmarks/plan_accuracy.py --lengths 1024 2048 4096 8192 16384` (first table) and "
-        "`nice -n 10 python benchmarks/plan_accuracy.py --force-mmap --lengths 1024 4096 16384` (second table); "
+        "`nice -n 10 python -m benchmarks.plan_accuracy --lengths 1024 2048 4096 8192 16384` (first table) and "
+        "`nice -n 10 python -m benchmarks.plan_accuracy --force-mmap --lengths 1024 4096 16384` (second table); "
         "`--report-only` re-predicts the stored cells"
     )
     RESULTS_MD.write_text(

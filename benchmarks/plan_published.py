@@ -6,17 +6,16 @@ difference. Written to ``benchmarks/results/plan_published.md``.
 
 Usage::
 
-    python benchmarks/plan_published.py
+    python -m benchmarks.plan_published
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's ctxext, not another installed copy
 RESULTS = ROOT / "benchmarks" / "results" / "plan_published.md"
 GIB = 2**30
 
@@ -176,11 +175,16 @@ def predict(case: Case):
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Plan every case and write the table."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--no-write", action="store_true", help=f"print the table; do not write {RESULTS.name}")
+    args = parser.parse_args(argv)
+    from benchmarks._common import measured_on
+
     rows = [
         "| source | setting | published | planned | difference |",
         "| --- | --- | --- | --- | ---: |",
@@ -200,10 +204,12 @@ def main() -> None:
         print(rows[-1], flush=True)
     text = (
         "# `ctxext plan` vs. published memory figures\n\n"
-        "Command: `python benchmarks/plan_published.py` (config-only; no GPU). The difference is planned / "
+        "Command: `python -m benchmarks.plan_published` (config-only; no GPU). The difference is planned / "
         "published − 1 (memory: GB = 10⁹ bytes as the sources print it; lengths: tokens). Each difference is "
-        "discussed in `docs/planning.md`.\n\n" + "\n".join(rows) + "\n"
+        f"discussed in `docs/planning.md`.\n\n{measured_on()}\n\n" + "\n".join(rows) + "\n"
     )
+    if args.no_write:
+        return
     RESULTS.write_text(text)
     print(f"wrote {RESULTS}")
 

@@ -14,7 +14,7 @@ a few steps, each in its own fresh process, one after the other in the same run:
 The loop start is observed by wrapping ``ctxext.training.run.micro_batches`` (called once, just before the
 loop) in the child; nothing else changes.
 
-    python benchmarks/pose_memory.py --factor 8 --steps 3
+    python -m benchmarks.pose_memory --factor 8 --steps 3
 """
 
 from __future__ import annotations
@@ -29,10 +29,9 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks._memory import status_kb
 
-from benchmarks._memory import status_kb  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def child(arm: str, model: str, factor: int, steps: int, pose_factor: int, out: Path) -> None:
@@ -79,11 +78,13 @@ def child(arm: str, model: str, factor: int, steps: int, pose_factor: int, out: 
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     from ctxext.cli.demo import RECIPE
     from ctxext.recipe.schema import load_recipe
 
@@ -94,14 +95,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         child(args.child, args.model, args.factor, args.steps, args.pose_factor, args.out)
         return
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for arm in ("full", "pose"):
-            cmd = [sys.executable, __file__, "--child", arm, "--out", tmp]
+            cmd = [sys.executable, "-m", __spec__.name, "--child", arm, "--out", tmp]
             cmd += ["--model", args.model, "--factor", str(args.factor), "--steps", str(args.steps)]
             cmd += ["--pose-factor", str(args.pose_factor)]
             env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))

@@ -21,7 +21,7 @@ and answer per trial; the haystack is tokenised once) and scoring them with the 
 positions only or in full (``score_answers(..., answer_only=False)``, the previous scorer), on the same
 samples, with the scores compared.
 
-    nice -n 5 python benchmarks/retrieval_speed.py      # writes benchmarks/results/retrieval_speed.md
+    nice -n 5 python -m benchmarks.retrieval_speed      # writes benchmarks/results/retrieval_speed.md
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+from benchmarks._common import measured_on
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "retrieval_speed.md"
@@ -55,7 +57,7 @@ def _load(method: str | None):
 def _run(lm, grid, task, hay, scoring: str, new_tokens: int, per_cell: bool, batch_tokens: int | None):
     from dataclasses import replace
 
-    from ctxext.evaluation.grid import evaluate_task_grid
+    from ctxext.evaluation.sections.grids.engine import evaluate_task_grid
 
     settings = replace(grid, scoring=scoring, max_new_tokens=new_tokens, batch_tokens=batch_tokens)
     cpu, wall = time.process_time(), time.perf_counter()
@@ -102,11 +104,11 @@ def _profile(lm, grid, task, hay, repeats: int) -> dict[str, float | bool]:
     return {**best, "same": same, "nll_diff": nll}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--methods", default="none,yarn,llama3", help="none = the base model; static RoPE only")
     parser.add_argument("--lengths", default="64,128,256")
     parser.add_argument("--depths", default="0,25,50,75,100")
@@ -115,11 +117,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(RESULTS))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     import torch
 
-    from ctxext.evaluation.grid import GridSettings, NeedleTask, load_haystack
+    from ctxext.evaluation.sections.grids.engine import GridSettings, NeedleTask, load_haystack
     from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
 
     torch.set_num_threads(args.threads)
@@ -190,11 +192,13 @@ def main() -> None:
         if ratio_long >= 3
         else "NOT met"
     )
-    cmd = "python benchmarks/retrieval_speed.py" + "".join(f" {a}" for a in sys.argv[1:])
+    cmd = "python -m benchmarks.retrieval_speed" + "".join(f" {a}" for a in (sys.argv[1:] if argv is None else argv))
     lines = [
         "# Retrieval grids: teacher-forced scoring vs greedy generation",
         "",
         f"Command: `{cmd}`",
+        "",
+        measured_on(),
         "",
         f"torch {torch.__version__}, {args.threads} thread(s), CPU fp32, SDPA, on a shared 2-core machine "
         f"({os.cpu_count()} CPUs visible). Model: `builtin:grown-code-64` (64-token window), RoPE patched to "

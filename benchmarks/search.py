@@ -9,12 +9,12 @@ checked one by one.
 
 Usage::
 
-    python benchmarks/search.py --factors 4 8 --budget 10m --population 32 --generations 12 --out /tmp/search-bench
-    python benchmarks/search.py --factors 4 --no-write --out /tmp/search-bench   # searches only; then the page
-    python benchmarks/search.py --render-only --out /tmp/search-bench            # from every finished search
-    python benchmarks/search.py --scan-attention /tmp/search-bench/x4 --values 1 1.05 1.1   # price of a factor
+    python -m benchmarks.search --factors 4 8 --budget 10m --population 32 --generations 12 --out /tmp/search-bench
+    python -m benchmarks.search --factors 4 --no-write --out /tmp/search-bench   # searches only; then the page
+    python -m benchmarks.search --render-only --out /tmp/search-bench            # from every finished search
+    python -m benchmarks.search --scan-attention /tmp/search-bench/x4 --values 1 1.05 1.1   # price of a factor
     # three seeds; the attention factor fixed at 1, searched within the undetectable range, within +2 %:
-    python benchmarks/search.py --factors 4 8 --seeds 0 1 2 --attention 1 search:0 search:2 --out /tmp/search-bench
+    python -m benchmarks.search --factors 4 8 --seeds 0 1 2 --attention 1 search:0 search:2 --out /tmp/search-bench
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's ctxext, also when another one is installed
 RESULTS = ROOT / "benchmarks" / "results" / "search.md"
 MODEL = "builtin:grown-code-64"
 ORIGINAL = 64
@@ -93,7 +92,7 @@ def run_factor(factor: int, attention: str, seed: int, args: argparse.Namespace)
             "seed": seed,
             "tolerance": tolerance,
             "trials": args.trials,
-            "command": " ".join(["python", "benchmarks/search.py", *sys.argv[1:]]),
+            "command": " ".join(["python", "-m", "benchmarks.search", *sys.argv[1:]]),
             "load_before": load_before,
             "load_after": os.getloadavg()[0],
         }
@@ -219,7 +218,7 @@ def render(results: dict[tuple[int, str, int], dict[str, Any]]) -> str:
         "evaluations on a busy host).",
         "",
         "Commands (each runs its searches one after another into one folder; a last "
-        "`python benchmarks/search.py --render-only --out DIR` wrote this page from the finished folders):",
+        "`python -m benchmarks.search --render-only --out DIR` wrote this page from the finished folders):",
         "",
         "```",
         *commands,
@@ -312,11 +311,13 @@ def scan_attention(folder: Path, values: list[float], trials: int) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--factors", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--budget", default="10m")
     parser.add_argument("--population", type=int, default=32)
@@ -339,7 +340,7 @@ def main() -> None:
     parser.add_argument("--note", help="a Markdown file appended to the page (how the runs were made, reading)")
     parser.add_argument("--scan-attention", metavar="FOLDER", help="only scan attention factors with FOLDER's factors")
     parser.add_argument("--values", type=float, nargs="+", default=[1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.155])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import shutil
 
     import torch

@@ -9,7 +9,7 @@ it is printed on the result page, ``benchmarks/results/sequence_parallel.md``.
 
 Usage::
 
-    nice -n 5 python benchmarks/sequence_parallel.py --length 8192 --repeats 2
+    nice -n 5 python -m benchmarks.sequence_parallel --length 8192 --repeats 2
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from _memory import mem_total_gb, status_kb
+from benchmarks._memory import mem_total_gb, status_kb
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this checkout's ctxext, not another installed copy
 RESULTS_MD = ROOT / "benchmarks" / "results" / "sequence_parallel.md"
 MODELS = ("grown", "wide")
 TOLERANCE = 0.20
@@ -178,17 +177,27 @@ def launch_cell(args: argparse.Namespace, model: str, length: int, n: int, repea
     """Run one cell in fresh processes (1 plain, or ``n`` under accelerate); the per-rank results."""
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "cell")
-        worker_args = [__file__, "--worker", model, str(length), str(repeats), out]
+        # `python -m` / `accelerate launch --module`: the worker imports the benchmarks package as the parent does.
+        worker_args = [__spec__.name, "--worker", model, str(length), str(repeats), out]
         worker_args += ["--model-dir", str(wide_model_dir()), "--threads", str(args.threads)]
         env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
         env.pop("WORLD_SIZE", None)
         if n == 1:
-            cmd = [sys.executable, *worker_args]
+            cmd = [sys.executable, "-m", *worker_args]
         else:
             launcher = str(Path(sys.executable).with_name("accelerate"))
             port = str(29500 + os.getpid() % 1000)
             cmd = [launcher, "launch", "--multi_gpu", "--num_processes", str(n), "--num_machines", "1"]
-            cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port, *worker_args]
+            cmd += [
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                "--main_process_port",
+                port,
+                "--module",
+                *worker_args,
+            ]
             env["ACCELERATE_USE_CPU"] = "true"
         if live:
             env.update(LIVE)
@@ -414,12 +423,12 @@ def report(store: dict, args: argparse.Namespace, searches: dict) -> str:
     )
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Parse arguments; be a worker rank, or measure every cell, search the longest lengths and write the page."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--length", type=int, default=8192, help="the length of the 1-process vs N=2 cells")
     parser.add_argument("--repeats", type=int, default=2, help="timed steps per cell")
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
@@ -436,7 +445,7 @@ def main() -> None:
     parser.add_argument("--remeasure", action="store_true", help="measure cells already in the JSON again")
     parser.add_argument("--worker", nargs=4, metavar=("MODEL", "LENGTH", "REPEATS", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         model, length, repeats, out = args.worker
         worker(model, int(length), int(repeats), out, args.model_dir, args.threads)
@@ -446,7 +455,7 @@ def main() -> None:
     stored = args.out.with_suffix(".json")
     store = json.loads(stored.read_text()) if stored.is_file() else {}
     args.fresh = set()
-    command = f"nice -n 5 python benchmarks/sequence_parallel.py --length {args.length} --repeats {args.repeats}"
+    command = f"nice -n 5 python -m benchmarks.sequence_parallel --length {args.length} --repeats {args.repeats}"
     command += f" --models {' '.join(args.models)} --search {' '.join(args.search)} --step {args.step}"
     # Each allocator mode's cells are measured by their own command; the page names both.
     store.setdefault("_commands", {})["live (mmap)" if args.force_mmap else "default"] = command + (

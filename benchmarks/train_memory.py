@@ -13,7 +13,7 @@ transformers' own (full-length float32 logits); ctxext's is the chunked cross-en
 
 Usage::
 
-    nice -n 10 python benchmarks/train_memory.py --lengths 1024 2048 4096 8192 16384 --steps 3
+    nice -n 10 python -m benchmarks.train_memory --lengths 1024 2048 4096 8192 16384 --steps 3
 """
 
 from __future__ import annotations
@@ -200,7 +200,8 @@ WORKERS = {"ctxext": worker_ctxext, "plain": worker_plain}
 def _spawn(kind: str, length: int, args: argparse.Namespace) -> dict:
     cmd = [
         sys.executable,
-        __file__,
+        "-m",
+        __spec__.name,
         "--worker",
         kind,
         "--length",
@@ -221,12 +222,14 @@ def _spawn(kind: str, length: int, args: argparse.Namespace) -> dict:
     return json.loads(lines[-1][len("RESULT ") :])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run the comparison and write the Markdown table."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()  # the CLI's silencer: library notes would bury the measurements
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=32000)
@@ -239,7 +242,7 @@ def main() -> None:
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     if args.worker:
         import torch
@@ -281,12 +284,15 @@ def main() -> None:
 
     import torch
 
+    from benchmarks._common import measured_on
+
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.processor() or 'x86_64'})"
     text = (
         "# ctxext train vs. plain Trainer + peft: peak memory and speed\n\n"
-        f"Command: `python benchmarks/train_memory.py --lengths {' '.join(map(str, args.lengths))} "
+        f"Command: `python -m benchmarks.train_memory --lengths {' '.join(map(str, args.lengths))} "
         f"--steps {args.steps} --vocab {args.vocab} --hidden {args.hidden} --layers {args.layers} "
         f"--threads {args.threads}`\n\n"
+        f"{measured_on()}\n\n"
         f"Device: {device}; {args.threads} thread(s) per run; each cell is a fresh process; both sides: nf4 "
         "double-quant base, LoRA r=8 on all projections, gradient checkpointing, batch 1, same data blocks. "
         f"Model: random Llama, hidden {args.hidden}, {args.layers} layers, vocabulary {args.vocab}. "

@@ -6,7 +6,13 @@ LoRA r=16 on every projection, embeddings and norms trained) and one optimizer s
 backward, paged 8-bit AdamW) at ``--seq-len`` tokens, with the path's ``train.memory`` levers. Measured: the
 allocator's peak (``torch.cuda.max_memory_allocated``) during the step; planned: the same recipe's plan on this
 GPU less its overhead group (CUDA context, fragmentation: outside ``max_memory_allocated``). One line per path,
-then a summary line; the format is in docs/planning.md.
+then the planner's terms below, a summary line, then one line for the sequence split's GPU tests; the format is in
+docs/planning.md.
+
+The planner's terms that only a GPU can measure: the attention kernels' backward buffers (torch's SDPA and
+flash-attn's, modelled from the kernels' source: ``ctxext/planner/layer.py``), and what one decoder layer saves
+for its backward pass with the GPU's kernels (QLoRA with the bf16 stream, and a full fine-tune in bf16) against the
+per-layer terms measured on the CPU with the same saved-tensor hooks.
 """
 
 from __future__ import annotations
@@ -35,6 +41,13 @@ PATHS: dict[str, tuple[dict[str, Any], str]] = {
     "all levers (train.memory defaults)": ({}, "sdpa"),
 }
 TOLERANCE = 0.25
+# The sequence split's GPU-only paths, checked for exactness against one process by their tests (marked gpu): torch's
+# ring (context parallelism) alone and under FSDP2, ctxext's own Ulysses attention over NCCL, and with 4 GPUs the
+# hybrid of the two. One process per GPU: on fewer than 2 GPUs they cannot run.
+SPLIT_TESTS = [
+    "tests/test_sequence_parallel.py::test_ring_and_hybrid_splits_on_gpus_give_the_one_process_loss_and_gradients",
+    "tests/test_train_gpu.py::test_context_parallel_fsdp2",
+]
 
 
 def save_model(folder: Path, layers: int, device: str = "cuda", shape: dict[str, int] | None = None) -> None:
@@ -144,6 +157,163 @@ def _line(name: str, r: dict[str, Any]) -> str:
     )
 
 
+def split_check() -> tuple[str, bool]:
+    """Run :data:`SPLIT_TESTS`; one line (ok, FAILED, or skipped on fewer than 2 GPUs) and whether it did not fail."""
+    import torch
+
+    name = "sequence split (ring, Ulysses, hybrid)"
+    count = torch.cuda.device_count()
+    if count < 2:
+        return f"gpu-check | {name:<38} | skipped: needs 2 GPUs (one process each); this machine has {count}", True
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", *SPLIT_TESTS]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    tail = (done.stdout.strip().splitlines() or ["?"])[-1][:200]
+    return f"gpu-check | {name:<38} | {'ok' if done.returncode == 0 else 'FAILED'}: {tail}", done.returncode == 0
+
+
+def attention_backward_check(attn: str, seq_len: int, device_type: str = "cuda", shape: dict | None = None) -> dict:
+    """The attention kernel's backward memory beyond its inputs and dO, measured and planned (bytes).
+
+    Llama-3-8B's attention (32 query heads, 8 key/value heads of 128) at ``seq_len`` tokens in bf16: measured is the
+    allocator's peak during the backward less what was allocated before it (so dQ, dK, dV and the kernel's own
+    buffers); planned is the planner's dQ, dK, dV plus, on CUDA, flash-attention's buffers.
+    """
+    import torch
+
+    from ctxext.planner.footprint import ModelShape, Setup
+    from ctxext.planner.layer import attention_backward, cpu_attention_backward_buffers, flash_backward_buffers
+
+    heads, kv, dim = (shape or {}).get("heads", 32), (shape or {}).get("kv", 8), (shape or {}).get("dim", 128)
+    device = torch.device(device_type)
+    model = ModelShape(vocab=1, hidden=heads * dim, layers=1, heads=heads, kv_heads=kv, head_dim=dim, intermediate=1,
+                       tied=False)  # fmt: skip
+    setup = Setup(seq_len=seq_len, compute_bytes=2, residual_bytes=2, attention=attn, cuda=device_type == "cuda")
+    q = torch.randn(1, seq_len, heads, dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, seq_len, kv, dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, seq_len, kv, dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+    if attn == "flash_attention_2":
+        from flash_attn import flash_attn_func
+
+        out = flash_attn_func(q, k, v, causal=True)
+    else:
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        out = sdpa(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=True, enable_gqa=kv != heads)
+    grad = torch.randn_like(out)
+    planned = sum(b for name, b in attention_backward(model, setup) if name.startswith("dQ"))
+    if device_type == "cuda":
+        planned += sum(b for _, b in flash_backward_buffers(model, setup))
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out.backward(grad)
+        torch.cuda.synchronize()
+        measured = torch.cuda.max_memory_allocated() - before
+    else:  # the CPU test of this script: the kernel runs, its peak is not the allocator's
+        planned += cpu_attention_backward_buffers(model, setup)
+        out.backward(grad)
+        measured = planned
+    return {"measured": measured, "planned": planned}
+
+
+def saved_layer_check(folder: Path, full: bool, device_type: str = "cuda") -> dict:
+    """What decoder layer 1 saves for the backward pass with this device's kernels, measured and planned (bytes).
+
+    QLoRA (nf4, LoRA r=16 everywhere, embeddings and norms trained, bf16 stream) through ctxext's training path, or
+    every weight trained in bf16 (a full fine-tune): one forward pass of 4,096 tokens under
+    ``torch.autograd.graph.saved_tensors_hooks``, the distinct storages packed inside layer 1 less the parameters
+    and the layer's input (``tests/test_plan_layer.py`` does the same on the CPU).
+    """
+    import torch
+
+    from ctxext.models.build import load_weights
+    from ctxext.models.sources import config_from_folder
+    from ctxext.planner.footprint import ModelShape, Setup, layer_bytes
+    from ctxext.recipe.memory import Levers
+    from ctxext.recipe.sections import LoraSection
+    from ctxext.training.model import add_lora
+
+    tokens, device = 4096, torch.device(device_type)
+    config = config_from_folder(folder)
+    if full:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="sdpa")
+        model = model.to(device).train().requires_grad_(True)
+        decoder = model.model
+    else:
+        base = load_weights(folder, config, quantization="nf4", compute_dtype=torch.bfloat16, device=device)
+        lora = LoraSection(r=16, alpha=32)
+        model, _ = add_lora(base, lora, False, True, Levers(residual_dtype="bf16"))
+        decoder = model.get_base_model().model
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    state = {"inside": False, "outside": set(params), "saved": {}}
+
+    def enter(module: Any, args: Any, kwargs: Any) -> None:
+        state["outside"].add(kwargs.get("hidden_states", args[0] if args else None).untyped_storage().data_ptr())
+        state["inside"] = True
+
+    decoder.layers[1].register_forward_pre_hook(enter, with_kwargs=True)
+    decoder.layers[1].register_forward_hook(lambda *a: state.update(inside=False))
+
+    def pack(t: Any) -> Any:
+        ptr = t.untyped_storage().data_ptr()
+        if not state["inside"]:
+            state["outside"].add(ptr)
+        elif ptr not in state["outside"]:
+            state["saved"][ptr] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(0, config.vocab_size, (1, tokens), device=device)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        decoder(input_ids=ids)
+    setup = Setup(
+        seq_len=tokens,
+        quantization="none" if full else "nf4",
+        residual_bytes=2,
+        finetune="full" if full else "lora",
+        lora_targets=() if full else tuple(lora.target_modules),
+        extra_trainable=() if full else tuple(lora.extra_trainable),
+        cuda=device_type == "cuda",
+    )
+    return {
+        "measured": sum(state["saved"].values()),
+        "planned": int(layer_bytes(ModelShape.from_config(config), setup)),
+    }
+
+
+def planner_term_checks(folder: Path, seq_len: int) -> list[str]:
+    """One line per planner term measured on this GPU (attention backward buffers, a layer's saved tensors)."""
+    import importlib.util
+
+    lines, gib = [], 2**30
+    checks: list[tuple[str, Any]] = [
+        ("attention backward buffers (sdpa)", lambda: attention_backward_check("sdpa", seq_len))
+    ]
+    if importlib.util.find_spec("flash_attn"):
+        checks.append(
+            ("attention backward buffers (flash-attn)", lambda: attention_backward_check("flash_attention_2", seq_len))
+        )
+    checks += [
+        ("layer 1 saved tensors, QLoRA bf16 stream", lambda: saved_layer_check(folder, full=False)),
+        ("layer 1 saved tensors, full fine-tune bf16", lambda: saved_layer_check(folder, full=True)),
+    ]
+    for name, check in checks:
+        try:
+            r = check()
+        except Exception as exc:  # one failed check must not hide the others' lines
+            lines.append(
+                f"gpu-check | {name:<42} | FAILED: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+            )
+            continue
+        ratio = r["measured"] / r["planned"]
+        ok = "ok" if abs(ratio - 1) <= TOLERANCE else "OFF-PLAN"
+        lines.append(
+            f"gpu-check | {name:<42} | measured {r['measured'] / gib:7.3f} GiB | planned {r['planned'] / gib:7.3f} GiB "
+            f"| ratio {ratio:5.2f} {ok}"
+        )
+    return lines
+
+
 def main() -> int:
     """Run every path in a fresh process and print one line each, then the summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -183,6 +353,9 @@ def main() -> int:
                 continue
             results[name] = json.loads(done.stdout.strip().splitlines()[-1])
             print(_line(name, results[name]), flush=True)
+        terms = planner_term_checks(Path(tmp), args.seq_len)
+        for line in terms:
+            print(line, flush=True)
     within = sum(abs(r["measured"] / r["planned"] - 1) <= TOLERANCE for r in results.values())
     base = results.get(names[0])
     # A path agrees with the plan when its measured peak moves from the no-lever path's the way its plan does.
@@ -197,7 +370,10 @@ def main() -> int:
         f"gpu-check summary: {len(results)} of {len(names)} paths ran; {within} within ±{TOLERANCE:.0%} of the plan; "
         f"{len(agree)} of {len(names) - 1} move the measured peak from the no-lever path's the way the plan says"
     )
-    return 0 if len(results) == len(names) else 1
+    failed = any("FAILED" in line for line in terms)
+    line, split_ok = split_check()
+    print(line, flush=True)
+    return 0 if len(results) == len(names) and split_ok and not failed else 1
 
 
 if __name__ == "__main__":

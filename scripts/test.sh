@@ -6,6 +6,7 @@ bash scripts/setup.sh
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 ruff check .
+ruff format --check .
 mypy  # [tool.mypy] in pyproject.toml: the package ships py.typed, so its types are checked
 # The docs site: every page, link and anchor must resolve. No -q: it hides the warnings strict mode counts.
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict -d "$(mktemp -d)"

@@ -50,6 +50,23 @@ def write_recipe(path: Path, output_dir: Path, **sections: dict[str, Any]) -> Pa
     return path
 
 
+def head_shape_model(folder: Path, heads: int, kv_heads: int, head_dim: int) -> Path:
+    """A random tiny Llama (2 layers, hidden = heads × head dim) with the built-in tiny Llama's tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    from ctxext.models.sources import resolve_model_path
+
+    tiny = resolve_model_path("builtin:tiny-llama")
+    config = AutoConfig.from_pretrained(tiny)
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = heads, kv_heads, head_dim
+    config.hidden_size = heads * head_dim  # transformers requires a multiple of the heads
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny).save_pretrained(folder)
+    return folder
+
+
 def env(**extra: str) -> dict[str, str]:
     """The environment of a training subprocess: offline, one thread (deterministic), the test cache."""
     out = dict(os.environ)
@@ -95,6 +112,15 @@ def accelerate_cmd(num_processes: int, *args: str) -> list[str]:
         "ctxext",
         *args,
     ]
+
+
+def node_cmd(node: int, nodes: int, processes: int, port: int, *args: str) -> list[str]:
+    """``accelerate launch`` of machine ``node`` of ``nodes`` (``processes`` in all), the main one on localhost."""
+    cmd = accelerate_cmd(processes, *args)
+    at = cmd.index("--num_machines")
+    cmd[at : at + 2] = ["--num_machines", str(nodes), "--machine_rank", str(node), "--main_process_ip", "127.0.0.1"]
+    cmd[cmd.index("--main_process_port") + 1] = str(port)
+    return cmd
 
 
 def run(cmd: list[str], timeout: float = 240, **extra_env: str) -> subprocess.CompletedProcess:

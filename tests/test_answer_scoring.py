@@ -140,7 +140,7 @@ def test_length_dependent_rope_no_kv_cache_bug(cache_root, method):
 
     Generation with a KV cache gets 6/30 (dynamic) and 0/30 (longrope) on this grid (issue 10).
     """
-    from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
+    from ctxext.evaluation.sections.grids.engine import GridSettings, NeedleTask, evaluate_needle
     from ctxext.models.load import ModelSpec, load_model
 
     torch.set_num_threads(1)
@@ -163,7 +163,7 @@ def test_checkpoint_generation_config_changes_no_retrieval_number(cache_root, tm
     import json
     import shutil
 
-    from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
+    from ctxext.evaluation.sections.grids.engine import GridSettings, NeedleTask, evaluate_needle
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.models.sources import resolve_model_path
 

@@ -69,10 +69,7 @@ def test_imports_only_go_down_the_layers() -> None:
 
 
 # Imports from one workflow folder into another that remain to be moved into core (each entry names its way out).
-WORKFLOW_IMPORTS_TO_REMOVE = {
-    # The card renders each suite section's rows: the report will carry them (the sections' own folders).
-    ("publish.card", "evaluation.sections"),
-}
+WORKFLOW_IMPORTS_TO_REMOVE: set[tuple[str, str]] = set()
 
 
 def test_no_workflow_imports_another_workflow() -> None:

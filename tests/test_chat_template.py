@@ -71,8 +71,8 @@ def test_bad_templates_are_named(tiny_tokenizer, tmp_path):
 
 
 def test_grid_and_qa_record_the_template(chat_tokenizer, tmp_path):
-    from ctxext.evaluation.grid import GridSettings, evaluate_passkey
-    from ctxext.evaluation.qa import build_qa_prompt
+    from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_passkey
+    from ctxext.evaluation.sections.qa.engine import build_qa_prompt
 
     lm = loaded(tiny_lm(chat_tokenizer), chat_tokenizer)
     res = evaluate_passkey(lm, GridSettings(lengths=[200], depths=[50], trials=1), show_progress=False)

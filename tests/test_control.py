@@ -25,14 +25,14 @@ def grown():
 
 @pytest.fixture(scope="module")
 def haystack(grown):
-    from ctxext.evaluation.grid import load_haystack
+    from ctxext.evaluation.sections.grids.engine import load_haystack
 
     return load_haystack(grown, "builtin:stdlib", "text", "test", 512)
 
 
 def test_control_sample_keeps_length_question_and_answer_and_drops_the_inserts(grown, haystack):
     from ctxext.evaluation.control import control_sample
-    from ctxext.evaluation.grid import GridSettings
+    from ctxext.evaluation.sections.grids.engine import GridSettings
     from ctxext.tasks.samples import make_samples
 
     settings = GridSettings(lengths=[64], depths=[50], trials=4)
@@ -51,7 +51,7 @@ def test_control_sample_keeps_length_question_and_answer_and_drops_the_inserts(g
 
 def test_control_is_chance_for_a_keyed_needle_and_shows_a_leaking_one(grown, haystack):
     from ctxext.evaluation.control import evaluate_control
-    from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
+    from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid
     from ctxext.tasks import Template
 
     settings = GridSettings(lengths=[64], depths=[10, 50, 90], trials=20)
@@ -67,7 +67,7 @@ def test_control_is_chance_for_a_keyed_needle_and_shows_a_leaking_one(grown, hay
 
 def test_ruler_section_reports_the_control(grown, tmp_path):
     from ctxext.evaluation.report import render_markdown
-    from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec, evaluate_ruler
+    from ctxext.evaluation.sections.ruler.engine import RulerSettings, RulerTaskSpec, evaluate_ruler
 
     settings = RulerSettings(
         tasks=[RulerTaskSpec(task="needle"), RulerTaskSpec(task="copy_span", options={"span": 4})],

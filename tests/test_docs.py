@@ -6,6 +6,7 @@ import re
 import shlex
 from pathlib import Path
 
+import click
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -35,19 +36,19 @@ def _ctxext_commands(markdown: str) -> list[list[str]]:
 
 def _subcommand(tokens: list[str]) -> list[str]:
     """The command path a README line names (``["eval", "run"]``); fails the test for an unknown one."""
-    # Groups have ``commands`` (typer vendors its own click, so no isinstance check against click's classes).
+    # Groups list their commands (typer vendors its own click, so no isinstance check against click's classes);
+    # `eval` generates one per registered suite section when asked (list_commands / get_command).
     command = typer.main.get_command(app)
     path: list[str] = []
     for token in tokens[1:]:
-        subcommands = getattr(command, "commands", None)
-        if subcommands is None or token.startswith("-"):
+        if not hasattr(command, "list_commands") or token.startswith("-"):
             break
+        ctx = click.Context(command)
+        subcommands = command.list_commands(ctx)
         assert token in subcommands, f"README: `{' '.join(tokens)}`: `{token}` is not a ctxext subcommand"
-        command, path = subcommands[token], [*path, token]
+        command, path = command.get_command(ctx, token), [*path, token]
     assert path, f"README: `{' '.join(tokens)}` names no subcommand"
-    assert getattr(command, "commands", None) is None, (
-        f"README: `{' '.join(tokens)}`: `{' '.join(path)}` needs a subcommand"
-    )
+    assert not hasattr(command, "list_commands"), f"README: `{' '.join(tokens)}`: `{' '.join(path)}` needs a subcommand"
     return path
 
 

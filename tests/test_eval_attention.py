@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.attention import (
+from ctxext.evaluation.sections.attention.engine import (
     AttentionSettings,
     attention_modules,
     attention_probs,
@@ -104,8 +104,27 @@ def test_cli_attention_two_models_report_plot_and_paired_difference(tiny_model_d
     md = (out / "report.md").read_text()
     assert "## Attention diagnostics" in md and "![attention diagnostics](attention.png)" in md
     assert (out / "attention.png").read_bytes()[:4] == b"\x89PNG"
+    # One driver for every section: a token count past the context is measured there (marked †) up to 8× the
+    # reference context, like every suite length; past that it is refused before any model runs, nothing written.
     bad = runner.invoke(
-        app, ["eval", "attention", "--model", str(tiny_model_dir), "--length", "1024", "--out", str(tmp_path / "x")]
+        app, ["eval", "attention", "--model", str(tiny_model_dir), "--length", "4096", "--out", str(tmp_path / "x")]
     )
-    assert bad.exit_code == 2 and "beyond it" in " ".join(bad.output.split())
+    assert bad.exit_code == 2 and "8x" in bad.output and "--allow-beyond-context" in " ".join(bad.output.split())
     assert not (tmp_path / "x").exists()
+
+
+def test_bad_bands_are_refused_as_a_flag_and_a_suite_key(tmp_path):
+    # Checked where declared (the section's settings): before any model is loaded, named by flag or key.
+    from typer.testing import CliRunner
+
+    from ctxext.cli.commands import app
+    from ctxext.evaluation.suite import load_suite
+
+    args = ["eval", "attention", "--model", "builtin:tiny-llama", "--bands", "0.5,0.1", "--out", str(tmp_path / "x")]
+    bad = CliRunner().invoke(app, args)
+    assert bad.exit_code == 2 and "--bands" in bad.output and "increasing fractions" in bad.output
+    assert not (tmp_path / "x").exists()
+    suite = tmp_path / "s.yaml"
+    suite.write_text("name: s\nattention: {bands: [0.2, 1.5]}\n")
+    with pytest.raises(InputError, match="attention.bands"):
+        load_suite(suite)

@@ -8,13 +8,9 @@ import random
 import pytest
 
 from ctxext.errors import InputError
-from ctxext.evaluation.grid import (
-    GridSettings,
-    NeedleTask,
-    evaluate_needle,
-    evaluate_passkey,
-)
-from ctxext.evaluation.qa import QASettings, evaluate_qa, load_metric, normalize_answer, truncate_middle
+from ctxext.evaluation.sections.grids.engine import GridSettings, NeedleTask, evaluate_needle, evaluate_passkey
+from ctxext.evaluation.sections.qa.engine import evaluate_qa, load_metric, normalize_answer, truncate_middle
+from ctxext.evaluation.sections.qa.settings import QASettings
 from ctxext.tasks import Haystack, get_task
 from ctxext.tasks.passkey import PASSKEY_PREFIX
 from tests._eval_helpers import (
@@ -126,7 +122,7 @@ def test_qa_end_to_end_with_truncation(tiny_tokenizer, tmp_path):
 
 
 def test_kept_position_follows_truncate_middle():
-    from ctxext.evaluation.qa import kept_position
+    from ctxext.evaluation.sections.qa.engine import kept_position
 
     for n, budget in ((10, 5), (11, 6), (9, 20), (100, 7)):
         ids = list(range(n))
@@ -140,7 +136,7 @@ def test_kept_position_follows_truncate_middle():
 
 
 def test_qa_answer_positions_from_kept_tokens(tiny_tokenizer):
-    from ctxext.evaluation.qa import TRUNCATED_AWAY, build_qa_prompt
+    from ctxext.evaluation.sections.qa.engine import TRUNCATED_AWAY, build_qa_prompt
 
     filler = "value = compute(item)\n"
     template = "{context}\n\nQuestion: {question}\nAnswer:"

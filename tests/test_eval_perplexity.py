@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
+from ctxext.evaluation.sections.perplexity.engine import evaluate_perplexity
+from ctxext.evaluation.sections.perplexity.settings import PerplexitySettings
 from ctxext.scoring.nll import sliding_nll, sliding_windows, token_nll
 from tests._eval_helpers import (
     loaded,

@@ -9,9 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ctxext.evaluation.grid import GridSettings, evaluate_passkey
-from ctxext.evaluation.perplexity import PerplexitySettings, evaluate_perplexity
 from ctxext.evaluation.report import SCHEMA, build_report, model_entry, write_report
+from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_passkey
+from ctxext.evaluation.sections.perplexity.engine import evaluate_perplexity
+from ctxext.evaluation.sections.perplexity.settings import PerplexitySettings
 from tests._eval_helpers import (
     loaded,
     one_thread,  # noqa: F401  (autouse: one thread per test)
@@ -205,7 +206,8 @@ def test_shipped_suites_validate_and_resolve_lengths():
     from pathlib import Path
 
     from ctxext.errors import InputError
-    from ctxext.evaluation.suite import load_suite, resolve_length, resolve_lengths
+    from ctxext.evaluation.lengths import resolve_length, resolve_lengths
+    from ctxext.evaluation.suite import load_suite
 
     suites = sorted((Path(__file__).resolve().parents[1] / "eval").glob("*.yaml"))
     assert {p.name for p in suites} >= {"long-context.yaml", "tiny-cpu.yaml"}

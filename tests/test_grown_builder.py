@@ -1,4 +1,4 @@
-"""The grown-model builder (``ctxext.models.grown``, what ``benchmarks/grow_base.py`` runs) on a tiny recipe.
+"""The grown-model builder (``ctxext.models.grown``, what ``python -m benchmarks.grow_base`` runs) on a tiny recipe.
 
 The packaged models took tens of minutes to grow; here the same code path (split, tokenizer, stage 1 and
 stage 2 with needles, repeats and multi-key windows under the answer loss, atomic save) runs a few steps on

@@ -20,7 +20,7 @@ from ctxext.models.builtin import GROWN_DIR, GROWN_MK_DIR
 
 pytestmark = pytest.mark.skipif(
     not (GROWN_DIR / "model.safetensors").is_file(),
-    reason=f"the grown model is not packaged at {GROWN_DIR} (grow it with benchmarks/grow_base.py)",
+    reason=f"the grown model is not packaged at {GROWN_DIR} (grow it with python -m benchmarks.grow_base)",
 )
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -106,7 +106,7 @@ def test_multikey_model_selects_the_asked_key_where_its_parent_does_not(cache_ro
     The registry's ``multikey`` task (2 distractors, template 0: the form both were pretrained on), teacher-forced,
     at the 64-token window, the same seeded trials for both models. Measured: 94 % vs 5 % (120 trials).
     """
-    from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
+    from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.scoring.texts import iter_texts
     from ctxext.tasks import Haystack

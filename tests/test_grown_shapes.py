@@ -94,7 +94,7 @@ def test_shapes_no_architecture_builds_are_refused(changes, message):
 
 def test_grow_base_refuses_a_bad_shape_before_any_work(tmp_path):
     out = tmp_path / "g"
-    cmd = [sys.executable, "benchmarks/grow_base.py", "--arch", "gpt_neox", "--kv-heads", "2", "--out", str(out)]
+    cmd = [sys.executable, "-m", "benchmarks.grow_base", "--arch", "gpt_neox", "--kv-heads", "2", "--out", str(out)]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "kv_heads (--kv-heads) 2: gpt_neox" in result.stderr and "Traceback" not in result.stderr
@@ -205,7 +205,7 @@ def test_neox_partial_rotary_base(few_files, tmp_path, cache_root):
 
 # The packaged bases of other shapes (issue: a recipe proven on bases it was not tuned on): name, window, the
 # config keys that make the shape, and the in-window retrieval measured over 250 trials at depths 0-100
-# (benchmarks/results/finetune_mix.md).
+# (experiments/results/log/, sessions 4 and 5).
 PACKAGED_SHAPES = [
     ("grown-neox-64", 64, {"model_type": "gpt_neox", "partial_rotary_factor": 0.25}),  # 90 %
     ("grown-mistral-128", 128, {"model_type": "mistral", "num_key_value_heads": 2, "sliding_window": None}),  # 98 %
@@ -224,7 +224,7 @@ def test_packaged_base_of_another_shape_retrieves_inside_its_window(name, window
     for key, value in shape.items():
         assert (config.rope_parameters.get(key) if key == "partial_rotary_factor" else getattr(config, key)) == value
     # The registry's needle task in the code form it was pretrained on (template 0), teacher-forced, seeded.
-    from ctxext.evaluation.grid import GridSettings, evaluate_task_grid
+    from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.scoring.texts import iter_texts
     from ctxext.tasks import Haystack

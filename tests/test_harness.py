@@ -42,7 +42,7 @@ def yarn_model(tmp_path_factory) -> Path:
 def _ctxext_outcomes(model: Path, docs: list[dict], budget: int, until: list[str]) -> list[int]:
     """ctxext's own scoring of the exported prompts: the tokens lm-eval feeds, greedy, the one answer match."""
     from ctxext.evaluation.export_tasks import harness_prompt_ids
-    from ctxext.evaluation.grid import greedy_generate
+    from ctxext.evaluation.sections.grids.engine import greedy_generate
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.scoring.exact_match import answer_matches
 
@@ -79,11 +79,33 @@ def test_lm_eval_scores_exported_prompts_trial_for_trial_as_ctxext(yarn_model, t
     assert name in (report_dir / "report.md").read_text()
 
 
+def test_harness_exports_ctxext_tasks_first_with_lengths(yarn_model, tmp_path):
+    """``--lengths``: the section exports the named ctxext tasks (the first model's tokenizer), runs their tags, and
+    removes the export; the report says what was exported."""
+    from ctxext.evaluation.sections import SECTIONS
+
+    out = tmp_path / "report"
+    args = ["--tasks", "multikey", "--lengths", "256", "--depths", "50", "--trials", "2", "--templates", "0"]
+    result = run("eval", "harness", "--model", str(yarn_model), *args, "--out", str(out), "--quiet")
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    task = report["models"][0]["harness"]["tasks"]["ctxext_multikey_256"]
+    assert task["documents"] == 2 and len(task["outcomes"]) == 2
+    export = report["data"]["harness"]["export"]
+    assert export["tokenizer_of"] == str(yarn_model) and export["settings"]["lengths"] == [256]
+    assert report["suite"]["definition"]["harness"]["tasks"] == ["multikey"]  # the suite as given, not the tags
+    assert SECTIONS["harness"]._folder is None  # the temporary export is gone
+    bad = run("eval", "harness", "--model", str(yarn_model), "--tasks", "hellaswag", "--lengths", "256",
+              "--out", str(tmp_path / "bad"))  # fmt: skip
+    assert bad.exit_code == 2 and "names none of them" in " ".join(bad.output.split())
+    assert not (tmp_path / "bad").exists()
+
+
 def test_exported_prompts_are_the_grid_samples(yarn_model, tmp_path):
     """The documents are the retrieval grid's own seeded samples for the model's tokenizer, decoded."""
     from ctxext.evaluation.export_tasks import export_lm_eval
-    from ctxext.evaluation.grid import GridSettings, text_haystack
-    from ctxext.evaluation.ruler import RulerSettings, RulerTaskSpec
+    from ctxext.evaluation.sections.grids.engine import GridSettings, text_haystack
+    from ctxext.evaluation.sections.ruler.engine import RulerSettings, RulerTaskSpec
     from ctxext.models.load import load_tokenizer_and_config
     from ctxext.tasks.samples import make_samples
 

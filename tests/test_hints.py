@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import typer
 from _train_helpers import write_fake_run
@@ -25,13 +26,19 @@ from ctxext.cli.commands import app
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 CLI: Any = typer.main.get_command(app)  # typer's own click group (typer may vendor click)
+
+
+def _subcommands(group: Any) -> dict[str, Any]:
+    """A group's commands by name, as it lists them (``eval`` generates one per registered suite section)."""
+    if not hasattr(group, "list_commands"):
+        return {}
+    ctx = click.Context(group)
+    return {name: group.get_command(ctx, name) for name in group.list_commands(ctx)}
+
+
 # Every command a user can run: top-level ones and the subcommands of groups (`eval ppl`, `tasks export`).
 COMMANDS = sorted(
-    [
-        f"{name} {sub}" if sub else name
-        for name, cmd in CLI.commands.items()
-        for sub in (sorted(getattr(cmd, "commands", {})) or [""])
-    ],
+    [f"{name} {sub}".strip() for name, cmd in _subcommands(CLI).items() for sub in (_subcommands(cmd) or [""])],
     key=len,
 )
 # `ctxext CMD …` up to the end of the command as a message writes it (closing backtick, clause, line).
@@ -48,7 +55,7 @@ def options(command: str) -> frozenset[str]:
     """
     cmd = CLI
     for part in command.split():
-        cmd = cmd.commands[part]
+        cmd = _subcommands(cmd)[part]
     params = cmd.get_params(cmd.make_context(command, ["--help"], resilient_parsing=True))
     return frozenset({o for p in params for o in [*p.opts, *p.secondary_opts] if o.startswith("--")} | {"--help"})
 

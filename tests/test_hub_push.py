@@ -109,13 +109,13 @@ def test_a_run_from_a_local_base_is_staged_with_a_note_and_no_hub_base(tiny_run,
 
 
 def test_dry_run_with_extra_report_and_public_branch(run_copy, tmp_path):
+    from ctxext.evaluation.report import write_report
+
     extra = tmp_path / "long-eval"
-    extra.mkdir()
     entry = {"ppl": 9.5, "nll": 2.25, "tokens": 9, "documents": 1}
     rope = {"rope_type": "yarn", "rope_theta": 10000.0, "original_length": 256, "current_length": 2048}
     model = {"name": "x", "model": {"adapter": "run"}, "rope": rope, "perplexity": {"by_length": {"2048": entry}}}
-    report = EvalReport.model_validate({"models": [model]})
-    (extra / "report.json").write_text(report.to_json())
+    write_report(EvalReport.model_validate({"models": [model]}), extra)  # as `ctxext eval` writes it: card parts
     result = push(
         run_copy, "me/tiny-yarn", private=False, revision="v1", dry_run=True, report=[extra], log=lambda s: None
     )

@@ -59,27 +59,28 @@ def test_the_temperature_fold_equals_the_run_time_temperature_on_grouped_heads()
     assert embeddings_tied(folded)  # the fold touches the query projections only
 
 
-def test_the_sequence_split_refuses_two_and_names_the_sizes_that_work(gqa_dir, tmp_path):
+def test_the_sequence_split_serves_two_and_refuses_more_processes_than_query_heads(gqa_dir, tmp_path):
     from _train_helpers import write_recipe
 
     from ctxext.models.sources import config_from_folder
     from ctxext.training.sequence_parallel import check_heads
 
     config = config_from_folder(gqa_dir)
-    check_heads(config, 3)  # 3 query heads and 1 key/value head per process
-    with pytest.raises(InputError, match=r"2 must divide .* heads \(9\) and key/value heads \(3\).* Use 1 or 3$"):
-        check_heads(config, 2)
+    assert check_heads(config, 3).engine == "deepspeed"  # 3 query heads and 1 key/value head per process
+    assert check_heads(config, 2).engine == "ctxext"  # key/value head 1 replicated on both processes
+    with pytest.raises(InputError, match=r"10 .*9"):
+        check_heads(config, 10)
     # ctxext validate (and train, before a weight is loaded) says the same.
     recipe = write_recipe(
         tmp_path / "r.yaml",
         tmp_path / "out",
         model={"path": str(gqa_dir)},
         rope={"method": "yarn", "target_length": 1024},
-        train={"seq_len": 1024, "max_steps": 1, "sequence_parallel_size": 2},
+        train={"seq_len": 1024, "max_steps": 1, "sequence_parallel_size": 10},
     )
     result = runner.invoke(app, ["validate", str(recipe)])
     text = flat(result.output)
-    assert result.exit_code == 2 and "train.sequence_parallel_size" in text and "Use 1 or 3" in text
+    assert result.exit_code == 2 and "train.sequence_parallel_size" in text and "9" in text
     assert not (tmp_path / "out").exists()
 
 
@@ -89,9 +90,9 @@ def test_plan_reads_grouped_heads_and_offers_only_splits_they_divide(gqa_dir):
     assert plan["fits"] and plan["model"] == str(gqa_dir)
     text = flat(runner.invoke(app, args[:-1]).output)
     assert "(2 layers, hidden 72, vocab 512)" in text
-    # Asked for a split of 2: refused with the head counts; 3 is planned.
-    bad = runner.invoke(app, [*args, "--sp", "2"], env={"COLUMNS": "300"})
-    assert bad.exit_code == 2 and "key/value heads (3)" in flat(bad.output)
+    # Asked for more processes than query heads: refused with the head counts; 3 is planned.
+    bad = runner.invoke(app, [*args, "--sp", "10"], env={"COLUMNS": "300"})
+    assert bad.exit_code == 2 and "(9)" in flat(bad.output)
     split = json.loads(runner.invoke(app, [*args, "--sp", "3"]).output)
     assert split["setup"]["sequence_parallel"] == 3
 

@@ -67,7 +67,7 @@ def _nll_by_hand(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_key_tokens_are_the_far_copies(grown):
-    from ctxext.evaluation.longppl import select_key_tokens
+    from ctxext.evaluation.sections.longppl.engine import select_key_tokens
     from ctxext.scoring.nll import sliding_nll, token_nll
 
     ids, answer = _copy_case(grown.tokenizer)
@@ -198,12 +198,12 @@ def test_old_reports_without_longppl_still_read(tmp_path):
         "rope": {"rope_type": "default", "rope_theta": 1e4, "original_length": 64, "current_length": 64},
     }
     report = parse_report({"schema": SCHEMA, "models": [entry]})
-    assert report.models[0].longppl is None and "longppl" not in json.loads(report.to_json())["models"][0]
+    assert not report.models[0].has("longppl") and "longppl" not in json.loads(report.to_json())["models"][0]
 
 
 def test_the_default_suite_means_something():
     """eval/long-context.yaml: keyed held-out retrieval with a control, cells that separate 50 % from 90 %, LongPPL."""
-    from ctxext.evaluation.longppl import resolve_run
+    from ctxext.evaluation.sections.longppl.engine import resolve_run
     from ctxext.evaluation.suite import load_suite
     from ctxext.scoring.stats import wilson_interval
 

@@ -275,8 +275,12 @@ def test_plan_counts_the_document_mask_and_lora_dropout():
     plain = _plan().memory
     masked = _plan("data.document_mask=true").memory
     mask = next(c for c in masked.components if c.name.startswith("T×T attention mask"))
-    # 64k tokens: a bool and a bf16 copy of a 65,536² mask.
-    assert mask.bytes == 65536**2 * 3
+    # 64k tokens: a bool 65,536² mask for the model, and in the recomputed layer SDPA's bf16 additive copy (with
+    # k and v repeated to every query head: transformers does not pass enable_gqa with a mask).
+    assert mask.bytes == 65536**2
+    layer = next(c for c in plain.components if c.name == "recomputed layer").bytes
+    masked_layer = next(c for c in masked.components if c.name == "recomputed layer").bytes
+    assert masked_layer - layer == 65536**2 * 2 + 2 * 65536 * (4096 - 1024) * 2
     assert masked.total > plain.total
     dropped = _plan("lora.dropout=0.05").memory
     layer = next(c for c in plain.components if c.name == "recomputed layer").bytes

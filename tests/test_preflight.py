@@ -31,6 +31,10 @@ CASES = {
                                              "data.min_tokens", "64 is below train.seq_len (512)"),
     "a CUDA optimizer without CUDA": ({"train": {"optimizer": "paged_adamw_8bit"}}, "train.optimizer",
                                       "pages optimizer state through CUDA"),
+    "a ring without CUDA": ({"train": {"context_parallel_size": 2}}, "train.context_parallel_size",
+                            "runs only CUDA SDPA kernels"),
+    "a head split wider than the heads": ({"train": {"sequence_parallel_size": 8}}, "train.sequence_parallel_size",
+                                          "8 exceeds the model's 4 attention heads"),
 }  # fmt: skip
 if importlib.util.find_spec("wandb") is None:
     CASES["a tracker that is not installed"] = ({"train": {"tracker": "wandb"}}, "train.tracker", "not installed")

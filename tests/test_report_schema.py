@@ -1,5 +1,9 @@
 """The typed report schema: a report written through it reads back the same; other layouts are refused by name;
-the model card renders from a report built with it, with report.md's tables."""
+the model card renders from a report written with it, with report.md's tables.
+
+Each section's part is typed by the schema its registered section declares: the built-in sections are
+registered here by importing them (as every ``ctxext`` command that reads reports does).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
-from ctxext.artifacts.report import SCHEMA, EvalReport, parse_report, read_report
+import ctxext.evaluation.sections  # noqa: F401  (registers the sections' result schemas)
+from ctxext.artifacts.report import SCHEMA, parse_report, read_report
 from ctxext.errors import InputError
 
 
@@ -95,10 +100,14 @@ def test_round_trip_write_read_same(tmp_path):
     assert data["schema"] == SCHEMA and data["added_by_a_newer_ctxext"] == {"kept": True}
     assert data["models"][1]["perplexity"]["by_length"]["1024"]["ci_high"] is None
     assert "needle" not in data["models"][0] and "ruler" not in data["models"][0]  # tasks that did not run
-    tuned = report.models[1]
-    assert tuned.perplexity is not None and tuned.perplexity.ppl_at(512) == 9.0
-    assert tuned.passkey is not None and tuned.passkey.cells[1].outcomes == [1, 0]
-    assert tuned.passkey.accuracy_at(1024) == pytest.approx(0.75)
+    from ctxext.evaluation.sections.grids.schema import Grid
+    from ctxext.evaluation.sections.perplexity.schema import Perplexity
+
+    tuned = report.models[1]  # each section's part typed by the schema its section registered
+    ppl, passkey = tuned.section("perplexity", Perplexity), tuned.section("passkey", Grid)
+    assert ppl is not None and ppl.ppl_at(512) == 9.0 and ppl is tuned.model_extra["perplexity"]
+    assert passkey is not None and passkey.cells[1].outcomes == [1, 0]
+    assert passkey.accuracy_at(1024) == pytest.approx(0.75)
     assert not tuned.is_base and report.models[0].is_base
     # report.md is rendered from the same report with the shared tables.
     md = (out / "report.md").read_text()
@@ -141,11 +150,12 @@ def test_damaged_fields_are_named():
         parse_report({**_report(), "models": []})
 
 
-def _run_folder(tmp_path: Path, report: EvalReport) -> Path:
+def _run_folder(tmp_path: Path, report: dict) -> Path:
+    # The report as `ctxext eval` writes it (report.json with each section's card part, report.md, plots).
+    from ctxext.evaluation.report import write_report
+
     run = tmp_path / "run"
-    (run / "eval").mkdir(parents=True)
-    (run / "eval" / "report.json").write_text(report.to_json())
-    (run / "eval" / "ppl_by_position.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    write_report(report, run / "eval")
     info = {"status": "complete", "base_model": "me/tiny-llama", "method": "yarn", "original_length": 256,
             "target_length": 1024, "seq_len": 256, "steps": 3}  # fmt: skip
     (run / "run.json").write_text(json.dumps(info))
@@ -157,8 +167,7 @@ def _run_folder(tmp_path: Path, report: EvalReport) -> Path:
 def test_card_renders_from_a_report_built_with_the_schema(tmp_path):
     from ctxext.publish.card import build_model_card
 
-    report = EvalReport.model_validate(_report())
-    text = build_model_card(_run_folder(tmp_path, report), repo_id="me/tiny-yarn")
+    text = build_model_card(_run_folder(tmp_path, _report()), repo_id="me/tiny-yarn")
     card = ModelCard(text)
     # model-index: the extended model's numbers only (the base is the one loaded without an adapter).
     ppl = {r.metric_config: r.metric_value for r in card.data.eval_results if r.metric_type == "perplexity"}
@@ -181,7 +190,7 @@ def test_card_renders_from_a_report_built_with_the_schema(tmp_path):
 def test_card_refuses_a_report_of_an_unknown_layout(tmp_path):
     from ctxext.publish.card import build_model_card
 
-    run = _run_folder(tmp_path, EvalReport.model_validate(_report()))
+    run = _run_folder(tmp_path, _report())
     (run / "eval" / "report.json").write_text(json.dumps({"results": {"x": {"perplexity": {}}}}))
     with pytest.raises(InputError, match="is not a ctxext evaluation report"):
         build_model_card(run)
@@ -201,7 +210,7 @@ def test_card_refuses_a_report_of_an_unknown_layout(tmp_path):
 def test_values_out_of_range_are_refused_when_read_back(tmp_path, field, value, named):
     from ctxext.publish.card import build_model_card
 
-    run = _run_folder(tmp_path, EvalReport.model_validate(_report()))
+    run = _run_folder(tmp_path, _report())
     path = run / "eval" / "report.json"
     data = json.loads(path.read_text())
     node = data["models"][1]
@@ -218,7 +227,7 @@ def test_values_out_of_range_are_refused_when_read_back(tmp_path, field, value, 
         with pytest.raises(InputError):
             parse_report(data)
     else:
-        assert parse_report(data).models[1].perplexity is not None
+        assert parse_report(data).models[1].has("perplexity")
 
 
 def test_push_refuses_a_report_out_of_range(tmp_path):
@@ -226,7 +235,7 @@ def test_push_refuses_a_report_out_of_range(tmp_path):
 
     from ctxext.cli.commands import app
 
-    run = _run_folder(tmp_path, EvalReport.model_validate(_report()))
+    run = _run_folder(tmp_path, _report())
     path = run / "eval" / "report.json"
     data = json.loads(path.read_text())
     data["models"][1]["perplexity"]["by_length"]["512"]["ppl"] = -3.0

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ctxext.errors import InputError
-from ctxext.evaluation.ruler import effective_length, template_indices, trained_tasks
+from ctxext.evaluation.sections.ruler.engine import effective_length, template_indices, trained_tasks
 
 
 def test_effective_length():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ctxext.errors import InputError
-from ctxext.evaluation.ruler import effective_length, named_effective_lengths
+from ctxext.evaluation.sections.ruler.engine import effective_length, named_effective_lengths
 from ctxext.models.builtin import GROWN_DIR
 from ctxext.tasks import Haystack, get_task
 from tests._eval_helpers import loaded, one_thread, tiny_lm  # noqa: F401 — one_thread is an autouse fixture
@@ -41,7 +41,7 @@ def test_named_effective_lengths_ruler_and_nolima():
 
 
 def test_grid_both_scorings_on_the_same_trials(tiny_tokenizer):
-    from ctxext.evaluation.grid import GridSettings, evaluate_passkey
+    from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_passkey
 
     lm = loaded(tiny_lm(tiny_tokenizer), tiny_tokenizer)
     tf = evaluate_passkey(lm, GridSettings(lengths=[180], depths=[0, 100], trials=2), show_progress=False)
@@ -66,7 +66,7 @@ def test_grid_both_scorings_on_the_same_trials(tiny_tokenizer):
 @pytest.mark.skipif(not (GROWN_DIR / "model.safetensors").is_file(), reason="the grown model is not packaged")
 def test_generated_string_match_agrees_with_teacher_forcing_on_the_grown_model(cache_root):
     """Static RoPE: greedy generation starts with the answer iff teacher forcing says so; string match then finds it."""
-    from ctxext.evaluation.grid import GridSettings, NeedleTask, evaluate_needle
+    from ctxext.evaluation.sections.grids.engine import GridSettings, NeedleTask, evaluate_needle
     from ctxext.models.load import ModelSpec, load_model
 
     torch.set_num_threads(1)
@@ -130,7 +130,7 @@ def test_old_reports_without_the_new_fields_still_read(tiny_model_dir, tmp_path)
 
 
 def test_bad_generation_settings():
-    from ctxext.evaluation.grid import GridSettings
+    from ctxext.evaluation.sections.grids.engine import GridSettings
 
     with pytest.raises(InputError, match="teacher-forced, generate, both"):
         GridSettings(lengths=[10], scoring="sample").validate()

@@ -14,10 +14,21 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from _train_helpers import ROOT, accelerate_cmd, adapter_tensors, ctxext_cmd, env, run, write_recipe
+from _train_helpers import (
+    ROOT,
+    accelerate_cmd,
+    adapter_tensors,
+    ctxext_cmd,
+    env,
+    head_shape_model,
+    run,
+    write_recipe,
+)
+from conftest import tiny_model
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
@@ -25,7 +36,13 @@ from ctxext.errors import InputError
 from ctxext.planner.footprint import ModelShape, Setup, footprint
 from ctxext.recipe.schema import RecipeError, load_recipe
 from ctxext.training.data.rows import IGNORE_INDEX, ModelInputs, build_inputs
-from ctxext.training.sequence_parallel import SequenceSplit, check_heads, check_sequence_parallel
+from ctxext.training.sequence_parallel import (
+    SequenceSplit,
+    UlyssesPlan,
+    check_heads,
+    check_sequence_parallel,
+    ulysses_plan,
+)
 
 deepspeed_missing = pytest.mark.skipif(
     __import__("importlib").util.find_spec("deepspeed") is None,
@@ -131,7 +148,6 @@ def test_segment_attention_equals_the_block_causal_mask():
         ("rope.method=dynamic", "rope.method 'dynamic'"),
         ("rope.method=longrope", "rope.method 'longrope'"),
         ("model.attn_implementation=eager", "eager"),
-        ("train.context_parallel_size=2", "train.context_parallel_size"),
     ],
 )
 def test_recipes_the_split_cannot_serve_are_refused(tmp_path, override, says):
@@ -149,20 +165,91 @@ def test_rows_of_several_documents_are_accepted(tmp_path):
     assert loaded.train.sequence_parallel_size == 2 and loaded.data.document_mask
 
 
+def test_a_ring_follows_the_same_recipe_rules_and_composes_with_the_head_split(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **SPLIT)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(recipe, ["train.context_parallel_size=2", "rope.method=dynamic"])
+    [(key, message)] = err.value.problems
+    assert key == "train.context_parallel_size" and "rope.method 'dynamic'" in message
+    both = load_recipe(recipe, ["train.context_parallel_size=2", "train.sequence_parallel_size=2"]).train
+    assert (both.context_parallel_size, both.sequence_parallel_size) == (2, 2)
+
+
+def test_the_head_plan_shares_query_heads_evenly_and_replicates_what_two_ranks_read():
+    smollm2 = ulysses_plan(9, 3, 2)
+    assert isinstance(smollm2, UlyssesPlan) and smollm2.engine == "ctxext"  # DeepSpeed needs 9 % 2 == 0
+    assert smollm2.query == ((0, 4), (4, 9)) and smollm2.kv == ((0, 2), (1, 3)) and smollm2.replicated_kv == 1
+    four = ulysses_plan(9, 3, 4)
+    assert four.query == ((0, 2), (2, 4), (4, 6), (6, 9)) and four.kv == ((0, 1), (0, 2), (1, 2), (2, 3))
+    # DeepSpeed's shapes: N divides the query heads and divides, or is a multiple of, the key/value heads.
+    for heads, kv, size in [(4, 2, 2), (4, 2, 4), (4, 1, 2), (4, 1, 4), (32, 8, 8), (32, 8, 16)]:
+        assert ulysses_plan(heads, kv, size).engine == "deepspeed", (heads, kv, size)
+    for heads, kv, size in [(4, 2, 3), (3, 1, 2), (28, 4, 8), (32, 8, 12)]:
+        assert ulysses_plan(heads, kv, size).engine == "ctxext", (heads, kv, size)
+    assert ulysses_plan(4, 2, 1).engine == "none"
+    # Wider than the query heads: refused, naming the hybrid with a ring.
+    too_wide = ulysses_plan(32, 8, 64)
+    assert isinstance(too_wide, str) and "32 attention heads" in too_wide
+    assert "train.sequence_parallel_size=32 train.context_parallel_size=2" in too_wide
+
+
+def test_local_kv_groups_keep_grouped_attention_where_a_rank_s_heads_group_evenly():
+    from ctxext.training.ulysses import local_kv_groups
+
+    plan = ulysses_plan(9, 3, 4)  # query heads 0-1, 2-3, 4-5, 6-8 over key/value heads 0, 0-1, 1, 2
+    assert [local_kv_groups(plan, r)[0] for r in range(4)] == [2, 1, 2, 3]
+    groups, index = local_kv_groups(ulysses_plan(9, 3, 2), 1)  # heads 4-8: key/value 1 twice, 2 three times
+    assert groups == 1 and index.tolist() == [0, 0, 1, 1, 1]
+
+
+def test_the_ring_is_refused_where_torch_s_ring_cannot_run_it():
+    from transformers import LlamaConfig, MistralConfig
+
+    from ctxext.training.sequence_parallel import ring_refusal
+
+    llama = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
+    assert ring_refusal(llama, "sdpa", cuda=True) is None and ring_refusal(None, "sdpa", cuda=True) is None
+    assert "only CUDA SDPA kernels" in ring_refusal(llama, "sdpa", cuda=False)
+    assert "model.attn_implementation: sdpa" in ring_refusal(llama, "flash_attention_2", cuda=True)
+    windowed = MistralConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, sliding_window=128)
+    assert "within a window" in ring_refusal(windowed, "sdpa", cuda=True)
+
+
+def test_stopping_the_split_gives_back_the_attention_it_replaced():
+    # After training, what runs in the main process (the recipe's evaluation) must attend on its own.
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from ctxext.training import sequence_parallel as sp
+
+    original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    model = tiny_model(num_attention_heads=4, num_key_value_heads=1)
+    attention = model.model.layers[0].self_attn
+    sp._CORES.setdefault("sdpa", original)
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = sp.segment_attention(original)  # a split's wrapper
+    attention.num_key_value_groups = 2  # as DeepSpeed leaves it when it replicates the key/value head over 2
+    try:
+        sp.stop_sequence_parallel(model)
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is original and attention.num_key_value_groups == 4
+    finally:
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = original
+
+
 def test_heads_and_launch_size_are_checked(cache_root):
     from transformers import AutoConfig
 
     from ctxext.models.sources import resolve_model_path
 
-    config = AutoConfig.from_pretrained(resolve_model_path("builtin:tiny-llama"))
-    check_heads(config, 2)  # 4 heads, 2 key/value heads
-    with pytest.raises(
-        InputError, match=r"train.sequence_parallel_size: 4 must divide .* heads \(4\) and key/value heads \(2\)"
-    ):
-        check_heads(config, 4)
+    config = AutoConfig.from_pretrained(resolve_model_path("builtin:tiny-llama"))  # 4 heads, 2 key/value heads
+    assert check_heads(config, 2).engine == check_heads(config, 4).engine == "deepspeed"
+    assert check_heads(config, 3).engine == "ctxext"
+    with pytest.raises(InputError, match=r"train.sequence_parallel_size: 5 exceeds the model's 4 attention heads"):
+        check_heads(config, 5)
     with pytest.raises(InputError, match=r"2 does not divide the 3 process\(es\)"):
         check_sequence_parallel(2, 3)
+    with pytest.raises(InputError, match=r"train.context_parallel_size = 4 does not divide the 6 process\(es\)"):
+        check_sequence_parallel(2, 6, context_parallel=2)
     check_sequence_parallel(2, 4)
+    check_sequence_parallel(2, 8, context_parallel=2)
 
 
 @pytest.mark.slow
@@ -178,7 +265,8 @@ def test_cli_refuses_a_split_it_cannot_make_and_writes_nothing(tmp_path, cache_r
     code = f"import runpy, sys; sys.modules['deepspeed'] = None; sys.argv = {argv!r}; runpy.run_module('ctxext')"
     done = run([sys.executable, "-c", code], CTXEXT_CACHE=str(cache_root))
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "train.sequence_parallel_size: 2 needs DeepSpeed" in done.stderr and "ctxext[deepspeed]" in done.stderr
+    says = "train.sequence_parallel_size: 2 splits this model's 4 heads with DeepSpeed's Ulysses attention"
+    assert says in done.stderr and "ctxext[deepspeed]" in done.stderr
     assert not (tmp_path / "run").exists()
 
 
@@ -191,14 +279,18 @@ def test_plan_divides_activations_by_the_split_but_not_the_all_to_all_buffers():
     setup = Setup(seq_len=8192, optimizer="adamw", loss_chunk=256)
     one, two = footprint(shape, setup), footprint(shape, dataclasses.replace(setup, sequence_parallel=2, world=2))
     size_one, size_two = ({c.name: c.bytes for c in fp.components} for fp in (one, two))
-    per_token = ["layer inputs (checkpoints)", "recomputed layer", "backward working set", "final norm + hidden states"]
+    per_token = ["layer inputs (checkpoints)", "backward working set", "final norm + hidden states"]
     for name in [*per_token, "grad of hidden states"]:
         assert abs(size_two[name] - size_one[name] / 2) <= 1, name
-    # Not divided: the exchange buffers (the gathered q, k, v and output of the recomputed layer), fp32 stream.
-    q_k_v_out = 2 * 64 + 2 * 32
-    assert size_two["Ulysses all-to-all buffers"] == 4096 * q_k_v_out * 4
-    assert "Ulysses all-to-all buffers" not in size_one and one.all_to_all == 0
+    # The recomputed layer halves too, but for o_proj's input: the attention output swapped back is a new tensor
+    # (without the split it is the kernel's own), 4096 tokens × q 64 × fp32.
+    assert size_two["recomputed layer"] == size_one["recomputed layer"] / 2 + 4096 * 64 * 4
+    # Not divided by the split: one layer's exchange in flight (send + receive copies of q, k, v), fp32 stream.
+    q_k_v = 64 + 2 * 32
+    assert size_two["Ulysses all-to-all buffers in flight"] == 2 * 4096 * q_k_v * 4
+    assert "Ulysses all-to-all buffers in flight" not in size_one and one.all_to_all == 0
     # Sent per micro-batch: 2 layers x 3 passes (forward, recomputation, backward) x the half that leaves.
+    q_k_v_out = 2 * 64 + 2 * 32
     assert two.all_to_all == 2 * 3 * (4096 * q_k_v_out // 2) * 4
 
 
@@ -222,31 +314,86 @@ def test_plan_offers_the_split_and_re_plans_it():
 # ---- two real processes over gloo ----
 
 
+# name → (query heads, key/value heads, head dim): one key/value head (DeepSpeed replicates it), SmolLM2-135M's
+# shape at a tiny hidden size, and 3 heads / 1 key/value head (neither divides 2: ctxext's own attention).
+SHAPES = {"kv1": (4, 1, 16), "smollm2": (9, 3, 8), "three": (3, 1, 16)}
+
+
 @pytest.mark.slow
 @deepspeed_missing
-def test_two_process_split_gives_the_one_process_loss_and_gradients(tmp_path, cache_root):
-    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **SPLIT)
-    split = write_recipe(
-        tmp_path / "s.yaml", tmp_path / "run", **{**SPLIT, "train": {**SPLIT["train"], "sequence_parallel_size": 2}}
-    )
+def test_split_over_2_and_4_processes_gives_the_one_process_loss_and_gradients(tmp_path, cache_root):
+    # One launch per process count, several head shapes each: the built-in tiny Llama (4 heads, 2 key/value heads)
+    # at 2,048 tokens, the shapes above at 512. Four processes: 4 over one sequence (DeepSpeed, key/value head
+    # replicated 4x; ctxext's, 3/2/2/2 query heads) and two groups of two (ctxext's, data parallel 2).
+    recipes = {"tiny": write_recipe(tmp_path / "tiny.yaml", tmp_path / "run", **SPLIT)}
+    short = {**SPLIT, "train": {**SPLIT["train"], "seq_len": 512}}
+    for name, shape in SHAPES.items():
+        model = {"path": str(head_shape_model(tmp_path / name, *shape))}
+        recipes[name] = write_recipe(tmp_path / f"{name}.yaml", tmp_path / "run", model=model, **short)
     cases = "plain,pose,masked,ignored"
     worker = str(ROOT / "tests" / "_sp_worker.py")
-    one = run([sys.executable, worker, str(recipe), str(tmp_path / "one.pt"), cases], CTXEXT_CACHE=str(cache_root))
+    one = run([sys.executable, worker, str(tmp_path / "one.pt"), cases, *map(str, recipes.values())], timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
-    cmd = accelerate_cmd(2, str(split), str(tmp_path / "two.pt"), cases)
-    cmd[cmd.index("-m") : cmd.index("ctxext") + 1] = [worker]  # a script, not `-m ctxext`
-    two = run(cmd, ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))
-    assert two.returncode == 0, two.stderr[-3000:]
-    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
-    assert (a["processes"], b["processes"]) == (1, 2)
-    for case in cases.split(","):
-        ref, got = a["cases"][case], b["cases"][case]
-        assert torch.isfinite(torch.tensor(got["loss"]))
-        assert abs(got["loss"] - ref["loss"]) <= 1e-6 * abs(ref["loss"]), case
-        assert ref["grads"].keys() == got["grads"].keys()
-        for name, grad in ref["grads"].items():
-            assert grad.norm() > 0, name  # every gradient is exercised (LoRA B starts non-zero in the worker)
-            assert _relative(grad, got["grads"][name]) <= 1e-5, (case, name)
+    ref = torch.load(tmp_path / "one.pt")["recipes"]
+    launches = {
+        2: {"tiny": 2, "kv1": 2, "smollm2": 2, "three": 2},
+        4: {"kv1": 4, "smollm2": 4, "three": 2},
+    }
+    engines = {("tiny", 2): "deepspeed", ("kv1", 2): "deepspeed", ("kv1", 4): "deepspeed"}
+    for processes, sizes in launches.items():
+        cmd = accelerate_cmd(processes, str(tmp_path / f"{processes}.pt"), cases)
+        cmd[cmd.index("-m") : cmd.index("ctxext") + 1] = [worker]  # a script, not `-m ctxext`
+        cmd += [f"{recipes[name]}:{size}" for name, size in sizes.items()]
+        done = run(cmd, timeout=600, ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))
+        assert done.returncode == 0, done.stderr[-3000:]
+        got = torch.load(tmp_path / f"{processes}.pt")
+        assert got["processes"] == processes
+        for name, size in sizes.items():
+            split = got["recipes"][f"{name}.yaml:{size}"]
+            assert split["engine"] == engines.get((name, size), "ctxext"), (name, size)
+            for case in cases.split(","):
+                want, have = ref[f"{name}.yaml"][case], split[case]
+                where = (processes, name, case)
+                assert torch.isfinite(torch.tensor(have["loss"]))
+                assert abs(have["loss"] - want["loss"]) <= 1e-6 * abs(want["loss"]), where
+                assert want["grads"].keys() == have["grads"].keys()
+                for param, grad in want["grads"].items():
+                    assert grad.norm() > 0, param  # every gradient is exercised (LoRA B starts non-zero)
+                    assert _relative(grad, have["grads"][param]) <= 1e-5, (*where, param)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (one process per GPU)")
+def test_ring_and_hybrid_splits_on_gpus_give_the_one_process_loss_and_gradients(tmp_path, cache_root):
+    # fp32 weights and activations, SDPA: one process against torch's ring over 2 GPUs (context parallelism), ctxext's
+    # own Ulysses attention over NCCL, and with 4 GPUs the hybrid (2 ring shards x 2 Ulysses ranks; DeepSpeed's and
+    # ctxext's attention). Rows without PoSE or documents: the ring refuses them.
+    exact = {"quantization": {"mode": "none", "compute_dtype": "float32"}, "model": {"attn_implementation": "sdpa"}}
+    tiny = write_recipe(tmp_path / "tiny.yaml", tmp_path / "run", **SPLIT, **exact)
+    short = {**SPLIT, "train": {**SPLIT["train"], "seq_len": 512}}
+    smollm2 = {"path": str(head_shape_model(tmp_path / "smollm2", *SHAPES["smollm2"])), "attn_implementation": "sdpa"}
+    shaped = write_recipe(tmp_path / "smollm2.yaml", tmp_path / "run", **{**short, **exact, "model": smollm2})
+    cases = "plain,ignored"
+    worker = str(ROOT / "tests" / "_sp_worker.py")
+    one = run([sys.executable, worker, str(tmp_path / "one.pt"), cases, str(tiny), str(shaped)], timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    ref = torch.load(tmp_path / "one.pt")["recipes"]
+    processes = 4 if torch.cuda.device_count() >= 4 else 2
+    specs = {"tiny": f"{tiny}:1:2", "smollm2": f"{shaped}:2"}
+    if processes == 4:
+        specs.update(tiny_hybrid=f"{tiny}:2:2", smollm2_hybrid=f"{shaped}:2:2")
+    # the first spec sets the launch check: 2 processes per sequence divide 2 and 4
+    cmd = accelerate_cmd(processes, str(tmp_path / "split.pt"), cases)
+    cmd[cmd.index("-m") : cmd.index("ctxext") + 1] = [worker]
+    done = run(cmd + list(specs.values()), timeout=600, CTXEXT_CACHE=str(cache_root))
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = torch.load(tmp_path / "split.pt")["recipes"]
+    for name, spec in specs.items():
+        for case in cases.split(","):
+            want, have = ref[f"{name.removesuffix('_hybrid')}.yaml"][case], got[Path(spec).name][case]
+            assert abs(have["loss"] - want["loss"]) <= 1e-5 * abs(want["loss"]), (name, case)
+            for param, grad in want["grads"].items():
+                assert _relative(grad, have["grads"][param]) <= 1e-4, (name, case, param)
 
 
 @pytest.mark.slow

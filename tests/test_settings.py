@@ -25,7 +25,9 @@ from typer.testing import CliRunner
 
 from ctxext.calibration.settings import CalibrationSettings
 from ctxext.cli.commands import app
-from ctxext.evaluation.settings import NeedleSettings, PasskeySettings, PerplexitySettings, QASettings
+from ctxext.evaluation.sections.grids.settings import NeedleSettings, PasskeySettings
+from ctxext.evaluation.sections.perplexity.settings import PerplexitySettings
+from ctxext.evaluation.sections.qa.settings import QASettings
 from ctxext.recipe.budget import parse_budget
 from ctxext.recipe.flags import build_settings, field_help, flag_name
 from ctxext.recipe.search import SearchOptions
@@ -90,11 +92,9 @@ def _field(model: Any, name: str, read: Callable[[Any], Any] = _same) -> tuple[D
 
 def _declared() -> dict[tuple[str, ...], Declared]:
     """Every command of the CLI tree and where its options come from (built when asked: sections register late)."""
-    from ctxext.cli.evaluate import _command_name
-    from ctxext.evaluation.attention import AttentionSettings
-    from ctxext.evaluation.harness import HarnessSettings
-    from ctxext.evaluation.ruler import RulerSettings
+    from ctxext.cli.evaluate import command_name
     from ctxext.evaluation.sections import SECTIONS
+    from ctxext.evaluation.sections.ruler.engine import RulerSettings
     from ctxext.extend.inspection import inspect_model
     from ctxext.models.folder import extend_folder
     from ctxext.planner.plan import plan_recipe
@@ -104,7 +104,7 @@ def _declared() -> dict[tuple[str, ...], Declared]:
 
     ruler = {name: _field(RulerSettings, name) for name in ("trials", "seed", "templates", "allow_beyond_context")}
     ruler["depths"] = _field(RulerSettings, "depths", _numbers)
-    declared = {("eval", _command_name(s)): Declared(models=(s.settings,), own=EVAL_OWN) for s in SECTIONS.values()}
+    declared = {("eval", command_name(s)): Declared(models=(s.settings,), own=EVAL_OWN) for s in SECTIONS.values()}
     declared |= {
         (): Declared(own=frozenset({"verbose"})),  # third-party warnings and progress bars, no workflow's
         ("inspect",): Declared(
@@ -134,7 +134,10 @@ def _declared() -> dict[tuple[str, ...], Declared]:
         # --sp is a recipe override (train.sequence_parallel_size); --gpu/--gpu-memory/--tflops/--cpu: the device.
         ("plan",): Declared(
             own=frozenset({"recipe", "overrides", "gpu", "gpu_memory", "tflops", "cpu", "sp", "as_json", "list_gpus"}),
-            literal={k: _arg(plan_recipe, k) for k in ("num_gpus", "nodes", "sharding", "loss", "utilization")},
+            literal={
+                k: _arg(plan_recipe, k)
+                for k in ("num_gpus", "nodes", "sharding", "loss", "utilization", "mode", "offload_optimizer")
+            },
         ),
         ("search",): Declared(
             models=(SearchOptions,),
@@ -144,20 +147,6 @@ def _declared() -> dict[tuple[str, ...], Declared]:
         ("eval",): Declared(),
         # calibrate: the run, held-out text, device and --overwrite are the command's own.
         ("calibrate",): Declared(models=(CalibrationSettings,), own=frozenset({"run", "data", "device", "overwrite"})),
-        # `eval attention`: its section's keys, and --allow-beyond-context (the suite's key, the run's field).
-        ("eval", "attention"): Declared(
-            models=(SECTIONS["attention"].settings,),
-            own=EVAL_OWN,
-            literal={"allow_beyond_context": (lambda: AttentionSettings().allow_beyond_context, _same)},
-        ),
-        # `eval harness`: a written command of a registered section, with the export's flags (--lengths …).
-        ("eval", "harness"): Declared(
-            own=EVAL_OWN | {"tasks", "include_path", "lengths"},
-            literal={
-                **{k: _field(HarnessSettings, k) for k in ("batch_size", "max_length", "limit", "num_fewshot")},
-                **ruler,  # with --lengths: the export's sampling (tasks export)
-            },
-        ),
         ("eval", "run"): Declared(own=EVAL_OWN | {"suite", "overrides"}),
         ("tasks",): Declared(),
         ("tasks", "list"): Declared(),
@@ -252,8 +241,8 @@ def test_the_recipe_section_is_the_declared_search_options_plus_out():
 
 
 def test_suite_sections_are_the_commands_settings():
-    from ctxext.evaluation.grid import GridSettings, NeedleTask
     from ctxext.evaluation.sections import SECTIONS
+    from ctxext.evaluation.sections.grids.engine import GridSettings, NeedleTask
     from ctxext.evaluation.suite import Suite
 
     # Registered sections: each one's settings model is its command's, and a suite validates its key with it.
@@ -270,7 +259,7 @@ def test_suite_sections_are_the_commands_settings():
     )
     needle, declared_needle = NeedleTask(), NeedleSettings()
     assert (needle.haystack, needle.split) == (declared_needle.haystack, declared_needle.split)
-    from ctxext.evaluation.attention import AttentionSettings
+    from ctxext.evaluation.sections.attention.engine import AttentionSettings
 
     run, declared_attention = AttentionSettings(), SECTIONS["attention"].settings()
     assert (run.docs, run.bands, run.sink_tokens) == (
@@ -283,9 +272,9 @@ def test_suite_sections_are_the_commands_settings():
 def test_the_ruler_engine_runs_the_section_declaration():
     import dataclasses
 
-    from ctxext.evaluation.grid import GridSettings
-    from ctxext.evaluation.ruler import RulerSettings
     from ctxext.evaluation.sections import SECTIONS
+    from ctxext.evaluation.sections.grids.engine import GridSettings
+    from ctxext.evaluation.sections.ruler.engine import RulerSettings
 
     declared = SECTIONS["ruler"].settings
     # The engine's settings are the section's model at resolved lengths: no key listed twice, no second default.

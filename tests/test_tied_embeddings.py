@@ -95,6 +95,8 @@ def test_merge_keeps_one_tensor_and_the_adapter_models_logits(tied_run, tied_bas
     assert "tied (one matrix)" in build_model_card(out)
 
 
+# The test builds such an adapter on purpose; peft warns about it while building.
+@pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`:UserWarning")
 def test_an_adapter_that_trained_a_separate_copy_is_merged_untied_and_the_card_says_so(tied_run, tied_base, tmp_path):
     """Runs made before ctxext kept ties: the input copy trained alone, lm_head left at the base's values."""
     from peft import LoraConfig, get_peft_model

@@ -1,4 +1,4 @@
-"""Real multi-process runs on the CPU: 2-process DDP, the unsynchronised-launch guard, SIGKILL + --resume.
+"""Real multi-process runs on the CPU: 2-process DDP, two "nodes", the unsynchronised-launch guard, --resume.
 
 End to end through ``accelerate launch`` / ``python -m ctxext`` (a separate process is the point of each),
 so they are marked ``slow``: ``pytest -m "not slow"`` skips them in a quick loop; CI runs them.
@@ -13,7 +13,18 @@ import time
 
 import pytest
 import torch
-from _train_helpers import ROOT, accelerate_cmd, adapter_tensors, ctxext_cmd, env, run, write_recipe
+from _train_helpers import (
+    ROOT,
+    accelerate_cmd,
+    adapter_tensors,
+    ctxext_cmd,
+    env,
+    free_port,
+    head_shape_model,
+    node_cmd,
+    run,
+    write_recipe,
+)
 
 from ctxext.errors import InputError
 from ctxext.recipe.schema import load_recipe
@@ -60,6 +71,54 @@ def test_two_process_ddp_shards_batches_and_ends_identical(tmp_path, cache_root)
     # Gradients were averaged: both processes hold exactly the same trained weights.
     assert ranks[0]["trainable_sha256"] == ranks[1]["trainable_sha256"]
     assert info["final_val_loss"] is not None
+
+
+def test_two_nodes_splitting_a_one_kv_head_model_train_as_one_process(tmp_path, cache_root):
+    # Two "machines" on this one: two accelerate launches, machine ranks 0 and 1, one process each, meeting at a
+    # rendezvous on localhost (gloo), as docs/sequence-parallel.md gives for real nodes. Each row is split over the
+    # two (train.sequence_parallel_size=2) on a model of 3 query heads and 1 key/value head, a shape only ctxext's
+    # own Ulysses attention serves: the same per-step and validation losses as one process straight through.
+    model = head_shape_model(tmp_path / "model", heads=3, kv_heads=1, head_dim=16)
+    sections = {
+        "model": {"path": str(model)},
+        "data": {"max_documents": 20, "validation_fraction": 0.1},
+        "train": {"max_steps": 3, "eval_batches": 1},
+    }
+    train(load_recipe(write_recipe(tmp_path / "a.yaml", tmp_path / "one", **sections)))
+    recipe = write_recipe(tmp_path / "b.yaml", tmp_path / "two", **sections)
+    port, launch_env = free_port(), env(ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))
+    nodes = [
+        subprocess.Popen(
+            node_cmd(node, 2, 2, port, "train", str(recipe), "train.sequence_parallel_size=2"),
+            cwd=ROOT,
+            env=launch_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    logs = [p.communicate(timeout=400)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    one, two = read_run(tmp_path / "one"), read_run(tmp_path / "two")
+    assert two["topology"] == {
+        "world_size": 2,
+        "nodes": 2,
+        "processes_per_node": 1,
+        "data_parallel": 1,
+        "sequence_parallel": 2,
+        "context_parallel": 1,
+        "ulysses": "ctxext",
+    }
+    assert one["topology"]["world_size"] == 1 and two["tokens_seen"] == one["tokens_seen"]
+    losses = [
+        [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines()]
+        for d in (tmp_path / "one", tmp_path / "two")
+    ]
+    assert len(losses[1]) == 3
+    for a, b in zip(*losses, strict=True):
+        assert abs(a - b) <= 1e-5 * a
+    assert abs(one["final_val_loss"] - two["final_val_loss"]) <= 1e-5 * one["final_val_loss"]
 
 
 def test_unsynchronised_launch_is_detected(tmp_path, cache_root):

@@ -85,9 +85,19 @@ def test_interrupt_move_damage_and_changed_base(tmp_path, base_copy, monkeypatch
         train_module.train(resumed_recipe, resume=True)
     base_weights.write_bytes(original)
 
+    # Trained on another number of processes: refused before anything is loaded (the rows each process reads,
+    # the batch of a step and the saved random states are per process).
+    run_file = moved / "run.json"
+    saved_run = run_file.read_text()
+    run_file.write_text(json.dumps({**json.loads(saved_run), "num_processes": 2}))
+    with pytest.raises(InputError, match=r"--resume: the run was trained on 2 process\(es\) and this launch has 1"):
+        train_module.train(resumed_recipe, resume=True)
+    run_file.write_text(saved_run)
+
     result = train_module.train(resumed_recipe, resume=True)
     info = json.loads((moved / "run.json").read_text())
     assert info["status"] == "complete" and info["steps"] == 4
+    assert info["topology"]["world_size"] == info["topology"]["nodes"] == 1
     assert result.run_dir == moved
     assert torch.isfinite(torch.tensor(info["final_train_loss"]))
 

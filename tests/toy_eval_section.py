@@ -1,4 +1,4 @@
-"""A suite section in one file, as docs/extending.md shows: copying a repeated random token sequence.
+"""A suite section in one module (a plugin's; built-in sections are folders): copying a repeated random sequence.
 
 Each trial is ``L/2`` random tokens repeated once; the score is the share of the second copy's tokens
 that the model predicts (argmax, teacher-forced), a plain induction / long-range copy measure.

@@ -3,12 +3,17 @@
 One definition of what a report holds, so the writer and every reader agree (pydantic v2)::
 
     EvalReport: schema ("ctxext.eval.report/v1"), ctxext_version, created, suite, command, environment, data,
-                models: [ModelEntry], comparisons: Comparisons | None
-    ModelEntry: name, model (how it was loaded), rope (its RoPE), and one section per task that ran:
-                perplexity, passkey / needle (retrieval grids), ruler, attention, qa, harness (lm-eval),
-                longppl (perplexity on key tokens)
+                models: [ModelEntry], comparisons: Comparisons | None, card: {section: CardPart}
+    ModelEntry: name, model (how it was loaded), rope (its RoPE), and one part per suite section that ran,
+                under the section's name (perplexity, passkey, needle, ruler, qa, attention, harness, longppl …)
 
-Sections accept fields they do not declare (``extra="allow"``) and keep them on a round trip: a report's
+The report is open: each suite section registers the schema of its results here (:func:`register_schema`;
+``ctxext.evaluation.sections`` does it for every registered section), and a model entry's part of a
+registered section is validated with that schema, so a plugin section is typed like a built-in one. A part
+whose section is not registered in the reading process is kept as it is. ``card`` holds what each section
+shows in a model card, rendered when the report was written, so the card needs no section's code.
+
+Parts accept fields they do not declare (``extra="allow"``) and keep them on a round trip: a report's
 fields are only ever added, never renamed, so a report written by a newer ctxext of the same schema
 version still reads. A report of another schema version, or a JSON file that is not a ctxext report,
 is refused with a message that says what to do.
@@ -18,7 +23,8 @@ bootstrap over documents) or the accuracy (95 % Wilson); accuracies are fraction
 are percentages. JSON has no NaN: a number that could not be measured is ``null``.
 
 Values are checked against their range on every read and write (a perplexity below 1, an accuracy above 1, more
-correct trials than trials, a NaN in the file: a report that was edited or damaged), so a card never shows them.
+correct trials than trials, a NaN in the file: a report that was edited or damaged), with the value types below
+(:data:`PplValue`, :data:`Fraction` …) that the sections' schemas use.
 In memory an evaluator may hold NaN for a value it could not measure; the file holds ``null``.
 """
 
@@ -27,9 +33,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails
 
 from ctxext.errors import InputError
 
@@ -56,6 +63,8 @@ Fraction = Annotated[float | None, _within(0, 1, "a fraction (accuracy, score, i
 Percent = Annotated[float | None, _within(0, 100, "a percentage is in [0, 100]")]
 Count = Annotated[int | None, _within(0, None, "a count is at least 0")]
 
+S = TypeVar("S", bound=BaseModel)
+
 
 class Section(BaseModel):
     """A part of a report: declared fields are typed; fields added by newer versions are kept as they are."""
@@ -63,13 +72,8 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
 
-# ---------------------------------------------------------------------------------------------
-# Perplexity
-# ---------------------------------------------------------------------------------------------
-
-
 class PplEntry(Section):
-    """Perplexity over a set of tokens (a length, a position bucket, a context limit)."""
+    """Perplexity over a set of tokens (a length, a position bucket, a context limit, a set of key tokens)."""
 
     ppl: PplValue = None
     nll: NllValue = None
@@ -79,335 +83,49 @@ class PplEntry(Section):
     ci_high: PplValue = None
 
 
-class PplLength(PplEntry):
-    """Perplexity at one evaluation length; ``beyond_context``: the length is past the model's context."""
+# ---------------------------------------------------------------------------------------------
+# The sections' schemas (registered by the sections)
+# ---------------------------------------------------------------------------------------------
 
-    beyond_context: bool = False
-
-
-class PplBucket(PplEntry):
-    """Perplexity of the tokens at positions ``start`` (included) to ``end`` (excluded)."""
-
-    start: int
-    end: int
+SECTION_SCHEMAS: dict[str, type[BaseModel]] = {}
 
 
-class ShortContext(PplEntry):
-    """Perplexity at the model's original context length (the cost of the extension inside it)."""
+def register_schema(name: str, schema: type[BaseModel]) -> None:
+    """Type a section's part of every model entry with ``schema`` (read and written while it is registered).
 
-    length: int
-
-
-class ContextUse(Section):
-    """The same target tokens scored with their context cut to k tokens (``limits``) and in full."""
-
-    targets: dict[str, Any]
-    full: PplEntry
-    limits: list[dict[str, Any]] = Field(default_factory=list)
-    original_window: int | None = None
+    Args:
+        name: the section's name (its key in a model entry).
+        schema: the pydantic model of its results (``extra="allow"`` keeps fields a newer version adds).
+    """
+    SECTION_SCHEMAS[name] = schema
 
 
-class PplDocuments(Section):
-    """How many documents were read, skipped as too short, and evaluated."""
-
-    read: int | None = None
-    too_short: int | None = None
-    min_tokens: int | None = None
-    evaluated: int | None = None
-    common: int | None = None
-    per_length: dict[str, int] = Field(default_factory=dict)
-
-
-class Perplexity(Section):
-    """The ``perplexity`` section of a model: by evaluation length, by token position, by context limit."""
-
-    protocol: str | None = None
-    mode: str | None = None
-    document_set: str | None = None
-    by_length: dict[str, PplLength]
-    by_length_all: dict[str, PplLength] = Field(default_factory=dict)
-    per_document: dict[str, Any] | None = None
-    by_bucket: list[PplBucket] = Field(default_factory=list)
-    bucket_length: int | None = None
-    bucket_documents: int | None = None
-    short_context: ShortContext | None = None
-    context_use: ContextUse | None = None
-    documents: PplDocuments = Field(default_factory=PplDocuments)
-    settings: dict[str, Any] = Field(default_factory=dict)
-
-    def ppl_at(self, length: int) -> float | None:
-        """The perplexity at an evaluation length, if measured."""
-        entry = self.by_length.get(str(length))
-        return entry.ppl if entry else None
+def unregister_schema(name: str) -> None:
+    """Stop typing a section's part (it is then kept as it is)."""
+    SECTION_SCHEMAS.pop(name, None)
 
 
 # ---------------------------------------------------------------------------------------------
-# Retrieval grids
+# Models, comparisons, the card and the report
 # ---------------------------------------------------------------------------------------------
-
-
-class TeacherForced(Section):
-    """Teacher-forced outcomes: trials whose every answer token is the argmax (exact for greedy decoding)."""
-
-    correct: int = Field(ge=0)
-    trials: int = Field(ge=0)
-    accuracy: Fraction = None
-
-    @model_validator(mode="after")
-    def _correct_within_trials(self) -> TeacherForced:
-        if self.correct > self.trials:
-            raise ValueError(f"correct: {self.correct} correct trials out of {self.trials}")
-        return self
-
-
-class Generated(Section):
-    """RULER's string-match score of greedy generations (a fraction; RULER prints it × 100).
-
-    ``metric``: ``string_match_all`` (per trial, the fraction of reference strings found) or
-    ``string_match_part`` (1 if any is found); ``scores``: each trial's (cells only).
-    """
-
-    metric: str
-    score: Fraction = None
-    trials: int = Field(ge=0)
-    scores: list[Fraction] = Field(default_factory=list)
-
-
-class Accuracy(Section):
-    """Correct trials out of a number of trials, with a 95 % Wilson interval.
-
-    Where both scorings ran, ``teacher_forced`` and ``generated`` hold each (absent in
-    older reports and where that scoring did not run).
-    """
-
-    correct: int = Field(ge=0)
-    trials: int = Field(ge=0)
-    accuracy: Fraction = None
-    ci_low: Fraction = None
-    ci_high: Fraction = None
-    teacher_forced: TeacherForced | None = None
-    generated: Generated | None = None
-
-    @model_validator(mode="after")
-    def _correct_within_trials(self) -> Accuracy:
-        if self.correct > self.trials:
-            raise ValueError(f"correct: {self.correct} correct trials out of {self.trials}")
-        return self
-
-
-class GridCell(Accuracy):
-    """One (length, depth) cell of a retrieval grid, with each trial's outcome (for paired tests)."""
-
-    length: int = Field(gt=0)
-    depth: float = Field(ge=0, le=100)
-    score: Fraction = None
-    beyond_context: bool = False
-    outcomes: list[int] = Field(default_factory=list)
-    examples: list[dict[str, Any]] = Field(default_factory=list)
-
-
-class Grid(Section):
-    """A retrieval task (passkey, needle, a RULER-style task) scored over lengths × depths.
-
-    ``scoring`` is ``teacher-forced`` or ``generate``; ``None`` in reports written before scoring modes existed
-    (they generated).
-    """
-
-    task: str | None = None
-    registry_task: str | None = None
-    scoring: str | None = None
-    chat_template: str | None = None
-    settings: dict[str, Any] = Field(default_factory=dict)
-    cells: list[GridCell]
-    by_length: dict[str, Accuracy] = Field(default_factory=dict)
-    by_depth: dict[str, Accuracy] = Field(default_factory=dict)
-    overall: Accuracy | None = None
-
-    def lengths(self) -> list[int]:
-        """The evaluated lengths, ascending."""
-        return sorted({c.length for c in self.cells})
-
-    def depths(self) -> list[float]:
-        """The evaluated depths (percent), ascending."""
-        return sorted({c.depth for c in self.cells})
-
-    def accuracy_at(self, length: int) -> float | None:
-        """Accuracy over all depths at one length (all trials pooled)."""
-        agg = self.by_length.get(str(length))
-        if agg is not None and agg.accuracy is not None:
-            return agg.accuracy
-        cells = [c for c in self.cells if c.length == length]
-        trials = sum(c.trials for c in cells)
-        return sum(c.correct for c in cells) / trials if trials else None
-
-
-class EffectiveLength(Section):
-    """RULER's effective length: the longest length up to which every length scores at least ``threshold``.
-
-    ``name``: the definition's label in the named ones (``RULER (≥ 85.6)``, ``NoLiMa (≥ 85 % of own short score)``).
-    """
-
-    length: int | None = None
-    threshold: float | None = None
-    reference_score: float | None = None
-    name: str | None = None
-    note: str | None = None
-
-
-# scoring (teacher_forced / generated) → definition (ruler / nolima) → effective length
-NamedEffectiveLengths = dict[str, dict[str, EffectiveLength]]
-
-
-class GridControl(Section):
-    """The no-needle control of a task: its prompts with every insert replaced by haystack text (chance rate).
-
-    Only ``note`` where the task inserts nothing.
-    """
-
-    note: str | None = None
-    depth: float | None = None
-    by_length: dict[str, Accuracy] = Field(default_factory=dict)
-    overall: Accuracy | None = None
-
-
-class RulerTask(Grid):
-    """One task of a RULER-style suite, with its effective length (the section's setting, and both named ones).
-
-    ``control``: the no-needle control, where the section ran it (``control: true``).
-    """
-
-    effective_length: EffectiveLength = Field(default_factory=EffectiveLength)
-    effective_lengths: NamedEffectiveLengths = Field(default_factory=dict)
-    control: GridControl | None = None
-
-
-class Ruler(Section):
-    """The ``ruler`` section: per-task grids, score by task × length, effective lengths."""
-
-    settings: dict[str, Any] = Field(default_factory=dict)
-    original_length: int | None = None
-    haystack: str | None = None
-    scoring: str | None = None
-    tasks: dict[str, RulerTask]
-    scores: dict[str, dict[str, float]] = Field(default_factory=dict)
-    mean_by_length: dict[str, float] = Field(default_factory=dict)
-    effective_length: EffectiveLength = Field(default_factory=EffectiveLength)
-    trained_tasks: list[str] | None = None
-    chat_template: str | None = None
-    scores_by: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
-    mean_by_length_by: dict[str, dict[str, float]] = Field(default_factory=dict)
-    effective_lengths: NamedEffectiveLengths = Field(default_factory=dict)
-
-
-# ---------------------------------------------------------------------------------------------
-# Attention diagnostics, QA, paired comparisons
-# ---------------------------------------------------------------------------------------------
-
-
-class Attention(Section):
-    """The ``attention`` section: attention mass by distance band, beyond the original window, on sinks."""
-
-    length: int
-    documents: int
-    original_length: int
-    beyond_context: bool = False
-    band_labels: list[str]
-    layers: list[dict[str, Any]]
-    mean: dict[str, Any]
-    position_buckets: list[Any] = Field(default_factory=list)
-    settings: dict[str, Any] = Field(default_factory=dict)
-
-
-class QAScores(Section):
-    """SQuAD exact match and F1 (percent) over some examples, with 95 % bootstrap intervals."""
-
-    examples: int = Field(ge=0)
-    exact_match: Percent = None
-    f1: Percent = None
-    exact_match_ci: list[float | None] = Field(default_factory=list)
-    f1_ci: list[float | None] = Field(default_factory=list)
-
-
-class QA(Section):
-    """The ``qa`` section: long-document QA overall, by answer position and by context length."""
-
-    examples: int
-    truncated: int = 0
-    prompt_budget: int | None = None
-    overall: QAScores
-    by_position: dict[str, QAScores] = Field(default_factory=dict)
-    by_length: dict[str, QAScores] = Field(default_factory=dict)
-    samples: list[dict[str, Any]] = Field(default_factory=list)
-    settings: dict[str, Any] = Field(default_factory=dict)
-    chat_template: str | None = None
-
-
-class HarnessTask(Section):
-    """One task (or group) of a standard harness: its metrics, their standard errors, per-document outcomes."""
-
-    metrics: dict[str, Any] = Field(default_factory=dict)
-    stderr: dict[str, float | None] = Field(default_factory=dict)
-    documents: int | None = None
-    metric: str | None = None
-    outcomes: list[float] = Field(default_factory=list)
-    examples: list[dict[str, Any]] = Field(default_factory=list)
-
-
-class Harness(Section):
-    """The ``harness`` section: a standard harness (lm-evaluation-harness) run on the loaded, verified model."""
-
-    harness: str
-    version: str | None = None
-    model_args: str | None = None
-    settings: dict[str, Any] = Field(default_factory=dict)
-    tasks: dict[str, HarnessTask]
-    notes: list[str] = Field(default_factory=list)
-    seconds: float | None = None
-
-
-class LongPPLLength(Section):
-    """LongPPL at one length: perplexity on the key tokens, plain perplexity on every token, how many were key."""
-
-    longppl: PplEntry
-    ppl: PplEntry
-    key_tokens: int
-    scored_tokens: int
-    key_fraction: float | None = None
-    evaluator_mean_lsd: float | None = None
-    beyond_context: bool = False
-    note: str | None = None
-
-
-class LongPPL(Section):
-    """The ``longppl`` section: perplexity on the tokens that need the far context (Fang et al. 2024).
-
-    ``evaluator``: the model that chose the key tokens (the same tokens for every model of the report);
-    ``by_length`` is empty, with a ``note``, for a model that could not be scored on them.
-    """
-
-    definition: str | None = None
-    evaluator: str | None = None
-    settings: dict[str, Any] = Field(default_factory=dict)
-    by_length: dict[str, LongPPLLength] = Field(default_factory=dict)
-    per_document: dict[str, Any] | None = None
-    note: str | None = None
 
 
 class Comparisons(Section):
-    """Paired model-vs-reference statistics (:func:`ctxext.evaluation.paired.compare_models`)."""
+    """Paired model-vs-reference statistics (``ctxext.evaluation.paired``).
+
+    Each section's rows are a list under its key (``perplexity``, ``grids``, ``attention``, a plugin's name),
+    each row with ``model``, ``p_value`` and ``p_holm`` (Holm-adjusted over ``comparisons`` rows).
+    """
 
     reference: str
     comparisons: int = 0
     correction: str = "holm"
     notes: list[str] = Field(default_factory=list)
-    perplexity: list[dict[str, Any]] = Field(default_factory=list)
-    grids: list[dict[str, Any]] = Field(default_factory=list)
-    attention: list[dict[str, Any]] = Field(default_factory=list)
 
-
-# ---------------------------------------------------------------------------------------------
-# Models and the report
-# ---------------------------------------------------------------------------------------------
+    def rows(self, key: str) -> list[dict[str, Any]]:
+        """The rows stored under ``key`` (none when the report has none)."""
+        found = (self.model_extra or {}).get(key)
+        return list(found) if isinstance(found, list) else []
 
 
 class ModelInfo(Section):
@@ -437,29 +155,90 @@ class RopeInfo(Section):
     factor: float | None = None
 
 
-# The task sections of a model entry: a task that did not run has no key (not null).
-TASKS = ("perplexity", "passkey", "needle", "ruler", "attention", "qa", "harness", "longppl")
-
-
 class ModelEntry(Section):
-    """One evaluated model: its label, how it was loaded, its RoPE, and a section per task that ran."""
+    """One evaluated model: its label, how it was loaded, its RoPE, and a part per suite section that ran.
+
+    A section that did not run has no key (not null). A registered section's part is validated with its schema
+    (:func:`register_schema`); read it typed with :meth:`section`.
+    """
 
     name: str
     model: ModelInfo = Field(default_factory=ModelInfo)
     rope: RopeInfo
-    perplexity: Perplexity | None = None
-    passkey: Grid | None = None
-    needle: Grid | None = None
-    ruler: Ruler | None = None
-    attention: Attention | None = None
-    qa: QA | None = None
-    harness: Harness | None = None
-    longppl: LongPPL | None = None
+
+    @model_validator(mode="after")
+    def _typed_sections(self) -> ModelEntry:
+        # Each registered section's part through its schema; problems are named by their full path.
+        extra = self.__pydantic_extra__ or {}
+        problems: list[InitErrorDetails] = []
+        for key, value in extra.items():
+            schema = SECTION_SCHEMAS.get(key)
+            if schema is None or value is None or isinstance(value, schema):
+                continue
+            try:
+                extra[key] = schema.model_validate(value.model_dump() if isinstance(value, BaseModel) else value)
+            except ValidationError as exc:
+                problems += [
+                    InitErrorDetails(type=e["type"], loc=(key, *e["loc"]), input=e.get("input"), ctx=e.get("ctx", {}))
+                    for e in exc.errors()
+                ]
+        if problems:
+            raise ValidationError.from_exception_data(type(self).__name__, problems)
+        return self
+
+    def section(self, name: str, kind: type[S]) -> S | None:
+        """A section's part typed as ``kind`` (its schema); ``None`` when the section did not run."""
+        value = (self.__pydantic_extra__ or {}).get(name)
+        if value is None:
+            return None
+        return value if isinstance(value, kind) else kind.model_validate(value)
+
+    def has(self, name: str) -> bool:
+        """Whether the section ``name`` ran on this model."""
+        return (self.__pydantic_extra__ or {}).get(name) is not None
 
     @property
     def is_base(self) -> bool:
         """The unmodified base model: loaded with neither an adapter nor a patched config."""
         return not self.model.adapter and not self.model.config_from
+
+
+class CardResult(Section):
+    """One result of the model card's Hub metadata (``model-index``): a metric of the extended model at a length."""
+
+    task: str
+    dataset_type: str
+    dataset_name: str
+    metric: str
+    label: str
+    length: str
+    value: float
+
+
+class CardPart(Section):
+    """What one section shows in a model card, rendered by the section when the report was written.
+
+    ``rows``: its lines in the card's evaluation part; ``results``: the extended model's ``model-index`` entries;
+    ``cost``: its lines on the extension's short-context cost (extended model against the base), if any.
+    """
+
+    rows: list[str] = Field(default_factory=list)
+    results: list[CardResult] = Field(default_factory=list)
+    cost: list[str] = Field(default_factory=list)
+
+
+def split_base(models: list[ModelEntry]) -> tuple[ModelEntry | None, ModelEntry | None]:
+    """Pick the extended model's entry and the unmodified base's (for the card and the short-context cost).
+
+    Args:
+        models: the models of one report.
+
+    Returns:
+        ``(extended, base)``; the extended one is the last non-base model (fine-tuned after patched-only).
+    """
+    base = next((m for m in models if m.is_base), None)
+    others = [m for m in models if m is not base]
+    return (others[-1] if others else None), base
 
 
 class EvalReport(BaseModel):
@@ -477,6 +256,8 @@ class EvalReport(BaseModel):
     data: dict[str, dict[str, Any]] = Field(default_factory=dict)
     models: list[ModelEntry] = Field(min_length=1)
     comparisons: Comparisons | None = None
+    # Each section's part of a model card, by section (absent in reports written before the card was stored).
+    card: dict[str, CardPart] = Field(default_factory=dict)
 
     @field_validator("schema_version")
     @classmethod
@@ -486,22 +267,26 @@ class EvalReport(BaseModel):
         return value
 
     def to_json_dict(self) -> dict[str, Any]:
-        """The report as JSON-ready data (``"schema"`` key, NaN / inf as ``null``, tasks that did not run left out)."""
+        """The report as JSON-ready data (``"schema"`` key, NaN / inf as ``null``, no section that did not run)."""
         data = _plain(self.model_dump(mode="json", by_alias=True), finite=True)
         for entry in data["models"]:
-            for task in TASKS:
-                if entry.get(task) is None:
-                    entry.pop(task, None)
+            for key in [k for k, v in entry.items() if v is None and k not in ModelEntry.model_fields]:
+                entry.pop(key)
         return data
 
     def to_json(self) -> str:
         """The ``report.json`` text."""
         return json.dumps(self.to_json_dict(), indent=2, allow_nan=False) + "\n"
 
-    def data_source(self, task: str = "perplexity") -> str | None:
-        """The data a task was scored on (``data.<task>.source``), if the report names it."""
-        source = (self.data.get(task) or {}).get("source")
+    def data_source(self, section: str) -> str | None:
+        """The data a section was scored on (``data.<section>.source``), if the report names it."""
+        source = (self.data.get(section) or {}).get("source")
         return source if isinstance(source, str) and source else None
+
+    def data_sources(self) -> list[str]:
+        """Every data source the report names, once each, in the sections' order."""
+        found = (self.data_source(section) for section in self.data)
+        return list(dict.fromkeys(source for source in found if source))
 
 
 def _plain(obj: Any, finite: bool = False) -> Any:

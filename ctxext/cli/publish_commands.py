@@ -10,6 +10,12 @@ import typer
 from ctxext.cli.console import console, friendly_errors, plain, print_line
 
 
+def _typed_reports() -> None:
+    # Register every suite section's results schema, so the evaluation reports a run carries are read typed
+    # (a value out of range is refused before it reaches a card). Only the command line chains workflows.
+    import ctxext.evaluation.sections  # noqa: F401
+
+
 @friendly_errors
 def merge(
     run: Annotated[Path, typer.Argument(help="run folder written by `ctxext train`")],
@@ -45,6 +51,7 @@ def merge(
     """
     from ctxext.publish.merge import merge_run
 
+    _typed_reports()
     result = merge_run(
         run,
         out,
@@ -87,6 +94,7 @@ def push(
     """Publish the adapter (or merged model) with a generated model card to the Hugging Face Hub, as one commit."""
     from ctxext.publish.hub import push as push_folder
 
+    _typed_reports()
     result = push_folder(
         run_or_dir,
         repo_id,

@@ -33,13 +33,13 @@ def export_settings(tasks: str, lengths: str, **given: Any) -> Any:
         lengths: comma-separated lengths in tokens (``--lengths``).
         **given: ``depths`` (comma-separated, as the flag), ``trials``, ``seed``, ``haystack``, ``templates``
             (``heldout``/``training``/``all`` or comma-separated indices), ``allow_beyond_context``; one not given
-            takes the declared default (:class:`~ctxext.evaluation.ruler.RulerSettings`).
+            takes the declared default (:class:`~ctxext.evaluation.sections.ruler.engine.RulerSettings`).
 
     Raises:
         InputError: a value the declaration refuses, named by its flag.
     """
     from ctxext.errors import InputError
-    from ctxext.evaluation.ruler import RulerSettings
+    from ctxext.evaluation.sections.ruler.engine import RulerSettings
     from ctxext.recipe.flags import build_settings
 
     def numbers(text: str, flag: str, kind: type) -> list[Any]:

@@ -86,15 +86,19 @@ def train(
     from ctxext.training.run import train as run_training
 
     parsed = load_recipe(recipe, overrides or [])
-    # A split this launch cannot make is refused within a second, before torch is imported (the launcher's
-    # WORLD_SIZE; start_accelerator checks again against the processes accelerate sees).
-    from ctxext.training.sequence_parallel import check_sequence_parallel
-
-    check_sequence_parallel(parsed.train.sequence_parallel_size, int(os.environ.get("WORLD_SIZE", "1")))
     # Before any model is loaded: problems that would surface only after training (an eval suite that
-    # does not exist), and settings that run but teach nothing (train.seq_len within the original window).
+    # does not exist), what train refuses on this machine (validate's checks), and settings that run but teach
+    # nothing (train.seq_len within the original window).
     for warning in check_recipe(parsed, str(recipe)):
         err_console.print(f"[yellow]warning:[/] {plain(warning)}", soft_wrap=True)
+    # A split this launch cannot make is refused before a weight is read (the launcher's WORLD_SIZE;
+    # start_accelerator checks again against the processes accelerate sees).
+    from ctxext.training.sequence_parallel import check_sequence_parallel
+
+    cfg = parsed.train
+    check_sequence_parallel(
+        cfg.sequence_parallel_size, int(os.environ.get("WORLD_SIZE", "1")), cfg.context_parallel_size
+    )
     _check_memory(parsed, strict, str(recipe))
     searched = None
     if parsed.search is not None:

@@ -18,26 +18,26 @@ _EXPORTS = {
     "LoadedModel": "ctxext.models.load",
     "load_model": "ctxext.models.load",
     "parse_model_specs": "ctxext.models.load",
-    "PerplexitySettings": "settings",
-    "evaluate_perplexity": "perplexity",
+    "PerplexitySettings": "sections.perplexity.settings",
+    "evaluate_perplexity": "sections.perplexity.engine",
     "token_nll": "ctxext.scoring.nll",
     "sliding_nll": "ctxext.scoring.nll",
     "AnswerScore": "ctxext.scoring.answers",
     "score_answers": "ctxext.scoring.answers",
-    "GridSettings": "grid",
-    "NeedleTask": "grid",
-    "evaluate_passkey": "grid",
-    "evaluate_needle": "grid",
-    "evaluate_task_grid": "grid",
-    "RulerSettings": "ruler",
-    "RulerTaskSpec": "ruler",
-    "evaluate_ruler": "ruler",
-    "effective_length": "ruler",
+    "GridSettings": "sections.grids.engine",
+    "NeedleTask": "sections.grids.engine",
+    "evaluate_passkey": "sections.grids.engine",
+    "evaluate_needle": "sections.grids.engine",
+    "evaluate_task_grid": "sections.grids.engine",
+    "RulerSettings": "sections.ruler.engine",
+    "RulerTaskSpec": "sections.ruler.engine",
+    "evaluate_ruler": "sections.ruler.engine",
+    "effective_length": "sections.ruler.engine",
     "string_match_all": "ctxext.scoring.string_match",
     "string_match_part": "ctxext.scoring.string_match",
     "score_predictions": "ctxext.scoring.string_match",
-    "QASettings": "qa",
-    "evaluate_qa": "qa",
+    "QASettings": "sections.qa.settings",
+    "evaluate_qa": "sections.qa.engine",
     "build_report": "report",
     "write_report": "report",
     "model_entry": "report",
@@ -47,9 +47,11 @@ _EXPORTS = {
     "run_suite": "suite",
     "run_suite_for_run": "suite",
     "iter_texts": "ctxext.scoring.texts",
-    "AttentionSettings": "attention",
-    "evaluate_attention": "attention",
+    "AttentionSettings": "sections.attention.engine",
+    "evaluate_attention": "sections.attention.engine",
     "compare_models": "paired",
+    "register_section": "sections",
+    "SuiteSection": "sections",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -58,6 +60,6 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         target = _EXPORTS[name]
-        module = importlib.import_module(target if "." in target else f"ctxext.evaluation.{target}")
+        module = importlib.import_module(target if target.startswith("ctxext.") else f"ctxext.evaluation.{target}")
         return getattr(module, name)
     raise AttributeError(f"module 'ctxext.evaluation' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ctxext.evaluation.grid import GridSettings, score_trials
+from ctxext.evaluation.sections.grids.engine import GridSettings, score_trials
 from ctxext.models.load import LoadedModel
 from ctxext.scoring.stats import wilson_interval
 from ctxext.tasks import Haystack, TaskSample, Template

@@ -4,10 +4,10 @@ Each task × length becomes one lm-eval task, ``ctxext_<task>_<length>`` (tagged
 over a local JSONL file (``dataset_path: json``), so ``lm_eval --include_path DIR --tasks ctxext_needle`` runs
 offline. Its documents are the prompts of ctxext's own retrieval grid for the model's tokenizer — the same
 seeded samples (:func:`ctxext.tasks.samples.make_samples`, the settings of the RULER-style suite:
-:class:`~ctxext.evaluation.ruler.RulerSettings`) — written as text: the grid's prompt tokens decoded with their
-special tokens (a leading BOS string makes lm-eval add no second one). lm-eval tokenizes that text again; a
-byte-level BPE can merge across a piece boundary (haystack / needle / question), so each document records
-``tokens_match``, whether the text comes back as the grid's exact tokens (:func:`harness_prompt_ids`).
+:class:`~ctxext.evaluation.sections.ruler.engine.RulerSettings`) — written as text: the grid's prompt tokens
+decoded with their special tokens (a leading BOS string makes lm-eval add no second one). lm-eval tokenizes
+that text again; a byte-level BPE can merge across a piece boundary (haystack / needle / question), so each
+document records ``tokens_match``, whether the text comes back as the grid's exact tokens (:func:`harness_prompt_ids`).
 
 Scoring is free generation, greedy, ``max_gen_toks`` = the longest answer in tokens, stopped at a newline
 (unless an answer holds one), ``exact_match`` after stripping (:mod:`ctxext.scoring.exact_match`).
@@ -25,8 +25,8 @@ from typing import Any
 
 from ctxext.atomic import atomic_folder, check_output
 from ctxext.errors import InputError
-from ctxext.evaluation.grid import GridSettings, text_haystack
-from ctxext.evaluation.ruler import RulerSettings, template_indices
+from ctxext.evaluation.sections.grids.engine import GridSettings, text_haystack
+from ctxext.evaluation.sections.ruler.engine import RulerSettings, template_indices
 from ctxext.scoring.exact_match import STRIP_PATTERNS
 from ctxext.tasks import TaskSample
 from ctxext.tasks.samples import make_samples

@@ -1,9 +1,10 @@
 """Evaluation reports: ``report.json``, ``report.md`` and PNG plots, models side by side.
 
 ``report.json`` follows the typed schema in :mod:`ctxext.artifacts.report` (``"schema": "ctxext.eval.report/v1"``;
-fields are only added, never renamed): :func:`build_report` assembles and validates it, :func:`write_report`
-writes it through the schema with its Markdown and plots. The Markdown tables the model card also shows live in
-:mod:`ctxext.artifacts.tables`; the plots in :mod:`ctxext.evaluation.plots`.
+fields are only added, never renamed), each section's part typed by the schema its section registered:
+:func:`build_report` assembles and validates it, :func:`write_report` writes it through the schema with its
+Markdown, its plots (:mod:`ctxext.evaluation.plots`) and each section's part of the model card (``card``:
+:func:`card_parts`). Every part comes from the registered sections' hooks; this module knows no section.
 
 ``nll`` is the mean negative log-likelihood in nats per token, ``ppl = exp(nll)``; ``ci_low`` / ``ci_high``
 bound the perplexity (95 % bootstrap over documents); accuracies carry 95 % Wilson intervals; EM / F1 are
@@ -17,15 +18,9 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from ctxext.artifacts.report import SCHEMA, EvalReport, parse_report
-from ctxext.artifacts.tables import (
-    models_table,
-    num_text,
-    p_text,
-    table,
-)
+from ctxext.artifacts.report import SCHEMA, EvalReport, parse_report, split_base
+from ctxext.artifacts.tables import models_table
 from ctxext.atomic import atomic_folder
-from ctxext.evaluation.settings import PPL_PROTOCOL, SLIDING_PROTOCOL
 
 # The kind of output folder a report is (``ctxext.atomic``): --overwrite replaces only another report.
 REPORT_KIND = "report"
@@ -85,10 +80,6 @@ def build_report(
     from ctxext import __version__
     from ctxext.evaluation.paired import compare_models
 
-    for m in models:
-        ppl = m.get("perplexity")
-        if ppl and "protocol" not in ppl:
-            ppl["protocol"] = SLIDING_PROTOCOL if ppl.get("mode") == "sliding" else PPL_PROTOCOL
     report = {
         "schema": SCHEMA,
         "ctxext_version": __version__,
@@ -105,7 +96,7 @@ def build_report(
 
 
 def write_report(report: EvalReport | dict[str, Any], out: str | Path, overwrite: bool = False) -> Path:
-    """Write ``report.json`` (through the schema), ``report.md`` and the PNG plots into ``out``, atomically.
+    """Write ``report.json`` (through the schema, with the card's parts), ``report.md`` and the PNG plots, atomically.
 
     Everything is written to a temporary folder next to ``out`` first and then moved in place, so an
     interrupted run never leaves a report that looks complete.
@@ -127,6 +118,8 @@ def write_report(report: EvalReport | dict[str, Any], out: str | Path, overwrite
     from ctxext.evaluation.plots import write_plots
 
     typed = report if isinstance(report, EvalReport) else parse_report(report, "the evaluation report")
+    raw = typed.to_json_dict()
+    typed = parse_report({**raw, "card": card_parts(raw, typed)}, "the evaluation report")
     out = Path(out)
     with atomic_folder(out, kind=REPORT_KIND, overwrite=overwrite) as tmp:
         plots = write_plots(typed.to_json_dict(), tmp)
@@ -141,7 +134,7 @@ def write_report(report: EvalReport | dict[str, Any], out: str | Path, overwrite
 
 
 def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] | None = None) -> str:
-    """``report.md``: models, perplexity by length / bucket / context limit, short-context regression, grids, QA.
+    """``report.md``: the models, each registered section's part with its plots, the paired comparisons.
 
     Args:
         report: the report (typed, or a dict that is validated first).
@@ -197,12 +190,8 @@ def _with_plots(lines: list[str], plots: dict[str, str]) -> list[str]:
     return [*lines[:at], *images, "", *lines[at:]]
 
 
-def _ps(row: dict[str, Any]) -> list[str]:
-    return [p_text(row["p_value"]), p_text(row["p_holm"])]
-
-
 def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
-    """The paired model-vs-reference tables: each section's own (perplexity ratios…), then the grids' McNemar tests.
+    """The paired model-vs-reference tables: each section's own (perplexity ratios, retrieval trials …), then notes.
 
     Args:
         comp: the report's ``comparisons`` section (:func:`ctxext.evaluation.paired.compare_models`).
@@ -219,41 +208,76 @@ def comparisons_markdown(comp: dict[str, Any]) -> list[str]:
         "real when its adjusted p is small, not when one raw p among many is.",
         "",
     ]
-    from ctxext.evaluation.sections import SECTIONS  # each section's paired rows, as it shows them
-
-    for key, registered in SECTIONS.items():
+    for key, registered in _paired_sections().items():  # each key's rows, drawn by its first section
         if comp.get(key):
             lines += registered.paired_markdown(comp[key], ref)
-    grids = comp.get("grids") or []
-    if grids:
-        lines += [
-            "### Retrieval, paired trials (exact McNemar)",
-            "",
-            f"Same prompts for both models; only the discordant trials carry evidence: model right / {ref} wrong, "
-            "and the reverse.",
-            "",
-        ]
-        rows = [
-            [
-                r["model"],
-                r["task"],
-                str(r["length"]),
-                f"{r['a_correct']}/{r['trials']}",
-                f"{r['b_correct']}/{r['trials']}",
-                f"{r['only_a']} / {r['only_b']}",
-                f"{num_text(r['difference'], '+.0f', 100)} pts",
-                p_text(r["p_value"]),
-                p_text(r["p_holm"]),
-            ]
-            for r in grids
-        ]
-        lines += table(
-            ["model", "task", "length", "model correct", f"{ref} correct", "discordant (+ / −)", "Δ", "p", "p Holm"],
-            rows,
-        )
     for note in comp.get("notes") or []:
         lines += [f"Note: {note}", ""]
     return lines
+
+
+def _paired_sections() -> dict[str, Any]:
+    # The registered section that draws each paired key's rows: the first (in the registry's order) that uses it.
+    from ctxext.evaluation.sections import SECTIONS
+
+    found: dict[str, Any] = {}
+    for key, registered in SECTIONS.items():
+        found.setdefault(registered.paired_key or key, registered)
+    return found
+
+
+def paired_summary(comp: dict[str, Any] | None) -> list[str]:
+    """Console lines of a report's paired comparisons, each section's own (none without comparisons)."""
+    if not comp or not comp["comparisons"]:
+        return []
+    lines: list[str] = []
+    for key, registered in _paired_sections().items():
+        if comp.get(key):
+            lines += registered.paired_summary(comp[key], comp["reference"])
+    return lines + [f"({comp['comparisons']} paired comparisons; p Holm is adjusted over all of them)"]
+
+
+def section_summaries(entry: dict[str, Any]) -> list[str]:
+    """Console lines of one model entry: each registered section's summary, prefixed by section and model."""
+    from ctxext.evaluation.sections import SECTIONS
+
+    lines: list[str] = []
+    for key, registered in SECTIONS.items():
+        found = registered.summary(entry) if entry.get(key) else None
+        for line in [found] if isinstance(found, str) else found or []:
+            lines.append(f"{key} — {entry['name']}: {line}")
+    return lines
+
+
+def card_parts(report: dict[str, Any], typed: EvalReport) -> dict[str, dict[str, Any]]:
+    """Each registered section's part of the model card (``card`` in ``report.json``), from the report's JSON form.
+
+    ``rows`` from every model that has the section (:meth:`~ctxext.evaluation.sections.base.SuiteSection.card_rows`),
+    ``results`` of the extended model (``card_results``) and ``cost``, the extended model against the unmodified base
+    (``card_cost``); the extended model and the base are :func:`ctxext.artifacts.report.split_base`'s.
+
+    Args:
+        report: the report's JSON form.
+        typed: the same report, typed.
+    """
+    from ctxext.evaluation.sections import SECTIONS
+
+    extended, base = split_base(typed.models)
+    by_name = {m["name"]: m for m in report["models"]}
+    ext = by_name.get(extended.name) if extended is not None else None
+    bas = by_name.get(base.name) if base is not None else None
+    parts: dict[str, dict[str, Any]] = {}
+    for key, registered in SECTIONS.items():
+        have = [m for m in report["models"] if m.get(key)]
+        if not have:
+            continue
+        part: dict[str, Any] = {"rows": registered.card_rows(have, report)}
+        part["results"] = registered.card_results(ext, report) if ext is not None and ext.get(key) else []
+        part["cost"] = []
+        if ext is not None and bas is not None and ext.get(key) and bas.get(key):
+            part["cost"] = registered.card_cost(ext, bas, report)
+        parts[key] = part
+    return parts
 
 
 def beyond_target_markdown(report: dict[str, Any]) -> list[str]:

@@ -32,9 +32,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ctxext.errors import InputError
 
-# Lengths resolve the same way in every section (ctxext.evaluation.settings); the sections themselves,
+# Lengths resolve the same way in every section (ctxext.evaluation.lengths); the sections themselves,
 # settings models included, are registered in ctxext.evaluation.sections.
-from ctxext.evaluation.settings import Length, is_beyond_target, resolve_length
+from ctxext.evaluation.lengths import Length, check_far_lengths, resolve_lengths
 
 
 class _Section(BaseModel):
@@ -146,6 +146,30 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
     return suite, raw
 
 
+def single_section_suite(section: str, settings: BaseModel, name: str | None = None) -> Suite:
+    """A suite holding one registered section: what each ``ctxext eval <section>`` command runs.
+
+    Args:
+        section: the registered section's name.
+        settings: its validated settings (the command's flags).
+        name: the suite's name in the report (default: ``eval <section>``).
+
+    Returns:
+        The suite; its ``allow_beyond_context`` is the section's own key where it has one.
+
+    Raises:
+        InputError: what the section's :meth:`~ctxext.evaluation.sections.base.SuiteSection.check` refuses, before
+            any model is loaded.
+    """
+    from ctxext.evaluation.sections import get_section
+
+    registered = get_section(section)
+    beyond = bool(getattr(settings, "allow_beyond_context", False))
+    suite = Suite.model_validate({"name": name or f"eval {section}", "allow_beyond_context": beyond, section: settings})
+    registered.check(settings)
+    return suite
+
+
 def _resolve_paths(suite: Suite, folder: Path) -> None:
     # Data paths in a suite may be relative to the working folder, the suite's folder or its parent.
     from ctxext.evaluation.sections import sections_in
@@ -163,20 +187,6 @@ def _resolve_path(section: Any, key: str, folder: Path) -> None:
         if (base / value).exists():
             setattr(section, key, str(base / value))
             return
-
-
-def resolve_lengths(
-    values: list[Length], original: int, context: int, allow_beyond: bool
-) -> tuple[list[int], list[int]]:
-    """Resolve a list of suite lengths; returns ``(kept, dropped_beyond_context)``."""
-    out, dropped = [], []
-    for v in values:
-        L = resolve_length(v, original, context)
-        if L > context and not isinstance(v, int) and not allow_beyond and not is_beyond_target(v):
-            dropped.append(L)
-        else:
-            out.append(L)
-    return sorted(set(out)), sorted(set(dropped))
 
 
 def run_suite(
@@ -226,7 +236,8 @@ def run_suite(
         from ctxext.evaluation.sections import SuiteRun, sections_in
 
         registered_sections = sections_in(suite)
-        run_info = SuiteRun(tuple(s.label() for s in specs), original, context, reference)
+        labels = tuple(s.label() for s in specs)
+        run_info = SuiteRun(labels, original, context, reference, refs=tuple(str(s.ref) for s in specs))
         for registered, settings in registered_sections:
             registered.begin(settings, run_info)
         entries = []
@@ -294,8 +305,6 @@ def _length_plan(suite: Suite, original: int, context: int) -> tuple[dict[str, A
     notes: list[str] = []
 
     def lengths_of(values: list[Length], task: str) -> list[int]:
-        from ctxext.evaluation.perplexity import check_far_lengths
-
         kept, dropped = resolve_lengths(values, original, context, suite.allow_beyond_context)
         if dropped:
             notes.append(f"{task}: lengths {dropped} dropped (above the reference context {context})")

@@ -219,7 +219,7 @@ def build_tiny_llama(out: Path) -> None:
 # the standard library's training files with key/value needles and repeated spans so that they use their whole
 # window (recipe: :mod:`ctxext.models.grown`; each folder's ``grow_report.md`` has the commands of every stage
 # and the measurements). ``builtin:NAME`` copies one into the cache; the cache key includes the weights' hash,
-# so a regenerated model (``python benchmarks/grow_base.py --out ctxext/resources/NAME ...`` once the packaged
+# so a regenerated model (``python -m benchmarks.grow_base --out ctxext/resources/NAME ...`` once the packaged
 # folder is moved away: the builder replaces only folders it wrote) is picked up by itself.
 PACKAGED_MODELS = {
     "grown-code-64": "a 4.2M-parameter Llama pretrained here on stdlib code at a 64-token window (packaged)",
@@ -262,7 +262,7 @@ def _register_packaged(name: str, summary: str) -> None:
 
         if not (folder / "model.safetensors").is_file():
             raise CtxextError(
-                f"builtin:{name} is not packaged at {folder}; grow it with `python benchmarks/grow_base.py --out "
+                f"builtin:{name} is not packaged at {folder}; grow it with `python -m benchmarks.grow_base --out "
                 f"{folder}` and the settings docs/grown-model.md gives for it"
             )
         shutil.copytree(folder, out, dirs_exist_ok=True)

@@ -6,8 +6,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from ctxext.models.devices import Device
-from ctxext.planner.fit import device_footprint, fits, longest_fit, usable
+from ctxext.planner.fit import device_footprint, fits, longest_fit, upper, usable
 from ctxext.planner.footprint import ModelShape, Setup
+from ctxext.planner.layer import kv_heads_per_rank, replicated_kv, replication_bytes
 from ctxext.planner.levers import lever_advice
 
 
@@ -63,7 +64,7 @@ def _advice_candidates(setup: Setup, device: Device, gpus: int) -> list[tuple[st
         out.append(
             ("paged 8-bit AdamW", ["train.optimizer=paged_adamw_8bit"], "", rep(setup, optimizer="paged_adamw_8bit"))
         )
-    if setup.quantization != "nf4":
+    if setup.quantization != "nf4" and setup.finetune != "full":  # a full fine-tune trains unquantized weights
         out.append(("4-bit (nf4) base", ["quantization.mode=nf4"], "", rep(setup, quantization="nf4")))
     if "embed_tokens" in setup.extra_trainable:
         kept = [x for x in setup.extra_trainable if x != "embed_tokens"]
@@ -100,8 +101,9 @@ def _with_sp(setup: Setup, k: int) -> Setup:
 def _split_advice(shape: ModelShape, setup: Setup, device: Device, max_cp: int) -> list[tuple[str, str, int, Setup]]:
     """The smallest split of each kind that fits: Ulysses (under DDP; N divides the heads), context parallelism."""
     found = []
-    for k in range(2 * setup.sequence_parallel, min(shape.heads, shape.kv_heads) + 1):
-        if shape.heads % k == 0 and shape.kv_heads % k == 0 and fits(shape, _with_sp(setup, k), device):
+    # Splits wider than the key/value heads replicate them (each rank holds those its query heads need).
+    for k in range(2 * setup.sequence_parallel, shape.heads + 1):
+        if shape.heads % k == 0 and fits(shape, _with_sp(setup, k), device):
             found.append(("sequence parallelism (Ulysses)", "sequence_parallel_size", k, _with_sp(setup, k)))
             break
     k = 2 * setup.context_parallel
@@ -127,7 +129,7 @@ def advise(shape: ModelShape, setup: Setup, device: Device, max_cp: int = 64) ->
     def plan_one(summary: str, overrides: list[str], launch: str, new: Setup) -> Advice:
         fp = device_footprint(shape, new, device)
         longest = longest_fit(shape, new, device)
-        return Advice(summary, overrides, launch, fp.total, fp.total <= usable(device), longest)
+        return Advice(summary, overrides, launch, fp.total, upper(fp.total, device) <= usable(device), longest)
 
     base_total = device_footprint(shape, setup, device).total
     for summary, overrides, launch, new in _advice_candidates(setup, device, setup.world):
@@ -166,3 +168,52 @@ def advise(shape: ModelShape, setup: Setup, device: Device, max_cp: int = 64) ->
             if found:
                 break
     return result
+
+
+def replication_notes(shape: ModelShape, setup: Setup, device: Device) -> list[str]:
+    """What replicating key/value heads under a wide Ulysses split costs, and whether it pays.
+
+    The comparison is the widest split that needs no replication, on the same GPUs (the others then train other
+    rows). Replication pays when that split does not fit the recipe's length and the wider one does; it costs
+    more than it saves when the narrower split fits already (the replicas only add memory and all-to-all traffic)
+    or when neither fits.
+    """
+    extra = replicated_kv(shape, setup)
+    if extra <= 0:
+        return []
+    sp = setup.sequence_parallel
+    held = kv_heads_per_rank(shape, sp)
+    plain = max(k for k in range(1, sp + 1) if shape.heads % k == 0 and shape.kv_heads % k == 0 and sp % k == 0)
+    narrow = dataclasses.replace(setup, sequence_parallel=plain)
+    cost = replication_bytes(shape, setup)
+    # The exchange sends the replicas too: each rank's k and v grow from kv/N heads to the held ones, on its T/N
+    # tokens, of which (N - 1)/N leave; forward, recomputation and backward.
+    local = setup.micro_batch * -(-setup.seq_len // sp)
+    passes = 3 if setup.checkpointing else 2
+    sent = shape.layers * passes * 2 * local * shape.head_dim * (held - shape.kv_heads / sp) * (sp - 1)
+    sent *= setup.residual
+    notes = [
+        f"key/value heads replicated: sp {sp} does not divide the {shape.kv_heads} key/value heads, so each rank "
+        f"holds {held} key/value head(s) for its {shape.heads // sp} query heads ({extra} replicas in all): "
+        f"+{cost / 2**30:.2f} GiB per GPU in the recomputed layer's attention (k, v and their gradients), "
+        f"+{sent / 2**30:.2f} GiB sent per GPU per micro-batch"
+    ]
+    wide_fits, narrow_fits = fits(shape, setup, device), fits(shape, narrow, device)
+    narrow_gib = device_footprint(shape, narrow, device).total / 2**30
+    wide_gib = device_footprint(shape, setup, device).total / 2**30
+    if narrow_fits or not wide_fits:
+        why = (
+            f"sp {plain} (no replication) fits {setup.seq_len:,} tokens already ({narrow_gib:.2f} GiB per GPU)"
+            if narrow_fits
+            else f"sp {sp} does not fit {setup.seq_len:,} tokens either ({wide_gib:.2f} GiB per GPU)"
+        )
+        notes.append(
+            f"replication costs more than it saves here: {why}; use train.sequence_parallel_size={plain} and "
+            "the other GPUs for data parallelism"
+        )
+    else:
+        notes.append(
+            f"replication pays: sp {plain} (no replication) needs {narrow_gib:.2f} GiB per GPU for "
+            f"{setup.seq_len:,} tokens and does not fit; sp {sp} needs {wide_gib:.2f} GiB"
+        )
+    return notes

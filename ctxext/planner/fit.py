@@ -1,8 +1,9 @@
 """Whether a training step fits a device: the footprint plus the device's runtime terms, and the longest length.
 
 :func:`device_footprint` adds to :func:`ctxext.planner.footprint.footprint` what the device itself holds
-(the CUDA context and allocator fragmentation, or the CPU's Python + torch runtime and malloc retention);
-a plan fits when that peak is within the device's capacity less :data:`HEADROOM`.
+(the CUDA context, flash-attention's backward buffers and allocator fragmentation, or the CPU's Python + torch
+runtime and malloc retention); a plan fits when the upper end of its error band (:mod:`ctxext.planner.band`) is
+within the device's capacity less :data:`HEADROOM`.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 
 from ctxext.models.devices import GIB, Device
+from ctxext.planner.band import band_of
 from ctxext.planner.footprint import FWD_BWD, PHASES, Footprint, ModelShape, Setup, footprint, heap_layer_bytes
+from ctxext.planner.layer import cpu_attention_backward_buffers, flash_backward_buffers
 
 # CUDA: the context, cuBLAS/cuDNN workspaces and NCCL buffers live outside PyTorch's allocator; the caching
 # allocator holds more than it hands out (fragmentation). Not calibrated here (no GPU): typical values.
@@ -32,30 +35,45 @@ CUDA_FRAGMENTATION_EXPANDABLE = 0.03
 CPU_RUNTIME = 553 * 2**20
 MMAP_THRESHOLD_MAX = 32 * 2**20
 # Memory held back from the device's capacity before a plan "fits": what the formulas do not count (CUDA
-# graphs, NCCL buffers growing, a longer-than-usual document mask) and their own error (docs/planning.md).
+# graphs, NCCL buffers growing, a longer-than-usual document mask). The formulas' own error is the band's.
 HEADROOM = 0.05
 
 
 def device_footprint(shape: ModelShape, setup: Setup, device: Device) -> Footprint:
     """:func:`ctxext.planner.footprint.footprint` plus the device's runtime terms."""
     fp = footprint(shape, setup)
-    dynamic = max(fp.group_total("activations", p) + fp.group_total("loss", p) for p in PHASES)
     if device.kind == "cuda":
+        buffers = flash_backward_buffers(shape, setup)
+        fp.add(
+            "activations",
+            "flash-attention backward buffers",
+            sum(b for _, b in buffers),
+            " + ".join(name for name, _ in buffers) + " (from the kernel's source)",
+            ("attention backward",),
+        )
+        dynamic = max(fp.group_total("activations", p) + fp.group_total("loss", p) for p in PHASES)
         fp.add(
             "overhead", "CUDA context + workspaces", CUDA_CONTEXT, "outside PyTorch's allocator (typical, not measured)"
         )
         share = CUDA_FRAGMENTATION_EXPANDABLE if setup.expandable_segments else CUDA_FRAGMENTATION
         how = "expandable segments" if setup.expandable_segments else "caching allocator"
         fp.add("overhead", "allocator fragmentation", share * dynamic, f"{share:.0%} of the activations ({how})")
-    else:
-        fp.add("overhead", "Python + torch runtime", CPU_RUNTIME, "fitted on this CPU (benchmarks/plan_accuracy.py)")
-        fp.add(
-            "overhead",
-            "malloc retention",
-            shape.layers * heap_layer_bytes(shape, setup, MMAP_THRESHOLD_MAX),
-            "freed activation memory glibc keeps: one forward pass of saved tensors under 32 MiB each",
-            FWD_BWD,
-        )
+        return fp
+    fp.add(
+        "activations",
+        "CPU attention backward buffers",
+        cpu_attention_backward_buffers(shape, setup),
+        "the CPU SDPA kernel's accumulators (memory profiler, isolated SDPA backward)",
+        ("attention backward",),
+    )
+    fp.add("overhead", "Python + torch runtime", CPU_RUNTIME, "fitted on this CPU (benchmarks/plan_accuracy.py)")
+    fp.add(
+        "overhead",
+        "malloc retention",
+        shape.layers * heap_layer_bytes(shape, setup, MMAP_THRESHOLD_MAX),
+        "freed activation memory glibc keeps: one forward pass of saved tensors under 32 MiB each",
+        FWD_BWD,
+    )
     return fp
 
 
@@ -64,13 +82,18 @@ def usable(device: Device) -> int:
     return int(device.memory * (1 - HEADROOM))
 
 
+def upper(total: int, device: Device) -> int:
+    """The upper end of a planned peak's error band on a device (what has to fit)."""
+    return band_of(total, device.kind).high
+
+
 def fits(shape: ModelShape, setup: Setup, device: Device) -> bool:
-    """Whether the step's predicted peak fits the device's usable memory."""
-    return device_footprint(shape, setup, device).total <= usable(device)
+    """Whether the upper end of the step's planned peak (with its band) fits the device's usable memory."""
+    return upper(device_footprint(shape, setup, device).total, device) <= usable(device)
 
 
 def longest_fit(shape: ModelShape, setup: Setup, device: Device, step: int = 1024, limit: int = 1 << 24) -> int | None:
-    """The longest ``seq_len`` (a multiple of ``step``, at most ``limit``) that fits, or ``None``.
+    """The longest ``seq_len`` (a multiple of ``step``, at most ``limit``) whose band fits, or ``None``.
 
     Memory grows with the length, so a binary search over multiples of ``step`` finds the boundary.
     """

@@ -16,7 +16,8 @@ from typing import Any
 
 from ctxext.errors import InputError
 from ctxext.models.devices import GIB, Device
-from ctxext.planner.advice import Advice, advise
+from ctxext.planner.advice import Advice, advise, replication_notes
+from ctxext.planner.band import Band, band_of
 from ctxext.planner.fit import CPU_RUNTIME, device_footprint, longest_fit, usable
 from ctxext.planner.footprint import Footprint, ModelShape, Setup
 from ctxext.planner.levers import lever_effects, lever_fields
@@ -50,6 +51,8 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     what_if: dict[str, int] = field(default_factory=dict)
     levers: list[Any] = field(default_factory=list)
+    mode: str = "qlora"
+    band: Band | None = None
 
     @property
     def wall_seconds(self) -> float | None:
@@ -71,11 +74,16 @@ class Plan:
             },
             "setup": dataclasses.asdict(self.setup),
             "components": [
-                {**dataclasses.asdict(c), "gib": c.bytes / GIB, "phases": list(c.phases)}
+                {**dataclasses.asdict(c), "gib": c.bytes / GIB, "phases": list(c.phases), "basis": c.basis}
                 for c in self.memory.components
             ],
+            "mode": self.mode,
             "peak_phase": self.memory.peak_phase,
             "total_gib": self.memory.total / GIB,
+            "band_gib": [self.band.low / GIB, self.band.high / GIB] if self.band else None,
+            "band_relative": [self.band.rel_low, self.band.rel_high] if self.band else None,
+            "band_source": self.band.describe() if self.band else None,
+            "usable_gib": usable(self.device) / GIB,
             "fits": self.fits,
             "longest_seq_len": self.longest,
             "advice": [dataclasses.asdict(a) | {"total_gib": a.total / GIB} for a in self.advice],
@@ -139,16 +147,43 @@ def read_model_config(ref: str, revision: str | None = None, trust_remote_code: 
 # ------------------------------------------------------------------------------------------------
 
 
-def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, loss: str = "chunked") -> Setup:
-    """The training setup a recipe gives on a device and a launch, as ctxext's training loop builds it.
+# How the weights are trained: adapters on a 4-bit base, adapters on a bf16 base, or every weight.
+MODES = ("qlora", "lora", "full")
+
+
+def finetune_mode(recipe: Any) -> str:
+    """The recipe's fine-tuning mode: its ``train.mode`` where the schema has one, else what its quantization says."""
+    mode = getattr(recipe.train, "mode", None)
+    if mode in MODES:
+        return str(mode)
+    return "qlora" if recipe.quantization.mode != "none" else "lora"
+
+
+def with_mode(recipe: Any, mode: str | None) -> tuple[Any, str]:
+    """The recipe as ``mode`` trains it (``--mode``): a 4-bit base for QLoRA, none for LoRA and full fine-tuning.
 
     Raises:
-        InputError: an impossible launch (context parallel size not dividing the GPUs, CP without FSDP2).
+        InputError: an unknown mode.
     """
-    train = recipe.train
-    cp = train.context_parallel_size
-    if sharding is None or sharding == "auto":
-        sharding = "fsdp2" if cp > 1 else "none"
+    if mode is None:
+        mode = finetune_mode(recipe)
+    if mode not in MODES:
+        raise InputError(f"--mode: unknown {mode!r}; choose one of: {', '.join(MODES)}")
+    quantization = recipe.quantization.mode
+    wanted = (quantization if quantization != "none" else "nf4") if mode == "qlora" else "none"
+    if wanted != quantization:
+        recipe = recipe.model_copy(deep=True)
+        recipe.quantization.mode = wanted
+    return recipe, mode
+
+
+def setup_mode(setup: Setup) -> str:
+    """The mode a setup trains in (``qlora``, ``lora`` or ``full``)."""
+    return "full" if setup.finetune == "full" else "qlora" if setup.quantized else "lora"
+
+
+def _launch_checks(train: Any, world: int, sharding: str) -> None:
+    cp, sp = train.context_parallel_size, train.sequence_parallel_size
     if sharding not in SHARDINGS:
         raise InputError(f"--sharding: unknown {sharding!r}; choose one of: {', '.join(SHARDINGS)}")
     if cp > 1 and sharding != "fsdp2":
@@ -157,19 +192,61 @@ def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, los
         )
     if world % cp:
         raise InputError(f"train.context_parallel_size: {cp} does not divide the {world} GPU(s) of the job")
-    sp = train.sequence_parallel_size
     if world % sp:
         raise InputError(f"train.sequence_parallel_size: {sp} does not divide the {world} GPU(s) of the job")
+
+
+def setup_for(
+    recipe: Any,
+    device: Device,
+    world: int,
+    sharding: str | None,
+    loss: str = "chunked",
+    mode: str | None = None,
+    offload_optimizer: bool = False,
+) -> Setup:
+    """The training setup a recipe gives on a device and a launch, as ctxext's training loop builds it.
+
+    Args:
+        recipe: a validated recipe.
+        device: the device of each process.
+        world: processes in the job.
+        sharding: ``auto`` / ``None`` (FSDP2 with context parallelism or a multi-GPU full fine-tune, else none),
+            ``none``, ``ddp``, ``fsdp2`` or ``zero3``.
+        loss: ``chunked`` or ``full``.
+        mode: ``qlora``, ``lora`` or ``full`` (``None``: the recipe's, :func:`finetune_mode`).
+        offload_optimizer: a full fine-tune's optimizer states live in host memory.
+
+    Raises:
+        InputError: an impossible launch (a split not dividing the GPUs, CP without FSDP2), an unknown mode.
+    """
+    recipe, mode = with_mode(recipe, mode)
+    full = mode == "full"
+    if offload_optimizer and not full:
+        raise InputError(
+            "--offload-optimizer: plans a full fine-tune's optimizer states in host memory (--mode full); "
+            "LoRA's states are small, and paged 8-bit AdamW already pages them"
+        )
+    train = recipe.train
+    if sharding is None or sharding == "auto":
+        sharding = "fsdp2" if train.context_parallel_size > 1 or (full and world > 1) else "none"
+    _launch_checks(train, world, sharding)
+    cuda = device.kind == "cuda"
     if recipe.quantization.compute_dtype == "auto":
-        compute_bytes = 2 if device.kind == "cuda" else 4
+        compute_bytes = 2 if cuda else 4
     else:
         compute_bytes = 4 if recipe.quantization.compute_dtype == "float32" else 2
     optimizer = train.optimizer
     if optimizer == "auto":
-        optimizer = "paged_adamw_8bit" if device.kind == "cuda" else "adamw"
+        # A full fine-tune's mixed-precision AdamW keeps fp32 moments (bitsandbytes' paged 8-bit AdamW is the
+        # adapters' GPU default).
+        optimizer = "paged_adamw_8bit" if cuda and not full else "adamw"
     attention = recipe.model.attn_implementation
     if attention == "auto":
         attention = "sdpa"  # flash-attn when installed: the same (linear) memory order
+    levers = lever_fields(recipe, device.kind, compute_bytes)
+    if full:
+        levers["lora_dropout"] = 0.0
     return Setup(
         seq_len=recipe.seq_len,
         micro_batch=train.micro_batch_size,
@@ -177,18 +254,21 @@ def setup_for(recipe: Any, device: Device, world: int, sharding: str | None, los
         double_quant=recipe.quantization.double_quant,
         compute_bytes=compute_bytes,
         lora_r=recipe.lora.r,
-        lora_targets=tuple(recipe.lora.target_modules),
-        extra_trainable=tuple(recipe.lora.extra_trainable),
+        lora_targets=() if full else tuple(recipe.lora.target_modules),
+        extra_trainable=() if full else tuple(recipe.lora.extra_trainable),
         optimizer=optimizer,
         checkpointing=train.gradient_checkpointing,
         attention=attention,
         loss=loss,
         loss_chunk=train.loss_chunk_size,
         world=world,
-        context_parallel=cp,
-        sequence_parallel=sp,
+        context_parallel=train.context_parallel_size,
+        sequence_parallel=train.sequence_parallel_size,
         sharding="none" if sharding == "ddp" else sharding,
-        **lever_fields(recipe, device.kind, compute_bytes),
+        finetune="full" if full else "lora",
+        offload_optimizer=offload_optimizer,
+        cuda=cuda,
+        **levers,
     )
 
 
@@ -218,6 +298,29 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
 # ------------------------------------------------------------------------------------------------
 
 
+def _check_heads(shape: ModelShape, setup: Setup) -> None:
+    if shape.heads % setup.sequence_parallel:
+        raise InputError(
+            f"train.sequence_parallel_size: {setup.sequence_parallel} must divide the model's attention heads "
+            f"({shape.heads}): each process attends with heads/N query heads (key/value heads, {shape.kv_heads}, "
+            "are replicated where N does not divide them)"
+        )
+
+
+def what_if(shape: ModelShape, setup: Setup, device: Device) -> dict[str, int]:
+    """The same step's peak with checkpointing and the loss flipped, for comparison (the table shows the recipe's)."""
+    flips: dict[str, dict[str, Any]] = {
+        f"checkpointing {'off' if setup.checkpointing else 'on'}": {"checkpointing": not setup.checkpointing},
+        "full logits" if setup.loss == "chunked" else "chunked loss": {
+            "loss": "full" if setup.loss == "chunked" else "chunked"
+        },
+    }
+    return {
+        label: device_footprint(shape, dataclasses.replace(setup, **change), device).total
+        for label, change in flips.items()
+    }
+
+
 def plan_recipe(
     recipe: Any,
     device: Device,
@@ -231,6 +334,8 @@ def plan_recipe(
     search: bool = True,
     config: Any = None,
     config_source: str | None = None,
+    mode: str | None = None,
+    offload_optimizer: bool = False,
 ) -> Plan:
     """Plan a validated recipe on ``num_gpus × nodes`` devices.
 
@@ -247,6 +352,8 @@ def plan_recipe(
         search: find the longest fitting ``seq_len``.
         config: a transformers config to use instead of reading ``model.path``.
         config_source: where ``config`` came from, for the report.
+        mode: ``qlora``, ``lora`` or ``full`` (``None``: the recipe's).
+        offload_optimizer: a full fine-tune's optimizer states in host memory.
 
     Returns:
         The :class:`Plan`.
@@ -264,12 +371,11 @@ def plan_recipe(
         )
     shape = ModelShape.from_config(config)
     world = num_gpus * nodes
-    setup = setup_for(recipe, device, world, sharding, loss)
-    if shape.heads % setup.sequence_parallel or shape.kv_heads % setup.sequence_parallel:
-        heads = f"attention heads ({shape.heads}) and key/value heads ({shape.kv_heads})"
-        raise InputError(f"train.sequence_parallel_size: {setup.sequence_parallel} must divide the model's {heads}")
+    setup = setup_for(recipe, device, world, sharding, loss, mode, offload_optimizer)
+    _check_heads(shape, setup)
     memory = device_footprint(shape, setup, device)
-    ok = memory.total <= usable(device)
+    band = band_of(memory.total, device.kind)
+    ok = band.high <= usable(device)
     plan = Plan(
         model=recipe.model.path,
         config_source=config_source or "given",
@@ -280,21 +386,16 @@ def plan_recipe(
         fits=ok,
         utilization=utilization,
         max_steps=recipe.train.max_steps,
+        mode=setup_mode(setup),
+        band=band,
     )
+    plan.notes += replication_notes(shape, setup, device)
     if search:
         plan.longest = longest_fit(shape, setup, device)
         plan.levers = lever_effects(shape, setup, device, lambda *a: device_footprint(*a).total, longest_fit)
     if advise_changes and not ok:
         plan.advice = advise(shape, setup, device)
-    # The same step with checkpointing and the loss flipped, for comparison (the table shows the recipe's own).
-    flips: dict[str, dict[str, Any]] = {
-        f"checkpointing {'off' if setup.checkpointing else 'on'}": {"checkpointing": not setup.checkpointing},
-        "full logits" if setup.loss == "chunked" else "chunked loss": {
-            "loss": "full" if setup.loss == "chunked" else "chunked"
-        },
-    }
-    for label, change in flips.items():
-        plan.what_if[label] = device_footprint(shape, dataclasses.replace(setup, **change), device).total
+    plan.what_if = what_if(shape, setup, device)
     plan.flops_per_token = flops_per_token(shape, setup)
     data_parallel = world // setup.split
     ga = recipe.train.gradient_accumulation_steps

@@ -7,8 +7,10 @@ The YAML front matter is built with huggingface_hub's :class:`~huggingface_hub.M
 The prose says what was changed (method, factor, every rope parameter), how it was trained, how it
 scored (tables and plots from ``ctxext eval`` reports), what it cost at the original context, and how
 to load and serve it with the right RoPE — the step users most often get wrong (:mod:`ctxext.publish.card_usage`).
-Reports are read through the report schema (:mod:`ctxext.artifacts.report`) and shown with the tables of
-their own ``report.md`` (:mod:`ctxext.artifacts.tables`).
+Reports are read through the report schema (:mod:`ctxext.artifacts.report`); what each suite section shows in a
+card (its rows, its ``model-index`` results, its short-context cost) was rendered by the section when the report
+was written and stored in it (``card``), so the card needs no section's code. A report written before the card
+parts were stored adds its plots and no rows.
 """
 
 from __future__ import annotations
@@ -21,25 +23,10 @@ from typing import Any
 
 import yaml
 
-from ctxext.artifacts.report import ModelEntry
 from ctxext.artifacts.run import Report
-from ctxext.artifacts.tables import bucket_table, fmt, ppl_length_table, short_context_table
+from ctxext.artifacts.tables import fmt
 from ctxext.models.refs import is_hub_id
 from ctxext.publish.card_usage import load_section, rope_parameters, serving_section
-
-
-def split_base(models: list[ModelEntry]) -> tuple[ModelEntry | None, ModelEntry | None]:
-    """Pick the extended model's entry and the unmodified base's (for the short-context cost).
-
-    Args:
-        models: the models of one report.
-
-    Returns:
-        ``(extended, base)``; the extended one is the last non-base model (fine-tuned after patched-only).
-    """
-    base = next((m for m in models if m.is_base), None)
-    others = [m for m in models if m is not base]
-    return (others[-1] if others else None), base
 
 
 @dataclass
@@ -142,73 +129,42 @@ def _tokens(n: Any) -> str:
 
 
 def _dataset_ids(inputs: CardInputs) -> list[str]:
+    # The Hub data sets the model was trained or evaluated on.
     ids: list[str] = []
     data = d if isinstance(d := inputs.recipe.get("data"), dict) else {}
     if is_hub_id(data.get("path")):
         ids.append(str(data["path"]))
     for report in inputs.reports:
-        ref = report.data.data_source()
-        if ref and is_hub_id(ref) and ref not in ids:
-            ids.append(ref)
+        ids += [ref for ref in report.data.data_sources() if is_hub_id(ref) and ref not in ids]
     return ids
 
 
-def _eval_dataset(report: Report, inputs: CardInputs) -> tuple[str, str]:
-    # (dataset_type, dataset_name) of a report's perplexity data for model-index.
-    ref = report.data.data_source()
-    if isinstance(ref, str) and ref:
-        if is_hub_id(ref):
-            return ref, ref
-        return "text", Path(ref).name or ref
-    return "text", "held-out long documents"
-
-
-_PASSKEY_DATA = "Passkey retrieval (synthetic, landmark-attention prompt)"
-
-
-def _result(task: tuple[str, str, str, str, str], length: str, value: float) -> Any:
-    from huggingface_hub import EvalResult
-
-    task_name, dataset_type, dataset_name, metric, label = task
-    return EvalResult(
-        task_type="text-generation",
-        task_name=task_name,
-        dataset_type=dataset_type,
-        dataset_name=dataset_name,
-        metric_type=metric,
-        metric_name=f"{label} @ {length} tokens",
-        metric_value=value,
-        metric_config=length,
-    )
-
-
 def eval_results(inputs: CardInputs) -> list[Any]:
-    """The ``model-index`` entries: perplexity per length and passkey accuracy per length of the extended model.
+    """The ``model-index`` entries: each section's results of the extended model (perplexity, passkey accuracy …).
 
     Args:
         inputs: the card inputs.
 
     Returns:
-        A list of :class:`huggingface_hub.EvalResult`.
+        A list of :class:`huggingface_hub.EvalResult`, as the reports stored them (``card.<section>.results``).
     """
-    out: list[Any] = []
-    for report in inputs.reports:
-        extended, _ = split_base(report.data.models)
-        if extended is None:
-            continue
-        dtype, dname = _eval_dataset(report, inputs)
-        ppl = extended.perplexity.by_length if extended.perplexity else {}
-        for key, entry in sorted(ppl.items(), key=lambda kv: int(kv[0])):
-            if entry.ppl is not None:
-                ppl_task = ("Long-context language modeling", dtype, dname, "perplexity", "Perplexity")
-                out.append(_result(ppl_task, key, round(entry.ppl, 4)))
-        grid = extended.passkey
-        for length in grid.lengths() if grid else []:
-            acc = grid.accuracy_at(length) if grid else None
-            if acc is not None:
-                task = ("Passkey retrieval", "passkey", _PASSKEY_DATA, "accuracy", "Passkey accuracy")
-                out.append(_result(task, str(length), round(100.0 * acc, 2)))
-    return out
+    from huggingface_hub import EvalResult
+
+    return [
+        EvalResult(
+            task_type="text-generation",
+            task_name=r.task,
+            dataset_type=r.dataset_type,
+            dataset_name=r.dataset_name,
+            metric_type=r.metric,
+            metric_name=f"{r.label} @ {r.length} tokens",
+            metric_value=r.value,
+            metric_config=r.length,
+        )
+        for report in inputs.reports
+        for part in report.data.card.values()
+        for r in part.results
+    ]
 
 
 def _front_matter(inputs: CardInputs, merged: bool, model_name: str) -> str:
@@ -355,70 +311,23 @@ def _eval_section(inputs: CardInputs) -> list[str]:
             "--model <this repo>` measures perplexity by length and position and passkey retrieval."
         ]
     for report in inputs.reports:
-        models = report.data.models
         if len(inputs.reports) > 1:
             lines += [f"### {report.label}", ""]
-        protocol = next((m.perplexity.protocol for m in models if m.perplexity and m.perplexity.protocol), None)
-        if protocol:
-            lines += [f"Protocol: {protocol}", ""]
-        data = report.data.data_source()
-        if data:
-            lines += [f"Data: `{data}`", ""]
-        # The tables of report.md (ctxext.artifacts.tables), so the card and the report read alike.
-        table = ppl_length_table(models)
-        if table:
-            lines += [
-                "Perplexity by evaluation length (lower is better): ppl [95 % CI] (documents); † beyond that "
-                "model's configured context.",
-                "",
-                *table,
-            ]
-        buckets = bucket_table(models)
-        if buckets:
-            lines += ["Perplexity by position of the predicted token:", "", *buckets]
-        lines += _section_rows(report)
+        # Each section's rows as it rendered them when the report was written (the tables of report.md).
+        for part in report.data.card.values():
+            lines += part.rows
         plots = [p for p in report.plots if p in inputs.plot_names]
         lines += [f"![{plot.stem}]({inputs.plot_names[plot]})" for plot in plots]
         lines.append("")
     return lines
 
 
-def _section_rows(report: Report) -> list[str]:
-    # Every registered suite section in the report gives its own rows (SuiteSection.card_rows).
-    from ctxext.evaluation.sections import SECTIONS
-
-    raw = report.data.to_json_dict()
-    lines: list[str] = []
-    for key, registered in SECTIONS.items():
-        have = [m for m in raw["models"] if m.get(key)]
-        if have:
-            lines += registered.card_rows(have, raw)
-    return lines
-
-
 def _short_context_section(inputs: CardInputs) -> list[str]:
-    original = inputs.run.get("original_length")
     lines = ["## Short-context cost", ""]
     for report in inputs.reports:
-        extended, base = split_base(report.data.models)
-        if extended is None or base is None or not extended.perplexity or not base.perplexity:
-            continue
-        pair = [base, extended]
-        e, b = extended.perplexity.short_context, base.perplexity.short_context
-        if e is not None and b is not None and e.length == b.length:
-            return lines + [
-                f"Perplexity at the original context ({e.length} tokens), base model vs this model:",
-                "",
-                *short_context_table(pair),
-            ]
-        common = set(extended.perplexity.by_length) & set(base.perplexity.by_length)
-        short = sorted(int(L) for L in common if not original or int(L) <= int(original))
-        if short:
-            return lines + [
-                f"Perplexity within the original context ({original} tokens), base model vs this model:",
-                "",
-                *ppl_length_table(pair, short),
-            ]
+        cost = next((part.cost for part in report.data.card.values() if part.cost), None)
+        if cost:
+            return lines + cost
     return lines + [
         "Not measured: no report compares this model with the unmodified base at the original context. "
         "Run `ctxext eval` with the base model as a second `--model` (or `eval.compare_base: true` in the recipe)."

@@ -1,9 +1,9 @@
-"""Recipe rules for splitting one sequence over processes (``train.sequence_parallel_size``).
+"""Recipe rules for splitting one sequence over processes (``train.sequence_parallel_size`` and the ring's size).
 
-The split (DeepSpeed Ulysses, :mod:`ctxext.training.sequence_parallel`) attends causally over the whole gathered
-row (each packed document on its own, found from the positions that restart at 0) and rotates each shard at its
-global positions. That is exact for static RoPE methods, PoSE rows and rows of several documents; it is not for the
-settings refused here.
+The split (Ulysses, with torch's ring around it: :mod:`ctxext.training.sequence_parallel`) attends causally over the
+whole gathered row (each packed document on its own, found from the positions that restart at 0) and rotates each
+shard at its global positions. That is exact for static RoPE methods, PoSE rows and rows of several documents; it is
+not for the settings refused here.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ LENGTH_DEPENDENT_METHODS = frozenset({"dynamic", "longrope"})
 
 
 def sequence_parallel_refusal(recipe: Any) -> str | None:
-    """Why a recipe cannot split its sequences over ``train.sequence_parallel_size`` processes, or ``None``.
+    """Why a recipe cannot split its sequences over several processes (either key), or ``None``.
 
     Args:
         recipe: a :class:`ctxext.recipe.schema.Recipe` whose sections are already validated.
@@ -24,17 +24,16 @@ def sequence_parallel_refusal(recipe: Any) -> str | None:
     Returns:
         A message that names the key at fault and the way out, or ``None``.
     """
-    size = recipe.train.sequence_parallel_size
-    if size == 1:
+    size, ring = recipe.train.sequence_parallel_size, recipe.train.context_parallel_size
+    if size == 1 and ring == 1:
         return None
-    key = f"train.sequence_parallel_size: {size}"
-    if recipe.train.context_parallel_size > 1:
-        return f"{key} and train.context_parallel_size both split the sequence; set one of them to 1"
+    # The two compose (the ring around the head split): the rules below hold for either.
+    key = f"train.sequence_parallel_size: {size}" if size > 1 else f"train.context_parallel_size: {ring}"
     if recipe.rope.method in LENGTH_DEPENDENT_METHODS:
         return (
             f"{key} with rope.method {recipe.rope.method!r}: its frequencies depend on the length of the sequence "
             "processed, and each process sees only its shard; use a static method (yarn, linear, ntk, llama3, "
-            "theta) or sequence_parallel_size 1"
+            "theta) or set it to 1"
         )
     if recipe.model.attn_implementation == "eager":
         return (

@@ -385,11 +385,17 @@ class TrainSection(Section):
     save_every: int | None = Field(default=None, gt=0)
     keep_checkpoints: int = Field(default=2, gt=0, description="how many of the latest checkpoints to keep")
     tracker: Literal["none", "tensorboard", "wandb"] = "none"
-    context_parallel_size: int = Field(default=1, gt=0, description="accelerate context parallelism (CUDA + FSDP2)")
+    context_parallel_size: int = Field(
+        default=1,
+        gt=0,
+        description="split each sequence over N GPUs with torch's ring attention (CUDA, SDPA); around "
+        "train.sequence_parallel_size when both are set (docs/sequence-parallel.md)",
+    )
     sequence_parallel_size: int = Field(
         default=1,
         gt=0,
-        description="split each sequence over N processes (DeepSpeed Ulysses, docs/sequence-parallel.md)",
+        description="split each sequence over N processes (Ulysses: DeepSpeed's attention, or ctxext's where "
+        "DeepSpeed cannot split the heads; N at most the attention heads; docs/sequence-parallel.md)",
     )
     pose: PoseSection | None = Field(
         default=None, description="PoSE: train positions up to rope.target_length with train.seq_len-token rows"

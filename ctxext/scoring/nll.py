@@ -65,6 +65,20 @@ def token_nll(
     Returns:
         ``[batch, T − score_from]`` float32 NLLs (natural log).
     """
+    return token_scores(model, input_ids, score_from, chunk_size)[0]
+
+
+def token_scores(
+    model: torch.nn.Module, input_ids: torch.Tensor, score_from: int = 1, chunk_size: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_nll` and, from the same pass, whether each token is the argmax of its logits.
+
+    A long input can then give a document's perplexity and its teacher-forced answers (an answer is correct
+    iff all its tokens are argmax hits) from one forward pass.
+
+    Returns:
+        ``[batch, T − score_from]`` float32 NLLs and bool argmax hits.
+    """
     decoder, head, softcap = head_and_decoder(model)
     device = next(model.parameters()).device
     chunk_size = chunk_size or default_chunk(device)
@@ -77,14 +91,16 @@ def token_nll(
     flat_h = hidden.reshape(b * n, d)
     flat_t = targets.reshape(b * n)
     out = torch.empty(b * n, dtype=torch.float32, device=device)
+    hits = torch.empty(b * n, dtype=torch.bool, device=device)
     for start in range(0, b * n, chunk_size):
         end = min(start + chunk_size, b * n)
         logits = head(flat_h[start:end]).float()
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         out[start:end] = F.cross_entropy(logits, flat_t[start:end], reduction="none")
+        hits[start:end] = logits.argmax(dim=-1) == flat_t[start:end]
         del logits
-    return out.reshape(b, n).cpu()
+    return out.reshape(b, n).cpu(), hits.reshape(b, n).cpu()
 
 
 @dataclass(frozen=True)

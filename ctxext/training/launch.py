@@ -38,6 +38,43 @@ class Launch:
         """Whether this is the process that writes the run folder."""
         return bool(self.accelerator.is_main_process)
 
+    def topology(self) -> dict[str, Any]:
+        """Where the job runs and how it splits each sequence: the run record's ``topology``.
+
+        Processes per node come from the launcher (``LOCAL_WORLD_SIZE`` from torchrun and accelerate launch, which
+        runs it; ``LOCAL_SIZE`` from DeepSpeed's); without one the job is one process on one node.
+        """
+        processes = int(self.accelerator.num_processes)
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or processes)
+        return {
+            "world_size": processes,
+            "nodes": max(1, processes // per_node),
+            "processes_per_node": per_node,
+            "data_parallel": self.world,
+            "sequence_parallel": self.split.size,
+            "context_parallel": self.cp,
+            "ulysses": self.split.engine,
+        }
+
+    def check_resume(self, previous: dict[str, Any] | None) -> None:
+        """Refuse to resume a run (``previous``: its ``run.json``; ``None``: a new run) on another number of processes.
+
+        Any split of the same number into nodes is fine.
+
+        Raises:
+            InputError: naming both counts.
+        """
+        if previous is None:
+            return
+        before, now = previous.get("num_processes"), int(self.accelerator.num_processes)
+        if before is not None and int(before) != now:
+            raise InputError(
+                f"--resume: the run was trained on {before} process(es) and this launch has {now}: the rows each "
+                "process reads, the batch of a step and the saved random states are per process, so the run would "
+                f"not continue as it began. Resume it with {before} processes (on any number of nodes), or start a "
+                "new output.dir"
+            )
+
 
 def start_accelerator(recipe: Recipe, out: Path) -> Launch:
     """Create the accelerator for a recipe and check that the launch makes one synchronised job.
@@ -59,14 +96,12 @@ def start_accelerator(recipe: Recipe, out: Path) -> Launch:
     acc_kwargs: dict[str, Any] = {"dataloader_config": DataLoaderConfiguration(split_batches=False)}
     if cfg.tracker != "none":
         acc_kwargs.update(log_with=cfg.tracker, project_dir=str(out / "logs"))
-    if cfg.context_parallel_size > 1 and torch.cuda.is_available():
-        from accelerate import ParallelismConfig
-
-        acc_kwargs["parallelism_config"] = ParallelismConfig(cp_size=cfg.context_parallel_size)
     accelerator = Accelerator(**acc_kwargs)
     check_launch(accelerator, recipe)
-    cp = cfg.context_parallel_size if "parallelism_config" in acc_kwargs else 1
-    # The processes sharing a sequence are consecutive (DeepSpeed's groups): they share a data-parallel rank.
+    # The processes sharing a sequence are consecutive (the split's grid, DeepSpeed's groups): they share a
+    # data-parallel rank. The ring is torch's context parallelism on that grid (training/sequence_parallel.py), not
+    # accelerate's ParallelismConfig, which refuses a ring beside a head split.
+    cp = cfg.context_parallel_size
     group = cp * cfg.sequence_parallel_size
     return Launch(accelerator, accelerator.num_processes // group, accelerator.process_index // group, cp)
 
@@ -85,7 +120,8 @@ def check_launch(accelerator: Any, recipe: Recipe) -> None:
             "directly.",
             exit_code=2,
         )
-    check_sequence_parallel(recipe.train.sequence_parallel_size, accelerator.num_processes)
+    cfg = recipe.train
+    check_sequence_parallel(cfg.sequence_parallel_size, accelerator.num_processes, cfg.context_parallel_size)
 
 
 def configure_deepspeed(accelerator: Any, recipe: Recipe, world: int) -> None:
@@ -104,7 +140,7 @@ def configure_deepspeed(accelerator: Any, recipe: Recipe, world: int) -> None:
     ds = plugin.deepspeed_config
     ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
     ds["gradient_accumulation_steps"] = 1
-    # DeepSpeed averages gradients over every process, sequence-parallel ones included (the loss is scaled for it).
-    ds["train_batch_size"] = cfg.micro_batch_size * world * cfg.sequence_parallel_size
+    # DeepSpeed averages gradients over every process, those splitting a sequence included (the loss is scaled for it).
+    ds["train_batch_size"] = cfg.micro_batch_size * world * cfg.sequence_parallel_size * cfg.context_parallel_size
     ds["gradient_clipping"] = cfg.max_grad_norm or 0.0
     ds.setdefault("bf16", {})["enabled"] = torch.cuda.is_available()

@@ -111,15 +111,15 @@ class TrainingLoop:
         with torch.no_grad():
             for j in range(rounds):
                 first = (j * world + rank) * mb
-                if split.size > 1:
+                if split.active:
                     rows, real = split_rows(data, first, n, mb)
                 else:
                     rows = data[first : min(first + mb, n)] if first < n else data[0:1]
                 inputs = build_inputs(rows, attn_implementation=self.loaded.attn_implementation)
-                if split.size > 1:
+                if split.active:
                     inputs.labels[real:] = IGNORE_INDEX  # filler rows: read, never scored
-                inputs = split.shard(inputs).to(acc.device)
-                t, c = self.model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
+                with split.place(inputs.to(acc.device)) as inputs:
+                    t, c = self.model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
                 if first < n:
                     total += t.float()
                     count += c
@@ -265,20 +265,12 @@ class TrainingLoop:
                 seed=cfg.seed,
                 first_example=((counters.step * ga + micro) * launch.world + launch.rank) * mb,
             )
-            inputs = launch.split.shard(inputs).to(acc.device)
-            ids, labels = inputs.input_ids, inputs.labels
             sync = acc.no_sync(self.model) if micro < ga - 1 else nullcontext()
-            cp_ctx = (
-                acc.maybe_context_parallel(
-                    buffers=[ids, labels], buffer_seq_dims=[1, 1], no_restore_buffers={ids, labels}
-                )
-                if launch.cp > 1
-                else nullcontext()
-            )
-            with sync, cp_ctx:
-                total, count = self.model(ids, labels, inputs.position_ids, inputs.attention_mask)
-                # Under a sequence split ``labels`` is this process's shard: the same rule is exact there too.
-                loss = micro_batch_loss(total, labels, ga)
+            # This process's share of the rows under a split (a ring keeps its attention patched for the backward).
+            with sync, launch.split.place(inputs.to(acc.device)) as inputs:
+                total, count = self.model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
+                # Under a sequence split the labels are this process's shard: the same rule is exact there too.
+                loss = micro_batch_loss(total, inputs.labels, ga)
                 acc.backward(loss)
             step_loss += loss.detach()
             scored_total += total.detach().float()

@@ -36,10 +36,6 @@ def preflight_problems(recipe: Recipe, config: Any = None, model: bool = True) -
     module = _TRACKERS.get(cfg.tracker)
     if module and importlib.util.find_spec(module) is None:
         problems.append(("train.tracker", f"{cfg.tracker} is not installed; pip install {module}"))
-    if cfg.context_parallel_size > 1 and not cuda:
-        problems.append(
-            ("train.context_parallel_size", "accelerate's context parallelism needs CUDA with FSDP2; set it to 1 here")
-        )
     if cfg.optimizer == "paged_adamw_8bit" and not cuda:
         problems.append(("train.optimizer", "paged_adamw_8bit pages optimizer state through CUDA; use adamw on CPU"))
     from ctxext.models.build import attention_for
@@ -54,7 +50,7 @@ def preflight_problems(recipe: Recipe, config: Any = None, model: bool = True) -
     if model:
         config = config if config is not None else _local_config(recipe)
         problems += _lora_problems(recipe, config)
-        problems += _split_problems(recipe, config)
+    problems += _split_problems(recipe, config if model else None, cuda)
     return problems
 
 
@@ -81,6 +77,30 @@ def _recipe_problems(recipe: Recipe) -> list[tuple[str, str]]:
                 "fill a whole block (set data.min_tokens >= train.seq_len or turn packing on)",
             )
         )
+    return problems
+
+
+def _split_problems(recipe: Recipe, config: Any, cuda: bool) -> list[tuple[str, str]]:
+    """A head split no engine serves, or a ring this machine or model cannot run (the rules ``train`` applies)."""
+    import torch
+
+    from ctxext.models.build import attention_for
+    from ctxext.training.sequence_parallel import KEY, RING_KEY, check_heads, ring_refusal
+
+    cfg, problems = recipe.train, []
+    if cfg.sequence_parallel_size > 1 and config is not None:
+        try:
+            check_heads(config, cfg.sequence_parallel_size)
+        except InputError as exc:
+            problems.append((KEY, str(exc).removeprefix(f"{KEY}: ")))
+    if cfg.context_parallel_size > 1:
+        try:
+            attn = attention_for(recipe.model.attn_implementation, torch.device("cuda" if cuda else "cpu"))
+        except InputError:
+            attn = "sdpa"  # reported above, under model.attn_implementation
+        refusal = ring_refusal(config, attn, cuda)
+        if refusal:
+            problems.append((RING_KEY, f"{cfg.context_parallel_size}: {refusal}"))
     return problems
 
 
@@ -115,20 +135,6 @@ def _lora_problems(recipe: Recipe, config: Any) -> list[tuple[str, str]]:
     except Exception:  # an architecture transformers cannot build from the config alone: training finds out
         return []
     return lora_module_problems(model, recipe.lora)
-
-
-def _split_problems(recipe: Recipe, config: Any) -> list[tuple[str, str]]:
-    """A sequence split the model's (key/value) heads cannot be divided into, before a weight is loaded."""
-    from ctxext.training.sequence_parallel import check_heads
-
-    if config is None or recipe.train.sequence_parallel_size == 1:
-        return []
-    try:
-        check_heads(config, recipe.train.sequence_parallel_size)
-    except InputError as exc:
-        key, _, message = str(exc).partition(": ")
-        return [(key, message)]
-    return []
 
 
 def _local_config(recipe: Recipe) -> Any:

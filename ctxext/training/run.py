@@ -43,7 +43,7 @@ from ctxext.training.folder import (
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop
 from ctxext.training.preflight import check_preflight
-from ctxext.training.sequence_parallel import start_sequence_parallel
+from ctxext.training.sequence_parallel import start_sequence_parallel, stop_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 from ctxext.training.stop import StopRequest, stop_on_signals
 
@@ -101,6 +101,8 @@ def train(
     # One writer per run folder: a second `train` (or a `--resume` of a run in progress) is refused here.
     with run_folder_lock(out, launch), stop_on_signals() as stop:
         result = _train(recipe, resume, command, launch, stop, search)
+    # What the CLI chains after training (evaluation) runs in the main process alone: no split attention there.
+    stop_sequence_parallel(result.model)
     if stop.signum is not None:
         # The signal came while the finished run wrote its outputs: it is complete, but what the CLI chains
         # after training (evaluation, push) must not start.
@@ -133,6 +135,7 @@ def _train(
     recipe_text = dump_recipe(recipe)
     previous = check_output_dir(out, recipe_text, resume, search_folder=Path(search["folder"]) if search else None)
     base_fingerprint = _check_base(recipe, previous)
+    launch.check_resume(previous)
 
     set_seed(cfg.seed)
     loaded = build_training_model(
@@ -140,13 +143,18 @@ def _train(
     )
     # The split is installed before the data and the run folder: a model it cannot split is refused first.
     launch.split = start_sequence_parallel(
-        cfg.sequence_parallel_size, loaded.model, loaded.attn_implementation, cfg.micro_batch_size
+        cfg.sequence_parallel_size,
+        loaded.model,
+        loaded.attn_implementation,
+        cfg.micro_batch_size,
+        cfg.context_parallel_size,
     )
     data = _training_data(recipe, loaded, launch)
 
     # The run folder: created only once the model and the data are known to be usable.
     accelerator.wait_for_everyone()
     record = run_record(recipe, loaded, accelerator.num_processes, base_fingerprint, previous)
+    record["topology"] = launch.topology()
     if search is not None or (previous and previous.get("search")):
         record["search"] = search if search is not None else previous["search"]  # type: ignore[index]
     writer = RunWriter(out, launch.main, record)

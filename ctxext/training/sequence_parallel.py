@@ -8,6 +8,17 @@ attention (MLP, norms, the loss) sees only ``T/N`` tokens. ctxext uses it direct
 (DDP), not through accelerate's ``ParallelismConfig(sp_backend="deepspeed")``, which shards only prepared
 DataLoaders inside the DeepSpeed engine; ``docs/sequence-parallel.md`` says why.
 
+Which engine splits the heads is decided in one place, :func:`ulysses_plan`, from the head counts alone: DeepSpeed's
+attention wherever it serves the shape (N divides the query heads, and N divides the key/value heads or is a
+multiple of them: it then replicates them), ctxext's own (:mod:`ctxext.training.ulysses`) for the shapes it does not
+serve (SmolLM2's 9 query / 3 key/value heads over 2 processes). Both give rank r the same contiguous query heads.
+
+``train.context_parallel_size`` adds torch's ring attention (context parallelism, CUDA only) around the head split:
+the processes of one sequence form a ``(context, sequence)`` grid, each row is first cut into context-parallel
+shards (torch's load-balanced layout), each shard into the Ulysses group's pieces, and the SDPA call after the
+all-to-all runs as a ring over the context-parallel group (:meth:`SequenceSplit.place`). So a split wider than the
+heads allow goes to the ring, as ms-swift does.
+
 What ctxext adds around it (:class:`SequenceSplit`):
 
 * Every process of a sequence-parallel group reads the same rows (the data order is a pure function of the seed,
@@ -34,7 +45,8 @@ What ctxext adds around it (:class:`SequenceSplit`):
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,25 +56,111 @@ from ctxext.errors import InputError
 from ctxext.training.data.rows import IGNORE_INDEX, ModelInputs
 
 KEY = "train.sequence_parallel_size"
+RING_KEY = "train.context_parallel_size"
 INSTALL_HINT = "pip install 'ctxext[deepspeed]'"
+# The attention functions transformers registered before any split wrapped them (a later start wraps these again).
+_CORES: dict[str, Callable[..., Any]] = {}
+
+
+@dataclass(frozen=True)
+class UlyssesPlan:
+    """How N processes share a model's attention heads (rank r attends with ``query[r]`` over the whole sequence).
+
+    Attributes:
+        engine: ``deepspeed`` (its attention serves the shape), ``ctxext`` (:mod:`ctxext.training.ulysses`), or
+            ``none`` (N = 1).
+        heads: query heads of the model.
+        kv_heads: key/value heads of the model.
+        query: per rank, its contiguous ``[start, stop)`` query heads (sizes differ by at most one).
+        kv: per rank, the ``[start, stop)`` key/value heads its query heads read (overlapping: replicated).
+    """
+
+    engine: str
+    heads: int
+    kv_heads: int
+    query: tuple[tuple[int, int], ...]
+    kv: tuple[tuple[int, int], ...]
+
+    @property
+    def replicated_kv(self) -> int:
+        """Key/value heads held by the ranks beyond the model's own (copies sent to a second rank or more)."""
+        return sum(hi - lo for lo, hi in self.kv) - self.kv_heads
+
+
+def ulysses_plan(heads: int, kv_heads: int, size: int) -> UlyssesPlan | str:
+    """How ``size`` processes split a model with ``heads`` query and ``kv_heads`` key/value heads, or why they cannot.
+
+    The one rule for the head split (train, validate and the tests call it): each rank needs at least one query
+    head; query heads go out in contiguous, as-even-as-possible ranges with the key/value heads they read.
+    DeepSpeed's attention serves the shape when ``size`` divides the query heads and either divides the key/value
+    heads or is a multiple of them; any other shape is ctxext's own attention's.
+
+    Returns:
+        The :class:`UlyssesPlan`, or a refusal message (without the key) naming the way out.
+    """
+    if heads % kv_heads:
+        return f"the model's {heads} attention heads are not a multiple of its {kv_heads} key/value heads"
+    if size > heads:
+        return (
+            f"exceeds the model's {heads} attention heads (each process attends with at least one): use at most "
+            f"{heads}, and split further with {RING_KEY} (ring attention, CUDA), e.g. {KEY}={_divisor(heads, size)} "
+            f"{RING_KEY}={size // _divisor(heads, size)}"
+        )
+    per_kv = heads // kv_heads
+    bounds = [r * heads // size for r in range(size + 1)]
+    query = tuple(zip(bounds[:-1], bounds[1:], strict=True))
+    kv = tuple((lo // per_kv, (hi - 1) // per_kv + 1) for lo, hi in query)
+    served = heads % size == 0 and (kv_heads % size == 0 or size % kv_heads == 0)
+    engine = "none" if size == 1 else "deepspeed" if served else "ctxext"
+    return UlyssesPlan(engine, heads, kv_heads, query, kv)
+
+
+def _divisor(heads: int, size: int) -> int:
+    """The largest divisor of ``size`` that is at most ``heads`` (the Ulysses part of a hybrid split)."""
+    return max(k for k in range(1, heads + 1) if size % k == 0)
+
+
+def _pad(inputs: ModelInputs, multiple: int, flatten: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ids, labels and positions (always present), flattened if asked, padded at the end to a multiple."""
+    ids, labels, positions = inputs.input_ids, inputs.labels, inputs.position_ids
+    if positions is None:
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    if flatten and ids.shape[0] > 1:
+        ids, labels, positions = (t.reshape(1, -1) for t in (ids, labels, positions))
+    pad = -ids.shape[1] % multiple
+    if pad:
+        ids = torch.nn.functional.pad(ids, (0, pad), value=0)
+        labels = torch.nn.functional.pad(labels, (0, pad), value=IGNORE_INDEX)
+        more = positions[:, -1:] + torch.arange(1, pad + 1, device=positions.device)
+        positions = torch.cat([positions, more], dim=1)
+    return ids.contiguous(), labels.contiguous(), positions.contiguous()
 
 
 @dataclass
 class SequenceSplit:
-    """This process's share of a sequence; ``size == 1`` is no split (inputs and loss unchanged).
+    """This process's share of a sequence; ``size == 1`` without a ring is no split (inputs and loss unchanged).
 
     Attributes:
-        size: processes per sequence (N).
-        rank: this process's place in its group (which slice it keeps).
-        group: the group's ``torch.distributed`` process group (``None`` without a split).
+        size: processes per sequence in the head split (N, Ulysses).
+        rank: this process's place in its Ulysses group (which slice it keeps).
+        group: the Ulysses group's ``torch.distributed`` process group (``None`` without a split).
         flatten: the attention backend takes one flattened row (flash attention: variable-length sequences are
             found from position ids that restart at 0), so the micro-batch is flattened before it is split.
+        ring: the context-parallel device mesh (torch's ring attention), ``None`` without one.
+        engine: which attention splits the heads (:class:`UlyssesPlan`).
     """
 
     size: int = 1
     rank: int = 0
     group: Any = None
     flatten: bool = False
+    ring: Any = None
+    engine: str = "none"
+
+    @property
+    def active(self) -> bool:
+        """Whether the processes of a group share each row (a head split, a ring, or both)."""
+        return self.size > 1 or self.ring is not None
 
     def shard(self, inputs: ModelInputs) -> ModelInputs:
         """This process's slice of a micro-batch: padded to a multiple of N, global positions kept.
@@ -70,26 +168,34 @@ class SequenceSplit:
         A row of several documents arrives with a 4D mask and positions that restart at 0 at each document: the
         mask is dropped here and rebuilt from the gathered positions after the all-to-all (module doc).
         """
-        if self.size == 1:
+        if not self.active:
             return inputs
-        ids, labels, positions = inputs.input_ids, inputs.labels, inputs.position_ids
-        if positions is None:
-            positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
-        if self.flatten and ids.shape[0] > 1:
-            ids, labels, positions = (t.reshape(1, -1) for t in (ids, labels, positions))
-        pad = -ids.shape[1] % self.size
-        if pad:
-            ids = torch.nn.functional.pad(ids, (0, pad), value=0)
-            labels = torch.nn.functional.pad(labels, (0, pad), value=IGNORE_INDEX)
-            more = positions[:, -1:] + torch.arange(1, pad + 1, device=positions.device)
-            positions = torch.cat([positions, more], dim=1)
+        ids, labels, positions = _pad(inputs, self.size, self.flatten)
         chunk = ids.shape[1] // self.size
         part = slice(chunk * self.rank, chunk * (self.rank + 1))
         ids, labels, positions = ids[:, part], labels[:, part], positions[:, part].contiguous()
-        # An all-ones 2D mask keeps transformers from reading position jumps (PoSE) as packed sequences when it
-        # builds the shard's mask; DeepSpeed drops that mask and attends causally over the gathered row.
+        # An all-ones 2D mask keeps transformers from reading position jumps (PoSE, the ring's load-balanced
+        # layout) as packed sequences when it builds the shard's mask; the split's attention drops that mask.
         mask = None if self.flatten else torch.ones_like(ids, dtype=torch.bool)
         return ModelInputs(ids.contiguous(), labels.contiguous(), positions, mask)
+
+    @contextmanager
+    def place(self, inputs: ModelInputs) -> Iterator[ModelInputs]:
+        """This process's share of a micro-batch (already on its device), for a forward and backward inside.
+
+        With a ring, torch's ``context_parallel`` first cuts the row into its load-balanced context-parallel
+        shards (so padded to a multiple of twice the grid) and patches SDPA into ring attention until the block
+        ends; the shard is then split over the Ulysses group as without a ring.
+        """
+        if self.ring is None:
+            yield self.shard(inputs)
+            return
+        from torch.distributed.tensor.experimental import context_parallel
+
+        # Copies: context_parallel shards its buffers in place.
+        buffers = [t.clone() for t in _pad(inputs, 2 * self.ring.size() * self.size, self.flatten)]
+        with context_parallel(self.ring, buffers=buffers, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(buffers)):
+            yield self.shard(ModelInputs(*buffers))
 
 
 def segment_attention(core: Callable[..., Any]) -> Callable[..., Any]:
@@ -129,6 +235,28 @@ def segment_attention(core: Callable[..., Any]) -> Callable[..., Any]:
     return attend
 
 
+def ring_attention(core: Callable[..., Any]) -> Callable[..., Any]:
+    """An attention function for torch's ring: causal without a mask, key/value heads expanded to the query heads.
+
+    Inside ``context_parallel`` SDPA runs as ring attention, which takes no mask (documents are refused with a
+    ring) and equal head counts.
+    """
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    def attend(
+        module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Any, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, Any]:
+        repeat = query.shape[1] // key.shape[1]
+        saved = getattr(module, "num_key_value_groups", 1)
+        module.num_key_value_groups = 1
+        try:
+            return core(module, query, repeat_kv(key, repeat), repeat_kv(value, repeat), None, *args, **kwargs)
+        finally:
+            module.num_key_value_groups = saved
+
+    return attend
+
+
 def split_rows(data: Any, first: int, n: int, micro_batch_size: int) -> tuple[dict[str, torch.Tensor], int]:
     """Rows ``first ..`` of the first ``n`` of ``data``, filled up to a whole micro-batch with row 0.
 
@@ -142,62 +270,148 @@ def split_rows(data: Any, first: int, n: int, micro_batch_size: int) -> tuple[di
     return data[[*range(first, first + real), *[0] * (micro_batch_size - real)]], real
 
 
-def check_sequence_parallel(size: int, num_processes: int) -> None:
+def check_sequence_parallel(size: int, num_processes: int, context_parallel: int = 1) -> None:
     """Refuse a split this launch cannot make, before anything is loaded or written.
 
     Raises:
-        InputError: DeepSpeed missing, or N not dividing the number of processes.
+        InputError: the processes of one sequence (``size × context_parallel``) not dividing the launch.
     """
-    if size == 1:
-        return
-    import importlib.util
-
-    if importlib.util.find_spec("deepspeed") is None:
-        raise InputError(f"{KEY}: {size} needs DeepSpeed (Ulysses sequence parallelism); {INSTALL_HINT}")
-    if num_processes % size:
+    group = size * context_parallel
+    if num_processes % group:
+        both = f"{KEY} × {RING_KEY} = {group}" if context_parallel > 1 else f"{KEY}: {size}"
         raise InputError(
-            f"{KEY}: {size} does not divide the {num_processes} process(es) of this launch; launch a multiple of "
-            f"{size} (e.g. `accelerate launch --num_processes {size} -m ctxext train ...`; on the CPU add "
+            f"{both} does not divide the {num_processes} process(es) of this launch; launch a multiple of "
+            f"{group} (e.g. `accelerate launch --num_processes {group} -m ctxext train ...`; on the CPU add "
             f"`--multi_gpu` and ACCELERATE_USE_CPU=true) or set {KEY}=1"
         )
 
 
-def check_heads(config: Any, size: int) -> None:
-    """Refuse a model whose attention heads or key/value heads N does not divide.
+def check_heads(config: Any, size: int) -> UlyssesPlan:
+    """The head plan for a model's config (:func:`ulysses_plan`), refusing what no engine here can split.
 
     Raises:
-        InputError: naming both head counts and N.
+        InputError: more processes than query heads (naming the hybrid with a ring), or DeepSpeed missing where
+            its attention serves the shape.
     """
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = int(text.num_attention_heads)
     kv = int(getattr(text, "num_key_value_heads", None) or heads)
-    if heads % size or kv % size:
-        # Ulysses gives each process heads/N query heads and kv/N key/value heads; replicating key/value heads to
-        # fill more processes is not implemented, so a model with few of them (SmolLM2: 3) splits over fewer.
-        sizes = [n for n in range(1, kv + 1) if heads % n == 0 and kv % n == 0]
+    plan = ulysses_plan(heads, kv, size)
+    if isinstance(plan, str):
+        raise InputError(f"{KEY}: {size} {plan}")
+    import importlib.util
+
+    if plan.engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         raise InputError(
-            f"{KEY}: {size} must divide the model's attention heads ({heads}) and key/value heads ({kv}): each "
-            f"process attends with heads/N of them. Use {' or '.join(map(str, sizes))}"
+            f"{KEY}: {size} splits this model's {heads} heads with DeepSpeed's Ulysses attention; {INSTALL_HINT}"
         )
+    return plan
 
 
-def start_sequence_parallel(size: int, model: Any, attn_implementation: str, micro_batch_size: int) -> SequenceSplit:
-    """Install DeepSpeed's Ulysses attention for ``model`` and return this process's :class:`SequenceSplit`.
-
-    Call it once per process, after ``torch.distributed`` is initialised (the accelerator), on every process.
+def ring_refusal(config: Any, attn_implementation: str, cuda: bool) -> str | None:
+    """Why torch's ring attention cannot run this model here (message without the key), or ``None``.
 
     Args:
-        size: processes per sequence; 1 returns ``SequenceSplit()`` and changes nothing.
-        model: the (peft-wrapped) model; its config gives the head counts and attention implementation.
+        config: the model's config (``None``: not read, the window is not checked).
+        attn_implementation: the resolved attention implementation.
+        cuda: whether CUDA is available (the ring dispatches only CUDA SDPA kernels).
+    """
+    if not cuda:
+        return "torch's ring attention (context parallelism) runs only CUDA SDPA kernels; set it to 1 on this machine"
+    if attn_implementation != "sdpa":
+        return f"the ring replaces SDPA, not {attn_implementation}; set model.attn_implementation: sdpa"
+    if config is None:  # a Hub model's config is not fetched before training: train checks the window
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text, "layer_types", None)
+    # transformers' own rule (PreTrainedModel.supports_context_parallel), on the config alone.
+    if layer_types:
+        windowed = any(t != "full_attention" for t in layer_types)
+    else:
+        windowed = getattr(text, "sliding_window", None) is not None
+    if windowed:
+        return "the ring expresses only full causal attention, and this model's layers attend within a window"
+    return None
+
+
+def start_sequence_parallel(
+    size: int, model: Any, attn_implementation: str, micro_batch_size: int, context_parallel: int = 1
+) -> SequenceSplit:
+    """Install the split's attention for ``model`` and return this process's :class:`SequenceSplit`.
+
+    Call it once per process, after ``torch.distributed`` is initialised (the accelerator), on every process.
+    The processes of one sequence are consecutive ranks, a ``(context, sequence)`` grid with the Ulysses group
+    innermost (its all-to-all is the heavier exchange: within a node).
+
+    Args:
+        size: processes per sequence in the head split; 1 without a ring returns ``SequenceSplit()``.
+        model: the (peft-wrapped) model; its config gives the head counts.
         attn_implementation: the model's attention implementation (``sdpa`` or a flash variant).
         micro_batch_size: rows per micro-batch.
+        context_parallel: processes per sequence in the ring (``train.context_parallel_size``).
 
     Raises:
-        InputError: heads or key/value heads not divisible by N.
+        InputError: a head shape no engine splits, or a ring this machine or model cannot run.
     """
-    if size == 1:
+    if size == 1 and context_parallel == 1:
         return SequenceSplit()
-    check_heads(model.config, size)
+    plan = check_heads(model.config, size)
+    if context_parallel > 1:
+        refusal = ring_refusal(model.config, attn_implementation, torch.cuda.is_available())
+        if refusal:
+            raise InputError(f"{RING_KEY}: {context_parallel}: {refusal}")
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    grid = size * context_parallel
+    device = next(model.parameters()).device.type
+    mesh = init_device_mesh(
+        device, (dist.get_world_size() // grid, context_parallel, size), mesh_dim_names=("dp", "cp", "sp")
+    )
+    flatten = attn_implementation.startswith("flash")
+    core = _CORES.setdefault(attn_implementation, ALL_ATTENTION_FUNCTIONS[attn_implementation])
+    if context_parallel > 1:
+        core = ring_attention(core)
+    if not flatten:
+        core = segment_attention(core)
+    split = SequenceSplit(size, mesh.get_local_rank("sp"), mesh.get_group("sp"), flatten, engine=plan.engine)
+    if context_parallel > 1:
+        split.ring = mesh["cp"]
+    if plan.engine == "deepspeed":
+        _start_deepspeed(model, attn_implementation, core, size, 1 if flatten else micro_batch_size)
+    elif plan.engine == "ctxext":
+        from ctxext.training.ulysses import ulysses_attention
+
+        ALL_ATTENTION_FUNCTIONS[attn_implementation] = ulysses_attention(plan, split.rank, split.group, core)
+    else:
+        ALL_ATTENTION_FUNCTIONS[attn_implementation] = core
+    return split
+
+
+def stop_sequence_parallel(model: Any = None) -> None:
+    """Put back the attention functions a split replaced, so that this process attends on its own again.
+
+    Args:
+        model: the trained model, if it is used further here: DeepSpeed's attention rewrites its attention modules'
+            ``num_key_value_groups`` when it replicates key/value heads; they get the config's value back.
+    """
+    if not _CORES:
+        return
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    for name, core in _CORES.items():
+        ALL_ATTENTION_FUNCTIONS[name] = core
+    if model is not None:
+        text = model.config.get_text_config()
+        groups = text.num_attention_heads // (getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+        for module in model.modules():
+            if hasattr(module, "num_key_value_groups"):
+                module.num_key_value_groups = groups
+
+
+def _start_deepspeed(model: Any, attn_implementation: str, core: Callable[..., Any], size: int, rows: int) -> None:
+    """Register DeepSpeed's Ulysses attention around ``core`` (its groups: consecutive ranks, as the grid's)."""
     if not torch.cuda.is_available():
         # DeepSpeed picks its accelerator once, at import; on a machine without CUDA it must be the CPU one.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -205,6 +419,7 @@ def start_sequence_parallel(size: int, model: Any, attn_implementation: str, mic
     import deepspeed.ops
     import torch.distributed as dist
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     if not torch.cuda.is_available():
         # On the CPU, DeepSpeed's comm layer JIT-compiles a shared-memory all-reduce that only its inference path
@@ -214,19 +429,13 @@ def start_sequence_parallel(size: int, model: Any, attn_implementation: str, mic
 
     # accelerate initialised torch.distributed; DeepSpeed's comm layer wraps that process group.
     deepspeed.init_distributed(dist_backend=dist.get_backend(), verbose=False)
-    flatten = attn_implementation.startswith("flash")
-    if not flatten:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        # Registered under the backend's own name (the table the models read) before DeepSpeed captures it as its
-        # core attention and registers its own wrapper there in turn.
-        core = ALL_ATTENTION_FUNCTIONS[attn_implementation]
-        ALL_ATTENTION_FUNCTIONS[attn_implementation] = segment_attention(core)
-    mpu = UlyssesSPAttentionHF.register_with_transformers(
+    # Registered under the backend's own name (the table the models read) before DeepSpeed captures it as its core
+    # attention and registers its own wrapper there in turn.
+    ALL_ATTENTION_FUNCTIONS[attn_implementation] = core
+    UlyssesSPAttentionHF.register_with_transformers(
         model_name_or_path=model,
         core_attn_implementation=attn_implementation,
         sequence_parallel_size=size,
-        micro_batch_size=1 if flatten else micro_batch_size,
+        micro_batch_size=rows,
         seq_length_is_variable=True,
     )
-    return SequenceSplit(size, mpu.get_sequence_parallel_rank(), mpu.get_sequence_parallel_group(), flatten)
