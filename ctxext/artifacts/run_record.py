@@ -67,6 +67,7 @@ class RunRecord(BaseModel):
         base_model_resolved: the local folder the base was loaded from.
         base_model_revision: the Hub revision of the base (``model.revision``).
         base_fingerprint: the base weights' fingerprint (:func:`ctxext.models.weights.fingerprint`).
+        base_gguf: the GGUF file a converted base came from (``file``, ``sha256``), or ``None``.
         rope_parameters: the ``rope_parameters`` the run trained with.
         original_length: the base's context before the extension.
         seq_len: the training sequence length.
@@ -99,6 +100,7 @@ class RunRecord(BaseModel):
     base_model_resolved: str | None = None
     base_model_revision: str | None = None
     base_fingerprint: str | None = None
+    base_gguf: dict[str, Any] | None = None
     rope_parameters: dict[str, Any] = Field(default_factory=dict)
     original_length: int | None = None
     seq_len: int | None = None

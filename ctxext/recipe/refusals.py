@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ctxext.errors import InputError
+from ctxext.recipe.hardware import attention_problem, compute_dtype_name, resolve_attention
 from ctxext.recipe.memory import Levers, recipe_levers
 
 if TYPE_CHECKING:
@@ -131,30 +132,6 @@ def check_refusals(recipe: Recipe, source: str = "recipe", machine: Machine | No
     if checked.problems:
         raise RecipeError(source, checked.problems)
     return checked.warnings
-
-
-def compute_dtype_name(setting: str, cuda: bool) -> str:
-    """The compute dtype of a run (``quantization.compute_dtype``): ``auto`` is bf16 on CUDA, fp32 on the CPU."""
-    if setting != "auto":
-        return setting
-    return "bfloat16" if cuda else "float32"
-
-
-def attention_problem(setting: str, cuda: bool, has_flash: bool) -> str | None:
-    """Why ``model.attn_implementation`` cannot run here, or ``None``."""
-    if setting == "flash_attention_2" and not (cuda and has_flash):
-        return "flash_attention_2 needs CUDA and the flash-attn package; use auto or sdpa here"
-    return None
-
-
-def resolve_attention(setting: str, cuda: bool, has_flash: bool) -> str:
-    """What ``model.attn_implementation`` means here: ``auto`` is flash attention 2 where installed on CUDA, else SDPA.
-
-    A setting :func:`attention_problem` refuses is returned as given.
-    """
-    if setting == "auto":
-        return "flash_attention_2" if cuda and has_flash else "sdpa"
-    return setting
 
 
 def _problem(exc: InputError) -> Problem:
@@ -278,11 +255,17 @@ def _local_config(recipe: Recipe, problems: list[Problem]) -> Any:
     Its weight files are checked readable too: a truncated download is named before hours of setup.
     """
     from ctxext.models.builtin import BUILTIN_PREFIX
+    from ctxext.models.gguf import split_gguf_ref
     from ctxext.models.sources import load_config
     from ctxext.models.weights import check_weights_readable
 
     path = recipe.model.path
-    if not path.startswith(BUILTIN_PREFIX) and not Path(path).expanduser().exists():
+    try:
+        gguf = split_gguf_ref(path) is not None  # a GGUF file: checked and converted (once) by load_config below
+    except InputError as exc:
+        problems.append(("model.path", str(exc)))
+        return None
+    if not path.startswith(BUILTIN_PREFIX) and not Path(path).expanduser().exists() and not gguf:
         if path.startswith((".", "/", "~")) or path.count("/") != 1:
             problems.append(("model.path", f"{path} does not exist (not a folder, builtin:NAME or a Hub id org/name)"))
         return None  # a Hub id: not fetched here
