@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from typing import Any
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """A duration as people read it: ``45s``, ``3m05s``, ``2h10m``."""
     seconds = int(max(seconds, 0))
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
@@ -66,9 +67,9 @@ class Tracker:
         text = f"{self.description}: {unit}{self.completed:g}/{self.total:g} ({100 * share:.0f} %)"
         if self.info:
             text += f" · {self.info}"
-        text += f" · {_duration(elapsed)} elapsed"
+        text += f" · {duration(elapsed)} elapsed"
         if 0 < share < 1:
-            text += f", ETA {_duration(elapsed * (1 - share) / share)}"
+            text += f", ETA {duration(elapsed * (1 - share) / share)}"
         print(text, file=sys.stderr, flush=True)
 
 
@@ -135,4 +136,4 @@ def progress(
         yield tracker
 
 
-__all__ = ["Tracker", "progress"]
+__all__ = ["Tracker", "duration", "progress"]

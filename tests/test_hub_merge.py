@@ -126,25 +126,3 @@ def test_existing_output_is_not_overwritten(tiny_run, tmp_path):
     result = runner.invoke(app, ["merge", str(tiny_run), "--out", str(out)])
     assert result.exit_code == 2 and "already exists" in flat(result)
     assert (out / "keep.txt").read_text() == "mine"
-
-
-def test_tied_embeddings_are_untied_when_the_embeddings_were_trained(tiny_tokenizer, tmp_path):
-    """A tied model whose embed_tokens was trained (modules_to_save) keeps its original lm_head after merging."""
-    from _hub_helpers import build_tiny_run
-    from conftest import tiny_model
-
-    from ctxext.publish.merge import merge_run
-
-    base_dir = tmp_path / "base"
-    model = tiny_model("llama", tie_word_embeddings=True, pad_token_id=tiny_tokenizer.pad_token_id)
-    model.save_pretrained(base_dir)
-    tiny_tokenizer.save_pretrained(base_dir)
-    run = build_tiny_run(base_dir, tmp_path / "run", steps=1)
-    result = merge_run(run, tmp_path / "merged", log=lambda line: None)
-    assert result.ok and result.max_abs_diff <= 1e-4
-    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged")
-    assert merged.config.tie_word_embeddings is False
-    base = load_file(base_dir / "model.safetensors")
-    trained = load_file(run / "adapter_model.safetensors")[f"{PREFIX}model.embed_tokens.weight"]
-    torch.testing.assert_close(merged.lm_head.weight.detach(), base["model.embed_tokens.weight"])
-    assert torch.equal(merged.model.embed_tokens.weight.detach(), trained)

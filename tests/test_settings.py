@@ -159,7 +159,7 @@ def _declared() -> dict[tuple[str, ...], Declared]:
         ("merge",): Declared(
             own=frozenset({"run", "out", "device", "overwrite"}),
             literal={
-                **{k: _arg(merge_run, k) for k in ("tolerance", "smoke_length", "sequences", "dtype")},
+                **{k: _arg(merge_run, k) for k in ("tolerance", "smoke_length", "check_length", "sequences", "dtype")},
                 "force": _arg(merge_run, "allow_incomplete"),
             },
         ),

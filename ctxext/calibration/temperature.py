@@ -115,7 +115,7 @@ def calibrate_run(
     log(
         f"calibrating {run_dir}: {len(settings.temperatures)} temperatures × ({len(material.far)} needle trials at "
         f"{target} tokens + {len(material.near)} at {window} + {len(material.windows)} windows of {window}), "
-        f"held-out text: {material.source}"
+        f"held-out text: {material.source}; {_estimate(loaded.model, material, settings, target, window)}"
     )
     measured = []
     for t in settings.temperatures:
@@ -181,6 +181,23 @@ def _material(tokenizer: Any, held_out: HeldOut, settings: CalibrationSettings, 
         ]
 
     return _Material(samples(target, settings.trials), samples(window, settings.window_trials), windows, source)
+
+
+def _estimate(model: Any, material: _Material, settings: CalibrationSettings, target: int, window: int) -> str:
+    """About how long the measurements take, from one short forward (and the flags that change it)."""
+    from ctxext.models.cost import ForwardClock
+    from ctxext.progress import duration
+
+    clock = ForwardClock.measure(model, min(256, window))
+    one = (
+        len(material.far) * clock.seconds_at(target, 8)
+        + len(material.near) * clock.seconds_at(window, 8)
+        + len(material.windows) * clock.seconds_at(window, window)
+    )
+    return (
+        f"about {duration(len(settings.temperatures) * one)} ({clock.note()}; --trials, --depths, --temperatures "
+        "and --windows change it)"
+    )
 
 
 def _retrieval(model: Any, samples: list[Any], show: bool = False) -> list[bool]:

@@ -21,6 +21,7 @@ import typer
 import typer.main
 from typer.core import TyperGroup
 
+from ctxext.models.builtin import model_reference_help
 from ctxext.recipe.flags import SETTINGS, build_settings, settings_command
 
 
@@ -63,7 +64,7 @@ eval_app = typer.Typer(
 
 ModelOpt = Annotated[
     list[str],
-    typer.Option("--model", "-m", help="model folder, Hub id, builtin:NAME or ctxext run folder (repeat to compare)"),
+    typer.Option("--model", "-m", help=model_reference_help(run=True) + " (repeat to compare)"),
 ]
 AdapterOpt = Annotated[
     list[str] | None, typer.Option("--adapter", help="LoRA adapter per --model, in order ('none' for no adapter)")

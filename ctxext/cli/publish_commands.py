@@ -25,9 +25,18 @@ def merge(
         typer.Option(help="max |Δlogit| vs base + adapter (default: 1e-3 float32, 0.1 float16, 0.5 bfloat16)"),
     ] = None,
     smoke_length: Annotated[
-        int | None, typer.Option(help="tokens per smoke-test sequence (default: the run's target length)")
+        int | None,
+        typer.Option(help="tokens of the one full-length logits check (default: the run's target length)"),
     ] = None,
-    sequences: Annotated[int, typer.Option(help="random sequences whose logits are compared")] = 2,
+    check_length: Annotated[
+        int | None,
+        typer.Option(
+            help="tokens of the other checks: more sequences, perplexity, passkey (default: the run's original window)"
+        ),
+    ] = None,
+    sequences: Annotated[
+        int, typer.Option(help="random sequences whose logits are compared (the first at --smoke-length)")
+    ] = 2,
     device: Annotated[str, typer.Option(help="auto (CUDA if available), cpu, cuda, cuda:N")] = "auto",
     dtype: Annotated[
         str, typer.Option(help="auto (float32 on CPU, the base's dtype on GPU), float32, bfloat16, float16")
@@ -35,7 +44,11 @@ def merge(
     force: Annotated[bool, typer.Option("--force", help="merge a run whose training did not complete")] = False,
     overwrite: Annotated[bool, typer.Option(help="replace an existing --out folder")] = False,
 ) -> None:
-    """Merge a run's LoRA + trained modules into the full-precision base, smoke-test it at the target length."""
+    """Merge a run's LoRA + trained modules into the full-precision base, check it against base + adapter.
+
+    One random sequence's logits are compared at the target length, the rest of the check runs at the original
+    window; the command says up front how long it will take.
+    """
     from ctxext.publish.merge import merge_run
 
     _typed_reports()
@@ -44,6 +57,7 @@ def merge(
         out,
         tolerance=tolerance,
         smoke_length=smoke_length,
+        check_length=check_length,
         sequences=sequences,
         device=device,
         dtype=dtype,

@@ -44,6 +44,11 @@ _WARNINGS = [
     # peft reads model.is_gradient_checkpointing, which transformers 5 deprecates in favour of
     # is_activation_checkpointing; nothing for a ctxext user to change.
     (r"`is_gradient_checkpointing` is deprecated", FutureWarning),
+    # Tied embeddings: ctxext trains them tied (ensure_weight_tying), and an older adapter that trained a separate
+    # input copy is merged untied with ctxext's own line and a model-card note (ctxext.models.embeddings), so
+    # peft's warnings on loading and merging such an adapter say nothing the user must act on.
+    (r"Model has `tie_word_embeddings=True` and a tied layer is part of the adapter", UserWarning),
+    (r"Input and output embeddings are no longer tied after merging", UserWarning),
 ]
 
 

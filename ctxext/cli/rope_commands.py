@@ -10,13 +10,14 @@ import typer
 from rich.table import Table
 
 from ctxext.cli.console import EXIT_FAILED, console, friendly_errors, plain
+from ctxext.models.builtin import model_reference_help
 from ctxext.recipe.flags import ROPE_OPTIONS
 from ctxext.rope.methods import METHODS
 
 
 @friendly_errors
 def inspect(
-    model: Annotated[str, typer.Argument(help="model folder, Hub id, or builtin:NAME")],
+    model: Annotated[str, typer.Argument(help=model_reference_help())],
     config_only: Annotated[
         bool,
         typer.Option("--config-only", help="do not load weights; build the rotary modules from the config"),
@@ -75,7 +76,7 @@ def inspect(
 @friendly_errors
 def extend(
     ctx: typer.Context,
-    model: Annotated[str, typer.Argument(help="model folder, Hub id, or builtin:NAME")],
+    model: Annotated[str, typer.Argument(help=model_reference_help())],
     method: Annotated[str, typer.Option("--method", "-m", help=", ".join(METHODS))],
     target_length: Annotated[int, typer.Option("--target-length", "-t", help="new context length in tokens")],
     out: Annotated[Path, typer.Option("--out", "-o", help="output model folder (must not exist)")],

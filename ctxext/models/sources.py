@@ -1,4 +1,4 @@
-"""Finding a model: a local folder, a Hub id, or ``builtin:NAME``, with errors that say what to do."""
+"""Finding a model: a local folder, a Hub id, ``builtin:NAME`` or a GGUF file, with errors that say what to do."""
 
 from __future__ import annotations
 
@@ -150,7 +150,8 @@ def resolve_model_path(ref: str, revision: str | None = None) -> Path:
     """A local folder for a model reference, downloading a Hub id's files if needed.
 
     Args:
-        ref: a local folder, ``builtin:NAME``, or a Hub id (``org/name``).
+        ref: a local folder, ``builtin:NAME``, a Hub id (``org/name``), or a GGUF file (``FILE.gguf`` or
+            ``FOLDER::FILE.gguf``: converted once to a float32 folder, :mod:`ctxext.models.gguf`).
         revision: Hub revision.
 
     Returns:
@@ -158,7 +159,13 @@ def resolve_model_path(ref: str, revision: str | None = None) -> Path:
 
     Raises:
         SourceError: the reference cannot be resolved; the message says what to do.
+        InputError: a GGUF file that cannot be converted.
     """
+    from ctxext.models.gguf import gguf_folder, split_gguf_ref
+
+    gguf = split_gguf_ref(ref)
+    if gguf is not None:
+        return gguf_folder(_gguf_path(*gguf))
     if ref.startswith(BUILTIN_PREFIX):
         try:
             return resolve_builtin(ref[len(BUILTIN_PREFIX) :])
@@ -170,7 +177,9 @@ def resolve_model_path(ref: str, revision: str | None = None) -> Path:
             raise SourceError(f"{path} has no config.json; point at a model folder (save_pretrained output)")
         return path
     if not is_hub_id(ref):
-        raise SourceError(f"{ref} is not a folder, a built-in model (builtin:NAME) or a Hub id (org/name)")
+        raise SourceError(
+            f"{ref} is not a folder, a built-in model (builtin:NAME), a Hub id (org/name) or a GGUF file (FILE.gguf)"
+        )
     from huggingface_hub import snapshot_download
 
     try:
@@ -183,6 +192,20 @@ def resolve_model_path(ref: str, revision: str | None = None) -> Path:
         )
     except Exception as exc:  # huggingface_hub raises many types; translate the ones a user can fix
         raise SourceError(_lookup_failed(ref, exc)) from None
+
+
+def _gguf_path(source: str, name: str) -> Path:
+    # A local folder's file, or a Hub repository's (downloaded into the Hub cache like any model file).
+    folder = Path(source).expanduser()
+    if folder.is_dir() or not is_hub_id(source):
+        return folder / name
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(source, name))
+    except Exception as exc:  # huggingface_hub raises many types; translate the ones a user can fix
+        message = hub_error_message(exc, f"{name} of {source}")
+        raise SourceError(message or f"cannot fetch {name} from {source} ({exc})") from None
 
 
 def load_config(ref: str, revision: str | None = None, trust_remote_code: bool = False) -> tuple[Any, Path]:
@@ -198,7 +221,9 @@ def load_config(ref: str, revision: str | None = None, trust_remote_code: bool =
     """
     from transformers import AutoConfig
 
-    if is_hub_id(ref) and not Path(ref).expanduser().exists():
+    from ctxext.models.gguf import split_gguf_ref
+
+    if is_hub_id(ref) and not Path(ref).expanduser().exists() and split_gguf_ref(ref) is None:
         # A Hub id: fetch config.json alone, not the weights.
         try:
             config = AutoConfig.from_pretrained(ref, revision=revision, trust_remote_code=trust_remote_code)

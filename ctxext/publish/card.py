@@ -235,6 +235,7 @@ def _model_section(inputs: CardInputs) -> list[str]:
     meta = inputs.config.get("ctxext") or {}
     rows = [
         ("base model", f"`{run.get('base_model')}`"),
+        *_gguf_row(run),
         ("original context", str(run.get("original_length"))),
         ("extended context", str(run.get("target_length"))),
         ("method", f"`{run.get('method')}`"),
@@ -245,6 +246,14 @@ def _model_section(inputs: CardInputs) -> list[str]:
     lines = ["## Model", "", "| | |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in rows]
     return lines
+
+
+def _gguf_row(run: dict[str, Any]) -> list[tuple[str, str]]:
+    # A base converted from a GGUF file: which file, exactly (its dequantized weights, not the original ones).
+    gguf = run.get("base_gguf")
+    if not isinstance(gguf, dict):
+        return []
+    return [("base GGUF file", f"`{gguf.get('file')}` (dequantized to float32; `{gguf.get('sha256')}`)")]
 
 
 def _recipe_section(inputs: CardInputs) -> list[str]:
@@ -330,14 +339,26 @@ def _smoke_section(inputs: CardInputs) -> list[str]:
     if not smoke:
         return []
     lines = ["## Merge check", ""]
+    n, length = int(smoke.get("sequences") or 1), smoke.get("length")
+    short = smoke.get("check_length") or length
+    where = f"one random sequence of {length} tokens" + (f" and {n - 1} of {short}" if n > 1 else "")
     lines.append(
         f"After merging, the saved model was reloaded with plain transformers, its RoPE verified, and its logits "
-        f"compared with base + adapter on {smoke.get('sequences')} random sequences of {smoke.get('length')} tokens: "
+        f"compared with base + adapter on {where}: "
         f"max |Δlogit| = {smoke.get('max_abs_diff', float('nan')):.3g} (tolerance {smoke.get('tolerance')}, "
         f"{smoke.get('dtype')}). Perplexity on {smoke.get('ppl_tokens')} tokens of standard-library source: "
         f"{fmt(smoke.get('ppl'), 4)} merged vs "
         f"{fmt(smoke.get('reference_ppl'), 4)} base + adapter."
     )
+    if smoke.get("embeddings") == "tied":
+        lines += ["", "The input and output embeddings are tied (one matrix), as in the base model."]
+    elif smoke.get("embeddings") == "untied":
+        lines += [
+            "",
+            "**Untied embeddings.** The base ties its input and output embeddings; this adapter trained the input "
+            "embeddings as a separate copy, so the merged model stores the output matrix separately "
+            "(`tie_word_embeddings: false`, one more vocabulary × hidden matrix) with the base's original values.",
+        ]
     t = smoke.get("attention_temperature", 1.0)
     if t != 1.0:
         lines += [

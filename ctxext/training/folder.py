@@ -197,12 +197,15 @@ def run_record(
         base_fingerprint: the base weights' fingerprint (:func:`ctxext.models.weights.fingerprint`).
         previous: the resumed run's ``run.json`` (its initial validation loss is kept), or ``None``.
     """
+    from ctxext.models.gguf import gguf_source
+
     plan = loaded.plan
     return dict(
         status="running",
         base_model=recipe.model.path,
         base_model_resolved=str(loaded.base_path),
         base_fingerprint=base_fingerprint,
+        base_gguf=gguf_source(loaded.base_path),  # the GGUF file a converted base came from (name, sha256)
         rope_parameters=plan.rope_parameters if plan else dict(loaded.model.config.rope_parameters or {}),
         original_length=plan.original_length if plan else None,
         target_length=plan.target_length if plan else None,

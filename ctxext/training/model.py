@@ -10,6 +10,10 @@ saved inside ``adapter_model.safetensors`` and restored by ``PeftModel.from_pret
 with 4-bit bases because embeddings and norms are never quantized. peft matches these names as
 *suffixes* of module paths, so ``norm`` selects every ``*norm`` (input_layernorm,
 post_attention_layernorm and the final ``model.norm``); the matched names are reported.
+
+On a base with tied embeddings (``lm_head`` is the input embedding matrix) a trained embedding stays tied:
+peft's ``ensure_weight_tying`` wraps ``lm_head`` with the same trainable copy, so the shared matrix is trained
+in both roles, merges as one tensor, and the model keeps its size (docs/training.md says why it is trained).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 
 from ctxext.errors import InputError
 from ctxext.models.build import attention_for, compute_dtype_for, load_weights
+from ctxext.models.embeddings import embeddings_tied
 from ctxext.models.sources import resolve_model_path
 from ctxext.rope.runtime import patch_model, verify_model_rope
 from ctxext.rope.types import RopePlan
@@ -189,6 +194,9 @@ def add_lora(
     if problems:
         raise InputError(f"{problems[0][0]}: {problems[0][1]}")
     extra = _matched_modules(model, list(lora.extra_trainable))
+    # A tied base trains its shared embedding as one matrix (peft wraps lm_head with the same copy): no silent untie
+    # at merge, and no peft warning about tying for the user to decode.
+    tie = embeddings_tied(model) and model.get_input_embeddings() in [model.get_submodule(n) for n in extra]
     ckpt_kwargs = {"use_reentrant": False}  # non-reentrant checkpointing works with DDP and frozen inputs
     if quantized:
         # peft would enable checkpointing through transformers' deprecated `gradient_checkpointing_enable`
@@ -206,6 +214,7 @@ def add_lora(
         modules_to_save=list(lora.extra_trainable) or None,
         bias="none",
         task_type="CAUSAL_LM",
+        ensure_weight_tying=tie,
     )
     peft_model = get_peft_model(model, config)
     if levers is not None:

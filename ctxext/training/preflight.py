@@ -141,10 +141,16 @@ def _local_config(recipe: Recipe) -> Any:
     from pathlib import Path
 
     from ctxext.models.builtin import BUILTIN_PREFIX
+    from ctxext.models.gguf import split_gguf_ref
     from ctxext.models.sources import load_config
 
     path = recipe.model.path
-    if not path.startswith(BUILTIN_PREFIX) and not Path(path).expanduser().is_dir():
+    local = path.startswith(BUILTIN_PREFIX) or Path(path).expanduser().is_dir()
+    try:
+        local = local or split_gguf_ref(path) is not None  # a GGUF file: its converted folder (once per file)
+    except InputError:
+        return None
+    if not local:
         return None
     try:
         config, _ = load_config(path, recipe.model.revision)
