@@ -23,6 +23,39 @@ def stdlib_texts(n: int, min_chars: int = 4000) -> list[str]:
     return texts
 
 
+# ChatML (SmolLM2, Qwen): each message in <|im_start|>ROLE … <|im_end|>, the generation prompt an assistant header.
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chatml_tokenizer(tokenizer, instruct: bool = True):
+    """A copy of a tiny tokenizer with ChatML's two special tokens and template.
+
+    ``instruct``: its end of sequence is ``<|im_end|>``, the template's end of turn, as an instruct checkpoint's
+    (SmolLM2-135M-Instruct); otherwise it stays ``</s>``, as a base checkpoint that ships a template.
+    """
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_tokens(["<|im_start|>", "<|im_end|>"], special_tokens=True)
+    tok.chat_template = CHATML
+    if instruct:
+        tok.eos_token = "<|im_end|>"
+    return tok
+
+
+def save_tiny_model(tokenizer, out):
+    """A saved tiny Llama (context 256) for ``tokenizer``, its special-token ids in the config, as a model folder."""
+    from tests.conftest import tiny_model
+
+    ids = {k: getattr(tokenizer, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    tiny_model("llama", vocab_size=len(tokenizer), **ids).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def loaded(model, tokenizer, name: str = "tiny") -> LoadedModel:
     return LoadedModel(name=name, model=model.eval(), tokenizer=tokenizer, rope=read_rope(model.config), info={})
 

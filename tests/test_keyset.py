@@ -89,3 +89,25 @@ def test_json_keyset_asks_for_pairs_at_their_depths(tiny_tokenizer):
         assert text.count(key) == 2 and text.count(value) == 2  # in the object, and in its question / answer
     with pytest.raises(InputError, match="twice"):
         make_json_keyset(tiny_tokenizer, _haystack(tiny_tokenizer), 200, [0.5, 0.51], random.Random(1))
+
+
+def test_keyset_in_a_chat_template_is_a_conversation(tiny_tokenizer):
+    """With a chat template each question is a user turn and each answer an assistant turn opened by its prefix."""
+    from ctxext.tasks.chat import chat_wrap
+    from tests._eval_helpers import chatml_tokenizer
+
+    tok = chatml_tokenizer(tiny_tokenizer)
+    wrap = chat_wrap(tok, "auto")
+    assert wrap is not None and tok.decode(wrap.turn or []) == "<|im_end|>\n<|im_start|>user\n"
+    ks = make_keyset(tok, _haystack(tok), 600, [0.2, 0.8], random.Random(3), template=3, chat=wrap)
+    assert len(ks.ids) == 600 and ks.ids[: len(wrap.head)] == wrap.head
+    for (start, end), key, name in zip(ks.spans, ks.keys, ks.fields["names"], strict=True):
+        assert tok.decode(ks.ids[start:end]) == f" {key}"
+        before = tok.decode(ks.ids[:start], skip_special_tokens=False)
+        asked = f"What is the special magic number for {name} mentioned in the provided text?"
+        opening = f"The special magic number for {name} mentioned in the provided text is"
+        assert before.endswith(f"{asked}<|im_end|>\n<|im_start|>assistant\n{opening}")
+    text = tok.decode(ks.ids, skip_special_tokens=False)
+    assert text.count("<|im_start|>user\n") == 2 and text.count("<|im_start|>assistant\n") == 2
+    json_set = make_json_keyset(tok, _haystack(tok), 600, [0.3, 0.7], random.Random(0), template=3, chat=wrap)
+    assert len(json_set.ids) == 600 and tok.decode(json_set.ids).count("Corresponding value:") == 2

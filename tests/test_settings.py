@@ -102,7 +102,8 @@ def _declared() -> dict[tuple[str, ...], Declared]:
     from ctxext.publish.merge import merge_run
     from ctxext.training.run import train
 
-    ruler = {name: _field(RulerSettings, name) for name in ("trials", "seed", "templates", "allow_beyond_context")}
+    shared = ("trials", "seed", "templates", "allow_beyond_context", "chat_template", "answer_margin")
+    ruler = {name: _field(RulerSettings, name) for name in shared}
     ruler["depths"] = _field(RulerSettings, "depths", _numbers)
     declared = {("eval", command_name(s)): Declared(models=(s.settings,), own=EVAL_OWN) for s in SECTIONS.values()}
     declared |= {

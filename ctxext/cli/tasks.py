@@ -32,7 +32,8 @@ def export_settings(tasks: str, lengths: str, **given: Any) -> Any:
         tasks: comma-separated registered task names (``--tasks``).
         lengths: comma-separated lengths in tokens (``--lengths``).
         **given: ``depths`` (comma-separated, as the flag), ``trials``, ``seed``, ``haystack``, ``templates``
-            (``heldout``/``training``/``all`` or comma-separated indices), ``allow_beyond_context``; one not given
+            (``heldout``/``training``/``all`` or comma-separated indices), ``chat_template``, ``answer_margin``,
+            ``allow_beyond_context``; one not given
             takes the declared default (:class:`~ctxext.evaluation.sections.ruler.engine.RulerSettings`).
 
     Raises:
@@ -95,6 +96,17 @@ def export_cmd(
     seed: SeedOpt = 0,
     haystack: HaystackOpt = "builtin:stdlib",
     templates: TemplatesOpt = "heldout",
+    chat_template: Annotated[
+        str,
+        typer.Option(
+            "--chat-template",
+            help="auto (the tokenizer's chat template for an instruct model, plain prompts for a base model), "
+            "tokenizer (its chat template on any model), none, or a Jinja chat template file",
+        ),
+    ] = "auto",
+    answer_margin: Annotated[
+        int, typer.Option("--answer-margin", help="tokens every document may generate beyond its answer")
+    ] = 8,
     allow_beyond_context: Annotated[
         bool, typer.Option("--allow-beyond-context", help="export lengths above the model's context")
     ] = False,
@@ -107,13 +119,20 @@ def export_cmd(
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt!r}: supported formats are {', '.join(FORMATS)}")
     picked = {"depths": depths, "trials": trials, "seed": seed, "haystack": haystack, "templates": templates}
+    picked |= {"chat_template": chat_template, "answer_margin": answer_margin}
     settings = export_settings(tasks, lengths, **picked, allow_beyond_context=allow_beyond_context)
     command = " ".join(shlex.quote(a) for a in ["ctxext", *sys.argv[1:]])
     result = export_lm_eval(model, out, settings, overwrite=overwrite, command=command)
+    console.print(
+        f"chat template: {plain(result.chat_template)} ({plain(result.chat_template_reason)})",
+        soft_wrap=True,
+        highlight=False,
+    )
     for t in result.tasks:
         console.print(
             f"[green]✓[/] {plain(t.name)}: {t.documents} prompts of {t.length} tokens, answer budget "
-            f"{t.max_gen_toks} tokens, {t.tokens_match}/{t.documents} re-tokenize to the grid's exact tokens",
+            f"{t.max_gen_toks} tokens (≥ {t.margin} beyond every answer), stops {plain(repr(t.until))}, "
+            f"{t.tokens_match}/{t.documents} re-tokenize to the grid's exact tokens",
             soft_wrap=True,
         )
     console.print(

@@ -14,11 +14,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ctxext.evaluation.sections.grids.engine import GridSettings, score_trials
+from ctxext.evaluation.sections.grids.engine import GridSettings, model_chat, score_trials
 from ctxext.models.load import LoadedModel
 from ctxext.scoring.stats import wilson_interval
 from ctxext.tasks import Haystack, TaskSample, Template
-from ctxext.tasks.chat import chat_wrap
 from ctxext.tasks.samples import make_samples
 
 CONTROL_NOTE = (
@@ -60,7 +59,7 @@ def evaluate_control(
         ``{"note", "depth", "by_length": {L: accuracy entry}, "overall"}``; a task that inserts nothing
         has only a ``note``.
     """
-    chat = chat_wrap(loaded.tokenizer, settings.chat_template, "chat_template")
+    chat, _ = model_chat(loaded, settings.chat_template, settings.chat_decision)
     depth = float(sorted(settings.depths)[len(settings.depths) // 2])
     by_length: dict[str, Any] = {}
     outcomes: list[int] = []

@@ -9,8 +9,16 @@ decoded with their special tokens (a leading BOS string makes lm-eval add no sec
 that text again; a byte-level BPE can merge across a piece boundary (haystack / needle / question), so each
 document records ``tokens_match``, whether the text comes back as the grid's exact tokens (:func:`harness_prompt_ids`).
 
-Scoring is free generation, greedy, ``max_gen_toks`` = the longest answer in tokens, stopped at a newline
-(unless an answer holds one), ``exact_match`` after stripping (:mod:`ctxext.scoring.exact_match`).
+Chat templates are applied as the grid applies them (``chat_template``, :mod:`ctxext.tasks.chat`: ``auto`` decided
+from the exported model): the prompt text already holds the template (user turn, assistant header) and ends with
+the answer prefix, so lm-eval runs it as it is (without ``--apply_chat_template``).
+
+Scoring is free generation, greedy, ``exact_match`` after stripping (:mod:`ctxext.scoring.exact_match`). Every
+document gets the same room and the same stop rule, so how strictly it is scored does not depend on how long its
+answer is: ``max_gen_toks`` = the longest answer in tokens plus the grid's ``answer_margin`` (at least
+``max_new_tokens``), and generation stops at the task templates' terminators (:attr:`ctxext.tasks.Template.stop`:
+what follows an answer in its form, a ``.`` after a pass key, a newline after a code line), the chat template's
+end of turn, and lm-eval's EOS. A stop that occurs inside an answer of the task is left out (a file path's ``.``).
 
 Why this lives in ``evaluation/`` (not ``tasks/``): it reuses the grid's seeding, haystack and template choice,
 which are evaluation's; ``tasks/`` stays a core package that knows nothing of grids.
@@ -25,10 +33,12 @@ from typing import Any
 
 from ctxext.atomic import atomic_folder, check_output
 from ctxext.errors import InputError
-from ctxext.evaluation.sections.grids.engine import GridSettings, text_haystack
+from ctxext.evaluation.sections.grids.engine import text_haystack
 from ctxext.evaluation.sections.ruler.engine import RulerSettings, template_indices
 from ctxext.scoring.exact_match import STRIP_PATTERNS
-from ctxext.tasks import TaskSample
+from ctxext.tasks import Task, TaskSample, get_task
+from ctxext.tasks.base import ChatWrap
+from ctxext.tasks.chat import chat_format, describe_chat
 from ctxext.tasks.samples import make_samples
 
 EXPORT_KIND = "lm-eval-tasks"
@@ -48,8 +58,9 @@ class ExportedTask:
         length: sample length in tokens (prompt + answer).
         documents: how many documents (depths × trials).
         tokens_match: documents whose text tokenizes back to the grid's exact prompt tokens.
-        max_gen_toks: the answer budget (the longest answer, in tokens).
-        until: the stop sequences.
+        max_gen_toks: the answer budget (the longest answer in tokens plus the margin).
+        until: the stop sequences (the templates' terminators, the chat template's end of turn).
+        margin: tokens every document may generate beyond its answer, at least.
     """
 
     name: str
@@ -60,6 +71,7 @@ class ExportedTask:
     tokens_match: int
     max_gen_toks: int
     until: list[str]
+    margin: int = 0
 
 
 @dataclass
@@ -72,6 +84,8 @@ class ExportResult:
         context_length: the model's context (``max_position_embeddings``).
         tasks: the exported tasks.
         tags: one tag per registered task (all its lengths).
+        chat_template: the chat template the prompts are in (``none``, ``tokenizer`` or a file).
+        chat_template_reason: why (``auto``'s decision, or asked for).
     """
 
     out: Path
@@ -79,6 +93,8 @@ class ExportResult:
     context_length: int
     tasks: list[ExportedTask] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
+    chat_template: str = "none"
+    chat_template_reason: str = ""
 
     @property
     def max_length(self) -> int:
@@ -161,8 +177,8 @@ def export_lm_eval(
             its weights are not).
         out: the folder to write (``--include_path`` for lm-eval); refused if it exists, unless ``overwrite``
             and it is an earlier export.
-        settings: tasks, lengths, depths, trials, seed, haystack and templates (those of the RULER-style suite,
-            so the documents are that suite's samples).
+        settings: tasks, lengths, depths, trials, seed, haystack, templates, chat template and generation margin
+            (those of the RULER-style suite, so the documents are that suite's samples).
         overwrite: replace an earlier export at ``out``.
         command: the command line, recorded in the manifest.
 
@@ -184,19 +200,20 @@ def export_lm_eval(
     context = int(read_rope(config).current_length)
     lengths = sorted(set(settings.lengths))
     _check_lengths(lengths, context, settings.allow_beyond_context, model)
+    chat, reason = _chat(tokenizer, model, settings.chat_template)
     hay = text_haystack(tokenizer, settings.haystack, settings.text_field, settings.split, 2 * max(lengths))
-    grid = GridSettings(lengths=lengths, depths=list(settings.depths), trials=settings.trials, seed=settings.seed)
+    grid = settings.grid(lengths, settings.allow_beyond_context)
     grid.validate()
     final = out.resolve()
-    result = ExportResult(out=out, model=model, context_length=context)
+    result = ExportResult(out, model, context, chat_template=describe_chat(chat), chat_template_reason=reason)
     with atomic_folder(out, kind=EXPORT_KIND, overwrite=overwrite) as tmp:
         for spec in settings.tasks:
             templates = template_indices(spec.task, spec.templates or settings.templates)
             tag = f"{TASK_PREFIX}{spec.label}"
             result.tags.append(tag)
             for length in lengths:
-                docs = [
-                    _document(tokenizer, s, length, float(depth), trial)
+                samples = [
+                    (float(depth), trial, s)
                     for depth in grid.depths
                     for trial, s in enumerate(
                         make_samples(
@@ -209,18 +226,22 @@ def export_lm_eval(
                             seed=grid.seed,
                             template=templates,
                             options=spec.options,
+                            chat=chat,
                         )
                     )
                 ]
+                docs = [_document(tokenizer, s, length, depth, trial) for depth, trial, s in samples]
                 name = f"{tag}_{length}"
-                budget = max(d["answer_tokens"] for d in docs)
-                until = [] if any("\n" in d["answer"] for d in docs) else ["\n"]
+                # One budget for every document, at least answer_margin tokens beyond each one's answer.
+                margin = grid.answer_margin
+                budget = max(grid.max_new_tokens, max(d["answer_tokens"] for d in docs) + margin)
+                until = stop_sequences(get_task(spec.task), templates, [d["answer"] for d in docs], tokenizer, chat)
                 (tmp / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-                config_yaml = task_config(name, tag, final / f"{name}.jsonl", budget, until)
-                _write_yaml(tmp / f"{name}.yaml", config_yaml)
+                _write_yaml(tmp / f"{name}.yaml", task_config(name, tag, final / f"{name}.jsonl", budget, until))
                 matched = sum(d["tokens_match"] for d in docs)
-                exported = ExportedTask(name, spec.task, spec.label, length, len(docs), matched, budget, until)
-                result.tasks.append(exported)
+                result.tasks.append(
+                    ExportedTask(name, spec.task, spec.label, length, len(docs), matched, budget, until, margin)
+                )
         manifest = {
             "format": "lm-eval",
             "model": model,
@@ -229,11 +250,44 @@ def export_lm_eval(
             "command": command,
             "settings": settings.model_dump(),
             "haystack": hay.name,
+            "chat_template": result.chat_template,
+            "chat_template_reason": result.chat_template_reason,
             "tags": result.tags,
             "tasks": [asdict(t) for t in result.tasks],
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return result
+
+
+def _chat(tokenizer: Any, model: str, choice: str) -> tuple[ChatWrap | None, str]:
+    """The chat template of the export's prompts and why (``auto``: decided from the model, as a comparison's)."""
+    from ctxext.evaluation.settings import decide_chat
+
+    decided = decide_chat(model, "") if choice == "auto" else None
+    return chat_format(tokenizer, choice, "--chat-template", decided=decided)
+
+
+def stop_sequences(
+    task: Task, templates: list[int], answers: list[str], tokenizer: Any, chat: ChatWrap | None
+) -> list[str]:
+    """Where generation stops for one exported task: its templates' terminators and the chat template's end of turn.
+
+    A stop that occurs in one of the task's answers is left out: it would cut that answer short.
+
+    Args:
+        task: the registered task.
+        templates: the template indices its documents use.
+        answers: every document's answer.
+        tokenizer: the tokenizer (to write the chat template's end of turn as text).
+        chat: the chat template's tokens, or None.
+    """
+    stops: list[str] = []
+    for index in templates:
+        stops += [s for s in task.templates[index].stop if s not in stops]
+    if chat is not None and chat.end:
+        end = tokenizer.decode(chat.end[-1:], skip_special_tokens=False).strip()
+        stops += [end] if end and end not in stops else []
+    return [s for s in stops if not any(s in answer for answer in answers)]
 
 
 def _write_yaml(path: Path, data: dict[str, Any]) -> None:

@@ -237,7 +237,8 @@ def run_suite(
 
         registered_sections = sections_in(suite)
         labels = tuple(s.label() for s in specs)
-        run_info = SuiteRun(labels, original, context, reference, refs=tuple(str(s.ref) for s in specs))
+        chat = _chat_decision(registered_sections, specs, reference)
+        run_info = SuiteRun(labels, original, context, reference, refs=tuple(str(s.ref) for s in specs), chat=chat)
         for registered, settings in registered_sections:
             registered.begin(settings, run_info)
         entries = []
@@ -271,6 +272,19 @@ def run_suite(
         )
         write_report(report, out, overwrite=overwrite)
         return report
+
+
+def _chat_decision(sections: list[tuple[Any, Any]], specs: list[Any], reference: str | None) -> Any:
+    """``chat_template: auto`` decided once, from the paired reference (else the first model), for every model.
+
+    ``None`` when no section asks for ``auto``. Paired trials need the same prompts for every model.
+    """
+    if not any(getattr(settings, "chat_template", None) == "auto" for _, settings in sections):
+        return None
+    from ctxext.evaluation.settings import decide_chat
+
+    spec = next((s for s in specs if reference is not None and s.label() == reference), specs[0])
+    return decide_chat(str(spec.ref), spec.label() if len(specs) > 1 else "")
 
 
 def _reference_context(specs: list[Any]) -> tuple[int, int]:

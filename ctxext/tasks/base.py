@@ -4,8 +4,13 @@ A task sample is a token sequence of exactly ``length`` tokens::
 
     [prefix (tokenized with the tokenizer's defaults, BOS included)]
     [haystack filler, with the task's inserts (needles) placed at their depths]
-    [question]
+    [question + answer prefix (one string, tokenized together)]
     [answer]
+
+With a chat template (:class:`ChatWrap`) the question ends the user's turn and the answer prefix opens the
+assistant's (RULER's layout: "What is the pass key?" asked, "The pass key is" answered)::
+
+    [template head] [prefix] [haystack with inserts] [question] [template tail] [answer prefix] [answer]
 
 The answer's tokens are the last ones, at ``answer_span``; a model is scored (or trained) on them
 teacher-forced (:func:`ctxext.scoring.answers.score_answers`). ``F = length − |prefix| −
@@ -39,9 +44,16 @@ class Template:
 
     Attributes:
         needle: the text hidden in the haystack (formatted per insert, e.g. with ``{name}`` / ``{key}``).
-        question: the text after the haystack that asks for the answer.
-        answer: the exact continuation scored (or trained on); it follows the question verbatim, so it
+        question: the text after the haystack that asks for the answer (empty for code forms, whose answer
+            prefix is the whole ask: ``assert KEY_ab ==``).
+        answer_prefix: the text that starts the answer (``" The pass key is"``), formatted with the question's
+            fields. A plain prompt is question + answer prefix as one string; with a chat template the
+            question ends the user's turn and the answer prefix (without its leading whitespace) opens the
+            assistant's, so the model writes the answer where both scorings read it.
+        answer: the exact continuation scored (or trained on); it follows the answer prefix verbatim, so it
             carries its own leading space where one belongs.
+        stop: the texts that end an answer in this form (what follows it in the needle: ``"."``, a newline, a
+            closing bracket); a generation is cut at the first of them (the ``until`` of exported tasks).
         prefix: a task description before the haystack.
         link: a second insert form (variable tracking's chain step, the copy task's closing marker).
         item: the form of one item in a list (queried names, extracted words).
@@ -50,7 +62,9 @@ class Template:
 
     needle: str = ""
     question: str = ""
+    answer_prefix: str = ""
     answer: str = ""
+    stop: tuple[str, ...] = ("\n",)
     prefix: str = ""
     link: str = ""
     item: str = "{name}"
@@ -101,21 +115,29 @@ class TaskSample:
 
 @dataclass(frozen=True)
 class ChatWrap:
-    """A chat template's tokens around the user turn: ``head + [prompt] + tail + [answer]``.
+    """A chat template's tokens around a task prompt: ``head + [prompt] + tail + [answer prefix, answer]``.
 
-    The whole prompt (task description, haystack, question) is the user's message; ``tail`` ends the turn
-    and opens the assistant's (the generation prompt), so the answer is the assistant's first words.
-    Built by :func:`ctxext.tasks.chat.chat_wrap`.
+    The prompt (task description, haystack, question) is the user's message; ``tail`` ends the turn and opens
+    the assistant's (the generation prompt), so the answer prefix and the answer are the assistant's first
+    words. Built by :func:`ctxext.tasks.chat.chat_wrap`.
 
     Attributes:
         head: tokens before the user's message (BOS, system turn, user header), as the template renders them.
         tail: tokens after it (end of turn, assistant header).
         source: where the template came from: ``tokenizer`` or the template file's path.
+        end: the tokens the template writes after an assistant's message (its end of turn, e.g. ``<|im_end|>``).
+        turn: the tokens between an assistant's message and the next user message (end of turn, user header),
+            for prompts that ask several questions in turn (:mod:`ctxext.tasks.keyset`); ``None`` where the
+            template renders a second user turn differently from the first.
+        reason: why this template was used (``auto``'s decision, or that it was asked for).
     """
 
     head: list[int]
     tail: list[int]
     source: str
+    end: list[int] = field(default_factory=list)
+    turn: list[int] | None = None
+    reason: str = ""
 
 
 @dataclass
@@ -129,6 +151,7 @@ class Prompt:
             piece of the haystack, its token ids (decoded for the answer text).
         fields: what was drawn (keys, names, …), JSON-ready.
         prefix: the text before the haystack; ``None`` is the template's prefix.
+        answer_prefix: the text that starts the answer (the template's ``answer_prefix``, filled in).
     """
 
     inserts: list[tuple[float, list[int]]]
@@ -136,6 +159,11 @@ class Prompt:
     answer: str | list[int]
     fields: dict[str, Any] = field(default_factory=dict)
     prefix: str | None = None
+    answer_prefix: str = ""
+
+    def asking(self) -> str:
+        """The question and the answer prefix as one text: a plain prompt's end (what a task's budget counts)."""
+        return self.question + self.answer_prefix
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -262,11 +290,13 @@ def assemble(
     template: int | None,
     fields: dict[str, Any],
     chat: ChatWrap | None = None,
+    opening: Sequence[int] = (),
 ) -> TaskSample:
     """The one prompt builder: prefix, haystack with inserts at their depths, question, answer.
 
     With a chat template (``chat``) the prompt is the user's message: ``chat.head`` replaces the
-    tokenizer's default start (the template renders its own BOS) and ``chat.tail`` follows the question.
+    tokenizer's default start (the template renders its own BOS), ``chat.tail`` follows the question and
+    ``opening`` (the answer prefix) starts the assistant's turn, before the answer.
 
     Args:
         tokenizer: the tokenizer (for the prefix).
@@ -277,12 +307,13 @@ def assemble(
         haystack: the filler stream.
         prefix: text before the haystack.
         inserts: ``(depth, ids)`` of every insert; equal depths keep this order.
-        question: question ids.
+        question: question ids (a plain prompt's: question and answer prefix, tokenized together).
         answer: answer ids.
         answer_text: the answer's text.
         template: the template index.
         fields: what was drawn.
         chat: a chat template's tokens around the prompt (None: a plain prompt).
+        opening: with ``chat``, the answer prefix's ids, after the assistant header.
 
     Returns:
         The :class:`TaskSample`.
@@ -294,7 +325,7 @@ def assemble(
         head = encode_prefix(tokenizer, prefix)
     else:
         head = chat.head + encode(tokenizer, prefix)
-        question = list(question) + chat.tail
+        question = list(question) + chat.tail + list(opening)
     fixed = len(head) + sum(len(ids) for _, ids in inserts) + len(question) + len(answer)
     n_fill = length - fixed
     if n_fill < 0:
@@ -421,7 +452,8 @@ class Task:
             rng: the only source of randomness (seed it per sample for reproducible sets).
             template: a template index or a custom :class:`Template`.
             chat: a chat template's tokens around the prompt (:func:`ctxext.tasks.chat.chat_wrap`); the
-                answer then opens the assistant's turn, without the leading space a plain prompt needs.
+                answer prefix then opens the assistant's turn (without the leading space a plain prompt needs)
+                and the answer follows it.
             **options: task options (see :attr:`options`).
 
         Returns:
@@ -437,18 +469,30 @@ class Task:
         length, depth = int(length), float(depth)
         # A chat template's tokens are part of the length: tasks that fill it (lists, objects) leave them room.
         room = length - (len(chat.head) + len(chat.tail) if chat is not None else 0)
-        built = self.build(tokenizer, haystack, room, depth, rng, tpl, index, opts)
-        if isinstance(built, TaskSample):
-            if chat is not None:
-                raise InputError(
-                    f"task {self.name} builds its samples itself and cannot be wrapped in a chat template: "
-                    "evaluate it with chat_template none (--chat-template none), or make its build return a Prompt"
-                )
-            return built
-        text = built.answer
-        if isinstance(text, str) and chat is not None:
-            text = text.lstrip()  # the assistant's turn starts the answer; no word before it to space from
-        answer = encode(tokenizer, text) if isinstance(text, str) else list(text)
+        state = rng.getstate()
+        for _ in range(4):
+            built = self.build(tokenizer, haystack, room, depth, rng, tpl, index, opts)
+            if isinstance(built, TaskSample):
+                if chat is not None:
+                    raise InputError(
+                        f"task {self.name} builds its samples itself and cannot be wrapped in a chat template: "
+                        "evaluate it with chat_template none (--chat-template none), or make its build return a "
+                        "Prompt"
+                    )
+                return built
+            prompt = built
+            prefix = fill(tpl.prefix) if prompt.prefix is None else prompt.prefix
+            question, opening, answer = _encode_ask(tokenizer, prompt, chat)
+            if chat is None:
+                break
+            # A task counts its question and answer prefix as one text (a plain prompt's); in a chat they are
+            # tokenized apart, which can take a token or two more: the same draw again, with that much less room.
+            used = len(chat.head) + len(encode(tokenizer, prefix)) + sum(len(ids) for _, ids in prompt.inserts)
+            over = used + len(question) + len(chat.tail) + len(opening) + len(answer) - length
+            if over <= 0:
+                break
+            rng.setstate(state)
+            room -= over
         return assemble(
             tokenizer,
             task=self.name,
@@ -456,14 +500,15 @@ class Task:
             depth=depth,
             rng=rng,
             haystack=haystack,
-            prefix=fill(tpl.prefix) if built.prefix is None else built.prefix,
-            inserts=built.inserts,
-            question=encode(tokenizer, built.question),
+            prefix=prefix,
+            inserts=prompt.inserts,
+            question=question,
             answer=answer,
-            answer_text=built.answer.strip() if isinstance(built.answer, str) else tokenizer.decode(answer),
+            answer_text=prompt.answer.strip() if isinstance(prompt.answer, str) else tokenizer.decode(answer),
             template=index,
-            fields=built.fields,
+            fields=prompt.fields,
             chat=chat,
+            opening=opening,
         )
 
     def build(self, tokenizer, haystack, length, depth, rng, tpl, index, opts) -> Prompt | TaskSample:
@@ -484,3 +529,23 @@ class Task:
             :class:`TaskSample` (from :func:`assemble`, for a task that builds its sample itself).
         """
         raise NotImplementedError
+
+
+def _encode_ask(tokenizer: Any, built: Prompt, chat: ChatWrap | None) -> tuple[list[int], list[int], list[int]]:
+    """The ids of the question, the assistant's opening (the answer prefix) and the answer.
+
+    A plain prompt tokenizes question + answer prefix as one text (the opening is empty), so its tokens are
+    those of a prompt that was written as one question. In a chat the answer prefix opens the assistant's turn
+    without its leading whitespace, and an answer with no prefix before it loses its own.
+    """
+    text = built.answer
+    if chat is None:
+        opening: list[int] = []
+        question = encode(tokenizer, built.asking())
+    else:
+        lead = built.answer_prefix.lstrip()
+        question, opening = encode(tokenizer, built.question), encode(tokenizer, lead)
+        if isinstance(text, str) and not lead:
+            text = text.lstrip()  # the assistant's turn starts with the answer: no word before it to space from
+    answer = encode(tokenizer, text) if isinstance(text, str) else list(text)
+    return question, opening, answer

@@ -3,7 +3,8 @@
 The list is the needle (placed at the depth asked for; the rest of the length is haystack). The ``top``
 common words appear ``s·(top+1), s·top, …, 2s`` times — distinct counts, so the answer's order (most
 common first) is defined — and every other word once; ``s`` is chosen so the common words fill about
-half of the list. Template fields: needle (opens the list); ``item`` ``{word}``; question ``{top}``;
+half of the list. Template fields: needle (opens the list); ``item`` ``{word}``; question and answer prefix
+``{top}`` (a code form's question closes the list);
 answer ``{words}`` (the common words as items, joined by ``join``). Option ``top`` (default 3).
 """
 
@@ -17,31 +18,44 @@ COMMON_WORDS_TEMPLATES = (
     Template(
         needle="\nwords = [",
         item="'{word}'",
-        question="]\nassert most_common(words, {top}) == [",
+        question="]",
+        answer_prefix="\nassert most_common(words, {top}) == [",
         answer="{words}",
+        stop=("]", "\n"),
     ),
-    Template(needle="\nnames = (", item='"{word}"', question=")\nassert top(names, {top}) == [", answer="{words}"),
+    Template(
+        needle="\nnames = (",
+        item='"{word}"',
+        question=")",
+        answer_prefix="\nassert top(names, {top}) == [",
+        answer="{words}",
+        stop=("]", "\n"),
+    ),
     Template(
         needle="\n# words: ",
         item="{word}",
         join=" ",
-        question="\n# the {top} most common words above:",
+        answer_prefix="\n# the {top} most common words above:",
         answer=" {words}",
+        stop=(".", "\n"),
     ),
     Template(
         needle=" Below is a list of words. Some of them appear more often than others. Memorize the ones that "
         "appear most often.\n",
         item="{word}",
         join=" ",
-        question="\nQuestion: What are the {top} most common words in the above list? Answer: The top {top} words "
-        "appearing most often in the list are:",
+        question="\nQuestion: What are the {top} most common words in the above list?",
+        answer_prefix=" Answer: The top {top} words appearing most often in the list are:",
         answer=" {words}",
+        stop=(".", "\n"),
     ),
     Template(
         needle="\nitems = [",
         item="'{word}'",
-        question="]\nassert Counter(items).most_common({top}) == [",
+        question="]",
+        answer_prefix="\nassert Counter(items).most_common({top}) == [",
         answer="{words}",
+        stop=("]", "\n"),
     ),
 )
 
@@ -65,10 +79,10 @@ class CommonWords(Task):
         vocab = draw_words(rng, top + 4 * length)
         common, rare_pool = vocab[:top], vocab[top:]
         answer = fill(tpl.answer, words=tpl.join.join(fill(tpl.item, word=w) for w in common))
-        question = fill(tpl.question, top=top)
+        question, answer_prefix = fill(tpl.question, top=top), fill(tpl.answer_prefix, top=top)
         fixed = (
             len(encode_prefix(tokenizer, fill(tpl.prefix)))
-            + len(encode(tokenizer, question))
+            + len(encode(tokenizer, question + answer_prefix))
             + len(encode(tokenizer, answer))
         )
         budget = length - fixed
@@ -101,4 +115,5 @@ class CommonWords(Task):
                     f"are distinct ({sum(weights)} items at least, plus the question and answer: {fixed} tokens). "
                     "Use a longer length or a smaller option top."
                 )
-        return Prompt([(depth, ids)], question, answer, {"common": common, "counts": counts, "rare": n_rare})
+        drawn = {"common": common, "counts": counts, "rare": n_rare}
+        return Prompt([(depth, ids)], question, answer, drawn, None, answer_prefix)

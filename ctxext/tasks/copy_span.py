@@ -2,7 +2,8 @@
 
 The span is ``span`` tokens of the haystack taken at a random offset, wrapped by the template's needle
 (opening marker) and link (closing marker), at the depth asked for; the answer is the span's tokens
-themselves (not re-tokenized). Template fields: ``{name}`` in needle, link and question. Option
+themselves (not re-tokenized). Template fields: ``{name}`` in needle, link, question and answer prefix; a
+template's ``stop`` is its closing marker (the span itself may hold newlines). Option
 ``span`` (tokens, default 16).
 """
 
@@ -13,15 +14,37 @@ from ctxext.tasks.base import Prompt, Task, Template, draw_names, encode, fill
 from ctxext.tasks.registry import register_task
 
 COPY_TEMPLATES = (
-    Template(needle="\n# begin block {name}\n", link="\n# end block {name}\n", question="\n# repeat block {name}\n"),
-    Template(needle="\nBLOCK_{name} = '''\n", link="\n'''\n", question="\nassert BLOCK_{name} == '''\n"),
+    Template(
+        needle="\n# begin block {name}\n",
+        link="\n# end block {name}\n",
+        answer_prefix="\n# repeat block {name}\n",
+        stop=("\n# end block",),
+    ),
+    Template(
+        needle="\nBLOCK_{name} = '''\n",
+        link="\n'''\n",
+        answer_prefix="\nassert BLOCK_{name} == '''\n",
+        stop=("'''",),
+    ),
     Template(
         needle=" Here is passage {name}: ",
         link=" (end of passage {name}) ",
-        question=" Repeat passage {name} word for word: ",
+        question=" Repeat passage {name} word for word.",
+        answer_prefix=" Passage {name}:",
+        stop=(" (end of passage",),
     ),
-    Template(needle="\n<{name}>\n", link="\n</{name}>\n", question="\n<{name} again>\n"),
-    Template(needle="\n# --- {name} ---\n", link="\n# --- end {name} ---\n", question="\n# copy of {name}:\n"),
+    Template(
+        needle="\n<{name}>\n",
+        link="\n</{name}>\n",
+        answer_prefix="\n<{name} again>\n",
+        stop=("\n</",),
+    ),
+    Template(
+        needle="\n# --- {name} ---\n",
+        link="\n# --- end {name} ---\n",
+        answer_prefix="\n# copy of {name}:\n",
+        stop=("\n# --- end",),
+    ),
 )
 
 
@@ -41,4 +64,5 @@ class CopySpan(Task):
         name = draw_names(rng, 1)[0]
         span = haystack.take(opts["span"], rng.randrange(len(haystack)))
         needle = encode(tokenizer, fill(tpl.needle, name=name)) + span + encode(tokenizer, fill(tpl.link, name=name))
-        return Prompt([(depth, needle)], fill(tpl.question, name=name), list(span), {"name": name})
+        question, answer_prefix = fill(tpl.question, name=name), fill(tpl.answer_prefix, name=name)
+        return Prompt([(depth, needle)], question, list(span), {"name": name}, None, answer_prefix)

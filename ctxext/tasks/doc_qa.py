@@ -8,7 +8,8 @@ depth asked for, exactly at that depth — every other document is a distractor 
 Paths and names are random 3-letter words (``abc/def_ghi.py``, ``jkl_mno``), so no model knows them from
 pretraining. Scored like RULER's QA tasks (``string_match_part``) on the file path.
 
-Template fields: needle ``{path}``; link ``{func}``; question ``{func}``; answer ``{path}``.
+Template fields: needle ``{path}``; link ``{func}``; question and answer prefix ``{func}``; answer ``{path}``
+(paths hold a ``.``, so only a newline ends an answer).
 """
 
 from __future__ import annotations
@@ -21,33 +22,35 @@ DOC_QA_TEMPLATES = (
     Template(
         needle="\n\n# file: {path}\n",
         link="\ndef {func}(*args):\n    return None\n",
-        question="\n\n# Q: which file defines {func}? A: the file",
+        question="\n\n# Q: which file defines {func}?",
+        answer_prefix=" A: the file",
         answer=" {path}",
     ),
     Template(
         needle='\n\n"""{path}"""\n',
         link="\nclass {func}:\n    pass\n",
-        question="\n\n# {func} is defined in",
+        answer_prefix="\n\n# {func} is defined in",
         answer=" {path}",
     ),
     Template(
         needle="\n\n### {path}\n",
         link="\n{func} = object()\n",
-        question="\n\n# {func} is assigned in the file",
+        answer_prefix="\n\n# {func} is assigned in the file",
         answer=" {path}",
     ),
     Template(
         prefix="Answer the question based on the given documents.",
         needle="\n\nDocument (file {path}):\n",
         link="\ndef {func}():\n",
-        question="\n\nQuestion: Which file defines the function {func}? Answer: The function {func} is defined in "
-        "the file",
+        question="\n\nQuestion: Which file defines the function {func}?",
+        answer_prefix=" Answer: The function {func} is defined in the file",
         answer=" {path}",
     ),
     Template(
         needle="\n\n# --- {path} ---\n",
         link="\nasync def {func}():\n    pass\n",
-        question="\n\n# where is {func} defined? in",
+        question="\n\n# where is {func} defined?",
+        answer_prefix=" in",
         answer=" {path}",
     ),
 )
@@ -88,4 +91,5 @@ class DocQA(Task):
             question=fill(tpl.question, func=funcs[target]),
             answer=fill(tpl.answer, path=paths[target]),
             fields={"path": paths[target], "func": funcs[target], "document": target, "docs": n},
+            answer_prefix=fill(tpl.answer_prefix, func=funcs[target]),
         )

@@ -13,7 +13,7 @@ As many examples as fit fill the sample (a few haystack tokens make up the rest,
 Scored like RULER's QA tasks (``string_match_part``) on the label.
 
 Template fields: ``needle`` opens the list, ``item`` is one example (``{input}``, ``{label}``), ``join``
-separates examples, ``link`` closes the list; question ``{input}``; answer ``{label}``.
+separates examples, ``link`` closes the list; question and answer prefix ``{input}``; answer ``{label}``.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from ctxext.tasks.base import Prompt, Task, TaskSample, Template, draw_words, en
 from ctxext.tasks.registry import register_task
 
 ICL_TEMPLATES = (
-    Template(needle="\n", item="{input} -> {label}", join="\n", question="\n{input} ->", answer=" {label}"),
+    Template(needle="\n", item="{input} -> {label}", join="\n", answer_prefix="\n{input} ->", answer=" {label}"),
     Template(
         needle="\n\n",
         item="Input: {input}\nLabel: {label}",
         join="\n\n",
-        question="\n\nInput: {input}\nLabel:",
+        question="\n\nInput: {input}",
+        answer_prefix="\nLabel:",
         answer=" {label}",
     ),
     Template(
@@ -36,7 +37,7 @@ ICL_TEMPLATES = (
         item='("{input}", "{label}")',
         join=",\n    ",
         link=",\n]\n",
-        question='\nassert classify("{input}") ==',
+        answer_prefix='\nassert classify("{input}") ==',
         answer=' "{label}"',
     ),
     Template(
@@ -45,10 +46,11 @@ ICL_TEMPLATES = (
         needle="\n\n",
         item="{input}\nlabel: {label}",
         join="\n\n",
-        question="\n\n{input}\nlabel:",
+        question="\n\n{input}",
+        answer_prefix="\nlabel:",
         answer=" {label}",
     ),
-    Template(needle="\n", item="# {input} => {label}", join="\n", question="\n# {input} =>", answer=" {label}"),
+    Template(needle="\n", item="# {input} => {label}", join="\n", answer_prefix="\n# {input} =>", answer=" {label}"),
 )
 
 # Keywords per label: enough that each label recurs under several surface words.
@@ -91,8 +93,9 @@ class ICL(Task):
 
         query = text(asked_kw)[1]
         question, answer = fill(tpl.question, input=query), fill(tpl.answer, label=label_of[asked_kw])
+        answer_prefix = fill(tpl.answer_prefix, input=query)
         prefix = len(encode_prefix(tokenizer, fill(tpl.prefix)))
-        budget = length - prefix - len(encode(tokenizer, question)) - len(encode(tokenizer, answer))
+        budget = length - prefix - len(encode(tokenizer, question + answer_prefix)) - len(encode(tokenizer, answer))
         shell = encode(tokenizer, fill(tpl.needle) + fill(tpl.link))
         per_item = max(1, len(encode(tokenizer, tpl.join + fill(tpl.item, input=query, label=labels[0]))))
         # Twice the estimate as an upper bound, then a binary search for the most examples that fit:
@@ -132,4 +135,5 @@ class ICL(Task):
                 "examples": n,
                 "position": target,
             },
+            answer_prefix=answer_prefix,
         )

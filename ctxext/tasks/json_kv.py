@@ -7,8 +7,8 @@ from the sample's rng; option ``hex`` (default 32) sets their hex digits (32: a 
 string, for models with short windows).
 
 Template fields: ``needle`` opens the object, ``item`` is one pair (``{key}``, ``{value}``), ``join``
-separates pairs, ``link`` closes the object (literal braces doubled: ``{{``); question ``{key}``; answer
-``{value}``.
+separates pairs, ``link`` closes the object (literal braces doubled: ``{{``); question and answer prefix
+``{key}``; answer ``{value}``.
 """
 
 from __future__ import annotations
@@ -24,29 +24,33 @@ JSON_KV_TEMPLATES = (
         needle="\ndata = {{",
         item='"{key}": "{value}"',
         link="}}\n",
-        question='\nassert data["{key}"] ==',
+        answer_prefix='\nassert data["{key}"] ==',
         answer=' "{value}"',
+        stop=("\n", ","),
     ),
     Template(
         needle="\nconfig = json.loads('{{",
         item='"{key}": "{value}"',
         link="}}')\n",
-        question='\nassert config["{key}"] ==',
+        answer_prefix='\nassert config["{key}"] ==',
         answer=' "{value}"',
+        stop=("\n", ","),
     ),
     Template(
         needle="\n# lookup table: {{",
         item='"{key}": "{value}"',
         link="}}\n",
-        question='\n# in the lookup table above, "{key}" maps to',
+        answer_prefix='\n# in the lookup table above, "{key}" maps to',
         answer=' "{value}"',
+        stop=("\n", ","),
     ),
     Template(
         prefix="Extract the value corresponding to the specified key in the JSON object below.",
         needle="\n\nJSON data:\n{{",
         item='"{key}": "{value}"',
         link="}}",
-        question='\n\nKey: "{key}"\nCorresponding value:',
+        question='\n\nKey: "{key}"',
+        answer_prefix="\nCorresponding value:",
         answer=' "{value}"',
     ),
     Template(
@@ -54,8 +58,9 @@ JSON_KV_TEMPLATES = (
         item="'{key}': '{value}'",
         join=",\n    ",
         link=",\n}}\n",
-        question="\nassert mapping['{key}'] ==",
+        answer_prefix="\nassert mapping['{key}'] ==",
         answer=" '{value}'",
+        stop=("\n", ","),
     ),
 )
 
@@ -90,7 +95,11 @@ class JsonKV(Task):
 
         def asked(key: str, value: str) -> tuple[str, str, int]:
             question, answer = fill(tpl.question, key=key), fill(tpl.answer, value=value)
-            return question, answer, len(encode(tokenizer, question)) + len(encode(tokenizer, answer))
+            return (
+                question,
+                answer,
+                len(encode(tokenizer, question + fill(tpl.answer_prefix, key=key))) + len(encode(tokenizer, answer)),
+            )
 
         budget = length - prefix - asked(probe, probe)[2]
         shell = encode(tokenizer, fill(tpl.needle) + fill(tpl.link))
@@ -125,4 +134,5 @@ class JsonKV(Task):
             question=question,
             answer=answer,
             fields={"key": key, "value": value, "pairs": n, "position": target},
+            answer_prefix=fill(tpl.answer_prefix, key=key),
         )

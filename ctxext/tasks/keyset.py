@@ -7,6 +7,13 @@ order, each answer written after its question::
 
     [prefix] [haystack with k needles at their depths] [q_1] [a_1] [q_2] [a_2] … [q_k] [a_k]
 
+Each ``q`` is the template's question and answer prefix as one text, as a single-needle prompt ends. With a
+chat template (:class:`~ctxext.tasks.base.ChatWrap`) the input is a conversation: the first user message holds
+the haystack and the first question, each answer is an assistant turn opened by its answer prefix, and each
+later question is a user turn of its own::
+
+    [head] [prefix] [haystack] [q_1] [tail] [p_1] [a_1] [turn] [q_2] [tail] [p_2] [a_2] …
+
 Scored teacher-forced (:func:`ctxext.scoring.answers.score_answer_sets`), every answer is correct iff greedy
 decoding, given everything before it, writes it: one pass scores ``k`` trials. The earlier answers are other
 keys, so they give nothing of a later one away; all trials of one input share its haystack, so their
@@ -20,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxext.errors import InputError
-from ctxext.tasks.base import Haystack, Template, draw_keys, draw_names, encode, encode_prefix, fill
+from ctxext.tasks.base import ChatWrap, Haystack, Template, draw_keys, draw_names, encode, encode_prefix, fill
 from ctxext.tasks.needle import KV_TEMPLATES
 
 
@@ -57,6 +64,7 @@ def make_keyset(
     rng: random.Random,
     template: int | Template = 0,
     offset: int | None = None,
+    chat: ChatWrap | None = None,
 ) -> KeySet:
     """A key set of ``len(depths)`` needles, one per depth (0–1), exactly ``length`` tokens long.
 
@@ -69,9 +77,11 @@ def make_keyset(
         template: a :data:`ctxext.tasks.needle.KV_TEMPLATES` index or a custom :class:`Template`.
         offset: where the filler starts in the haystack (default: drawn by ``rng``; 0 with a haystack of one
             document starts at its beginning, the truncated-document protocol).
+        chat: a chat template's tokens (:func:`ctxext.tasks.chat.chat_wrap`): the questions become a conversation.
 
     Raises:
-        InputError: no depths, a depth outside 0–1, or a length too short for the needles and questions.
+        InputError: no depths, a depth outside 0–1, a length too short for the needles and questions, or a chat
+            template that cannot hold several turns.
     """
     if not depths:
         raise InputError("a key set needs at least one depth")
@@ -83,14 +93,14 @@ def make_keyset(
     needles = [encode(tokenizer, fill(tpl.needle, name=nm, key=k)) for nm, k in zip(names, keys, strict=True)]
     order = list(range(n))
     rng.shuffle(order)
-    asks = [
-        (
-            encode(tokenizer, fill(tpl.question, name=names[i], key=keys[i])),
-            encode(tokenizer, fill(tpl.answer, key=keys[i])),
-        )
-        for i in order
-    ]
-    head = encode_prefix(tokenizer, fill(tpl.prefix))
+    asks = _asks(
+        tokenizer,
+        tpl,
+        [{"name": names[i], "key": keys[i]} for i in order],
+        [fill(tpl.answer, key=keys[i]) for i in order],
+        chat,
+    )
+    head = _head(tokenizer, tpl, chat)
     fixed = len(head) + sum(map(len, needles)) + sum(len(q) + len(a) for q, a in asks)
     n_fill = length - fixed
     if n_fill < 0:
@@ -132,6 +142,7 @@ def make_json_keyset(
     rng: random.Random,
     template: int = 0,
     hex_digits: int = 8,
+    chat: ChatWrap | None = None,
 ) -> KeySet:
     """Key-value lookup with several queries: a JSON-like object of random keys, then one question per depth.
 
@@ -148,18 +159,20 @@ def make_json_keyset(
         rng: the only source of randomness.
         template: a :data:`ctxext.tasks.json_kv.JSON_KV_TEMPLATES` index.
         hex_digits: digits of each key and value (32: a UUID; fewer: easier to copy).
+        chat: a chat template's tokens: the questions become a conversation (as :func:`make_keyset`'s).
 
     Raises:
-        InputError: no depths, two depths on one pair, or a length too short.
+        InputError: no depths, two depths on one pair, a length too short, or a chat template that cannot hold
+            several turns.
     """
     from ctxext.tasks.json_kv import JSON_KV_TEMPLATES, draw_uuid
 
     if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
         raise InputError(f"a key-value set needs depths between 0 and 1 (got {depths})")
     tpl = JSON_KV_TEMPLATES[template]
-    head = encode_prefix(tokenizer, fill(tpl.prefix))
+    head = _head(tokenizer, tpl, chat)
     probe = draw_uuid(rng, hex_digits)
-    qa = len(encode(tokenizer, fill(tpl.question, key=probe))) + len(encode(tokenizer, fill(tpl.answer, value=probe)))
+    qa = sum(map(len, _asks(tokenizer, tpl, [{"key": probe}], [fill(tpl.answer, value=probe)], chat)[0]))
     per_pair = max(1, len(encode(tokenizer, tpl.join + fill(tpl.item, key=probe, value=probe))))
     n = max(len(depths), (length - len(head) - len(depths) * qa) // per_pair + 2)
     keys = list(dict.fromkeys(draw_uuid(rng, hex_digits) for _ in range(n + 8)))[:n]
@@ -173,10 +186,8 @@ def make_json_keyset(
             raise InputError(f"key-value set depths {depths} ask for one pair twice at {n} pairs; spread them out")
         items = tpl.join.join(fill(tpl.item, key=k, value=v) for k, v in zip(keys[:n], values[:n], strict=True))
         obj = encode(tokenizer, fill(tpl.needle) + items + fill(tpl.link))
-        asks = [
-            (encode(tokenizer, fill(tpl.question, key=keys[t])), encode(tokenizer, fill(tpl.answer, value=values[t])))
-            for t in targets
-        ]
+        answers = [fill(tpl.answer, value=values[t]) for t in targets]
+        asks = _asks(tokenizer, tpl, [{"key": keys[t]} for t in targets], answers, chat)
         over = len(head) + len(obj) + sum(len(q) + len(a) for q, a in asks) - length
         if over <= 0:
             break
@@ -200,3 +211,37 @@ def make_json_keyset(
         filler=(start, start + len(obj)),
         fields={"pairs": n, "asked": [keys[t] for t in targets], "values": [values[t] for t in targets]},
     )
+
+
+def _head(tokenizer: Any, tpl: Template, chat: ChatWrap | None) -> list[int]:
+    """The input's start: the task description with the tokenizer's defaults, or after a chat template's head."""
+    if chat is None:
+        return encode_prefix(tokenizer, fill(tpl.prefix))
+    return chat.head + encode(tokenizer, fill(tpl.prefix))
+
+
+def _asks(
+    tokenizer: Any, tpl: Template, fields: list[dict[str, Any]], answers: list[str], chat: ChatWrap | None
+) -> list[tuple[list[int], list[int]]]:
+    """Each question's ids (what comes between the previous answer and this one) and its answer's ids.
+
+    Plain: the question and answer prefix as one text, then the answer. In a chat: the previous assistant turn's
+    end and a user header (:attr:`ChatWrap.turn`, from the second question on), the question, the template's
+    tail, the answer prefix without its leading whitespace, then the answer.
+    """
+    if chat is not None and len(answers) > 1 and chat.turn is None:
+        raise InputError(
+            f"the chat template ({chat.source}) renders a second user turn differently from the first, so several "
+            "questions cannot follow one another in it: use one question per input, or no chat template"
+        )
+    out = []
+    for i, (given, answer) in enumerate(zip(fields, answers, strict=True)):
+        question, prefix = fill(tpl.question, **given), fill(tpl.answer_prefix, **given)
+        if chat is None:
+            out.append((encode(tokenizer, question + prefix), encode(tokenizer, answer)))
+            continue
+        lead = prefix.lstrip()
+        turn = list(chat.turn or []) if i else []
+        asked = turn + encode(tokenizer, question.lstrip() if i else question) + chat.tail + encode(tokenizer, lead)
+        out.append((asked, encode(tokenizer, answer if lead else answer.lstrip())))
+    return out

@@ -11,8 +11,8 @@ its last), moved by as few rounds as it takes to leave room for the identical re
 it. The other rounds request other topics (which repeat among themselves). Scored on the response.
 
 Template fields: ``item`` is one round (``{topic}``, ``{response}``), ``join`` separates rounds,
-``needle`` opens the conversation and ``link`` closes it; question ``{ordinal}`` (first, second, third),
-``{topic}``; answer ``{response}``.
+``needle`` opens the conversation and ``link`` closes it; question and answer prefix ``{ordinal}`` (first,
+second, third), ``{topic}``; answer ``{response}``.
 """
 
 from __future__ import annotations
@@ -27,13 +27,15 @@ MRCR_TEMPLATES = (
     Template(
         item="\nUser: write a line about {topic}\nAssistant: {response}\n",
         join="",
-        question="\nUser: repeat your answer to the {ordinal} request to write a line about {topic}\nAssistant:",
+        question="\nUser: repeat your answer to the {ordinal} request to write a line about {topic}",
+        answer_prefix="\nAssistant:",
         answer=" {response}",
     ),
     Template(
         item="\nQ: give me a word for {topic}\nA: {response}\n",
         join="",
-        question="\nQ: what did you answer the {ordinal} time I asked for a word for {topic}?\nA:",
+        question="\nQ: what did you answer the {ordinal} time I asked for a word for {topic}?",
+        answer_prefix="\nA:",
         answer=" {response}",
     ),
     Template(
@@ -41,7 +43,8 @@ MRCR_TEMPLATES = (
         needle="\n\nConversation:",
         item="\n\nUser: Write a poem about {topic}.\n\nAssistant: {response}",
         join="",
-        question="\n\nUser: Return the {ordinal} poem about {topic}.\n\nAssistant:",
+        question="\n\nUser: Return the {ordinal} poem about {topic}.",
+        answer_prefix="\n\nAssistant:",
         answer=" {response}",
     ),
     Template(
@@ -49,13 +52,14 @@ MRCR_TEMPLATES = (
         item="\n    ('{topic}', '{response}'),",
         join="",
         link="\n]\n",
-        question="\n# the reply logged for the {ordinal} entry '{topic}' above is",
+        answer_prefix="\n# the reply logged for the {ordinal} entry '{topic}' above is",
         answer=" '{response}'",
+        stop=("\n", ","),
     ),
     Template(
         item="\n- request: a note on {topic}\n  reply: {response}",
         join="",
-        question="\n# the reply to the {ordinal} request for a note on {topic}:",
+        answer_prefix="\n# the reply to the {ordinal} request for a note on {topic}:",
         answer=" {response}",
     ),
 )
@@ -103,7 +107,9 @@ class MRCR(Task):
         probe = encode(tokenizer, tpl.join + fill(tpl.item, topic=names[0], response=sample_response))
         shell = encode(tokenizer, fill(tpl.needle) + fill(tpl.link))
         ask = fill(tpl.question, ordinal=ORDINALS[k - 1], topic=names[0])
-        qa = len(encode(tokenizer, ask)) + len(encode(tokenizer, fill(tpl.answer, response=sample_response)))
+        answer_prefix = fill(tpl.answer_prefix, ordinal=ORDINALS[k - 1], topic=names[0])
+        asking = len(encode(tokenizer, ask + answer_prefix))
+        qa = asking + len(encode(tokenizer, fill(tpl.answer, response=sample_response)))
         # Two rounds over the estimate, then down to the most that fit: random words tokenize to varying lengths.
         n = max(COPIES, (length - prefix - qa - len(shell)) // max(1, len(probe)) + 2)
         words = draw_words(rng, 2 * n)  # distinct responses: only the asked round's answer is right
@@ -113,7 +119,7 @@ class MRCR(Task):
             rounds = tpl.join.join(fill(tpl.item, topic=names[t], response=responses[i]) for i, t in enumerate(topics))
             ids = encode(tokenizer, fill(tpl.needle) + rounds + fill(tpl.link))
             answer = fill(tpl.answer, response=responses[target])
-            over = prefix + len(ids) + len(encode(tokenizer, ask)) + len(encode(tokenizer, answer)) - length
+            over = prefix + len(ids) + asking + len(encode(tokenizer, answer)) - length
             if over <= 0:
                 break
             if n == COPIES:
@@ -135,4 +141,5 @@ class MRCR(Task):
                 "position": target,
                 "copies": [i for i, t in enumerate(topics) if t == 0],
             },
+            answer_prefix=answer_prefix,
         )

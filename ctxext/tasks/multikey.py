@@ -36,4 +36,5 @@ class MultiKey(Task):
             question=fill(tpl.question, name=names[0], key=keys[0]),
             answer=answer,
             fields={"name": names[0], "key": keys[0], "distractors": distractors},
+            answer_prefix=fill(tpl.answer_prefix, name=names[0], key=keys[0]),
         )

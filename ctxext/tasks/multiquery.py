@@ -1,7 +1,7 @@
 """``multiquery``: several key/value pairs; one question asks for all of them (RULER's MQ-NIAH).
 
 Template fields: needle ``{name}``, ``{key}``; ``item`` ``{name}`` (one queried name as the question
-writes it); question ``{items}`` (the items joined by ``join``); answer ``{keys}`` (the values in the
+writes it); question and answer prefix ``{items}`` (the items joined by ``join``); answer ``{keys}`` (the values in the
 order asked). The first pair sits at the depth asked for, the others at random depths. Option
 ``queries`` (default 2).
 """
@@ -12,25 +12,40 @@ from ctxext.tasks.base import Prompt, Task, TaskSample, Template, draw_keys, dra
 from ctxext.tasks.registry import register_task
 
 MULTIQUERY_TEMPLATES = (
-    Template(needle="\nKEY_{name} = {key}\n", item="KEY_{name}", question="\nassert ({items}) == (", answer="{keys}"),
+    Template(
+        needle="\nKEY_{name} = {key}\n",
+        item="KEY_{name}",
+        answer_prefix="\nassert ({items}) == (",
+        answer="{keys}",
+        stop=(")", "\n"),
+    ),
     Template(
         needle="\nconfig['{name}'] = {key}\n",
         item="config['{name}']",
-        question="\nassert ({items}) == (",
+        answer_prefix="\nassert ({items}) == (",
         answer="{keys}",
+        stop=(")", "\n"),
     ),
     Template(
         needle="\n# The secret number of {name} is {key}.\n",
-        question="\n# The secret numbers of {items} are",
+        answer_prefix="\n# The secret numbers of {items} are",
         answer=" {keys}",
+        stop=(".", "\n"),
     ),
     Template(
         needle=" One of the special magic numbers for {name} is: {key}. ",
-        question=" What are the special magic numbers for {items} mentioned in the provided text? "
-        "The special magic numbers for {items} mentioned in the provided text are",
+        question=" What are the special magic numbers for {items} mentioned in the provided text?",
+        answer_prefix=" The special magic numbers for {items} mentioned in the provided text are",
         answer=" {keys}",
+        stop=(".", "\n"),
     ),
-    Template(needle="\n{name}_id = {key}\n", item="{name}_id", question="\nassert ({items}) == (", answer="{keys}"),
+    Template(
+        needle="\n{name}_id = {key}\n",
+        item="{name}_id",
+        answer_prefix="\nassert ({items}) == (",
+        answer="{keys}",
+        stop=(")", "\n"),
+    ),
 )
 
 
@@ -58,4 +73,6 @@ class MultiQuery(Task):
         ]
         items = tpl.join.join(fill(tpl.item, name=nm) for nm in names)
         answer = fill(tpl.answer, keys=tpl.join.join(str(k) for k in keys))
-        return Prompt(inserts, fill(tpl.question, items=items), answer, {"names": names, "keys": keys})
+        asked = {"names": names, "keys": keys}
+        question, answer_prefix = fill(tpl.question, items=items), fill(tpl.answer_prefix, items=items)
+        return Prompt(inserts, question, answer, asked, None, answer_prefix)

@@ -1,6 +1,6 @@
 """``multivalue``: several values stored under one name; the answer lists them in document order (MV-NIAH).
 
-Template fields: needle ``{name}``, ``{key}`` (one value); question ``{name}``; answer ``{keys}`` (the
+Template fields: needle ``{name}``, ``{key}`` (one value); question and answer prefix ``{name}``; answer ``{keys}`` (the
 values joined by the template's ``join``). The first value sits at the depth asked for, the others at
 uniformly random depths. Option ``values`` (default 4).
 """
@@ -11,20 +11,37 @@ from ctxext.tasks.base import Prompt, Task, TaskSample, Template, draw_keys, dra
 from ctxext.tasks.registry import register_task
 
 MULTIVALUE_TEMPLATES = (
-    Template(needle="\nKEY_{name}.append({key})\n", question="\nassert KEY_{name} == [", answer="{keys}"),
-    Template(needle="\nconfig['{name}'].append({key})\n", question="\nassert config['{name}'] == [", answer="{keys}"),
+    Template(
+        needle="\nKEY_{name}.append({key})\n",
+        answer_prefix="\nassert KEY_{name} == [",
+        answer="{keys}",
+        stop=("]", "\n"),
+    ),
+    Template(
+        needle="\nconfig['{name}'].append({key})\n",
+        answer_prefix="\nassert config['{name}'] == [",
+        answer="{keys}",
+        stop=("]", "\n"),
+    ),
     Template(
         needle="\n# One secret number of {name} is {key}.\n",
-        question="\n# The secret numbers of {name} are",
+        answer_prefix="\n# The secret numbers of {name} are",
         answer=" {keys}",
+        stop=(".", "\n"),
     ),
     Template(
         needle=" One of the special magic numbers for {name} is: {key}. ",
-        question=" What are all the special magic numbers for {name} mentioned in the provided text? "
-        "The special magic numbers for {name} mentioned in the provided text are",
+        question=" What are all the special magic numbers for {name} mentioned in the provided text?",
+        answer_prefix=" The special magic numbers for {name} mentioned in the provided text are",
         answer=" {keys}",
+        stop=(".", "\n"),
     ),
-    Template(needle="\n{name}_ids.append({key})\n", question="\nassert {name}_ids == [", answer="{keys}"),
+    Template(
+        needle="\n{name}_ids.append({key})\n",
+        answer_prefix="\nassert {name}_ids == [",
+        answer="{keys}",
+        stop=("]", "\n"),
+    ),
 )
 
 
@@ -56,4 +73,5 @@ class MultiValue(Task):
             question=fill(tpl.question, name=name),
             answer=answer,
             fields={"name": name, "keys": in_order},
+            answer_prefix=fill(tpl.answer_prefix, name=name),
         )

@@ -1,7 +1,8 @@
 """``passkey``: Landmark Attention's passkey retrieval — a 5-digit key in the repetitive noise haystack.
 
 Template fields: ``{key}`` (and ``{name}``, unused by the shipped forms). Template 0 is the original
-prompt (Mohtashami & Jaggi 2023), used by ``ctxext eval passkey`` and the merge check.
+prompt (Mohtashami & Jaggi 2023), used by ``ctxext eval passkey`` and the merge check; its question ("What is
+the pass key?") asks and its answer prefix ("The pass key is") starts the answer, as in RULER.
 """
 
 from __future__ import annotations
@@ -19,20 +20,26 @@ PASSKEY_TEMPLATES = (
     Template(
         prefix=PASSKEY_PREFIX,
         needle=" The pass key is {key}. Remember it. {key} is the pass key.",
-        question=" What is the pass key? The pass key is",
+        question=" What is the pass key?",
+        answer_prefix=" The pass key is",
         answer=" {key}",
+        stop=(".", "\n"),
     ),
     Template(
         prefix=PASSKEY_PREFIX,
         needle=" The secret code is {key}. Keep it in mind. {key} is the secret code.",
-        question=" What is the secret code? The secret code is",
+        question=" What is the secret code?",
+        answer_prefix=" The secret code is",
         answer=" {key}",
+        stop=(".", "\n"),
     ),
     Template(
         prefix="Somewhere in the text below there is a number to remember.",
         needle=" Remember this number: {key}. The number to remember is {key}.",
-        question=" What is the number to remember? The number to remember is",
+        question=" What is the number to remember?",
+        answer_prefix=" The number to remember is",
         answer=" {key}",
+        stop=(".", "\n"),
     ),
 )
 

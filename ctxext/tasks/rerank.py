@@ -16,7 +16,8 @@ of relevant ids found) besides the grid's teacher-forced exact match.
 Every item is delimited on both sides (``[3]``, ``(3)``, ``<doc 3>``), so RULER's substring match cannot
 find id 1 inside id 12.
 
-Template fields: needle ``{id}``; link ``{name}``; item ``{id}``; question ``{name}``; answer ``{ids}``.
+Template fields: needle ``{id}``; link ``{name}``; item ``{id}``; question and answer prefix ``{name}``; answer
+``{ids}``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ RERANK_TEMPLATES = (
     Template(
         needle="\n\n[{id}] ",
         link=" {name} ",
-        question="\n\n# passages that mention {name}, in order:",
+        answer_prefix="\n\n# passages that mention {name}, in order:",
         answer=" {ids}",
         item="[{id}]",
         join=" ",
@@ -46,7 +47,7 @@ RERANK_TEMPLATES = (
     Template(
         needle="\n\n# passage ({id})\n",
         link=" {name}() ",
-        question="\n\n# passages calling {name}():",
+        answer_prefix="\n\n# passages calling {name}():",
         answer=" {ids}",
         item="({id})",
         join=", ",
@@ -54,7 +55,7 @@ RERANK_TEMPLATES = (
     Template(
         needle="\n\n--- snippet [{id}] ---\n",
         link=" {name} ",
-        question="\n\n# ids of the snippets using {name}:",
+        answer_prefix="\n\n# ids of the snippets using {name}:",
         answer=" {ids}",
         item="[{id}]",
         join=" ",
@@ -64,7 +65,8 @@ RERANK_TEMPLATES = (
         "query, in the order they appear.",
         needle="\n\n[{id}] ",
         link=" {name} ",
-        question="\n\nQuery: {name}\nRelevant passage IDs:",
+        question="\n\nQuery: {name}",
+        answer_prefix="\nRelevant passage IDs:",
         answer=" {ids}",
         item="[{id}]",
         join=" ",
@@ -72,7 +74,7 @@ RERANK_TEMPLATES = (
     Template(
         needle="\n\n<doc {id}>\n",
         link=" {name} ",
-        question="\n\n# docs mentioning {name}:",
+        answer_prefix="\n\n# docs mentioning {name}:",
         answer=" {ids}",
         item="<doc {id}>",
         join=" ",
@@ -108,17 +110,18 @@ class Rerank(Task):
         words = draw_words(rng, 2)
         query = f"{words[0]}_{words[1]}"
         prefix = len(encode_prefix(tokenizer, fill(tpl.prefix)))
-        question = fill(tpl.question, name=query)
+        question, answer_prefix = fill(tpl.question, name=query), fill(tpl.answer_prefix, name=query)
+        asking = len(encode(tokenizer, question + answer_prefix))
         header = len(encode(tokenizer, fill(tpl.needle, id=99)))
         per = max(1, header + SNIPPET_TOKENS + len(encode(tokenizer, fill(tpl.link, name=query))))
         # Two passages over the estimate, then down to the most that fit (ids and names tokenize to varying lengths).
-        n = fixed_n or max(k, (length - prefix - len(encode(tokenizer, question))) // per + 2)
+        n = fixed_n or max(k, (length - prefix - asking) // per + 2)
         parts = _draw_passages(rng, haystack, n, query)
         seed = rng.randrange(2**32)  # the relevant passages are drawn anew for each n tried, reproducibly
         while True:
             relevant = pick_relevant(random.Random(seed), n, k, depth)
             ids, items, answer = _render(tokenizer, tpl, parts[:n], relevant, query)
-            over = prefix + len(ids) + len(encode(tokenizer, question)) + len(encode(tokenizer, answer)) - length
+            over = prefix + len(ids) + asking + len(encode(tokenizer, answer)) - length
             if over <= 0:
                 break
             if fixed_n or n <= k:
@@ -134,6 +137,7 @@ class Rerank(Task):
             question=question,
             answer=answer,
             fields={"name": query, "relevant": [r + 1 for r in relevant], "items": items, "passages": n},
+            answer_prefix=answer_prefix,
         )
 
 

@@ -4,7 +4,7 @@ RULER's variable tracking asks for every name bound to the value; asking for the
 keeps the answer one key (multi-hop tracing either way) and scores teacher-forced exactly.
 
 Template fields: needle (the first assignment) ``{name}``, ``{key}``; link (each later step)
-``{name}``, ``{prev}``; question ``{name}`` (the last variable); answer ``{key}``. The chain starts at
+``{name}``, ``{prev}``; question and answer prefix ``{name}`` (the last variable); answer ``{key}``. The chain starts at
 the depth asked for; later links follow at random depths after it. Options ``hops`` (links after the
 first assignment, default 4) and ``distractors`` (other chains with other values, default 0).
 """
@@ -16,25 +16,36 @@ from ctxext.tasks.registry import register_task
 
 VARIABLE_TRACKING_TEMPLATES = (
     Template(
-        needle="\nX_{name} = {key}\n", link="\nX_{name} = X_{prev}\n", question="\nassert X_{name} ==", answer=" {key}"
+        needle="\nX_{name} = {key}\n",
+        link="\nX_{name} = X_{prev}\n",
+        answer_prefix="\nassert X_{name} ==",
+        answer=" {key}",
     ),
     Template(
         needle="\n{name}_value = {key}\n",
         link="\n{name}_value = {prev}_value\n",
-        question="\nassert {name}_value ==",
+        answer_prefix="\nassert {name}_value ==",
         answer=" {key}",
     ),
     Template(
-        needle="\n# let {name} = {key}\n", link="\n# let {name} = {prev}\n", question="\n# so {name} =", answer=" {key}"
+        needle="\n# let {name} = {key}\n",
+        link="\n# let {name} = {prev}\n",
+        answer_prefix="\n# so {name} =",
+        answer=" {key}",
     ),
     Template(
         needle=" VAR {name} = {key} ",
         link=" VAR {name} = VAR {prev} ",
-        question=" Question: what is the value of VAR {name}? Answer: VAR {name} =",
+        question=" Question: what is the value of VAR {name}?",
+        answer_prefix=" Answer: VAR {name} =",
         answer=" {key}",
+        stop=(".", "\n"),
     ),
     Template(
-        needle="\nv_{name} = {key}\n", link="\nv_{name} = v_{prev}\n", question="\nassert v_{name} ==", answer=" {key}"
+        needle="\nv_{name} = {key}\n",
+        link="\nv_{name} = v_{prev}\n",
+        answer_prefix="\nassert v_{name} ==",
+        answer=" {key}",
     ),
 )
 
@@ -68,4 +79,4 @@ class VariableTracking(Task):
         last = chain_names[0][-1]
         answer = fill(tpl.answer, name=last, key=keys[0])
         fields = {"chain": chain_names[0], "key": keys[0], "distractor_chains": chain_names[1:]}
-        return Prompt(inserts, fill(tpl.question, name=last), answer, fields)
+        return Prompt(inserts, fill(tpl.question, name=last), answer, fields, None, fill(tpl.answer_prefix, name=last))

@@ -28,6 +28,8 @@ class SuiteRun:
         context: the reference model's configured context (what ``"target"`` means; the longest of the run).
         reference: the label the paired comparisons use as reference (``None``: the first model).
         refs: each model's reference (folder, Hub id, ``builtin:NAME``), in the order of ``models``.
+        chat: what a ``chat_template: auto`` setting uses for every model of the run, decided once from the
+            reference model (a :class:`~ctxext.tasks.chat.ChatDecision`; ``None`` when no section asks for ``auto``).
     """
 
     models: tuple[str, ...]
@@ -35,6 +37,7 @@ class SuiteRun:
     context: int
     reference: str | None = None
     refs: tuple[str, ...] = ()
+    chat: Any = None
 
 
 class SuiteSection:

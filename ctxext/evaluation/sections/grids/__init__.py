@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ctxext.evaluation.lengths import work_estimate
-from ctxext.evaluation.sections import SuiteSection, register_section
+from ctxext.evaluation.sections import SuiteRun, SuiteSection, register_section
 from ctxext.evaluation.sections.grids.paired import PAIRED_KEY
 from ctxext.evaluation.sections.grids.schema import Grid
 from ctxext.evaluation.sections.grids.settings import NeedleSettings, PasskeySettings
@@ -24,6 +24,11 @@ class GridSection(SuiteSection):
     schema = Grid
     paired_key = PAIRED_KEY
     card_title: ClassVar[str] = ""
+    _chat: Any = None  # the run's chat-template decision (SuiteRun.chat), from begin()
+
+    def begin(self, settings: Any, run: SuiteRun) -> None:
+        """Keep the run's ``chat_template: auto`` decision: every model's prompts are formatted alike."""
+        self._chat = run.chat
 
     def run(
         self, loaded: Any, settings: Any, lengths: list[int], beyond_context_ok: bool, show: bool
@@ -31,7 +36,8 @@ class GridSection(SuiteSection):
         """The grid of one model (:mod:`.engine`)."""
         from ctxext.evaluation.sections.grids.engine import GridSettings
 
-        return self.evaluate(loaded, GridSettings.from_settings(settings, lengths, beyond_context_ok), settings, show)
+        grid = GridSettings.from_settings(settings, lengths, beyond_context_ok, self._chat)
+        return self.evaluate(loaded, grid, settings, show)
 
     def evaluate(self, loaded: Any, grid: Any, settings: Any, show: bool) -> dict[str, Any]:
         """Score the grid (the task's own engine)."""

@@ -51,8 +51,8 @@ from ctxext.rope.runtime import reset_dynamic_rope
 from ctxext.rope.scaling_types import LENGTH_DEPENDENT_TYPES
 from ctxext.scoring.stats import wilson_interval
 from ctxext.tasks import Haystack, TaskSample, Template, get_task
-from ctxext.tasks.base import NOISE_TEXT
-from ctxext.tasks.chat import chat_wrap, check_chat_template, describe_chat
+from ctxext.tasks.base import NOISE_TEXT, ChatWrap
+from ctxext.tasks.chat import ChatDecision, chat_format, check_chat_template, describe_chat, eos_ids
 from ctxext.tasks.samples import make_samples
 
 if TYPE_CHECKING:
@@ -65,7 +65,8 @@ SCORINGS = ("teacher-forced", "generate", "both")
 GENERATE_BATCH_TOKENS = 32768
 
 NEEDLE_TEXT = " The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day. "
-NEEDLE_QUESTION = "\n\nWhat is the best thing to do in San Francisco? The best thing to do in San Francisco is"
+NEEDLE_QUESTION = "\n\nWhat is the best thing to do in San Francisco?"
+NEEDLE_ANSWER_PREFIX = " The best thing to do in San Francisco is"
 NEEDLE_ANSWER = "eat a sandwich and sit in Dolores Park on a sunny day"
 
 
@@ -174,7 +175,9 @@ class GridSettings:
             default, :data:`ctxext.scoring.answers.BATCH_TOKENS_CPU` / ``_GPU``; generate, 32768).
         allow_beyond_context: accept lengths above the model's context (marked).
         scoring: ``teacher-forced`` (default), ``generate`` or ``both``.
-        chat_template: ``auto`` (the tokenizer's chat template where it has one), ``none`` or a Jinja file.
+        chat_template: ``auto`` (the tokenizer's chat template for an instruct model; :mod:`ctxext.tasks.chat`),
+            ``tokenizer``, ``none`` or a Jinja file.
+        chat_decision: ``auto`` decided once for every model of a comparison (``None``: per model).
     """
 
     # The defaults are the declared ones (:mod:`.settings`, PasskeySettings): one default each.
@@ -188,10 +191,15 @@ class GridSettings:
     allow_beyond_context: bool = field(default_factory=lambda: _declared("allow_beyond_context"))
     scoring: str = field(default_factory=lambda: _declared("scoring"))
     chat_template: str = field(default_factory=lambda: _declared("chat_template"))
+    chat_decision: ChatDecision | None = None
 
     @classmethod
     def from_settings(
-        cls, settings: PasskeySettings | RulerSuiteSettings, lengths: list[int], allow_beyond_context: bool
+        cls,
+        settings: PasskeySettings | RulerSuiteSettings,
+        lengths: list[int],
+        allow_beyond_context: bool,
+        chat_decision: ChatDecision | None = None,
     ) -> GridSettings:
         """The grid of a suite's (or a command's) passkey / needle / ruler settings, at lengths resolved in tokens."""
         return cls(
@@ -205,6 +213,7 @@ class GridSettings:
             allow_beyond_context=allow_beyond_context or getattr(settings, "allow_beyond_context", False),
             scoring=settings.scoring,
             chat_template=settings.chat_template,
+            chat_decision=chat_decision,
         )
 
     def validate(self) -> None:
@@ -237,6 +246,19 @@ class GridSettings:
 
 def _declared(name: str) -> Any:
     return PasskeySettings.model_fields[name].get_default(call_default_factory=True)
+
+
+def model_chat(
+    loaded: LoadedModel, choice: str, decided: ChatDecision | None = None, where: str = "chat_template"
+) -> tuple[ChatWrap | None, str]:
+    """A loaded model's chat template for ``choice`` and why (:func:`ctxext.tasks.chat.chat_format`).
+
+    ``auto`` reads the model's end-of-sequence ids from its config and generation config, unless ``decided``
+    (once, for every model of a comparison) says what to use.
+    """
+    base = base_model(loaded.model)
+    stops = eos_ids(loaded.tokenizer, getattr(base, "config", None), getattr(base, "generation_config", None))
+    return chat_format(loaded.tokenizer, choice, where, stops, decided)
 
 
 def _needle_default(name: str) -> Any:
@@ -326,7 +348,7 @@ def evaluate_task_grid(
     started = time.perf_counter()
     lengths = sorted({int(x) for x in settings.lengths})
     beyond = check_lengths(loaded, lengths, settings.allow_beyond_context)
-    chat = chat_wrap(loaded.tokenizer, settings.chat_template, "chat_template")
+    chat, chat_reason = model_chat(loaded, settings.chat_template, settings.chat_decision)
     metric = get_task(task).metric
     cells: list[dict[str, Any]] = []
     total = len(lengths) * len(settings.depths) * settings.trials
@@ -367,6 +389,7 @@ def evaluate_task_grid(
         "haystack": haystack.name,
         "scoring": settings.scoring,
         "chat_template": describe_chat(chat),
+        "chat_template_reason": chat_reason,
         "settings": asdict(settings),
         "cells": cells,
         "by_length": _aggregate(cells, "length"),
@@ -477,9 +500,12 @@ class NeedleTask:
             fresh 5-digit ``{key}`` and a 2-letter ``{name}`` (seeded), formatted into needle, question and
             answer. E.g. the in-domain code needle ``"\nKEY_{name} = {key}\n"`` / ``"\nassert KEY_{name} =="``
             / ``"{key}"``.
-        question: the text that ends the prompt and asks for it.
-        answer: the expected continuation of the question; a space is put before it unless the question
-            ends in whitespace or the answer starts with it.
+        question: the text after the haystack that asks for it.
+        answer_prefix: the text that starts the answer (with a chat template: the assistant's first words);
+            ``None``: the built-in question's (" The best thing to do in San Francisco is") with that question,
+            nothing with any other (its question then ends the prompt, as the code forms' ``assert KEY_ab ==``).
+        answer: the expected continuation of the answer prefix; a space is put before it unless the question and
+            answer prefix end in whitespace or the answer starts with it.
         text_field: column of table-like haystack sources.
         split: split of a Hub data set.
         haystack_tokens: how much haystack text to read (tokens).
@@ -490,6 +516,7 @@ class NeedleTask:
     haystack: str = field(default_factory=lambda: _needle_default("haystack"))
     needle: str = NEEDLE_TEXT
     question: str = NEEDLE_QUESTION
+    answer_prefix: str | None = None
     answer: str = NEEDLE_ANSWER
     text_field: str = field(default_factory=lambda: _needle_default("text_field"))
     split: str = field(default_factory=lambda: _needle_default("split"))
@@ -503,16 +530,20 @@ class NeedleTask:
         for name in ("needle", "question", "answer"):
             if getattr(settings, name):
                 setattr(task, name, getattr(settings, name))
+        task.answer_prefix = settings.answer_prefix
         return task
 
     def to_template(self) -> int | Template:
-        """The registry template (an index) or a custom one built from needle / question / answer."""
+        """The registry template (an index) or a custom one built from needle / question / answer prefix / answer."""
         if self.template is not None:
             return self.template
+        prefix = self.answer_prefix
+        if prefix is None:  # the built-in prefix answers the built-in question only
+            prefix = NEEDLE_ANSWER_PREFIX if self.question == NEEDLE_QUESTION else ""
         answer = self.answer
-        if not self.question[-1:].isspace() and not answer[:1].isspace():
+        if not (self.question + prefix)[-1:].isspace() and not answer[:1].isspace():
             answer = " " + answer
-        return Template(needle=self.needle, question=self.question, answer=answer)
+        return Template(needle=self.needle, question=self.question, answer_prefix=prefix, answer=answer)
 
 
 def load_haystack(loaded: LoadedModel, source: str, text_field: str, split: str, tokens: int) -> Haystack:

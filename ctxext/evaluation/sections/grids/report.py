@@ -89,19 +89,36 @@ def scoring_note(kinds: set[str | None]) -> str:
     return "Scoring: " + "; ".join(SCORING_NOTES.get(k, k) for k in names) + ". Prompt + answer fit the length."
 
 
-def chat_note(used: set[str | None]) -> str:
-    """One sentence naming the chat template prompts were wrapped in (nothing for reports before the setting)."""
-    named = sorted(u for u in used if u)
+def chat_note(used: set[tuple[str | None, str | None]]) -> str:
+    """One sentence naming the chat template prompts were wrapped in, and why (``(template, reason)`` pairs).
+
+    Nothing for reports written before the setting.
+    """
+    named = sorted((u, why or "") for u, why in used if u)
     if not named:
         return ""
-    return " Chat template: " + ", ".join("none (plain prompts)" if u == "none" else f"`{u}`" for u in named) + "."
+
+    def one(used: str, why: str) -> str:
+        what = "none (plain prompts)" if used == "none" else f"`{used}`"
+        return f"{what}, {why}" if why else what
+
+    return " Chat template: " + "; ".join(one(u, why) for u, why in named) + "."
+
+
+def chat_summary(result: dict[str, Any]) -> str:
+    """The console's note of the chat template a section's prompts were in, and why (nothing for older reports)."""
+    used, why = result.get("chat_template"), result.get("chat_template_reason")
+    if not used:
+        return ""
+    return f"; chat template {used}" + (f" ({why})" if why else "")
 
 
 def grid_markdown(models: list[dict[str, Any]], task: str, title: str) -> list[str]:
     """How the trials were scored, then accuracy by depth × length per model."""
     grids = grids_of(models, task)
     lines = [f"## {title}", ""]
-    lines += [scoring_note({g.scoring for _, g in grids}) + chat_note({g.chat_template for _, g in grids}), ""]
+    chats = {(g.chat_template, g.chat_template_reason) for _, g in grids}
+    lines += [scoring_note({g.scoring for _, g in grids}) + chat_note(chats), ""]
     for name, g in grids:
         lines += grid_table(name, g)
     return lines
@@ -145,7 +162,8 @@ def summary(entry: dict[str, Any], task: str) -> str:
         f"{ov['trials']} trials ({result.get('scoring', 'generate')})"
     )
     generated = ov.get("generated")
-    return line + (f"; generated {_pct(generated['score'])} (string match)" if generated else "")
+    line += f"; generated {_pct(generated['score'])} (string match)" if generated else ""
+    return line + chat_summary(result)
 
 
 def grid_heatmap(plt: Any, models: list[dict[str, Any]], task: str, title: str, folder: Path) -> str:

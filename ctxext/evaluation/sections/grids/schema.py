@@ -80,6 +80,7 @@ class Grid(Section):
     registry_task: str | None = None
     scoring: str | None = None
     chat_template: str | None = None
+    chat_template_reason: str | None = None
     settings: dict[str, Any] = Field(default_factory=dict)
     cells: list[GridCell]
     by_length: dict[str, Accuracy] = Field(default_factory=dict)

@@ -67,10 +67,15 @@ class NeedleSettings(PasskeySettings):
     split: str = Field(default="test", description="split of a Hub data set")
     needle: str | None = Field(default=None, description="the sentence to hide (none: the San Francisco needle)")
     question: str | None = Field(
-        default=None, description="the text that ends the prompt, asking for the needle (none: the built-in)"
+        default=None, description="the text after the haystack that asks for the needle (none: the built-in)"
+    )
+    answer_prefix: str | None = Field(
+        default=None,
+        description="the text that starts the answer after the question (with a chat template: the assistant's first "
+        "words); none: the built-in question's, nothing after a custom question",
     )
     answer: str | None = Field(
-        default=None, description="expected continuation of the question, scored token by token (none: the built-in)"
+        default=None, description="expected continuation of the answer prefix, scored token by token (none: built-in)"
     )
 
     @model_validator(mode="after")

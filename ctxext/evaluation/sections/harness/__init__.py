@@ -31,7 +31,7 @@ class HarnessSection(SuiteSection):
     settings = HarnessSettings
     schema = Harness
     order = 60
-    data_keys = ("include_path",)
+    data_keys = ("include_path", "chat_template")
 
     def __init__(self) -> None:
         self._run: tuple[HarnessSettings, Any] | None = None  # the settings every model runs with, lm-eval's index
@@ -82,13 +82,16 @@ class HarnessSection(SuiteSection):
             trials=settings.trials,
             seed=settings.seed,
             templates=settings.templates,
+            chat_template=settings.chat_template,
             allow_beyond_context=settings.allow_beyond_context,
         )
         self._folder = tempfile.TemporaryDirectory(prefix="ctxext-harness-", ignore_cleanup_errors=True)
         folder = Path(self._folder.name) / "tasks"
-        export_lm_eval(model, folder, ruler)
-        # The prompts are built with the first model's tokenizer: the report says which, with the sampling settings.
-        self._export = {"export": {"tokenizer_of": model, "settings": ruler.model_dump()}}
+        result = export_lm_eval(model, folder, ruler)
+        # The prompts are built with the first model's tokenizer: the report says which, with the sampling settings
+        # and the chat template they are in.
+        chat = {"chat_template": result.chat_template, "chat_template_reason": result.chat_template_reason}
+        self._export = {"export": {"tokenizer_of": model, "settings": ruler.model_dump(), **chat}}
         tags = [f"{TASK_PREFIX}{n}" if n in own else n for n in settings.tasks]
         return settings.model_copy(update={"tasks": tags, "include_path": str(folder), "lengths": None})
 

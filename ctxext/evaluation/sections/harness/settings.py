@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ctxext.evaluation.sections.ruler.settings import TemplateChoice, template_choice
+from ctxext.evaluation.settings import CHAT_HELP, check_chat_choice
 
 # Typed default (a bare lambda's list literal would be inferred as list[int]).
 _EXPORT_DEPTHS: list[float] = [10, 50, 90]
@@ -22,6 +23,8 @@ class HarnessSettings(BaseModel):
         include_path: a folder of extra task files (``ctxext tasks export`` writes one).
         lengths: export ctxext's tasks named in ``tasks`` at these lengths (tokens) first, and run them.
         depths, trials, seed, templates: with ``lengths``, the export's sampling (the RULER-style section's).
+        chat_template: with ``lengths``, the chat template of the exported prompts (``auto``: decided from the first
+            model, whose tokenizer builds them).
         batch_size: documents per generate call (1 feeds every prompt unpadded).
         max_length: lm-eval's ``max_length``, prompt + generated tokens (default: the model's context plus the
             answer budget: the export's largest, else lm-eval's default 256).
@@ -46,6 +49,7 @@ class HarnessSettings(BaseModel):
     templates: TemplateChoice = Field(
         default="heldout", description="with lengths: heldout, training, all, or template indices"
     )
+    chat_template: str = Field(default="auto", description=f"with lengths: {CHAT_HELP}")
     batch_size: int = Field(default=1, ge=1, description="documents per generate call (1: no padding)")
     max_length: int | None = Field(
         default=None, ge=2, description="lm-eval max_length; none: the model's context + the answer budget"
@@ -53,6 +57,11 @@ class HarnessSettings(BaseModel):
     limit: int | None = Field(default=None, ge=1, description="at most this many documents per task")
     num_fewshot: int | None = Field(default=None, ge=0, description="few-shot examples; none: each task's own")
     allow_beyond_context: bool = Field(default=False, description="run exported tasks longer than a model's context")
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, value: str, info: ValidationInfo) -> str:
+        return check_chat_choice(value, info)
 
     @field_validator("templates", mode="before")
     @classmethod

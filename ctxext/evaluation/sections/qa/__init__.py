@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.evaluation.lengths import Length
-from ctxext.evaluation.sections import SuiteSection, register_section
+from ctxext.evaluation.sections import SuiteRun, SuiteSection, register_section
 from ctxext.evaluation.sections.qa.schema import QA
 from ctxext.evaluation.sections.qa.settings import QASettings
 
@@ -30,6 +30,11 @@ class QASection(SuiteSection):
     schema = QA
     order = 40
     data_keys = ("data", "chat_template")
+    _chat: Any = None  # the run's chat-template decision (SuiteRun.chat), from begin()
+
+    def begin(self, settings: Any, run: SuiteRun) -> None:
+        """Keep the run's ``chat_template: auto`` decision: every model's prompts are formatted alike."""
+        self._chat = run.chat
 
     def lengths(self, settings: Any) -> list[Length]:
         """None: ``max_length`` resolves against each model's contexts."""
@@ -47,13 +52,16 @@ class QASection(SuiteSection):
         """EM / F1 of one model (:func:`.engine.evaluate_qa`)."""
         from ctxext.evaluation.sections.qa.engine import evaluate_qa
 
-        return evaluate_qa(loaded, settings, show)
+        return evaluate_qa(loaded, settings, show, self._chat)
 
     def markdown(self, models: list[dict[str, Any]], report: dict[str, Any]) -> list[str]:
         """EM / F1 per model, overall and by bucket."""
+        from ctxext.evaluation.sections.grids.report import chat_note
         from ctxext.evaluation.sections.qa.report import qa_table
 
-        return ["## Long-document QA", "", *qa_table(models)]
+        chats = {(m["qa"].get("chat_template"), m["qa"].get("chat_template_reason")) for m in models if m.get("qa")}
+        note = chat_note(chats).strip()
+        return ["## Long-document QA", "", *([note, ""] if note else []), *qa_table(models)]
 
     def card_rows(self, models: list[dict[str, Any]], report: dict[str, Any]) -> list[str]:
         """The report's table."""

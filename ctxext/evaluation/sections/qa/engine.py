@@ -28,7 +28,7 @@ from ctxext.progress import progress
 from ctxext.rope.runtime import reset_dynamic_rope
 from ctxext.scoring.stats import bootstrap_nll
 from ctxext.tasks.base import ChatWrap, encode
-from ctxext.tasks.chat import chat_wrap, describe_chat
+from ctxext.tasks.chat import ChatDecision, describe_chat
 
 METRIC_PATH = Path(__file__).parent / "metrics" / "squad_offline" / "squad_offline.py"
 POSITION_BUCKETS = 5
@@ -250,13 +250,16 @@ def _answer(loaded: LoadedModel, ids: list[int], max_new_tokens: int) -> str:
     return text.strip().split("\n")[0].strip()
 
 
-def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool = True) -> dict[str, Any]:
+def evaluate_qa(
+    loaded: LoadedModel, settings: QASettings, show_progress: bool = True, chat_decision: ChatDecision | None = None
+) -> dict[str, Any]:
     """Greedy answers and SQuAD EM / F1 for one model, overall and by bucket.
 
     Args:
         loaded: the model.
         settings: data, fields, budgets, template.
         show_progress: draw a progress bar.
+        chat_decision: ``chat_template: auto`` decided once for every model of a comparison (``None``: per model).
 
     Returns:
         The ``qa`` section of a report.
@@ -267,7 +270,9 @@ def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool =
     budget = max_length - settings.max_new_tokens
     if budget < 8:
         raise InputError(f"a max length of {max_length} leaves no room for a prompt")
-    chat = chat_wrap(loaded.tokenizer, settings.chat_template, "chat_template")
+    from ctxext.evaluation.sections.grids.engine import model_chat
+
+    chat, chat_reason = model_chat(loaded, settings.chat_template, chat_decision)
     preds, refs, rows = [], [], []
     with progress(f"qa {loaded.name}", len(examples), enabled=show_progress) as advance:
         for ex in examples:
@@ -298,6 +303,7 @@ def evaluate_qa(loaded: LoadedModel, settings: QASettings, show_progress: bool =
         "task": "qa",
         "settings": settings.model_dump(),
         "chat_template": describe_chat(chat),
+        "chat_template_reason": chat_reason,
         "examples": len(examples),
         "truncated": sum(r["truncated"] for r in rows),
         "prompt_budget": budget,

@@ -57,8 +57,10 @@ def qa_plot(plt: Any, models: list[dict[str, Any]], folder: Path) -> dict[str, s
 
 def summary(entry: dict[str, Any]) -> str:
     """EM and F1 overall."""
+    from ctxext.evaluation.sections.grids.report import chat_summary
+
     q = entry["qa"]["overall"]
     return (
         f"EM {q['exact_match']:.1f}, F1 {q['f1']:.1f} over {q['examples']} examples "
-        f"({entry['qa']['truncated']} truncated in the middle)"
+        f"({entry['qa']['truncated']} truncated in the middle){chat_summary(entry['qa'])}"
     )

@@ -31,3 +31,4 @@ class QA(Section):
     samples: list[dict[str, Any]] = Field(default_factory=list)
     settings: dict[str, Any] = Field(default_factory=dict)
     chat_template: str | None = None
+    chat_template_reason: str | None = None

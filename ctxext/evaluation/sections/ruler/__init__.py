@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ctxext.evaluation.sections import SuiteSection, register_section
+from ctxext.evaluation.sections import SuiteRun, SuiteSection, register_section
 from ctxext.evaluation.sections.grids.paired import PAIRED_KEY
 from ctxext.evaluation.sections.ruler.schema import Ruler
 from ctxext.evaluation.sections.ruler.settings import RulerSuiteSettings
@@ -28,6 +28,11 @@ class RulerTasks(SuiteSection):
     data_keys = ("haystack", "chat_template")
     order = 45  # after qa: the suite definition's key order of report.json before sections were registered
     paired_key = PAIRED_KEY
+    _chat: Any = None  # the run's chat-template decision (SuiteRun.chat), from begin()
+
+    def begin(self, settings: Any, run: SuiteRun) -> None:
+        """Keep the run's ``chat_template: auto`` decision: every model's prompts are formatted alike."""
+        self._chat = run.chat
 
     def check(self, settings: Any) -> None:
         """Unknown tasks, options or templates fail when the suite loads."""
@@ -49,7 +54,8 @@ class RulerTasks(SuiteSection):
         """Every task of one model (:func:`.engine.evaluate_ruler`)."""
         from ctxext.evaluation.sections.ruler.engine import RulerSettings, evaluate_ruler
 
-        return evaluate_ruler(loaded, RulerSettings.of_section(settings, lengths, beyond_context_ok), show)
+        ruler = RulerSettings.of_section(settings, lengths, beyond_context_ok)
+        return evaluate_ruler(loaded, ruler, show, self._chat)
 
     def annotate(self, result: dict[str, Any], spec: Any) -> None:
         """Mark the tasks this model was fine-tuned on (from a run folder's recipe ``data.mixture``)."""

@@ -34,6 +34,7 @@ from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_
 from ctxext.evaluation.sections.ruler.settings import RulerSuiteSettings, RulerTaskEntry
 from ctxext.models.load import LoadedModel
 from ctxext.tasks import get_task
+from ctxext.tasks.chat import ChatDecision
 
 THRESHOLD_REFERENCES = ("original", "absolute")
 
@@ -80,9 +81,9 @@ class RulerSettings(RulerSuiteSettings):
             template_indices(spec.task, spec.templates or self.templates)
         self.grid([1], False).validate()
 
-    def grid(self, lengths: list[int], allow_beyond: bool) -> GridSettings:
-        """The retrieval-grid settings every task of the section runs with."""
-        return GridSettings.from_settings(self, lengths, allow_beyond)
+    def grid(self, lengths: list[int], allow_beyond: bool, chat: ChatDecision | None = None) -> GridSettings:
+        """The retrieval-grid settings every task of the section runs with (``chat``: a run's ``auto`` decision)."""
+        return GridSettings.from_settings(self, lengths, allow_beyond, chat)
 
 
 def template_indices(task: str, choice: str | list[int]) -> list[int]:
@@ -212,13 +213,16 @@ def _overall_by_scoring(
     return means, overall
 
 
-def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: bool = True) -> dict[str, Any]:
+def evaluate_ruler(
+    loaded: LoadedModel, settings: RulerSettings, show_progress: bool = True, chat: ChatDecision | None = None
+) -> dict[str, Any]:
     """Every task of a RULER-style suite on one model, with effective lengths.
 
     Args:
         loaded: the model.
         settings: tasks, lengths, depths, trials, haystack, templates, threshold.
         show_progress: progress bars.
+        chat: ``chat_template: auto`` decided once for every model of a comparison (``None``: for this model).
 
     Returns:
         The ``ruler`` section of a report: per-task grids, score by task × length, effective lengths.
@@ -229,7 +233,7 @@ def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: 
     # The original length is always evaluated: NoLiMa's threshold is relative to the score there.
     lengths = sorted(set(settings.lengths) | {original})
     hay = load_haystack(loaded, settings.haystack, settings.text_field, settings.split, 2 * max(lengths))
-    grid = settings.grid(lengths, settings.allow_beyond_context)
+    grid = settings.grid(lengths, settings.allow_beyond_context, chat)
     tasks: dict[str, Any] = {}
     table: dict[str, dict[str, float]] = {}
     by_scoring: dict[str, dict[str, dict[str, float]]] = {}
@@ -273,6 +277,7 @@ def evaluate_ruler(loaded: LoadedModel, settings: RulerSettings, show_progress: 
         "haystack": hay.name,
         "scoring": settings.scoring,
         "chat_template": next(iter(tasks.values()))["chat_template"],
+        "chat_template_reason": next(iter(tasks.values()))["chat_template_reason"],
         "tasks": tasks,
         "scores": table,
         "mean_by_length": {str(L): v for L, v in mean.items()},

@@ -23,10 +23,11 @@ def ruler_markdown(models: list[dict[str, Any]]) -> list[str]:
     from ctxext.evaluation.sections.grids.report import chat_note, scoring_note
 
     lines = ["## RULER-style tasks", ""]
+    chats = {(m["ruler"].get("chat_template"), m["ruler"].get("chat_template_reason")) for m in models}
     lines += [
         f"Haystack: `{first['haystack']}`; depths {', '.join(f'{d:g}' for d in st['depths'])} %; {st['trials']} trials "
         f"per cell; templates: {st['templates']}. {scoring_note({first.get('scoring')})}"
-        f"{chat_note({m['ruler'].get('chat_template') for m in models})} Effective length: the longest "
+        f"{chat_note(chats)} Effective length: the longest "
         f"length up to which every evaluated length scores ≥ {ref} (the section's threshold setting; RULER's and "
         "NoLiMa's named definitions follow); n/a: the task scores below "
         f"{st.get('min_reference', 0) * 100:g} % at the original length, so it has no relative threshold. Cells: "
@@ -182,7 +183,9 @@ def summary(entry: dict[str, Any]) -> list[str]:
     """Console lines: the effective length (the section's definition, per task), then RULER's and NoLiMa's."""
     r = entry["ruler"]
     per_task = ", ".join(f"{t} {e['effective_length']['length'] or 'n/a'}" for t, e in r["tasks"].items())
-    lines = [f"effective length {r['effective_length']['length'] or 'n/a'} ({per_task})"]
+    from ctxext.evaluation.sections.grids.report import chat_summary
+
+    lines = [f"effective length {r['effective_length']['length'] or 'n/a'} ({per_task}){chat_summary(r)}"]
     for scoring, named in (r.get("effective_lengths") or {}).items():
         both = "; ".join(f"{e['name']} {e['length'] or 'n/a'}" for e in named.values())
         lines.append(f"{scoring.replace('_', '-')}: {both}")

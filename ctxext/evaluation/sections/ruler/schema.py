@@ -63,6 +63,7 @@ class Ruler(Section):
     effective_length: EffectiveLength = Field(default_factory=EffectiveLength)
     trained_tasks: list[str] | None = None
     chat_template: str | None = None
+    chat_template_reason: str | None = None
     scores_by: dict[str, dict[str, dict[str, float]]] = Field(default_factory=dict)
     mean_by_length_by: dict[str, dict[str, float]] = Field(default_factory=dict)
     effective_lengths: NamedEffectiveLengths = Field(default_factory=dict)
