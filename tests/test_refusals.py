@@ -66,6 +66,18 @@ CASES = {
     "an fp32 residual stream that would upcast": ({"quantization": {"compute_dtype": "bfloat16"},
                                                    "train": {"memory": {"residual_dtype": "fp32"}}},
                                                   "train.memory.residual_dtype", "fp32 would upcast"),
+    "a probe longer than the model is extended to": ({"train": {"probe": {"length": 1024, "interval": 1}}},
+                                                     "train.probe.length", "1024 is longer than the model is extended"),
+    "a probe of zero trials": ({"train": {"probe": {"trials": 0, "interval": 1}}}, "train.probe.trials",
+                               "0 trials measure nothing"),
+    "a probe interval past the step ceiling": ({"train": {"probe": {"interval": 5}}}, "train.probe.interval",
+                                               "5 is larger than train.max_steps (1)"),
+    "a probe without held-out documents": ({"data": {"path": "builtin:stdlib", "validation_fraction": 0},
+                                            "train": {"probe": {"interval": 1}}}, "data.validation_fraction",
+                                           "train.probe draws its documents from the held-out validation split"),
+    "a probe on a corpus of the evaluation's files": ({"data": {"path": "builtin:stdlib-heldout"},
+                                                       "train": {"probe": {"interval": 1}}}, "data.path",
+                                                      "so train.probe's stop would be chosen on the data"),
 }  # fmt: skip
 if importlib.util.find_spec("wandb") is None:
     CASES["a tracker that is not installed"] = ({"train": {"tracker": "wandb"}}, "train.tracker", "not installed")
