@@ -81,6 +81,8 @@ def test_a_run_that_cannot_stops_at_the_ceiling_with_the_best_adapter(tmp_path, 
     expected = get_peft_model_state_dict(result.model)
     assert set(written) == set(expected)
     assert all(torch.equal(written[k], expected[k].cpu()) for k in written)
+    # Step 1 trained at learning rate 0 (one warmup step): the best probe's LoRA B matrices are still zero.
+    assert all(not written[k].any() for k in written if "lora_B" in k)
 
 
 def test_a_killed_run_resumes_and_stops_at_the_same_step(tmp_path, monkeypatch):
