@@ -4,8 +4,10 @@ Every ``train.probe.interval`` optimizer steps (and at the last one) the run sco
 length, teacher-forced (:func:`ctxext.scoring.answers.score_answer_sets`) on key sets
 (:func:`ctxext.tasks.keyset.make_keyset`: ``keys`` needles per input, one forward scores them all). The key sets are
 built once, from the training data's held-out *validation* documents (never the evaluation's held-out files:
-``ctxext validate`` refuses training corpora that read them) with prompts drawn from ``train.seed``, so every probe of
-a run scores the same trials (the curve compares steps, not prompt draws) and each training seed gets fresh ones.
+``ctxext validate`` refuses training corpora that read them) in the key forms training uses
+(:func:`probe_templates`; the evaluation's held-out forms stay unseen), with prompts drawn from ``train.seed``, so
+every probe of a run scores the same trials (the curve compares steps, not prompt draws) and each training seed
+gets fresh ones.
 
 After each probe the main process decides, and every process applies its decision (so all stop at the same step):
 
@@ -67,7 +69,6 @@ def build_probe_inputs(recipe: Recipe, tokenizer: Any, documents: Any) -> ProbeI
     """
     from ctxext.tasks.base import Haystack
     from ctxext.tasks.keyset import make_keyset
-    from ctxext.tasks.needle import KV_TEMPLATES
 
     probe, length = recipe.train.probe, recipe.probe_length
     assert probe is not None and length is not None
@@ -76,18 +77,32 @@ def build_probe_inputs(recipe: Recipe, tokenizer: Any, documents: Any) -> ProbeI
             "train.probe: the data has no held-out validation documents to probe on; raise data.validation_fraction"
         )
     haystack = Haystack.from_texts(tokenizer, iter(documents["text"]), min_tokens=4 * length, name="validation")
+    templates = probe_templates(recipe)
     rng = random.Random(f"ctxext-probe-{recipe.train.seed}")
     sequences, spans = [], []
     for j in range(math.ceil(probe.trials / probe.keys)):
         k = min(probe.keys, probe.trials - j * probe.keys)
         depths = [(i + 0.5) / k for i in range(k)]  # evenly over the input, none at its very edges
         try:
-            keyset = make_keyset(tokenizer, haystack, length, depths, rng, template=j % len(KV_TEMPLATES))
+            keyset = make_keyset(tokenizer, haystack, length, depths, rng, template=templates[j % len(templates)])
         except InputError as exc:
             raise InputError(f"train.probe: {exc}; lower train.probe.keys or raise train.probe.length") from None
         sequences.append(keyset.ids)
         spans.append(keyset.spans)
     return ProbeInputs(sequences, spans, length)
+
+
+def probe_templates(recipe: Recipe) -> list[int]:
+    """The key forms the probe asks in: the mixture's needle templates, else the needle task's training forms.
+
+    The evaluation's held-out forms stay unseen (the probe measures what training teaches, on held-out text).
+    """
+    from ctxext.tasks.registry import get_task
+
+    for source in recipe.data.mixture or []:
+        if source.task == "needle" and source.templates:
+            return list(source.templates)
+    return get_task("needle").training_templates()
 
 
 @dataclass
