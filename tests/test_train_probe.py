@@ -154,3 +154,12 @@ def test_every_process_stops_at_the_same_step(tmp_path, cache_root, split):
         assert [r["step"] for r in one] == [2, 4]
         for a, b in zip(one, two, strict=True):
             assert abs(a["nll"] - b["nll"]) <= 1e-4 * a["nll"], (one, two)
+
+
+def test_a_probe_too_short_for_its_keys_is_refused_before_the_run_folder(tmp_path):
+    from ctxext.errors import InputError
+
+    recipe = _recipe(tmp_path, "short", {"length": 64, "keys": 8, "interval": 1})
+    with pytest.raises(InputError, match=r"train\.probe: a key set of 8 needles needs at least \d+ tokens"):
+        train_module.train(recipe)
+    assert not (tmp_path / "short" / "run.json").exists()

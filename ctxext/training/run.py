@@ -44,7 +44,7 @@ from ctxext.training.folder import (
 )
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop, TrainingState
-from ctxext.training.probe import Probe, build_probe_inputs
+from ctxext.training.probe import Probe, ProbeInputs, build_probe_inputs
 from ctxext.training.sequence_parallel import start_sequence_parallel, stop_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 from ctxext.training.stop import StopRequest, stop_on_signals
@@ -153,6 +153,8 @@ def _train(
         cfg.context_parallel_size,
     )
     data = _training_data(recipe, loaded, launch)
+    # The probe's key sets: a probe too short for its keys is refused before the run folder exists.
+    probe_inputs = build_probe_inputs(recipe, loaded.tokenizer, data.validation_documents) if cfg.probe else None
 
     # The run folder: created only once the model and the data are known to be usable.
     accelerator.wait_for_everyone()
@@ -165,7 +167,7 @@ def _train(
     writer.start(recipe_text, versions(recipe, command or sys.argv), data.mixture)
     stop.graceful = True  # from here a stop signal ends the run at a step boundary, with a checkpoint
 
-    state = _prepare(recipe, launch, loaded, data, writer, stop, resume)
+    state = _prepare(recipe, launch, loaded, data, writer, stop, resume, probe_inputs)
     loop = TrainingLoop(state)
     loop.run()
 
@@ -179,11 +181,19 @@ def _train(
 
 
 def _prepare(
-    recipe: Recipe, launch: Launch, loaded: Any, data: Any, writer: RunWriter, stop: StopRequest, resume: bool
+    recipe: Recipe,
+    launch: Launch,
+    loaded: Any,
+    data: Any,
+    writer: RunWriter,
+    stop: StopRequest,
+    resume: bool,
+    probe_inputs: ProbeInputs | None = None,
 ) -> TrainingState:
-    """The loop's state: model (with its chunked loss), optimizer and schedule prepared, checkpoints, trackers.
+    """The loop's state: model (with its chunked loss), optimizer and schedule prepared, checkpoints, trackers, probe.
 
-    On resume the last checkpoint is loaded into it (weights, optimizer, schedule, RNG, counters).
+    The adaptive stop's probe runs on ``probe_inputs`` (none: no probe). On resume the last checkpoint is loaded
+    into it (weights, optimizer, schedule, RNG, counters, the probe's state).
     """
     cfg, accelerator, out = recipe.train, launch.accelerator, writer.out
     model = CausalLMWithChunkedLoss(loaded.model, cfg.loss_chunk_size)
@@ -197,7 +207,7 @@ def _prepare(
     checkpoints.register(model, scheduler, counters)
     if cfg.tracker != "none":
         accelerator.init_trackers(out.name or "ctxext", config=flat_config(recipe))
-    probe = _probe(recipe, launch, loaded, data)
+    probe = _probe(recipe, launch, probe_inputs) if probe_inputs is not None else None
     if resume:
         checkpoints.resume(counters)
     writer.trim_metrics(counters.step)
@@ -231,16 +241,14 @@ def _check_probe_launch(recipe: Recipe, launch: Launch) -> None:
         )
 
 
-def _probe(recipe: Recipe, launch: Launch, loaded: Any, data: Any) -> Probe | None:
-    """The adaptive stop (``train.probe``): its key sets, its state registered with the checkpoints."""
-    if recipe.train.probe is None:
-        return None
-    probe = Probe(recipe, build_probe_inputs(recipe, loaded.tokenizer, data.validation_documents), launch)
+def _probe(recipe: Recipe, launch: Launch, inputs: ProbeInputs) -> Probe:
+    """The adaptive stop (``train.probe``) on its key sets, its state registered with the checkpoints."""
+    probe = Probe(recipe, inputs, launch)
     launch.accelerator.register_for_checkpointing(probe.state)
     launch.accelerator.print(
-        f"probe: {probe.inputs.trials} keys at {probe.inputs.length} tokens every {recipe.train.probe.interval} "
-        f"steps on held-out validation documents (goal {recipe.train.probe.goal:.0%}, patience "
-        f"{recipe.train.probe.patience}, at most {recipe.train.max_steps} steps)"
+        f"probe: {inputs.trials} keys at {inputs.length} tokens every {probe.settings.interval} steps on held-out "
+        f"validation documents (goal {probe.settings.goal:.0%}, patience {probe.settings.patience}, at most "
+        f"{recipe.train.max_steps} steps)"
     )
     return probe
 
