@@ -28,8 +28,8 @@ Checked elsewhere, because they need more than the recipe, the config and the ma
 * the launch: the processes of one sequence must divide the processes started
   (:func:`ctxext.recipe.parallel.check_split_launch`, by ``ctxext train`` from the launcher's ``WORLD_SIZE`` and
   again from accelerate; ``validate`` warns); a launcher whose processes accelerate does not see as one job,
-  gradient accumulation under a DeepSpeed config, and a ``--resume`` on another number of processes
-  (``ctxext.training.launch``);
+  an FSDP or DeepSpeed launch on the CPU (accelerate shards on GPUs only), gradient accumulation under a DeepSpeed
+  config, and a ``--resume`` on another number of processes (``ctxext.training.launch``);
 * the workflows' own inputs, checked by the CLI (``ctxext.cli.validate``) for both commands: the output folder
   (``ctxext.training.folder.check_output_dir``; the library's ``train`` checks it itself), the eval suite, the search
   settings, the mixture's needle distances;
