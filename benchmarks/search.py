@@ -172,12 +172,15 @@ def _targets(factor: int, label: str, runs: dict[int, dict[str, Any]]) -> list[s
             + f" | {met} of {len(worst)} seeds |"
         )
     verdicts = [_verdict(rep) for rep in reps.values()]
-    unchanged = sum(v in ("identical", "not detectably changed") for v in verdicts)
-    ratios = ", ".join(f"{rep['models']['searched']['window_vs_base']['ratio']:.4f}" for rep in reps.values())
+    # Unchanged means identical: a paired interval that includes 1 ("not detectably changed") fails to show a
+    # change, which is not evidence that there is none; the interval bounds how large the change can be.
+    unchanged = sum(v == "identical" for v in verdicts)
+    windows = [rep["models"]["searched"]["window_vs_base"] for rep in reps.values()]
+    ratios = ", ".join(f"{w['ratio']:.4f} ({w['ci_low']:.4f} … {w['ci_high']:.4f})" for w in windows)
     rows.append(
-        f"| {factor}×, {label}: in-window retrieval and ppl unchanged"
+        f"| {factor}×, {label}: in-window retrieval and ppl unchanged (identical)"
         + ("" if factor in WINDOW_TARGET else " (not a target at this factor)")
-        + f" | {'; '.join(sorted(set(verdicts)))} (ppl ratio {ratios}) | "
+        + f" | {'; '.join(sorted(set(verdicts)))} (ppl ratio, paired 95% CI: {ratios}) | "
         + (f"{unchanged} of {len(verdicts)} seeds |" if factor in WINDOW_TARGET else "— |")
     )
     beats = sum(rep["comparison"]["objective"]["ci_high"] < 0 for rep in reps.values())

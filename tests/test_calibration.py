@@ -115,7 +115,7 @@ SMALL = ["--trials", "2", "--window-trials", "1", "--depths", "0,100", "--window
 
 def test_calibrate_measures_each_candidate_and_records_the_choice(tiny_run, tmp_path):
     run = copy_run(tiny_run, tmp_path / "run")
-    args = ["calibrate", str(run), "--data", "builtin:stdlib", "--temperatures", "1.5", *SMALL]
+    args = ["calibrate", str(run), "--data", "builtin:stdlib-train", "--temperatures", "1.5", *SMALL]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     record = json.loads((run / CALIBRATION_FILE).read_text())
@@ -141,6 +141,16 @@ def test_calibrate_refuses_bad_settings_before_loading_anything(tiny_run, tmp_pa
     assert result.exit_code == 2 and "nope" in flat(result)
 
 
+@pytest.mark.parametrize("data", ["builtin:stdlib", "builtin:stdlib-heldout", "builtin:stdlib-long"])
+def test_calibrate_refuses_the_evaluations_held_out_data(tiny_run, tmp_path, data):
+    """The guard search uses: a temperature chosen on the files the evaluation then scores would flatter it."""
+    run = copy_run(tiny_run, tmp_path / "run")
+    result = runner.invoke(app, ["calibrate", str(run), "--data", data, *SMALL])
+    text = flat(result)
+    assert result.exit_code == 2 and f"--data: {data} reads" in text and "leave --data out" in text, text
+    assert "Traceback" not in result.output and not (run / CALIBRATION_FILE).exists()
+
+
 def test_a_calibrated_run_loads_with_its_temperature(tiny_run, tmp_path):
     from ctxext.models.load import ModelSpec, load_model
 
@@ -153,7 +163,7 @@ def test_a_calibrated_run_loads_with_its_temperature(tiny_run, tmp_path):
     with pytest.raises(InputError, match="other adapter weights.*--overwrite"):
         load_model(ModelSpec(str(run)), device="cpu")
     # What the message asks for works: calibrating again does not load the stale record.
-    result = runner.invoke(app, ["calibrate", str(run), "--overwrite", "--data", "builtin:stdlib", *SMALL])
+    result = runner.invoke(app, ["calibrate", str(run), "--overwrite", "--data", "builtin:stdlib-train", *SMALL])
     assert result.exit_code == 0, result.output
     assert json.loads((run / CALIBRATION_FILE).read_text())["adapter"] == adapter_digest(run)
 

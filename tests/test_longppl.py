@@ -123,7 +123,7 @@ longppl:
 """
 
 
-def test_section_runs_from_a_suite_with_the_reference_as_evaluator(yarn, tmp_path):
+def test_section_runs_from_a_suite_with_the_union_of_key_tokens(yarn, tmp_path):
     from ctxext.artifacts.report import read_report
     from ctxext.evaluation.suite import load_suite, run_suite
     from ctxext.models.load import ModelSpec, load_model
@@ -135,15 +135,17 @@ def test_section_runs_from_a_suite_with_the_reference_as_evaluator(yarn, tmp_pat
     specs = [ModelSpec("builtin:grown-code-64-mk", name="base"), ModelSpec(str(yarn), name="yarn")]
     report = run_suite(suite, specs, tmp_path / "rep", show_progress=False)
     base, ext = (m["longppl"] for m in report["models"])
-    # The evaluator is the reference model (the longest context), though it runs second.
-    assert base["evaluator"] == ext["evaluator"] == "yarn"
+    # Both models picked; the scored set is the union of their own key tokens, the same for both.
+    assert base["key_selection"] == ext["key_selection"] == "union" and base["selectors"] == ["base", "yarn"]
     b, e = base["by_length"]["128"], ext["by_length"]["128"]
     assert b["key_tokens"] == e["key_tokens"] > 0 and b["scored_tokens"] == e["scored_tokens"] == 3 * 127
+    assert max(b["own_key_tokens"], e["own_key_tokens"]) <= e["key_tokens"] <= b["own_key_tokens"] + e["own_key_tokens"]
     assert b["beyond_context"] and not e["beyond_context"]
     positions = ext["per_document"]["by_length"]["128"]["key_positions"]
+    assert positions == base["per_document"]["by_length"]["128"]["key_positions"]
     assert sum(map(len, positions)) == e["key_tokens"] and all(p >= K + S for ps in positions for p in ps)
-    assert "key_positions" not in base["per_document"]["by_length"]["128"]  # stored once, with the evaluator
-    # Each model's LongPPL and perplexity, recomputed here: the same documents, plain full-logits forwards.
+    # Each model's LongPPL and perplexity, recomputed here: the same documents, plain full-logits forwards;
+    # the reference code's aggregation (per-document values, key-token / token weights) and the pooled one.
     from ctxext.scoring.documents import tokenize_documents
     from ctxext.scoring.texts import iter_texts
 
@@ -155,14 +157,20 @@ def test_section_runs_from_a_suite_with_the_reference_as_evaluator(yarn, tmp_pat
             for doc, pos in zip(docs, positions, strict=True):
                 x = doc[:128]
                 nll = F.cross_entropy(lm.model(x[None]).logits[0, :-1].float(), x[1:], reduction="none")
-                key_nll += [float(nll[p - 1]) for p in pos]
-                all_nll += nll.tolist()
-        assert got["longppl"]["ppl"] == pytest.approx(math.exp(sum(key_nll) / len(key_nll)), rel=1e-4)
-        assert got["ppl"]["ppl"] == pytest.approx(math.exp(sum(all_nll) / len(all_nll)), rel=1e-4)
+                key_nll.append([float(nll[p - 1]) for p in pos])
+                all_nll.append(nll.tolist())
+        keyed = [d for d in key_nll if d]
+        official = sum(len(d) * math.exp(sum(d) / len(d)) for d in keyed) / sum(map(len, keyed))
+        pooled = math.exp(sum(map(sum, keyed)) / sum(map(len, keyed)))
+        assert got["longppl"]["ppl"] == pytest.approx(official, rel=1e-4)
+        assert got["longppl_pooled"]["ppl"] == pytest.approx(pooled, rel=1e-4) and pooled <= official * (1 + 1e-9)
+        ppl = sum(len(d) * math.exp(sum(d) / len(d)) for d in all_nll) / sum(map(len, all_nll))
+        assert got["ppl"]["ppl"] == pytest.approx(ppl, rel=1e-4)
+        assert got["ppl_pooled"]["ppl"] == pytest.approx(math.exp(sum(map(sum, all_nll)) / (3 * 127)), rel=1e-4)
     # The report reads back through the schema, and report.md has the table with the paired ratio.
     assert read_report(tmp_path / "rep").models[1].longppl.by_length["128"].key_tokens == e["key_tokens"]
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "LongPPL" in md and "chosen once by **yarn**" in md and "(reference)" in md
+    assert "LongPPL" in md and "union of every model's own (**base**, **yarn**)" in md and "(reference)" in md
 
 
 runner = CliRunner()

@@ -209,6 +209,28 @@ def test_inspect_flags_the_dynamic_trap_and_a_yarn_factor_mismatch(tiny_model_di
     assert "max_position_embeddings says 2048" in json.loads(result.output)["config_problems"]["rope_parameters.factor"]
 
 
+def test_inspect_original_length_finds_the_dynamic_trap_in_a_third_party_config(tmp_path):
+    """A dynamic config not written by ctxext: only --original-length says where pretraining ended."""
+    dyn = tmp_path / "third-party-dynamic"
+    model = tiny_model()
+    model.config.max_position_embeddings = 1024
+    model.config.rope_parameters = {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e4}
+    model.save_pretrained(dyn)
+    assert run("inspect", dyn, "--config-only").exit_code == 0  # nothing says 1024 is not the original length
+    result = run("inspect", dyn, "--config-only", "--json", "--original-length", "64")
+    assert result.exit_code == 1, result.output
+    info = json.loads(result.output)
+    assert info["original_context"] == 64
+    problem = info["config_problems"]["max_position_embeddings"]
+    assert "original context is 64" in problem and "positions 64–1024 run unscaled" in problem
+    assert "Set max_position_embeddings to 64" in problem
+    # The table view says the same and fails the same way.
+    result = run("inspect", dyn, "--config-only", "--original-length", "64")
+    assert result.exit_code == 1 and "run unscaled" in flat(result)
+    # Stated at the config's own window, there is no trap.
+    assert run("inspect", dyn, "--config-only", "--original-length", "1024").exit_code == 0
+
+
 def test_cos_sin_not_from_inv_freq_is_caught():
     config = tiny_config()
     model = runtime_model_from_config(config)

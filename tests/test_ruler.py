@@ -70,8 +70,12 @@ def test_suite_ruler_section_runs_and_reports(tiny_model_dir, tmp_path):
     assert mk["registry_task"] == "multikey" and mk["options"] == {"distractors": 1} and mk["template"] == [0, 1]
     assert all(c["trials"] == 2 for c in mk["cells"]) and len(mk["cells"]) == 4
     assert "effective_length" in mk and "length" in r["effective_length"]
-    # The random tiny model retrieves nothing: no task has a reference, so none counts in the overall.
-    assert r["effective_length"]["tasks"] == [] and r["effective_length"]["length"] is None
+    # The default is RULER's absolute 85.6 %: every task counts in the overall, and the random tiny model,
+    # which retrieves nothing, has no effective length; NoLiMa's relative bar has no reference in any task.
+    assert r["settings"]["threshold"] == 0.856 and r["settings"]["threshold_reference"] == "absolute"
+    assert r["effective_length"]["tasks"] == ["needle", "mk"] and r["effective_length"]["length"] is None
+    nolima = r["effective_lengths"]["teacher_forced"]["nolima"]
+    assert nolima["tasks"] == [] and nolima["length"] is None
     assert set(r["scores"]["needle"]) == {"200", "256"}
     assert r["trained_tasks"] is None  # a plain model folder, not a run
     md = (out / "report.md").read_text()

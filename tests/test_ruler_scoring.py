@@ -33,7 +33,7 @@ def test_named_effective_lengths_ruler_and_nolima():
     named = named_effective_lengths(scores, 64, min_reference=0.25)
     assert named["ruler"]["name"] == "RULER (≥ 85.6)" and named["ruler"]["length"] is None
     assert named["ruler"]["threshold"] == pytest.approx(0.856)
-    assert named["nolima"]["name"] == "NoLiMa (≥ 85 % of own short score)"
+    assert named["nolima"]["name"] == "NoLiMa (≥ 85 % of score at short context)"
     assert named["nolima"]["length"] == 128 and named["nolima"]["threshold"] == pytest.approx(0.51)
     strong = named_effective_lengths({64: 1.0, 128: 0.9, 256: 0.86}, 64, 0.25)
     assert strong["ruler"]["length"] == 256 and strong["nolima"]["length"] == 256
@@ -112,7 +112,7 @@ def test_ruler_section_reports_both_scorings_and_named_lengths(tiny_model_dir, t
     assert typed.models[0].ruler.tasks["needle"].effective_lengths["generated"]["ruler"].name == "RULER (≥ 85.6)"
     assert typed.models[0].ruler.tasks["needle"].cells[0].generated.trials == 2
     md = (out / "report.md").read_text()
-    assert "RULER (≥ 85.6)" in md and "NoLiMa (≥ 85 % of own short score)" in md
+    assert "RULER (≥ 85.6)" in md and "NoLiMa (≥ 85 % of score at short context)" in md
     assert "generated, RULER string match" in md and "Chat template: none (plain prompts)" in md
 
 

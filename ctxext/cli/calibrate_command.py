@@ -47,7 +47,20 @@ def held_out_source(run: Path, data: str | None) -> Callable[[Any], tuple[Iterab
     """The held-out texts calibration measures on, given the run's tokenizer: ``data``, or the run's validation split.
 
     The split is training's (the documents its ``val_loss`` reads), so the command puts the two workflows together.
+    ``data`` that reads the evaluation's held-out files is refused here, before any work (the guard search uses).
+
+    Raises:
+        InputError: ``data`` overlaps the evaluation's held-out files.
     """
+    if data is not None:
+        from ctxext.scoring.texts import refuse_heldout
+
+        refuse_heldout(
+            data,
+            "--data",
+            "the attention temperature",
+            "leave --data out (the run's validation documents) or name held-out text the evaluation does not read",
+        )
 
     def named(tokenizer: Any) -> tuple[Iterable[str], str]:
         from ctxext.scoring.texts import iter_texts

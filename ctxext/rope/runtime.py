@@ -378,8 +378,9 @@ def verify_against_plan(model: torch.nn.Module, plan: RopePlan) -> str:
 def intent_problems(state: RopeState, model: torch.nn.Module | None = None) -> dict[str, str]:
     """Disagreements between what a config states and what transformers will run.
 
-    - the dynamic-NTK trap: ``max_position_embeddings`` above the pretraining length, so positions up
-      to it run unscaled (transformers starts dynamic scaling there);
+    - the dynamic-NTK trap: ``max_position_embeddings`` above the pretraining length (ctxext's record, or
+      ``--original-length`` for a third-party config), so positions up to it run unscaled (transformers starts
+      dynamic scaling there);
     - a YaRN / llama3 / longrope factor that disagrees with ``max_position_embeddings / original``;
     - rotary modules whose cos/sin (at 0, L − 1, T − 1) do not match the config's reference.
 
@@ -391,10 +392,11 @@ def intent_problems(state: RopeState, model: torch.nn.Module | None = None) -> d
         ``{field: problem}``; empty when config and runtime agree.
     """
     problems: dict[str, str] = {}
-    meta = state.extension
     if state.rope_type == "dynamic":
-        stated_original = meta.get("original_length")
-        if stated_original is not None and int(stated_original) < state.max_position_embeddings:
+        # The original length as stated: ctxext's record or --original-length (read_rope puts either in the state;
+        # without them it is max_position_embeddings itself, and there is nothing to compare).
+        stated_original = state.original_length
+        if int(stated_original) < state.max_position_embeddings:
             problems["max_position_embeddings"] = (
                 f"dynamic NTK scales only beyond max_position_embeddings ({state.max_position_embeddings}), but the "
                 f"original context is {stated_original}: positions {stated_original}–{state.max_position_embeddings} "

@@ -56,6 +56,44 @@ def _stdlib_long_texts() -> Iterator[str]:
         yield "\n".join(parts)
 
 
+HELDOUT = "builtin:stdlib-heldout"  # the evaluation's held-out files (stdlib-long and builtin:stdlib read them too)
+
+
+def heldout_overlap(data: str) -> int:
+    """How many of the evaluation's held-out files (:data:`HELDOUT`) the data source ``data`` also reads.
+
+    Only the built-in standard-library sources can share files with it: ``builtin:stdlib`` read as evaluation
+    data *is* the held-out split, and ``builtin:stdlib-long`` joins the held-out files into long documents.
+    """
+    from ctxext.models.builtin import stdlib_source_files
+
+    name = data.removeprefix("builtin:")
+    if not data.startswith("builtin:") or name not in STDLIB_SPLITS:
+        return 0
+    chosen = set(stdlib_source_files("stdlib-heldout" if name == "stdlib-long" else name, default_split="heldout"))
+    return len(chosen & set(stdlib_source_files(HELDOUT.removeprefix("builtin:"), default_split="heldout")))
+
+
+def refuse_heldout(data: str, flag: str, use: str, fix: str) -> None:
+    """Refuse data that chooses a setting on the evaluation's held-out files (one guard for every workflow).
+
+    Args:
+        data: the data source given.
+        flag: the flag / key that gave it (named in the message).
+        use: what the data would choose (``"the search's fitness"``, ``"the attention temperature"``).
+        fix: what to give instead.
+
+    Raises:
+        InputError: ``data`` reads some of :data:`HELDOUT`'s files.
+    """
+    shared = heldout_overlap(data)
+    if shared:
+        raise InputError(
+            f"{flag}: {data} reads {shared} of the evaluation's held-out files ({HELDOUT}; builtin:stdlib and "
+            f"builtin:stdlib-long read them too), so {use} would be chosen on the data it is then evaluated on; {fix}"
+        )
+
+
 def describe_source(source: str, text_field: str = "text", split: str = "train") -> dict[str, Any]:
     """A JSON-ready description of a data source for reports."""
     info: dict[str, Any] = {"source": source, "text_field": text_field, "split": split}

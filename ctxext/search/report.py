@@ -24,45 +24,27 @@ from typing import Any
 
 import numpy as np
 
+from ctxext.scoring.texts import HELDOUT
 from ctxext.search.objective import ItemScores, ObjectiveSet, build_objective, retrieval_set
 
-HELDOUT = "builtin:stdlib-heldout"
 REPORT_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 N_BUCKETS = 8
 
 
-def heldout_overlap(data: str) -> int:
-    """How many of the report's held-out files (:data:`HELDOUT`) the fitness data ``data`` also reads.
-
-    Only the built-in standard-library sources can share files with it; ``builtin:stdlib`` read as
-    evaluation data *is* the held-out split.
-    """
-    from ctxext.models.builtin import stdlib_source_files
-    from ctxext.scoring.texts import STDLIB_SPLITS
-
-    name = data.removeprefix("builtin:")
-    if not data.startswith("builtin:") or name not in STDLIB_SPLITS:
-        return 0
-    # stdlib-long joins the held-out files into long documents.
-    fitness = set(stdlib_source_files("stdlib-heldout" if name == "stdlib-long" else name, default_split="heldout"))
-    return len(fitness & set(stdlib_source_files(HELDOUT.removeprefix("builtin:"), default_split="heldout")))
-
-
 def check_fitness_data(data: str) -> None:
-    """Refuse fitness data that shares files with the report's held-out set.
+    """Refuse fitness data that shares files with the held-out set (:func:`~ctxext.scoring.texts.refuse_heldout`).
 
     Raises:
         InputError: ``data`` reads some of :data:`HELDOUT`'s files.
     """
-    from ctxext.errors import InputError
+    from ctxext.scoring.texts import refuse_heldout
 
-    shared = heldout_overlap(data)
-    if shared:
-        raise InputError(
-            f"--data / search.data: {data} reads {shared} of the held-out files the report compares on ({HELDOUT}), "
-            "so the report would score the factors on their own fitness data; use builtin:stdlib-train (the "
-            "default) or your own files, or turn the report off (--no-report)"
-        )
+    refuse_heldout(
+        data,
+        "--data / search.data",
+        "the factors the report compares",
+        "use builtin:stdlib-train (the default) or your own files, or turn the report off (--no-report)",
+    )
 
 
 def _ppl(sums: np.ndarray, counts: np.ndarray) -> dict[str, Any]:

@@ -1,9 +1,9 @@
-"""The ``longppl:`` suite section: perplexity on the key tokens one evaluator model picks (:mod:`.engine`).
+"""The ``longppl:`` suite section: perplexity on the key tokens that need the far context (:mod:`.engine`).
 
 Its folder: the settings (:mod:`.settings`), the engine (:mod:`.engine`), the results' schema (:mod:`.schema`)
-and ``report.md`` (:mod:`.report`). The key tokens are chosen once per run, by the evaluator, and every model
-is scored on them; the evaluator may be any model of the run, so the section keeps each model's scores from
-:meth:`begin` to :meth:`finish` and fills every model's entry at the end.
+and ``report.md`` (:mod:`.report`). The key tokens are chosen once per run — the union of every model's own, or
+one named evaluator's — and every model is scored on them; the choice needs every model's scores, so the section
+keeps them from :meth:`begin` to :meth:`finish` and fills every model's entry at the end.
 """
 
 from __future__ import annotations
@@ -31,14 +31,12 @@ class LongPPLSection(SuiteSection):
 
     def __init__(self) -> None:
         self._run: LongPPLRun | None = None
-        self._last: str | None = None
 
     def begin(self, settings: Any, run: SuiteRun) -> None:
         """Check the evaluator label and the short context against the run; start a fresh selection."""
         from ctxext.evaluation.sections.longppl.engine import resolve_run
 
         self._run = resolve_run(settings, run.models, run.original, run.context)
-        self._last = run.models[-1]
 
     def describe_data(self, settings: Any) -> dict[str, Any] | None:
         """The documents' source (:func:`ctxext.scoring.texts.describe_source`)."""
@@ -49,27 +47,24 @@ class LongPPLSection(SuiteSection):
     def run(
         self, loaded: Any, settings: Any, lengths: list[int], beyond_context_ok: bool, show: bool
     ) -> dict[str, Any]:
-        """Score one model (its LongPPL is filled in by :meth:`finish`, once the evaluator has run)."""
+        """Score one model (its LongPPL is filled in by :meth:`finish`, once every model has run)."""
         from ctxext.evaluation.lengths import check_lengths
         from ctxext.evaluation.sections.longppl.engine import score_model
 
         if self._run is None:
             raise RuntimeError("the longppl section runs inside ctxext.evaluation.suite.run_suite (begin, run, finish)")
         check_lengths(loaded, lengths, beyond_context_ok)
-        if self._run.evaluator is None and loaded.name == self._last:
-            # The reference model is matched by its configured context; should no model match (a config read
-            # differently at load), the last model evaluates rather than none.
-            self._run.evaluator = loaded.name
         score_model(loaded, settings, self._run, lengths, show)
         return {"evaluator": self._run.evaluator, "note": "scored; completed when every model has run"}
 
     def finish(self, settings: Any, entries: list[dict[str, Any]]) -> None:
-        """Every model's LongPPL on the evaluator's key tokens."""
-        from ctxext.evaluation.sections.longppl.engine import model_result
+        """Every model's LongPPL on the same key tokens (the union of every model's, or the evaluator's)."""
+        from ctxext.evaluation.sections.longppl.engine import model_result, select_keys
 
         run, self._run = self._run, None
         if run is None:
             return
+        select_keys(run, settings)
         for entry in entries:
             if entry["name"] in run.models:
                 entry[self.name] = model_result(entry["name"], settings, run)

@@ -13,19 +13,20 @@ Definition followed (the paper's LSD / LCL key-token rule and its reference code
   ``K`` and ``K + S − 1`` tokens — exactly the reference code's ``trunc_len = K = 4096``, ``internal = S =
   1024``; tokens before ``K + S`` see all of theirs (gain 0, never key);
 * ``LSD(x_t) = LCL(x_t) − log P(x_t | s_t)`` (long-short difference);
-* key token: ``LSD > α`` **and** ``LCL > β``, with the paper's ``α = 2``, ``β = −2`` (nats) by default;
-* the key tokens are chosen **once**, by one *evaluator* model, and every model's LongPPL is
-  ``exp(mean NLL)`` of its own full-context scores on those tokens: models are compared on the same
-  tokens of the same documents (paired);
-* next to it, plain perplexity over all tokens ``1..L−1`` of the same documents, and the number of key
-  tokens; 95 % bootstrap intervals over documents (:func:`~ctxext.scoring.stats.ppl_entry`).
+* a model's own key tokens: ``LSD > α`` **and** ``LCL > β`` under its own scores, with the paper's
+  ``α = 2``, ``β = −2`` (nats) by default;
+* the scored key tokens are the same for every model of a report (paired): by default the **union** of every
+  model's own key tokens, so the set does not depend on the order the models are listed in and no model is
+  scored only on the tokens it picked itself; with ``evaluator:`` one model of the run picks them, and that
+  model is reported but not compared (its own LongPPL is selection-biased low: ``LCL > β`` bounds it);
+* LongPPL aggregates over documents as the reference code does: the per-document ``exp(mean key NLL)``
+  averaged with key-token weights (plain perplexity likewise, with token weights); ``exp`` of the pooled mean
+  NLL is reported beside it (``*_pooled``); 95 % bootstrap intervals over documents.
 
-Where ctxext differs from the paper: the evaluator is, by default, a model of the run — the reference
-model (the longest configured context; ``evaluator:`` names another) — where the paper uses a fixed
-large model (Qwen2-72B-Instruct); ``K`` defaults to the reference model's original window ("1x"; the
-paper's 4096 is Llama-2's); ``S`` defaults to ``K / 4`` (the paper's 1024 for 4096). The paper maps key
-tokens between tokenizers through character offsets; ctxext pairs token positions, so a model whose
-tokenizer splits the documents differently is reported as not scored.
+The selection is per token within a document, so a document resampled by the bootstrap carries exactly the
+key tokens the rule picks in it: resampling documents re-runs the selection. What the bootstrap cannot see is
+selection bias (a model scored on tokens chosen because it predicts them well), which is why no compared model
+picks the tokens alone.
 """
 
 from __future__ import annotations
@@ -41,9 +42,12 @@ from ctxext.evaluation.sections.longppl.settings import LongPPLSettings
 
 DEFINITION = (
     "LongPPL (Fang et al. 2024): perplexity over key tokens, those with LSD = log P(long) - log P(short) > "
-    "lsd_threshold and LCL = log P(long) > lcl_threshold under the evaluator; short context: windows of "
-    "K + S tokens moved by S (each token sees K to K + S - 1 tokens); chosen once, every model scored on them"
+    "lsd_threshold and LCL = log P(long) > lcl_threshold; short context: windows of K + S tokens moved by S (each "
+    "token sees K to K + S - 1 tokens); key tokens: the union of every model's own (or one named evaluator's), the "
+    "same for every model; corpus value: per-document LongPPL averaged with key-token weights (the reference code's)"
 )
+UNION = "union"
+EVALUATOR = "evaluator"
 
 
 def select_key_tokens(long_nll: Any, short_nll: Any, lsd_threshold: float, lcl_threshold: float) -> Any:
@@ -67,25 +71,26 @@ def select_key_tokens(long_nll: Any, short_nll: Any, lsd_threshold: float, lcl_t
 
 @dataclass
 class ModelScores:
-    """One model's full-context NLLs (per length, per document) and its documents' content keys."""
+    """One model's full-context NLLs (per length, per document), its short-context NLLs if it picks key tokens."""
 
     doc_keys: list[str]
     nll: dict[int, list[Any]]
     context: int
+    short: dict[int, list[Any]] | None = None
 
 
 @dataclass
 class LongPPLRun:
-    """The state of one suite run: settings resolved, the evaluator, every model's scores.
+    """The state of one suite run: settings resolved, who picks the key tokens, every model's scores.
 
     Attributes:
         short_context: ``K`` in tokens.
         stride: ``S`` in tokens.
-        evaluator: the evaluator's label once known (``None``: the first model at the reference context).
+        evaluator: the named evaluator's label; ``None``: every model picks (the union of their key tokens).
         context: the reference model's configured context.
-        keys: per length, the key positions of each document (from the evaluator).
-        gains: per length, the evaluator's mean LSD over the candidate tokens (positions ``≥ K + S``).
-        candidates: per length, the number of those candidate tokens.
+        keys: per length, the scored key positions of each document (set by :func:`select_keys`).
+        selectors: the models whose key tokens were used.
+        own: per selector and length, ``{"key_tokens", "mean_lsd"}`` of its own selection.
         models: scores by model label.
         lengths: the evaluation lengths in tokens (set by the first model scored).
     """
@@ -95,10 +100,14 @@ class LongPPLRun:
     evaluator: str | None
     context: int
     keys: dict[int, list[Any]] = field(default_factory=dict)
-    gains: dict[int, float] = field(default_factory=dict)
-    candidates: dict[int, int] = field(default_factory=dict)
+    selectors: list[str] = field(default_factory=list)
+    own: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
     models: dict[str, ModelScores] = field(default_factory=dict)
     lengths: list[int] = field(default_factory=list)
+
+    def picks(self, name: str) -> bool:
+        """Whether ``name``'s own key tokens enter the scored set (every model's, or the named evaluator's)."""
+        return self.evaluator is None or self.evaluator == name
 
 
 def resolve_run(settings: LongPPLSettings, models: tuple[str, ...], original: int, context: int) -> LongPPLRun:
@@ -118,7 +127,8 @@ def resolve_run(settings: LongPPLSettings, models: tuple[str, ...], original: in
     if settings.evaluator is not None and settings.evaluator not in models:
         raise InputError(
             f"longppl.evaluator {settings.evaluator!r} is not a model of this run; models: {', '.join(models)} "
-            "(give a --model label, or leave it unset for the reference model)"
+            "(add the evaluator with --model and name it by its label, or leave it unset: the union of every "
+            "model's key tokens)"
         )
     k = resolve_length(settings.short_context, original, context)
     s = settings.stride or max(1, k // 4)
@@ -158,9 +168,9 @@ def _by_length(score: Any, doc: Any, lengths: list[int], dynamic: bool) -> dict[
 
 
 def score_model(loaded: Any, settings: LongPPLSettings, run: LongPPLRun, lengths: list[int], show: bool) -> None:
-    """Score one model: full-context NLLs of every document at every length; the key tokens if it is the evaluator.
+    """Score one model: full-context NLLs of every document at every length, short-context ones if it picks keys.
 
-    The results stay in ``run`` until :func:`finish_run` (the evaluator may come after other models).
+    The results stay in ``run`` until :func:`select_keys` and :func:`model_result` (after every model).
     """
     from ctxext.progress import progress
     from ctxext.rope.runtime import reset_dynamic_rope
@@ -172,9 +182,8 @@ def score_model(loaded: Any, settings: LongPPLSettings, run: LongPPLRun, lengths
     longest = lengths[-1]
     docs = _documents(loaded, settings, longest)
     dynamic = loaded.rope.rope_type in LENGTH_DEPENDENT_TYPES
-    is_evaluator = run.evaluator == loaded.name or (run.evaluator is None and loaded.context_length >= run.context)
+    picks = run.picks(loaded.name)
     window, stride = run.short_context + run.stride, run.stride
-    passes = 2 if is_evaluator else 1
 
     def full(ids: Any) -> Any:
         reset_dynamic_rope(loaded.model)
@@ -185,88 +194,129 @@ def score_model(loaded: Any, settings: LongPPLSettings, run: LongPPLRun, lengths
 
     nll: dict[int, list[Any]] = {L: [] for L in lengths}
     short_nll: dict[int, list[Any]] = {L: [] for L in lengths}
-    with progress(f"longppl {loaded.name}", len(docs) * passes, enabled=show) as advance:
+    with progress(f"longppl {loaded.name}", len(docs) * (2 if picks else 1), enabled=show) as advance:
         for doc in docs:
             for L, v in _by_length(full, doc, lengths, dynamic).items():
                 nll[L].append(v)
             advance(1)
-            if is_evaluator:
+            if picks:
                 for L, v in _by_length(short, doc, lengths, dynamic).items():
                     short_nll[L].append(v)
                 advance(1)
     reset_dynamic_rope(loaded.model)
-    run.models[loaded.name] = ModelScores([document_key(d) for d in docs], nll, loaded.context_length)
-    if is_evaluator:
-        run.evaluator = loaded.name
-        _select(run, settings, nll, short_nll)
+    keys = [document_key(d) for d in docs]
+    run.models[loaded.name] = ModelScores(keys, nll, loaded.context_length, short_nll if picks else None)
 
 
-def _select(run: LongPPLRun, settings: LongPPLSettings, nll: dict[int, list[Any]], short: dict[int, list[Any]]) -> None:
-    # The evaluator's key tokens per length and document, and its mean gain over the candidate tokens.
+def _paired_group(run: LongPPLRun) -> list[str]:
+    # The models scored on one token split of the documents (key tokens are paired by position): the named
+    # evaluator's, or the largest group of models that split them alike (ties: the first model's group).
+    names = list(run.models)
+    if run.evaluator is not None:
+        anchor = run.evaluator
+    else:
+        anchor = max(names, key=lambda n: sum(run.models[m].doc_keys == run.models[n].doc_keys for m in names))
+    return [n for n in names if run.models[n].doc_keys == run.models[anchor].doc_keys]
+
+
+def select_keys(run: LongPPLRun, settings: LongPPLSettings) -> None:
+    """The scored key tokens: per length and document, the union of the selectors' own key positions.
+
+    A selector is every model that split the documents like the others (or only the named evaluator); each
+    picks on its own long and short scores. The union does not depend on the models' order.
+    """
+    import torch
+
     first = run.short_context + run.stride  # tokens before K + S saw their whole prefix in both scorings
-    for L, long_nll in nll.items():
-        pairs = list(zip(long_nll, short[L], strict=True))
-        run.keys[L] = [select_key_tokens(a, b, settings.lsd_threshold, settings.lcl_threshold) for a, b in pairs]
-        gain = sum(float((b[first - 1 :] - a[first - 1 :]).double().sum()) for a, b in pairs)
-        run.candidates[L] = len(pairs) * max(0, L - first)
-        run.gains[L] = gain / run.candidates[L] if run.candidates[L] else math.nan
+    group = _paired_group(run) if run.models else []
+    run.selectors = [n for n in group if run.picks(n) and run.models[n].short is not None]
+    for L in run.lengths:
+        n_docs = len(run.models[group[0]].nll[L]) if group else 0
+        union: list[set[int]] = [set() for _ in range(n_docs)]
+        for name in run.selectors:
+            scores = run.models[name]
+            assert scores.short is not None  # selectors scored short windows (see score_model)
+            pairs = list(zip(scores.nll[L], scores.short[L], strict=True))
+            own = [select_key_tokens(a, b, settings.lsd_threshold, settings.lcl_threshold) for a, b in pairs]
+            for doc, positions in zip(union, own, strict=True):
+                doc.update(positions.tolist())
+            gain = sum(float((b[first - 1 :] - a[first - 1 :]).double().sum()) for a, b in pairs)
+            candidates = len(pairs) * max(0, L - first)
+            run.own.setdefault(name, {})[L] = {
+                "key_tokens": int(sum(len(k) for k in own)),
+                "mean_lsd": gain / candidates if candidates else math.nan,
+            }
+        run.keys[L] = [torch.tensor(sorted(doc), dtype=torch.long) for doc in union]
+
+
+def _length_entry(scores: ModelScores, keys: list[Any], L: int, settings: LongPPLSettings) -> tuple[dict, dict]:
+    # One length of one model: the report entry and the per-document sums it was computed from.
+    from ctxext.scoring.stats import doc_ppl_entry, ppl_entry
+
+    key_sums = np.array([float(v[k - 1].double().sum()) for v, k in zip(scores.nll[L], keys, strict=True)])
+    key_counts = np.array([len(k) for k in keys])
+    sums = np.array([float(v.double().sum()) for v in scores.nll[L]])
+    counts = np.array([len(v) for v in scores.nll[L]])
+    scored = int(counts.sum())
+    # Documents without a key token have no LongPPL (the reference code skips them too).
+    has = key_counts > 0
+    r, seed = settings.resamples, settings.seed
+    entry = {
+        "longppl": doc_ppl_entry(key_sums[has], key_counts[has], r, seed),
+        "longppl_pooled": ppl_entry(key_sums[has], key_counts[has], r, seed),
+        "ppl": doc_ppl_entry(sums, counts, r, seed),
+        "ppl_pooled": ppl_entry(sums, counts, r, seed),
+        "key_tokens": int(key_counts.sum()),
+        "scored_tokens": scored,
+        "key_fraction": float(key_counts.sum()) / scored if scored else None,
+        "beyond_context": L > scores.context,
+    }
+    per_doc = {
+        "key_nll_sums": key_sums.tolist(),
+        "key_tokens": key_counts.tolist(),
+        "nll_sums": sums.tolist(),
+        "tokens": counts.tolist(),
+        "key_positions": [k.tolist() for k in keys],
+    }
+    return entry, per_doc
 
 
 def model_result(name: str, settings: LongPPLSettings, run: LongPPLRun) -> dict[str, Any]:
-    """The ``longppl`` section of one model's report entry (after every model, the evaluator included, ran)."""
-    from ctxext.scoring.stats import ppl_entry
-
-    lengths = run.lengths
+    """The ``longppl`` section of one model's report entry (after :func:`select_keys`)."""
     scores = run.models[name]
-    evaluator = run.models[run.evaluator] if run.evaluator else None
     out: dict[str, Any] = {
         "definition": DEFINITION,
+        "key_selection": EVALUATOR if run.evaluator else UNION,
         "evaluator": run.evaluator,
+        "selectors": list(run.selectors),
         "settings": {
             **settings.model_dump(),
-            "lengths": lengths,
+            "lengths": run.lengths,
             "short_context": run.short_context,
             "stride": run.stride,
         },
         "by_length": {},
     }
-    if evaluator is None:
-        out["note"] = "not scored: no model of the run was the evaluator"
+    if not run.selectors:
+        out["note"] = "not scored: no model picked key tokens"
         return out
-    if scores.doc_keys != evaluator.doc_keys:
+    if scores.doc_keys != run.models[run.selectors[0]].doc_keys:
         out["note"] = (
-            f"not scored: {name}'s tokenizer splits the documents differently from the evaluator's "
-            f"({run.evaluator}); key tokens are paired by position"
+            f"not scored: {name}'s tokenizer splits the documents differently from {', '.join(run.selectors)}; "
+            "key tokens are paired by position"
         )
         return out
+    if name == run.evaluator:
+        out["selection_biased"] = True  # it chose the tokens it is scored on: reported, not compared
     per_doc: dict[str, Any] = {}
-    for L in lengths:
-        keys = run.keys[L]
-        key_sums = np.array([float(v[k - 1].double().sum()) for v, k in zip(scores.nll[L], keys, strict=True)])
-        key_counts = np.array([len(k) for k in keys])
-        sums = np.array([float(v.double().sum()) for v in scores.nll[L]])
-        counts = np.array([len(v) for v in scores.nll[L]])
-        scored = int(counts.sum())
-        # Documents without a key token add nothing, but would turn resamples of only them into NLL 0 (ppl 1).
-        has = key_counts > 0
-        out["by_length"][str(L)] = {
-            "longppl": ppl_entry(key_sums[has], key_counts[has], settings.resamples, settings.seed),
-            "ppl": ppl_entry(sums, counts, settings.resamples, settings.seed),
-            "key_tokens": int(key_counts.sum()),
-            "scored_tokens": scored,
-            "key_fraction": float(key_counts.sum()) / scored if scored else None,
-            "evaluator_mean_lsd": run.gains.get(L),
-            "beyond_context": L > scores.context,
-        }
-        if L <= run.short_context + run.stride:  # every token's short window is its whole prefix
-            out["by_length"][str(L)]["note"] = "no candidate token: the length is within K + S"
-        per_doc[str(L)] = {
-            "key_nll_sums": key_sums.tolist(),
-            "key_tokens": key_counts.tolist(),
-            "nll_sums": sums.tolist(),
-            "tokens": counts.tolist(),
-        }
-        if name == run.evaluator:  # which tokens were key, once per report (token positions in each document)
-            per_doc[str(L)]["key_positions"] = [k.tolist() for k in keys]
+    first = run.short_context + run.stride
+    for L in run.lengths:
+        entry, per_doc[str(L)] = _length_entry(scores, run.keys[L], L, settings)
+        own = run.own.get(name, {}).get(L)
+        if own is not None:
+            entry.update(own_key_tokens=own["key_tokens"], mean_lsd=own["mean_lsd"])
+        if L <= first:  # every token's short window is its whole prefix
+            entry["note"] = "no candidate token: the length is within K + S"
+        out["by_length"][str(L)] = entry
     out["per_document"] = {"keys": scores.doc_keys, "by_length": per_doc}
     return out

@@ -33,7 +33,9 @@ class LongPPLSettings(BaseModel):
     lsd_threshold: float = Field(default=2.0, ge=0, description="alpha: least long-short log-prob gain (nats)")
     lcl_threshold: float = Field(default=-2.0, le=0, description="beta: least long-context log-prob (nats)")
     evaluator: str | None = Field(
-        default=None, description="label of the model that picks the key tokens (default: the reference model)"
+        default=None,
+        description="label of a model of the run that alone picks the key tokens, reported but not compared "
+        "(default: the union of every model's own key tokens)",
     )
     max_docs: int = Field(default=20, gt=0, description="documents reaching the longest length")
     min_docs: int = Field(default=MIN_DOCS, gt=0, description="fewest documents (a bootstrap interval needs several)")

@@ -6,17 +6,19 @@ not use by default). A task's score at a length is its accuracy over every depth
 
 **Effective length** (Hsieh et al. 2024, "RULER"): the longest evaluated length up to which the score
 stays at or above a threshold — here every evaluated length from the shortest up to it must pass, so a
-lucky long length after a failing one does not count. The threshold is, by default, 85 % of the model's
-own score at its original (pretraining) length (``threshold_reference: original``), or an absolute
-accuracy (``threshold_reference: absolute``). A relative threshold needs a task the model can do at its
-original length: a task scoring below ``min_reference`` there has no effective length (n/a; 85 % of 2 %
-would pass anything) and is left out of the overall one, which uses the mean score over the other tasks.
+lucky long length after a failing one does not count. The threshold is, by default, RULER's own: an absolute
+85.6 % (``threshold: 0.856``, ``threshold_reference: absolute``; Llama-2-7B's score at 4k), or a fraction of
+the model's own score at its original (pretraining) length (``threshold_reference: original``, NoLiMa's kind
+of bar). A relative threshold needs a task the model can do at its original length: a task scoring below
+``min_reference`` there has no effective length (n/a; 85 % of 2 % would pass anything) and is left out of the
+overall one, which uses the mean score over the other tasks.
 
 Both named definitions are reported beside it, for every scoring that ran (``effective_lengths``):
 
 * ``ruler`` — "RULER (≥ 85.6)": the absolute threshold of Hsieh et al. (Llama-2-7B's score at 4k);
-* ``nolima`` — "NoLiMa (≥ 85 % of own short score)": 85 % of the model's own score at its original
-  length (Modarressi et al. 2025), with the same ``min_reference`` floor.
+* ``nolima`` — "NoLiMa (≥ 85 % of score at short context)": 85 % of the model's own score at short context
+  (Modarressi et al. 2025: their base score, measured at < 1k tokens; here at the model's original length,
+  the shortest length of a context-extension run), with the same ``min_reference`` floor.
 
 Scorings: ``teacher_forced`` (accuracy) and ``generated`` (RULER's string-match score of greedy
 generations, :mod:`ctxext.scoring.string_match`), as the section's ``scoring`` ran them.
@@ -41,7 +43,7 @@ THRESHOLD_REFERENCES = ("original", "absolute")
 # The two named effective-length definitions every RULER section reports: key → (label, threshold, reference).
 NAMED_THRESHOLDS = {
     "ruler": ("RULER (≥ 85.6)", 0.856, "absolute"),
-    "nolima": ("NoLiMa (≥ 85 % of own short score)", 0.85, "original"),
+    "nolima": ("NoLiMa (≥ 85 % of score at short context)", 0.85, "original"),
 }
 
 
@@ -176,7 +178,7 @@ def named_effective_lengths(scores: dict[int, float], original: int, min_referen
     return out
 
 
-def _overall_by_scoring(
+def overall_by_scoring(
     by_scoring: dict[str, dict[str, dict[str, float]]],
     tasks: dict[str, Any],
     lengths: list[int],
@@ -266,7 +268,7 @@ def evaluate_ruler(
         else {"length": None, "threshold": None, "reference_score": None, "note": none}
     )
     overall["tasks"] = counted
-    mean_by, overall_by = _overall_by_scoring(by_scoring, tasks, lengths, original, settings.min_reference)
+    mean_by, overall_by = overall_by_scoring(by_scoring, tasks, lengths, original, settings.min_reference)
     return {
         "settings": {
             **settings.model_dump(exclude={"tasks"}),

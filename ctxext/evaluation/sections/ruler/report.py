@@ -19,6 +19,12 @@ def ruler_markdown(models: list[dict[str, Any]]) -> list[str]:
         if st["threshold_reference"] == "original"
         else f"an absolute {st['threshold'] * 100:g} %"
     )
+    na = (
+        f"; n/a: the task scores below {st.get('min_reference', 0) * 100:g} % at the original length, so it has "
+        "no relative threshold"
+        if st["threshold_reference"] == "original"
+        else ""
+    )
     from ctxext.artifacts.tables import table
     from ctxext.evaluation.sections.grids.report import chat_note, scoring_note
 
@@ -29,8 +35,7 @@ def ruler_markdown(models: list[dict[str, Any]]) -> list[str]:
         f"per cell; templates: {st['templates']}. {scoring_note({first.get('scoring')})}"
         f"{chat_note(chats)} Effective length: the longest "
         f"length up to which every evaluated length scores ≥ {ref} (the section's threshold setting; RULER's and "
-        "NoLiMa's named definitions follow); n/a: the task scores below "
-        f"{st.get('min_reference', 0) * 100:g} % at the original length, so it has no relative threshold. Cells: "
+        f"NoLiMa's named definitions follow){na}. Cells: "
         "accuracy % over all depths (trials); ✱ the model was fine-tuned on this task; † beyond the model's context.",
         "",
     ]
@@ -47,7 +52,11 @@ def ruler_markdown(models: list[dict[str, Any]]) -> list[str]:
             row.append(_eff(e) + (" ✱" if trained else ""))
         rows.append(row)
     rows.append(
-        ["**overall** (mean over the tasks with a reference)"] + [_eff(m["ruler"]["effective_length"]) for m in models]
+        [
+            "**overall** (mean over the tasks"
+            + (" with a reference)" if st["threshold_reference"] == "original" else ")")
+        ]
+        + [_eff(m["ruler"]["effective_length"]) for m in models]
     )
     lines += ["### Effective length", ""]
     lines += table(["task"] + names, rows)

@@ -13,7 +13,8 @@ from ctxext.evaluation.sections.grids.schema import Accuracy, Grid
 class EffectiveLength(Section):
     """RULER's effective length: the longest length up to which every length scores at least ``threshold``.
 
-    ``name``: the definition's label in the named ones (``RULER (≥ 85.6)``, ``NoLiMa (≥ 85 % of own short score)``).
+    ``name``: the definition's label in the named ones (``RULER (≥ 85.6)``,
+    ``NoLiMa (≥ 85 % of score at short context)``).
     """
 
     length: int | None = None

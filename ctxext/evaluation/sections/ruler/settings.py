@@ -73,10 +73,13 @@ class RulerSuiteSettings(BaseModel):
     templates: TemplateChoice = Field(
         default="heldout", description="templates of the tasks that set none: heldout, training, all, or indices"
     )
-    threshold: float = Field(default=0.85, gt=0, le=1, description="the effective-length threshold (a fraction)")
+    threshold: float = Field(
+        default=0.856, gt=0, le=1, description="the effective-length threshold (a fraction; RULER's 85.6 %)"
+    )
     threshold_reference: Literal["original", "absolute"] = Field(
-        default="original",
-        description="original (threshold × the model's score at its original length) or absolute",
+        default="absolute",
+        description="absolute (RULER's: the score itself) or original (threshold × the model's score at its "
+        "original length, NoLiMa's kind)",
     )
     min_reference: float = Field(
         default=0.25,
