@@ -55,6 +55,7 @@ _LAZY = {
     "build_model_card": "ctxext.publish.card",
     "push": "ctxext.publish.hub",
     "read_run": "ctxext.artifacts.run",
+    "RunRecord": "ctxext.artifacts.run_record",
     "run_search": "ctxext.search",
     "SearchSettings": "ctxext.search",
 }

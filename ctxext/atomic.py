@@ -208,6 +208,28 @@ def _atomic_folder(out: Path, kind: str, overwrite: bool, flag: str) -> Iterator
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write a JSON file through a temporary sibling, so a reader never sees half of it (nor a full disk's half).
+
+    Args:
+        path: the file to write (its folder exists).
+        data: a JSON-ready dict (anything else is written as its ``str``).
+    """
+    text = json.dumps(data, indent=2, default=str) + "\n"
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if not is_disk_full(exc) or not path.is_file():
+            raise
+        # A full disk has no room for a second copy: rewrite in place (the blocks it frees are the ones it needs),
+        # so a run record can still say "interrupted" and how to resume.
+        path.write_text(text)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def check_inputs_outside(out: str | Path, inputs: list[str | Path], flag: str = "--out", report: bool = False) -> None:
     """Refuse an output folder that is, or contains, one of the command's inputs (a model, a run).
 

@@ -105,7 +105,8 @@ def run_dir(tmp_path_factory, tiny_model_dir):
     peft_model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     peft_model.save_pretrained(run)
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(run)
-    (run / "run.json").write_text(json.dumps({"base_model": str(tiny_model_dir)}))
+    record = {"status": "complete", "base_model": str(tiny_model_dir), "method": "yarn", "target_length": 512}
+    (run / "run.json").write_text(json.dumps(record))
     return run
 
 

@@ -32,10 +32,10 @@ def exported(tmp_path_factory, tiny_model_dir) -> tuple[Path, Path, str]:
 
 
 def _plan(run_dir: Path):
-    from ctxext.artifacts.run import plan_from_run
+    from ctxext.artifacts.run import RunRecord, plan_from_run
     from ctxext.models.sources import config_from_folder
 
-    return plan_from_run(json.loads((run_dir / "run.json").read_text()), config_from_folder(run_dir))
+    return plan_from_run(RunRecord.read(run_dir), config_from_folder(run_dir))
 
 
 def test_lm_eval_loads_the_folder_with_the_planned_rope(exported):

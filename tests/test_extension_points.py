@@ -101,7 +101,7 @@ def test_a_section_file_runs_in_a_suite_and_renders(toy_section, tiny_model_dir,
 
 
 def test_a_section_file_gets_a_command_a_plot_paired_statistics_and_card_rows(toy_section, tiny_model_dir, tmp_path):
-    from ctxext.artifacts.run import load_report
+    from ctxext.artifacts.run import RunRecord, load_report
     from ctxext.publish.card import card_inputs, render_card
 
     runner = CliRunner()
@@ -129,7 +129,8 @@ def test_a_section_file_gets_a_command_a_plot_paired_statistics_and_card_rows(to
     assert "### Repeated-sequence copying (toy section), paired against `a`" in markdown
 
     # Rows in the model card (the default: the section's report table under a line of its own).
-    card = render_card(card_inputs(tiny_model_dir, {}, [load_report(out)]))
+    run = RunRecord(status="complete", base_model=str(tiny_model_dir), method="none", target_length=None)
+    card = render_card(card_inputs(tiny_model_dir, run, [load_report(out)]))
     assert "Repeated-sequence copying (toy section):" in card and "| by_length.128 |" in card
     assert "(plots/toy_repeat.png)" in card
 

@@ -182,7 +182,7 @@ def test_a_longrope_run_trains_short_and_long_rows_in_separate_micro_batches(tmp
         )
     )
     run = read_run(train(recipe).run_dir)
-    assert run["status"] == "complete"
+    assert run.status == "complete"
     # 6 rows, the short ones last: round(6 × 0.5) = 3, rounded to whole micro-batches of 2. Under the plain
     # order (seed 42: [0, 3], [2, 4], [1, 5]) two of the three micro-batches would mix them.
     blocks = json.loads((tmp_path / "audit" / "rank-0.json").read_text())["blocks"]

@@ -31,9 +31,9 @@ def test_pose_document_mask_and_short_blocks_train(tmp_path, cache_root):
     )
     result = train(recipe)
     run = read_run(result.run_dir)
-    assert run["status"] == "complete" and run["final_val_loss"] is not None
+    assert run.status == "complete" and run.final_val_loss is not None
     mixture = json.loads((result.run_dir / "mixture.json").read_text())["realised"]
-    assert mixture["rows"] == 4 and run["mixture"] == mixture
+    assert mixture["rows"] == 4 and run.mixture == mixture
     short = [s for s in mixture["sources"] if s["source"].startswith("short:")]
     assert short and short[0]["rows"] == 2 and short[0]["block_tokens"] == 256
 

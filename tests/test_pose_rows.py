@@ -273,4 +273,4 @@ def test_official_pose_run_trains_on_rows_with_their_own_positions(tmp_path, cac
     )
     assert recipe.train.pose.sampling == "official"
     run = read_run(train(recipe).run_dir)
-    assert run["status"] == "complete" and math.isfinite(run["final_train_loss"])
+    assert run.status == "complete" and math.isfinite(run.final_train_loss)

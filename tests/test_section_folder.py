@@ -136,7 +136,7 @@ def echo(tmp_path, monkeypatch):
 
 def test_a_section_folder_reaches_report_card_and_comparison(echo, tiny_model_dir, tmp_path):
     from ctxext.artifacts.report import SECTION_SCHEMAS, read_report
-    from ctxext.artifacts.run import load_report
+    from ctxext.artifacts.run import RunRecord, load_report
     from ctxext.publish.card import card_inputs, eval_results, render_card
 
     section, module = echo
@@ -162,7 +162,8 @@ def test_a_section_folder_reaches_report_card_and_comparison(echo, tiny_model_di
     assert all(r["difference"] == 0 and "p_holm" in r for r in rows)  # the same model twice, the same spans
 
     # The model card: the rows and the model-index results the section rendered when the report was written.
-    inputs = card_inputs(tiny_model_dir, {}, [load_report(out)])
+    run = RunRecord(status="complete", base_model=str(tiny_model_dir), method="none", target_length=None)
+    inputs = card_inputs(tiny_model_dir, run, [load_report(out)])
     card = render_card(inputs)
     assert "Echo accuracy:" in card and "| b | 64 |" in card
     assert {(r.metric_name, r.dataset_type) for r in eval_results(inputs)} == {

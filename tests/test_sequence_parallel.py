@@ -34,15 +34,10 @@ from typer.testing import CliRunner
 from ctxext.cli.commands import app
 from ctxext.errors import InputError
 from ctxext.planner.footprint import ModelShape, Setup, footprint
+from ctxext.recipe.parallel import UlyssesPlan, check_split_launch, ulysses_plan
 from ctxext.recipe.schema import RecipeError, load_recipe
 from ctxext.training.data.rows import IGNORE_INDEX, ModelInputs, build_inputs
-from ctxext.training.sequence_parallel import (
-    SequenceSplit,
-    UlyssesPlan,
-    check_heads,
-    check_sequence_parallel,
-    ulysses_plan,
-)
+from ctxext.training.sequence_parallel import SequenceSplit, check_heads
 
 deepspeed_missing = pytest.mark.skipif(
     __import__("importlib").util.find_spec("deepspeed") is None,
@@ -205,7 +200,7 @@ def test_local_kv_groups_keep_grouped_attention_where_a_rank_s_heads_group_evenl
 def test_the_ring_is_refused_where_torch_s_ring_cannot_run_it():
     from transformers import LlamaConfig, MistralConfig
 
-    from ctxext.training.sequence_parallel import ring_refusal
+    from ctxext.recipe.parallel import ring_refusal
 
     llama = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2)
     assert ring_refusal(llama, "sdpa", cuda=True) is None and ring_refusal(None, "sdpa", cuda=True) is None
@@ -245,11 +240,11 @@ def test_heads_and_launch_size_are_checked(cache_root):
     with pytest.raises(InputError, match=r"train.sequence_parallel_size: 5 exceeds the model's 4 attention heads"):
         check_heads(config, 5)
     with pytest.raises(InputError, match=r"2 does not divide the 3 process\(es\)"):
-        check_sequence_parallel(2, 3)
+        check_split_launch(2, 3)
     with pytest.raises(InputError, match=r"train.context_parallel_size = 4 does not divide the 6 process\(es\)"):
-        check_sequence_parallel(2, 6, context_parallel=2)
-    check_sequence_parallel(2, 4)
-    check_sequence_parallel(2, 8, context_parallel=2)
+        check_split_launch(2, 6, context_parallel=2)
+    check_split_launch(2, 4)
+    check_split_launch(2, 8, context_parallel=2)
 
 
 @pytest.mark.slow
@@ -426,13 +421,13 @@ def test_two_process_ctxext_train_killed_and_resumed_ends_with_the_one_process_a
     finally:
         if proc.poll() is None:
             _kill_tree(proc.pid)
-    assert read_run(tmp_path / "two", allow_incomplete=True)["status"] == "running"
+    assert read_run(tmp_path / "two", allow_incomplete=True).status == "running"
     done = run([*cmd, "--resume"], ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout + done.stderr
 
     one, two = read_run(tmp_path / "one"), read_run(tmp_path / "two")
-    assert two["num_processes"] == 2 and two["tokens_seen"] == one["tokens_seen"] == 6 * 2 * 2048
+    assert two.num_processes == 2 and two.tokens_seen == one.tokens_seen == 6 * 2 * 2048
     losses = [
         [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines()]
         for d in (tmp_path / "one", tmp_path / "two")
@@ -440,7 +435,7 @@ def test_two_process_ctxext_train_killed_and_resumed_ends_with_the_one_process_a
     assert len(losses[1]) == 6
     for a, b in zip(*losses, strict=True):
         assert abs(a - b) <= 1e-5 * a
-    assert abs(one["final_val_loss"] - two["final_val_loss"]) <= 1e-5 * one["final_val_loss"]
+    assert abs(one.final_val_loss - two.final_val_loss) <= 1e-5 * one.final_val_loss
     a, b = adapter_tensors(tmp_path / "one"), adapter_tensors(tmp_path / "two")
     assert a.keys() == b.keys()
     for name in a:

@@ -40,10 +40,10 @@ def trained(tmp_path_factory, cache_root):
 def test_qlora_at_4x_context_lowers_heldout_loss(trained):
     result, recipe = trained
     run_info = read_run(result.run_dir)
-    assert run_info["status"] == "complete"
-    assert run_info["initial_val_loss"] is not None
-    assert run_info["final_val_loss"] < run_info["initial_val_loss"] - 0.01, run_info
-    assert run_info["target_length"] == 1024 and run_info["original_length"] == 256
+    assert run_info.status == "complete"
+    assert run_info.initial_val_loss is not None
+    assert run_info.final_val_loss < run_info.initial_val_loss - 0.01, run_info
+    assert run_info.target_length == 1024 and run_info.original_length == 256
     # The base really is 4-bit NormalFloat with double quantization.
     import bitsandbytes as bnb
 
@@ -68,6 +68,7 @@ def test_run_folder_contract(trained):
         assert (d / name).is_file(), name
     assert not list(d.glob(".*tmp*"))
     info = read_run(d)
+    written = json.loads((d / "run.json").read_text())
     for key in (
         "base_model",
         "base_model_resolved",
@@ -84,9 +85,9 @@ def test_run_folder_contract(trained):
         "final_train_loss",
         "final_val_loss",
     ):
-        assert key in info, key
-    assert info["base_model"] == "builtin:tiny-llama" and info["steps"] == 10
-    assert info["tokens_seen"] == 10 * 2 * 1024
+        assert key in written, key
+    assert info.base_model == "builtin:tiny-llama" and info.steps == 10
+    assert info.tokens_seen == 10 * 2 * 1024
     config = json.loads((d / "config.json").read_text())
     assert config["rope_parameters"]["rope_type"] == "yarn" and config["rope_parameters"]["factor"] == 4.0
     assert config["ctxext"]["target_length"] == 1024 and config["max_position_embeddings"] == 1024
@@ -95,7 +96,7 @@ def test_run_folder_contract(trained):
     assert [m["step"] for m in metrics] == list(range(1, 11))
     for m in metrics:
         assert {"loss", "lr", "tokens_per_sec", "peak_mem_mb"} <= set(m)
-    assert "val_loss" in metrics[-1] and metrics[-1]["val_loss"] == info["final_val_loss"]
+    assert "val_loss" in metrics[-1] and metrics[-1]["val_loss"] == info.final_val_loss
     # The tensorboard tracker wrote its event file.
     assert list((d / "logs").rglob("events.out.tfevents.*"))
     versions = json.loads((d / "versions.json").read_text())
@@ -165,7 +166,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, cache_root):
     ):
         train(recipe)
     info = read_run(tmp_path / "run", allow_incomplete=True)
-    assert info["status"] == "failed"
+    assert info.status == "failed"
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*")) == ["step-0000001", "step-0000002"]
     with pytest.raises(InputError, match="incomplete run"):
         read_run(tmp_path / "run")

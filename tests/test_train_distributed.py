@@ -60,9 +60,9 @@ def test_two_process_ddp_shards_batches_and_ends_identical(tmp_path, cache_root)
     ], log
     assert "is_gradient_checkpointing" not in log and "gemm_4bit_forward" not in log and "Map" not in log, log
     info = read_run(tmp_path / "run")
-    assert info["num_processes"] == 2
+    assert info.num_processes == 2
     # Global batch: 2 processes x micro-batch 2 x 512 tokens per step.
-    assert info["tokens_seen"] == 3 * 2 * 2 * 512
+    assert info.tokens_seen == 3 * 2 * 2 * 512
     ranks = [json.loads((tmp_path / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     blocks = [r["blocks"] for r in ranks]
     # Each process trained on its own half: 3 steps x 2 blocks each, no block on both.
@@ -70,7 +70,7 @@ def test_two_process_ddp_shards_batches_and_ends_identical(tmp_path, cache_root)
     assert not set(blocks[0]) & set(blocks[1])
     # Gradients were averaged: both processes hold exactly the same trained weights.
     assert ranks[0]["trainable_sha256"] == ranks[1]["trainable_sha256"]
-    assert info["final_val_loss"] is not None
+    assert info.final_val_loss is not None
 
 
 def test_two_nodes_splitting_a_one_kv_head_model_train_as_one_process(tmp_path, cache_root):
@@ -101,7 +101,7 @@ def test_two_nodes_splitting_a_one_kv_head_model_train_as_one_process(tmp_path, 
     logs = [p.communicate(timeout=400)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
     one, two = read_run(tmp_path / "one"), read_run(tmp_path / "two")
-    assert two["topology"] == {
+    assert two.topology is not None and two.topology.model_dump() == {
         "world_size": 2,
         "nodes": 2,
         "processes_per_node": 1,
@@ -110,7 +110,7 @@ def test_two_nodes_splitting_a_one_kv_head_model_train_as_one_process(tmp_path, 
         "context_parallel": 1,
         "ulysses": "ctxext",
     }
-    assert one["topology"]["world_size"] == 1 and two["tokens_seen"] == one["tokens_seen"]
+    assert one.topology is not None and one.topology.world_size == 1 and two.tokens_seen == one.tokens_seen
     losses = [
         [json.loads(x)["loss"] for x in (d / "metrics.jsonl").read_text().splitlines()]
         for d in (tmp_path / "one", tmp_path / "two")
@@ -118,7 +118,7 @@ def test_two_nodes_splitting_a_one_kv_head_model_train_as_one_process(tmp_path, 
     assert len(losses[1]) == 3
     for a, b in zip(*losses, strict=True):
         assert abs(a - b) <= 1e-5 * a
-    assert abs(one["final_val_loss"] - two["final_val_loss"]) <= 1e-5 * one["final_val_loss"]
+    assert abs(one.final_val_loss - two.final_val_loss) <= 1e-5 * one.final_val_loss
 
 
 def test_unsynchronised_launch_is_detected(tmp_path, cache_root):
@@ -160,13 +160,13 @@ def test_sigkill_then_resume_gives_the_uninterrupted_adapter(tmp_path, cache_roo
         if proc.poll() is None:
             proc.kill()
     info = read_run(tmp_path / "killed", allow_incomplete=True)
-    assert info["status"] == "running"  # a killed run never looks complete
+    assert info.status == "running"  # a killed run never looks complete
     assert not (tmp_path / "killed" / "adapter_model.safetensors").exists()
 
     capsys.readouterr()
     train(load_recipe(killed), resume=True)
     assert "resumed from" in capsys.readouterr().out
-    assert read_run(tmp_path / "killed")["steps"] == 6
+    assert read_run(tmp_path / "killed").steps == 6
     a, b = adapter_tensors(tmp_path / "straight"), adapter_tensors(tmp_path / "killed")
     assert a.keys() == b.keys()
     for name in a:

@@ -18,8 +18,8 @@ def test_qlora_on_cuda_uses_bf16_and_paged_adamw(tmp_path, cache_root):
     recipe = load_recipe(write_recipe(tmp_path / "r.yaml", tmp_path / "run", train={"max_steps": 3}))
     result = train(recipe)
     info = read_run(result.run_dir)
-    assert info["compute_dtype"] == "bfloat16"
-    assert info["attn_implementation"] in ("sdpa", "flash_attention_2")
+    assert info.compute_dtype == "bfloat16"
+    assert info.attn_implementation in ("sdpa", "flash_attention_2")
     metrics = (result.run_dir / "metrics.jsonl").read_text()
     assert '"peak_mem_mb"' in metrics
 
@@ -39,4 +39,4 @@ def test_context_parallel_fsdp2(tmp_path, cache_root):
     cmd[cmd.index("--use_fsdp") + 1 : cmd.index("--use_fsdp") + 1] = ["--fsdp_version", "2"]
     done = run(cmd, CTXEXT_CACHE=str(cache_root))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert read_run(tmp_path / "run")["status"] == "complete"
+    assert read_run(tmp_path / "run").status == "complete"

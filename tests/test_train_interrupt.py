@@ -55,8 +55,8 @@ def test_interrupt_move_damage_and_changed_base(tmp_path, base_copy, monkeypatch
     assert "interrupted at step 2 of 4" in message and "step-0000002 (step 2)" in message
     assert f"output.dir={tmp_path / 'run'} --resume" in message
     info = read_run(tmp_path / "run", allow_incomplete=True)
-    assert info["status"] == "interrupted" and info["steps"] == 2
-    assert info["base_fingerprint"] == fingerprint(base_copy)
+    assert info.status == "interrupted" and info.steps == 2
+    assert info.base_fingerprint == fingerprint(base_copy)
 
     # Moved: the run resumes from its new place (its recipe.yaml still names the old one).
     moved = tmp_path / "elsewhere" / "run"
@@ -138,7 +138,7 @@ def test_sigterm_stops_at_a_step_with_a_checkpoint_and_the_printed_command_resum
     assert 1 <= step < 12 and int(found.group(3)) == step
     assert found.group(2) == str(out / "checkpoints" / f"step-{step:07d}") and Path(found.group(2)).is_dir()
     info = read_run(out, allow_incomplete=True)
-    assert info["status"] == "interrupted" and info["steps"] == step and info["error"] == "SIGTERM"
+    assert info.status == "interrupted" and info.steps == step and info.error == "SIGTERM"
     assert "Traceback" not in err
 
     # The printed command is shell-quoted: pasted as is, it resumes the run in the folder with spaces.
@@ -151,6 +151,6 @@ def test_sigterm_stops_at_a_step_with_a_checkpoint_and_the_printed_command_resum
     )
     assert done.returncode == 0, done.stderr
     info = read_run(out)
-    assert info["status"] == "complete" and info["steps"] == 12
+    assert info.status == "complete" and info.steps == 12
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == list(range(1, 13))

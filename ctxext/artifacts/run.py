@@ -5,32 +5,44 @@ The run folder contract (written by training, read here by merge, model card and
     <run>/adapter_config.json, adapter_model.safetensors   LoRA + fully trained modules (modules_to_save)
     <run>/config.json                                      the patched base config (rope_parameters, ctxext)
     <run>/tokenizer files, recipe.yaml, versions.json, metrics.jsonl, checkpoints/
-    <run>/run.json      {"status": "running" | "complete" | "failed", "base_model", "base_model_resolved",
-                         "method", "rope_parameters", "original_length", "target_length", "seq_len",
-                         "steps", "tokens_seen", "quantization", "lora", "extra_trainable", ...}
+    <run>/run.json                                         the run record (:class:`RunRecord`)
     <run>/eval/report.json (+ PNG plots)                   from ``ctxext eval``
     <run>/calibration.json                                 from ``ctxext calibrate`` (the attention temperature)
 
 ``find_adapter_dir`` finds a run's (or any peft folder's) adapter.
 
-A folder written by ``ctxext merge`` carries the run's ``run.json`` inside ``ctxext_merge.json`` and
-a copy of the run's evaluation reports under ``eval/``, so it can be published on its own.
+A folder written by ``ctxext merge`` carries the run's record inside ``ctxext_merge.json`` (:class:`MergedRecord`)
+and a copy of the run's evaluation reports under ``eval/``, so it can be published on its own.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ctxext.artifacts.report import EvalReport, read_report
+from ctxext.artifacts.run_record import MERGE_FILE, RUN_FILE, MergedRecord, RunRecord
 from ctxext.errors import InputError
 
-RUN_FILE = "run.json"
-MERGE_FILE = "ctxext_merge.json"
-# Keys every run.json must have for merge / card / push to make sense of it.
-_REQUIRED_RUN_KEYS = ("status", "base_model", "method", "target_length")
+__all__ = [
+    "MERGE_FILE",
+    "RUN_FILE",
+    "IncompleteRunError",
+    "MergedRecord",
+    "Report",
+    "RunRecord",
+    "find_adapter_dir",
+    "find_reports",
+    "is_merged_folder",
+    "is_run_folder",
+    "load_report",
+    "plan_from_run",
+    "read_merged",
+    "read_run",
+    "resume_command",
+    "run_base_model",
+]
 
 
 class IncompleteRunError(InputError):
@@ -45,72 +57,45 @@ def resume_command(run_dir: str | Path) -> str:
     return f"ctxext train {shlex.quote(str(run_dir / 'recipe.yaml'))} {shlex.quote(f'output.dir={run_dir}')} --resume"
 
 
-def read_run(run_dir: str | Path, allow_incomplete: bool = False) -> dict[str, Any]:
-    """Read and check a run folder's ``run.json``.
+def read_run(run_dir: str | Path, allow_incomplete: bool = False) -> RunRecord:
+    """Read a run folder's record, refusing an unfinished run unless asked.
 
     Args:
         run_dir: the run folder written by ``ctxext train``.
         allow_incomplete: accept a run whose status is not ``complete`` (``--force``).
 
     Returns:
-        The ``run.json`` content, with ``run_dir`` (absolute path) added.
+        The :class:`RunRecord` (its ``folder`` is the run folder, absolute).
 
     Raises:
         InputError: not a run folder, or a ``run.json`` that cannot be read.
         IncompleteRunError: the run did not complete and ``allow_incomplete`` is false.
     """
     run_dir = Path(run_dir)
-    path = run_dir / RUN_FILE
     if not run_dir.is_dir():
         raise InputError(f"{run_dir} does not exist; pass the run folder written by `ctxext train`")
-    if not path.is_file():
-        raise InputError(
-            f"{run_dir} is not a ctxext run folder (no {RUN_FILE}); pass the folder `ctxext train` wrote "
-            "(its output.dir)"
-        )
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"{path} cannot be read as JSON ({exc}); the run folder is damaged") from None
-    if not isinstance(info, dict):
-        raise InputError(f"{path} must hold a JSON object")
-    missing = [key for key in _REQUIRED_RUN_KEYS if key not in info]
-    if missing:
-        raise InputError(f"{path} lacks {', '.join(missing)}; it was not written by a complete `ctxext train`")
-    status = info.get("status")
-    if status != "complete" and not allow_incomplete:
+    record = RunRecord.read(run_dir)
+    if not record.complete and not allow_incomplete:
         raise IncompleteRunError(
-            f"{run_dir} holds an incomplete run, not complete (run.json status: {status!r}): its training was "
-            f"interrupted or failed, so its adapter is not the final one. Finish it with `{resume_command(run_dir)}`, "
-            "or pass --force to use the "
-            "weights it has anyway."
+            f"{run_dir} holds an incomplete run, not complete (run.json status: {record.status!r}): its training "
+            f"was interrupted or failed, so its adapter is not the final one. Finish it with "
+            f"`{resume_command(run_dir)}`, or pass --force to use the weights it has anyway."
         )
-    info = dict(info)
-    info["run_dir"] = str(run_dir.resolve())
-    return info
+    return record
 
 
-def run_base_model(run_dir: str | Path) -> str:
-    """The base model a run was trained from, as recorded in its ``run.json``.
+def run_base_model(run: RunRecord | str | Path) -> str:
+    """The base model a run was trained from: the folder it was loaded from while that exists, else as named.
 
     Args:
-        run_dir: the run folder.
+        run: the run's record, or its folder.
 
     Returns:
         A model reference (folder, Hub id or ``builtin:NAME``).
-
-    Raises:
-        InputError: ``run.json`` names no base model.
     """
-    run = json.loads((Path(run_dir) / RUN_FILE).read_text())
-    for key in ("base_model_resolved", "base_model"):
-        value = run.get(key)
-        if value and (key == "base_model" or Path(str(value)).exists()):
-            return str(value)
-    model_section = (run.get("recipe") or {}).get("model") or {}
-    if model_section.get("path"):
-        return str(model_section["path"])
-    raise InputError(f"{run_dir}/run.json names no base model (base_model_resolved / base_model)")
+    record = run if isinstance(run, RunRecord) else RunRecord.read(run)
+    resolved = record.base_model_resolved
+    return resolved if resolved and Path(resolved).exists() else record.base_model
 
 
 def find_adapter_dir(path: str | Path) -> Path | None:
@@ -141,26 +126,13 @@ def is_merged_folder(path: str | Path) -> bool:
     return (path / MERGE_FILE).is_file() and (path / "config.json").is_file()
 
 
-def read_merged(path: str | Path) -> dict[str, Any]:
-    """Read the ``ctxext_merge.json`` of a merged model folder.
-
-    Args:
-        path: the merged folder.
-
-    Returns:
-        ``{"run": <run.json of the source run>, "smoke": <smoke-test results>, "source_run": ...}``.
+def read_merged(path: str | Path) -> MergedRecord:
+    """Read the ``ctxext_merge.json`` of a merged model folder (:meth:`MergedRecord.read`).
 
     Raises:
         InputError: the file is missing or damaged.
     """
-    file = Path(path) / MERGE_FILE
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(f"{file} cannot be read ({exc}); merge the run again with `ctxext merge`") from None
-    if not isinstance(data, dict) or not isinstance(data.get("run"), dict):
-        raise InputError(f"{file} has no 'run' section; merge the run again with `ctxext merge`")
-    return data
+    return MergedRecord.read(path)
 
 
 @dataclass
@@ -221,14 +193,14 @@ def find_reports(folder: str | Path) -> list[Report]:
     return [load_report(p) for p in paths]
 
 
-def plan_from_run(run: dict[str, Any], config: Any) -> Any:
-    """The RoPE plan a run was trained with, rebuilt from its ``run.json`` (``None`` for ``method: none``).
+def plan_from_run(run: RunRecord, config: Any) -> Any:
+    """The RoPE plan a run was trained with, rebuilt from its record (``None`` for ``method: none``).
 
     Verification of a merged model compares its runtime RoPE with this plan, not with the config it
     was saved with.
 
     Args:
-        run: the run's ``run.json``.
+        run: the run's record.
         config: the base config (for the rotary dimension and ``max_position_embeddings``).
 
     Returns:
@@ -237,40 +209,17 @@ def plan_from_run(run: dict[str, Any], config: Any) -> Any:
     from ctxext.rope.read import read_rope
     from ctxext.rope.types import RopePlan
 
-    params = run.get("rope_parameters")
-    method = run.get("method")
-    original, target = run.get("original_length"), run.get("target_length")
-    if method in (None, "none") or not isinstance(params, dict) or not original or not target:
+    params, original, target = run.rope_parameters, run.original_length, run.target_length
+    if run.method == "none" or not params or not original or not target:
         return None
     state = read_rope(config)
-    max_pos = int(original) if params.get("rope_type") == "dynamic" else int(target)
+    max_pos = original if params.get("rope_type") == "dynamic" else target
     return RopePlan(
-        method=str(method),
+        method=run.method,
         rope_parameters=dict(params),
         max_position_embeddings=max_pos,
-        original_length=int(original),
-        target_length=int(target),
-        factor=int(target) / int(original),
+        original_length=original,
+        target_length=target,
+        factor=target / original,
         rotary_dim=state.rotary_dim,
     )
-
-
-def check_run_base(run: dict[str, Any], what: str) -> None:
-    """Check that the base weights a run names are still the ones it was trained on, when they are on disk.
-
-    Runs written before fingerprints existed (no ``base_fingerprint``) and bases not present locally are
-    not checked.
-
-    Args:
-        run: the run's ``run.json``.
-        what: the command, for the message.
-
-    Raises:
-        InputError: the base's weights changed.
-    """
-    from ctxext.models.weights import check_fingerprint
-
-    expected = run.get("base_fingerprint")
-    base = run.get("base_model_resolved")
-    if expected and base and (Path(str(base)) / "config.json").is_file():
-        check_fingerprint(Path(str(base)), expected, what)

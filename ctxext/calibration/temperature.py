@@ -107,7 +107,7 @@ def calibrate_run(
     out = run_dir / CALIBRATION_FILE
     if out.exists() and not overwrite:
         raise InputError(f"{out}: the run is calibrated already; pass --overwrite to measure and choose again")
-    target, window = int(run.get("target_length") or 0), int(run.get("original_length") or 0)
+    target, window = run.target_length or 0, run.original_length or 0
     if not window or target <= window:
         raise InputError(f"{run_dir}: run.json names no target length beyond the original window; nothing to calibrate")
     loaded = load_model(ModelSpec(str(run_dir)), device=device, calibrated=False)

@@ -53,7 +53,7 @@ def validate(
             failed = True
             err_console.print(f"[bold red]✗ {plain(exc.source)}[/]: {len(exc.problems)} problem(s)")
             for key, msg in exc.problems:
-                err_console.print(f"  [yellow]{plain(key)}[/]: {plain(msg)}")
+                err_console.print(f"  [yellow]{plain(key)}[/]: {plain(msg)}", soft_wrap=True)
             continue
         console.print(
             f"[green]✓[/] {plain(path)}: {plain(recipe.model.path)}, {recipe.rope.method} → "
@@ -93,12 +93,10 @@ def train(
         err_console.print(f"[yellow]warning:[/] {plain(warning)}", soft_wrap=True)
     # A split this launch cannot make is refused before a weight is read (the launcher's WORLD_SIZE;
     # start_accelerator checks again against the processes accelerate sees).
-    from ctxext.training.sequence_parallel import check_sequence_parallel
+    from ctxext.recipe.parallel import check_split_launch
 
     cfg = parsed.train
-    check_sequence_parallel(
-        cfg.sequence_parallel_size, int(os.environ.get("WORLD_SIZE", "1")), cfg.context_parallel_size
-    )
+    check_split_launch(cfg.sequence_parallel_size, int(os.environ.get("WORLD_SIZE", "1")), cfg.context_parallel_size)
     _check_memory(parsed, strict, str(recipe))
     searched = None
     if parsed.search is not None:

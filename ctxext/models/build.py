@@ -35,9 +35,9 @@ def compute_dtype_for(setting: str, device: torch.device) -> torch.dtype:
     Returns:
         A torch dtype.
     """
-    if setting != "auto":
-        return _DTYPES[setting]
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    from ctxext.recipe.hardware import compute_dtype_name
+
+    return _DTYPES[compute_dtype_name(setting, device.type == "cuda")]
 
 
 def attention_for(setting: str, device: torch.device) -> str:
@@ -53,14 +53,13 @@ def attention_for(setting: str, device: torch.device) -> str:
     Raises:
         InputError: flash_attention_2 asked for where it cannot run.
     """
-    has_flash = importlib.util.find_spec("flash_attn") is not None
-    if setting == "auto":
-        return "flash_attention_2" if device.type == "cuda" and has_flash else "sdpa"
-    if setting == "flash_attention_2" and (device.type != "cuda" or not has_flash):
-        raise InputError(
-            "model.attn_implementation: flash_attention_2 needs CUDA and the flash-attn package; use auto or sdpa here"
-        )
-    return setting
+    from ctxext.recipe.hardware import attention_problem, resolve_attention
+
+    cuda, has_flash = device.type == "cuda", importlib.util.find_spec("flash_attn") is not None
+    problem = attention_problem(setting, cuda, has_flash)
+    if problem:
+        raise InputError(f"model.attn_implementation: {problem}")
+    return resolve_attention(setting, cuda, has_flash)
 
 
 def quantization_config(mode: str, double_quant: bool, dtype: torch.dtype, sharded: bool = False):

@@ -43,6 +43,23 @@ def is_stdlib(source: str) -> bool:
     return source == STDLIB_SOURCE or source.startswith(STDLIB_SOURCE + "-")
 
 
+def stdlib_problem(path: str, text_field: str) -> tuple[str, str] | None:
+    """What is wrong with reading the built-in ``path`` (``builtin:stdlib[-SPLIT]``) in ``text_field``, or ``None``.
+
+    Returns:
+        ``(what, message)``: ``path`` (an unknown split) or ``text_field`` (the built-in has only ``text``).
+    """
+    from ctxext.models.builtin import stdlib_source_files
+
+    try:
+        stdlib_source_files(path.removeprefix("builtin:"), default_split="train")
+    except KeyError as exc:
+        return "path", str(exc.args[0])
+    if text_field != "text":
+        return "text_field", f"builtin:stdlib has only the field 'text', not {text_field!r}"
+    return None
+
+
 def looks_like_path(source: str) -> bool:
     """Whether a source that does not exist locally can only have been meant as a local path, not a Hub data set.
 

@@ -13,7 +13,6 @@ the rotary modules carry the patched settings, and the adapter goes on top.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -156,7 +155,7 @@ class _Parts:
 
 def _resolve(spec: ModelSpec, what: str | None) -> _Parts:
     """Resolve a spec to local parts, checking a run's base weights against the ones it was trained on."""
-    from ctxext.artifacts.run import RUN_FILE, find_adapter_dir, is_run_folder, run_base_model
+    from ctxext.artifacts.run import RunRecord, find_adapter_dir, is_run_folder, run_base_model
     from ctxext.models.sources import resolve_model_path
     from ctxext.models.weights import check_fingerprint, check_weights_readable
 
@@ -174,17 +173,17 @@ def _resolve(spec: ModelSpec, what: str | None) -> _Parts:
         if config_from is None:
             config_from = next((c for c in (Path(adapter), adapter_dir) if (c / "config.json").is_file()), None)
     run_dir = _run_folder_of(adapter, adapter_dir)
-    if base is None and run_dir is not None:
-        base = run_base_model(run_dir)
+    run = RunRecord.read(run_dir) if run_dir is not None else None
+    if base is None and run is not None:
+        base = run_base_model(run)
     if base is None:
         raise InputError("no base model: name one, or give a ctxext run folder whose run.json names it")
     base_dir = resolve_model_path(base, spec.revision)
-    if run_dir is not None:
+    if run is not None:
         # Whether the base comes from run.json or is named beside the run's adapter, it must be the weights the
         # adapter was trained on. Damaged weight files are named as such before the fingerprint check reads them.
         check_weights_readable(base_dir)
-        run = json.loads((run_dir / RUN_FILE).read_text())
-        check_fingerprint(base_dir, run.get("base_fingerprint"), what or f"loading {run_dir}")
+        check_fingerprint(base_dir, run.base_fingerprint, what or f"loading {run_dir}")
     return _Parts(base, base_dir, adapter, adapter_dir, run_dir, config_from)
 
 
@@ -360,13 +359,13 @@ def load_for_inference(
         raise InputError(f"{adapter_dir} has no adapter_config.json; point at a `ctxext train` run folder")
     if not (adapter_dir / "config.json").is_file():
         raise InputError(f"{adapter_dir} has no config.json (the patched base config); it is not a ctxext run folder")
-    run = {}
-    if (adapter_dir / "run.json").is_file():
-        run = json.loads((adapter_dir / "run.json").read_text())
-    if base is None and run.get("base_model") is None:
-        raise InputError(f"{adapter_dir}/run.json does not name the base model; pass it explicitly")
+    from ctxext.artifacts.run import RUN_FILE, RunRecord
+
+    run = RunRecord.read(adapter_dir) if (adapter_dir / RUN_FILE).is_file() else None
+    if base is None and run is None:
+        raise InputError(f"{adapter_dir} has no {RUN_FILE} naming the base model; pass the base explicitly")
     if quantization in (None, "auto"):
-        quantization = run.get("quantization", "none")
+        quantization = run.quantization if run is not None and run.quantization else "none"
     spec = ModelSpec(str(adapter_dir)) if base is None else ModelSpec(base, adapter=str(adapter_dir))
     loaded = load_model(
         spec,

@@ -15,8 +15,12 @@ import hashlib
 import json
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ctxext.errors import InputError
+
+if TYPE_CHECKING:
+    from ctxext.artifacts.run_record import RunRecord
 
 _SAMPLES = 16
 _SAMPLE_BYTES = 64 * 1024
@@ -149,3 +153,21 @@ def check_fingerprint(folder: str | Path, expected: str | None, what: str) -> No
             f"{actual[:19]}… ≠ recorded {expected[:19]}…). An adapter applied to other weights is silently wrong. "
             "Point at the original base (run.json base_model / base_model_resolved), or train again on this one."
         )
+
+
+def check_run_base(run: RunRecord, what: str) -> None:
+    """Check that the base a run names is still the one it was trained on, when it is on disk.
+
+    Runs written before fingerprints existed (no ``base_fingerprint``) and bases not present locally are
+    not checked.
+
+    Args:
+        run: the run's record.
+        what: the command, for the message.
+
+    Raises:
+        InputError: the base's weights changed.
+    """
+    base = run.base_model_resolved
+    if run.base_fingerprint and base and (Path(base) / "config.json").is_file():
+        check_fingerprint(Path(base), run.base_fingerprint, what)

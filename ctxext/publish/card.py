@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from ctxext.artifacts.run import Report
+from ctxext.artifacts.run import Report, RunRecord
 from ctxext.artifacts.tables import fmt
 from ctxext.models.refs import is_hub_id
 from ctxext.publish.card_usage import load_section, rope_parameters, serving_section
@@ -34,7 +34,7 @@ class CardInputs:
     """Everything the card is built from.
 
     Attributes:
-        run: the run's ``run.json`` content.
+        run: the run's record.
         config: the patched ``config.json`` content.
         recipe: the run's resolved recipe (``recipe.yaml``), if present.
         versions: ``versions.json``, if present.
@@ -43,7 +43,7 @@ class CardInputs:
         plot_names: for each report plot, its path in the repository.
     """
 
-    run: dict[str, Any]
+    run: RunRecord
     config: dict[str, Any]
     recipe: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
@@ -82,13 +82,13 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def card_inputs(
-    folder: str | Path, run: dict[str, Any], reports: list[Report], smoke: dict[str, Any] | None = None
+    folder: str | Path, run: RunRecord, reports: list[Report], smoke: dict[str, Any] | None = None
 ) -> CardInputs:
     """Gather the card's inputs from a run folder or a merged model folder.
 
     Args:
         folder: the folder holding ``config.json`` (and, for a run, ``recipe.yaml`` and ``versions.json``).
-        run: the run's ``run.json`` content.
+        run: the run's record.
         reports: evaluation reports to include.
         smoke: the merge smoke test, for a merged model.
 
@@ -97,7 +97,7 @@ def card_inputs(
     """
     folder = Path(folder)
     recipe: dict[str, Any] = {}
-    source = Path(run.get("run_dir") or folder)
+    source = run.folder or Path(folder)
     for candidate in (folder / "recipe.yaml", source / "recipe.yaml"):
         if candidate.is_file():
             try:
@@ -171,11 +171,10 @@ def _front_matter(inputs: CardInputs, merged: bool, model_name: str) -> str:
     from huggingface_hub import ModelCardData
 
     run = inputs.run
-    method = str(run.get("method") or "rope")
-    tags = ["context-extension", method, "long-context", "rope-scaling", "ctxext"]
+    tags = ["context-extension", run.method, "long-context", "rope-scaling", "ctxext"]
     if not merged:
-        tags += ["lora", "qlora"] if str(run.get("quantization") or "").lower() in ("nf4", "int8") else ["lora"]
-    base = run.get("base_model")
+        tags += ["lora", "qlora"] if (run.quantization or "").lower() in ("nf4", "int8") else ["lora"]
+    base = run.base_model
     results = eval_results(inputs)
     data = ModelCardData(
         base_model=base if is_hub_id(base) else None,
@@ -189,30 +188,30 @@ def _front_matter(inputs: CardInputs, merged: bool, model_name: str) -> str:
     return data.to_yaml()
 
 
-def _title(run: dict[str, Any], repo_id: str | None) -> str:
+def _title(run: RunRecord, repo_id: str | None) -> str:
     if repo_id:
         return repo_id.split("/")[-1]
-    base = str(run.get("base_model") or "model").rstrip("/").split("/")[-1]
-    if not run.get("target_length"):
+    base = run.base_model.rstrip("/").split("/")[-1] or "model"
+    if not run.target_length:
         return f"{base}-ctxext"
-    return f"{base}-{run.get('method')}-{_tokens(run.get('target_length'))}"
+    return f"{base}-{run.method}-{_tokens(run.target_length)}"
 
 
 def _summary(inputs: CardInputs, merged: bool) -> list[str]:
     run = inputs.run
-    base = run.get("base_model")
-    original, target = run.get("original_length"), run.get("target_length")
+    base = run.base_model
+    original, target = run.original_length, run.target_length
     factor = (inputs.config.get("ctxext") or {}).get("factor") or (
         target / original if isinstance(target, int) and isinstance(original, int) and original else None
     )
     kind = "a merged model (LoRA and trained modules folded into the base weights)" if merged else "a LoRA adapter"
-    if run.get("method") in (None, "none") or not target:
-        what = f"`{base}` fine-tuned at {run.get('seq_len')} tokens with its RoPE unchanged"
+    if run.method == "none" or not target:
+        what = f"`{base}` fine-tuned at {run.seq_len} tokens with its RoPE unchanged"
     else:
         what = (
-            f"`{base}` extended from **{original}** to **{target}** tokens with **{run.get('method')}** RoPE scaling"
+            f"`{base}` extended from **{original}** to **{target}** tokens with **{run.method}** RoPE scaling"
             + (f" (factor ×{fmt(float(factor), 4)})" if factor else "")
-            + f", then fine-tuned at {run.get('seq_len') or target} tokens"
+            + f", then fine-tuned at {run.seq_len or target} tokens"
         )
     lines = [
         f"{what}. This repository holds {kind}.",
@@ -220,11 +219,11 @@ def _summary(inputs: CardInputs, merged: bool) -> list[str]:
         "Made with ctxext, which verifies the runtime RoPE against an independent reference of the method's "
         "frequencies after every load and merge.",
     ]
-    if inputs.run.get("status") != "complete":
+    if not inputs.run.complete:
         lines += [
             "",
-            f"> **Warning:** this was published from an unfinished training run (status `{run.get('status')}`, "
-            f"{run.get('steps')} steps). Its numbers are not final.",
+            f"> **Warning:** this was published from an unfinished training run (status `{run.status}`, "
+            f"{run.steps} steps). Its numbers are not final.",
         ]
     return lines
 
@@ -234,11 +233,11 @@ def _model_section(inputs: CardInputs) -> list[str]:
     params = rope_parameters(inputs.run, inputs.config)
     meta = inputs.config.get("ctxext") or {}
     rows = [
-        ("base model", f"`{run.get('base_model')}`"),
+        ("base model", f"`{run.base_model}`"),
         *_gguf_row(run),
-        ("original context", str(run.get("original_length"))),
-        ("extended context", str(run.get("target_length"))),
-        ("method", f"`{run.get('method')}`"),
+        ("original context", str(run.original_length)),
+        ("extended context", str(run.target_length)),
+        ("method", f"`{run.method}`"),
         ("factor", fmt(float(meta["factor"]), 4) if meta.get("factor") else "-"),
         ("max_position_embeddings", str(inputs.config.get("max_position_embeddings", "-"))),
     ]
@@ -248,9 +247,9 @@ def _model_section(inputs: CardInputs) -> list[str]:
     return lines
 
 
-def _gguf_row(run: dict[str, Any]) -> list[tuple[str, str]]:
+def _gguf_row(run: RunRecord) -> list[tuple[str, str]]:
     # A base converted from a GGUF file: which file, exactly (its dequantized weights, not the original ones).
-    gguf = run.get("base_gguf")
+    gguf = run.base_gguf
     if not isinstance(gguf, dict):
         return []
     return [("base GGUF file", f"`{gguf.get('file')}` (dequantized to float32; `{gguf.get('sha256')}`)")]
@@ -258,15 +257,15 @@ def _gguf_row(run: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _recipe_section(inputs: CardInputs) -> list[str]:
     run, recipe = inputs.run, inputs.recipe
-    lora = lr if isinstance(lr := run.get("lora"), dict) else recipe.get("lora") or {}
+    lora = run.lora.model_dump(exclude_none=True) if run.lora is not None else recipe.get("lora") or {}
     train = t if isinstance(t := recipe.get("train"), dict) else {}
     data = d if isinstance(d := recipe.get("data"), dict) else {}
-    extra = run.get("extra_trainable") or lora.get("extra_trainable") or []
+    extra = run.extra_trainable or lora.get("extra_trainable") or []
     rows = [
-        ("steps", run.get("steps")),
-        ("tokens seen", _tokens(run.get("tokens_seen"))),
-        ("sequence length", run.get("seq_len")),
-        ("base weights during training", run.get("quantization")),
+        ("steps", run.steps),
+        ("tokens seen", _tokens(run.tokens_seen)),
+        ("sequence length", run.seq_len),
+        ("base weights during training", run.quantization),
         (
             "LoRA rank / alpha / dropout",
             f"{lora.get('r', '?')} / {lora.get('alpha', lora.get('lora_alpha', '?'))} / "
@@ -287,7 +286,7 @@ def _recipe_section(inputs: CardInputs) -> list[str]:
             "final train / validation loss",
             " / ".join(
                 fmt(float(v), 4) if isinstance(v, (int, float)) else "-"
-                for v in (run.get("final_train_loss"), run.get("final_val_loss"))
+                for v in (run.final_train_loss, run.final_val_loss)
             ),
         ),
     ]
@@ -434,7 +433,7 @@ def build_model_card(
     smoke: dict[str, Any] = {}
     if is_merged_folder(folder):
         meta = read_merged(folder)
-        run, smoke, merged = meta["run"], meta.get("smoke") or {}, True
+        run, smoke, merged = meta.run, meta.smoke, True
     else:
         run = read_run(folder, allow_incomplete=allow_incomplete)
     if reports is None:

@@ -9,22 +9,23 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ctxext.artifacts.run_record import RunRecord
 from ctxext.models.refs import is_hub_id
 
 
-def load_section(run: dict[str, Any], merged: bool, repo_id: str) -> list[str]:
+def load_section(run: RunRecord, merged: bool, repo_id: str) -> list[str]:
     """``## How to load``: the snippet that loads the model with its scaled RoPE (the adapter needs the config).
 
     Args:
-        run: the run's ``run.json``.
+        run: the run's record.
         merged: a merged model rather than an adapter.
         repo_id: the repository the snippet loads.
 
     Returns:
         Markdown lines.
     """
-    base = run.get("base_model")
-    target = run.get("target_length")
+    base = run.base_model
+    target = run.target_length
     if merged:
         code = [
             "```python",
@@ -54,7 +55,7 @@ def load_section(run: dict[str, Any], merged: bool, repo_id: str) -> list[str]:
             "",
             "Pass the config from this repository: `AutoPeftModelForCausalLM.from_pretrained` (or loading the base "
             "without it) builds the base model's **unscaled** RoPE and silently degrades every input longer than "
-            f"{run.get('original_length')} tokens. `ctxext inspect` / `ctxext.verify_model_rope(model)` checks a "
+            f"{run.original_length} tokens. `ctxext inspect` / `ctxext.verify_model_rope(model)` checks a "
             "loaded model.",
         ]
     if not merged and not is_hub_id(base):
@@ -66,17 +67,17 @@ def load_section(run: dict[str, Any], merged: bool, repo_id: str) -> list[str]:
     return ["## How to load", "", *code, *note]
 
 
-def rope_parameters(run: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+def rope_parameters(run: RunRecord, config: dict[str, Any]) -> dict[str, Any]:
     """The model's ``rope_parameters``: from its patched ``config.json``, else from ``run.json``."""
-    params = config.get("rope_parameters") or run.get("rope_parameters") or {}
+    params = config.get("rope_parameters") or run.rope_parameters
     return dict(params) if isinstance(params, dict) else {}
 
 
-def serving_section(run: dict[str, Any], config: dict[str, Any], merged: bool, repo_id: str) -> list[str]:
+def serving_section(run: RunRecord, config: dict[str, Any], merged: bool, repo_id: str) -> list[str]:
     """``## Serving``: the RoPE settings for engines, vLLM commands for transformers >= 5 and older engines.
 
     Args:
-        run: the run's ``run.json``.
+        run: the run's record.
         config: the patched ``config.json``.
         merged: a merged model rather than an adapter.
         repo_id: the repository served.
@@ -87,7 +88,7 @@ def serving_section(run: dict[str, Any], config: dict[str, Any], merged: bool, r
     from ctxext.rope.plan import legacy_fields
 
     params = rope_parameters(run, config)
-    target = run.get("target_length")
+    target = run.target_length
     max_pos = config.get("max_position_embeddings") or target
     overrides = json.dumps({"rope_parameters": params, "max_position_embeddings": max_pos})
     lines = ["## Serving", ""]

@@ -23,7 +23,7 @@ from typing import Any
 
 from ctxext.artifacts.run import (
     Report,
-    check_run_base,
+    RunRecord,
     find_reports,
     is_merged_folder,
     is_run_folder,
@@ -36,7 +36,7 @@ from ctxext.errors import CtxextError, InputError
 from ctxext.models.refs import is_hub_id
 from ctxext.models.sources import exception_chain
 from ctxext.models.temperature import CALIBRATION_FILE, run_temperature
-from ctxext.models.weights import weight_files
+from ctxext.models.weights import check_run_base, weight_files
 
 __all__ = ["PushPlan", "PushResult", "plan_push", "push", "push_run", "read_run", "stage"]
 
@@ -180,11 +180,10 @@ def _adapter_config_for_hub(src: Path, base_model: str | None) -> str:
 
 def _resolve_source(
     run_or_dir: Path, merged: bool, force: bool, log: Callable[[str], None]
-) -> tuple[Path, dict[str, Any], bool]:
-    # (folder to publish, run.json, merged?)
+) -> tuple[Path, RunRecord, bool]:
+    # (folder to publish, the run's record, merged?)
     if is_merged_folder(run_or_dir):
-        meta = read_merged(run_or_dir)
-        return run_or_dir, meta["run"], True
+        return run_or_dir, read_merged(run_or_dir).run, True
     if not is_run_folder(run_or_dir):
         raise InputError(
             f"{run_or_dir} is neither a ctxext run folder (run.json + adapter) nor a folder written by "
@@ -235,7 +234,7 @@ def _files_to_publish(folder: Path, merged: bool) -> list[Path]:
 
 def stage(
     folder: Path,
-    run: dict[str, Any],
+    run: RunRecord,
     reports: list[Report],
     merged: bool,
     repo_id: str,
@@ -247,7 +246,7 @@ def stage(
 
     Args:
         folder: the adapter (run) folder or merged model folder.
-        run: the run's ``run.json``.
+        run: the run's record.
         reports: evaluation reports to publish with the card.
         merged: publishing a merged model.
         repo_id: the target repository (for the card's snippets).
@@ -266,7 +265,7 @@ def stage(
     with atomic_folder(staging, kind="hub-staging", overwrite=True, flag="staging folder") as tmp:
         for src in files:
             if src.name == "adapter_config.json":
-                (tmp / src.name).write_text(_adapter_config_for_hub(src, run.get("base_model")))
+                (tmp / src.name).write_text(_adapter_config_for_hub(src, run.base_model))
             else:
                 _link_or_copy(src, tmp / src.name)
         for plot, name in inputs.plot_names.items():
@@ -295,7 +294,7 @@ def plan_push(
     force: bool = False,
     report: list[str | Path] | None = None,
     log: Callable[[str], None] = print,
-) -> tuple[PushPlan, dict[str, Any]]:
+) -> tuple[PushPlan, RunRecord]:
     """Check the inputs and stage what a push would send (the ``--dry-run`` part of a push).
 
     Args:
@@ -309,7 +308,7 @@ def plan_push(
         log: where progress lines go.
 
     Returns:
-        ``(plan, run.json)``.
+        ``(plan, the run's record)``.
     """
     check_repo_id(repo_id)
     source = Path(run_or_dir)
@@ -324,7 +323,7 @@ def plan_push(
         extra = load_report(path)
         if extra.path.resolve() not in known:
             reports.append(extra)
-    smoke = read_merged(folder).get("smoke") if merged else None
+    smoke = read_merged(folder).smoke if merged else None
     staging, files = stage(folder, run, reports, merged, repo_id, smoke)
     plan = PushPlan(
         source=folder,
@@ -431,9 +430,9 @@ def push(
         InputError: a bad repository id, folder or report.
     """
     plan, run = plan_push(run_or_dir, repo_id, private, revision, merged, force, report, log)
-    if not plan.merged and not is_hub_id(run.get("base_model")):
+    if not plan.merged and not is_hub_id(run.base_model):
         log(
-            f"note: the run's base model {run.get('base_model')!r} is not a Hub id, so users of the adapter cannot "
+            f"note: the run's base model {run.base_model!r} is not a Hub id, so users of the adapter cannot "
             "fetch it; the card says so. Publish the merged model (--merged) or train from a Hub model."
         )
     if dry_run:
@@ -451,8 +450,7 @@ def push(
     token = _token_or_fail(endpoint)
     api = HfApi(endpoint=endpoint, token=token)
     message = commit_message or (
-        f"ctxext: {run.get('method')} {run.get('original_length')}→{run.get('target_length')} "
-        f"{'merged model' if plan.merged else 'adapter'}"
+        f"ctxext: {run.method} {run.original_length}→{run.target_length} {'merged model' if plan.merged else 'adapter'}"
     )
     log(plan.describe())
     try:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ctxext.artifacts.lock import folder_lock
-from ctxext.artifacts.run import MERGE_FILE, find_reports, plan_from_run, read_run
+from ctxext.artifacts.run import MergedRecord, RunRecord, find_reports, plan_from_run, read_run
 from ctxext.atomic import atomic_folder, check_inputs_outside, check_output
 from ctxext.errors import CtxextError, InputError
 from ctxext.models.cost import ForwardClock
@@ -97,16 +97,16 @@ def _dtype(dtype: str, device: torch.device, config: Any) -> torch.dtype:
     return stored
 
 
-def _base_folder(run: dict[str, Any]) -> Path:
+def _base_folder(run: RunRecord) -> Path:
     from ctxext.models.sources import resolve_model_path
 
-    resolved = run.get("base_model_resolved")
+    resolved = run.base_model_resolved
     if resolved and (Path(resolved) / "config.json").is_file():
         return Path(resolved)
-    return resolve_model_path(str(run["base_model"]), run.get("base_model_revision"))
+    return resolve_model_path(run.base_model, run.base_model_revision)
 
 
-def _patched_config(base_dir: Path, run_dir: Path, run: dict[str, Any]) -> tuple[Any, int | None]:
+def _patched_config(base_dir: Path, run_dir: Path, run: RunRecord) -> tuple[Any, int | None]:
     # The base's own config with the run's RoPE fields: the run's config.json may carry training-only
     # fields (quantization_config) that must not reach a full-precision model.
     from ctxext.models.sources import config_from_folder
@@ -119,24 +119,22 @@ def _patched_config(base_dir: Path, run_dir: Path, run: dict[str, Any]) -> tuple
         )
     run_cfg_path = run_dir / "config.json"
     run_cfg = json.loads(run_cfg_path.read_text()) if run_cfg_path.is_file() else {}
-    params = run_cfg.get("rope_parameters") or run.get("rope_parameters")
+    params = run_cfg.get("rope_parameters") or run.rope_parameters
     if not isinstance(params, dict) or "rope_type" not in params:
         raise InputError(
             f"{run_dir} records no rope_parameters (neither config.json nor run.json): cannot rebuild the extended RoPE"
         )
     config.rope_parameters = dict(params)
     config.max_position_embeddings = int(
-        run_cfg.get("max_position_embeddings") or run.get("target_length") or config.max_position_embeddings
+        run_cfg.get("max_position_embeddings") or run.target_length or config.max_position_embeddings
     )
     if run_cfg.get("original_max_position_embeddings") is not None:
         config.original_max_position_embeddings = run_cfg["original_max_position_embeddings"]
     meta = run_cfg.get("ctxext") or {
-        "method": run.get("method"),
-        "original_length": run.get("original_length"),
-        "target_length": run.get("target_length"),
-        "factor": (run["target_length"] / run["original_length"])
-        if run.get("original_length") and run.get("target_length")
-        else None,
+        "method": run.method,
+        "original_length": run.original_length,
+        "target_length": run.target_length,
+        "factor": run.factor,
     }
     config.ctxext = meta
     # Training may have resized the embeddings (added tokens); the adapter's copy has the new size.
@@ -218,7 +216,7 @@ def merge_run(
         base_dir = _base_folder(run)
         check_inputs_outside(out, [base_dir])
         check_weights_readable(base_dir)
-        check_fingerprint(base_dir, run.get("base_fingerprint"), "merge")
+        check_fingerprint(base_dir, run.base_fingerprint, "merge")
         config, resized = _patched_config(base_dir, run_dir, run)
         torch_dtype = _dtype(dtype, dev, config)
         tol = float(tolerance if tolerance is not None else DEFAULT_TOLERANCE[torch_dtype])
@@ -246,19 +244,18 @@ def merge_run(
                 result.attention_temperature = temperature
                 result.embeddings = embeddings if embeddings == "untied" else result.embeddings
                 _refuse_failed(result, out)
-                meta = {"source_run": str(run_dir.resolve()), "run": run, "smoke": result.to_dict()}
-                (tmp / MERGE_FILE).write_text(json.dumps(meta, indent=2, default=str) + "\n")
+                MergedRecord(run=run, smoke=result.to_dict(), source_run=str(run_dir.resolve())).write(tmp)
         log(f"merged model written to {out} ({result.seconds:.1f} s)")
         return result
 
 
 def _checks(
-    run: dict[str, Any], config: Any, smoke_length: int | None, check_length: int | None, sequences: int, positions: int
+    run: RunRecord, config: Any, smoke_length: int | None, check_length: int | None, sequences: int, positions: int
 ) -> SmokeChecks:
     """The merge check's lengths: the full one once (the target), the rest at the original window."""
     # A run without a RoPE change (method none) has no target length: check at the configured context.
-    length = int(smoke_length or run.get("target_length") or config.max_position_embeddings)
-    short = int(check_length or min(int(run.get("original_length") or length), length))
+    length = int(smoke_length or run.target_length or config.max_position_embeddings)
+    short = int(check_length or min(int(run.original_length or length), length))
     return SmokeChecks(length=length, check_length=min(short, length), sequences=sequences, positions=positions)
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 from ctxext.artifacts.lock import LOCK_SUFFIX, folder_lock
 from ctxext.artifacts.run import RUN_FILE, read_run, resume_command
-from ctxext.atomic import check_output
+from ctxext.artifacts.run_record import LoraRecord, RunRecord
+from ctxext.atomic import check_output, write_json_atomic
 from ctxext.errors import InputError, is_disk_full
 from ctxext.recipe.schema import Recipe
 
@@ -28,9 +29,7 @@ CHECKPOINTS = "checkpoints"
 RECIPE_FILE = "recipe.yaml"
 
 
-def check_output_dir(
-    out: Path, recipe_text: str, resume: bool, search_folder: Path | None = None
-) -> dict[str, Any] | None:
+def check_output_dir(out: Path, recipe_text: str, resume: bool, search_folder: Path | None = None) -> RunRecord | None:
     """Check that ``out`` can take a new run, or holds the incomplete run of this recipe to resume.
 
     Args:
@@ -40,7 +39,7 @@ def check_output_dir(
         search_folder: the recipe's factor search; a new run may start in a folder that holds only it.
 
     Returns:
-        The previous ``run.json`` when resuming, else ``None``.
+        The previous run's record when resuming, else ``None``.
 
     Raises:
         InputError: a folder in the way, nothing to resume, a complete run, or another recipe.
@@ -50,7 +49,7 @@ def check_output_dir(
         if not run_file.is_file():
             raise InputError(f"--resume: {out} holds no run to resume (no {RUN_FILE}); drop --resume to start one")
         previous = read_run(out, allow_incomplete=True)
-        if previous.get("status") == "complete":
+        if previous.complete:
             raise InputError(f"--resume: the run in {out} is already complete")
         saved = (out / RECIPE_FILE).read_text() if (out / RECIPE_FILE).is_file() else None
         if saved is not None and saved != recipe_text:
@@ -78,10 +77,9 @@ def check_output_dir(
 def run_status(out: Path) -> str | None:
     """The ``status`` of the run in ``out`` (``complete``, ``interrupted`` …); ``None`` without a readable run."""
     try:
-        status = read_run(out, allow_incomplete=True).get("status") if (out / RUN_FILE).is_file() else None
+        return RunRecord.read(out).status if (out / RUN_FILE).is_file() else None
     except InputError:
         return None
-    return str(status) if status is not None else None
 
 
 def _search_entries(out: Path, search_folder: Path | None) -> frozenset[str]:
@@ -149,23 +147,6 @@ def flat_config(recipe: Recipe) -> dict[str, Any]:
     return {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in flat.items()}
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write a JSON file through a temporary file, so a reader never sees half of it (nor a full disk's half)."""
-    text = json.dumps(data, indent=2, default=str) + "\n"
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if not is_disk_full(exc) or not path.is_file():
-            raise
-        # A full disk has no room for a second copy: rewrite in place (the blocks it frees are the ones it needs),
-        # so run.json can still say "interrupted" and how to resume.
-        path.write_text(text)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def versions(recipe: Recipe, command: list[str]) -> dict[str, Any]:
     """What ``versions.json`` records: Python, platform, library versions, seed and command line."""
     import importlib.metadata as md
@@ -186,36 +167,37 @@ def versions(recipe: Recipe, command: list[str]) -> dict[str, Any]:
 
 
 def run_record(
-    recipe: Recipe, loaded: Any, num_processes: int, base_fingerprint: str, previous: dict[str, Any] | None
-) -> dict[str, Any]:
-    """The ``run.json`` of a run that starts (status ``running``, no steps yet).
+    recipe: Recipe, loaded: Any, num_processes: int, base_fingerprint: str, previous: RunRecord | None
+) -> RunRecord:
+    """The record of a run that starts (status ``running``, no steps yet).
 
     Args:
         recipe: the recipe.
         loaded: the training model (:class:`ctxext.training.model.TrainingModel`).
         num_processes: processes in the job.
         base_fingerprint: the base weights' fingerprint (:func:`ctxext.models.weights.fingerprint`).
-        previous: the resumed run's ``run.json`` (its initial validation loss is kept), or ``None``.
+        previous: the resumed run's record (its initial validation loss and search are kept), or ``None``.
     """
     from ctxext.models.gguf import gguf_source
 
     plan = loaded.plan
-    return dict(
+    return RunRecord(
         status="running",
         base_model=recipe.model.path,
         base_model_resolved=str(loaded.base_path),
+        base_model_revision=recipe.model.revision,
         base_fingerprint=base_fingerprint,
         base_gguf=gguf_source(loaded.base_path),  # the GGUF file a converted base came from (name, sha256)
         rope_parameters=plan.rope_parameters if plan else dict(loaded.model.config.rope_parameters or {}),
         original_length=plan.original_length if plan else None,
         target_length=plan.target_length if plan else None,
         method=recipe.rope.method,
-        lora={
-            "r": recipe.lora.r,
-            "alpha": recipe.lora.alpha,
-            "dropout": recipe.lora.dropout,
-            "target_modules": list(recipe.lora.target_modules),
-        },
+        lora=LoraRecord(
+            r=recipe.lora.r,
+            alpha=recipe.lora.alpha,
+            dropout=recipe.lora.dropout,
+            target_modules=list(recipe.lora.target_modules),
+        ),
         extra_trainable=loaded.extra_trainable,
         trainable_params=loaded.trainable_params,
         attn_implementation=loaded.attn_implementation,
@@ -224,11 +206,8 @@ def run_record(
         seq_len=recipe.seq_len,
         quantization=recipe.quantization.mode,
         num_processes=num_processes,
-        steps=0,
-        tokens_seen=0,
-        final_train_loss=None,
-        final_val_loss=None,
-        initial_val_loss=previous.get("initial_val_loss") if previous else None,
+        initial_val_loss=previous.initial_val_loss if previous else None,
+        search=previous.search if previous else None,
     )
 
 
@@ -238,10 +217,10 @@ class RunWriter:
     Args:
         out: the run folder.
         main: whether this is the main process.
-        run: the ``run.json`` record (:func:`run_record`), updated in place by :meth:`update`.
+        run: the run's record (:func:`run_record`), changed by :meth:`update`.
     """
 
-    def __init__(self, out: Path, main: bool, run: dict[str, Any]):
+    def __init__(self, out: Path, main: bool, run: RunRecord):
         self.out = out
         self.main = main
         self.run = run
@@ -255,14 +234,15 @@ class RunWriter:
             if mixture is not None:
                 write_json_atomic(self.out / "mixture.json", mixture)
         if mixture is not None:
-            self.run["mixture"] = mixture["realised"]
+            self.run.mixture = mixture["realised"]
         self.update()
 
     def update(self, **changes: Any) -> None:
-        """Change ``run.json`` (written whole, atomically)."""
-        self.run.update(changes)
+        """Change fields of the record (each validated) and write ``run.json`` whole, atomically."""
+        for name, value in changes.items():
+            setattr(self.run, name, value)
         if self.main:
-            write_json_atomic(self.out / RUN_FILE, self.run)
+            self.run.write(self.out / RUN_FILE)
 
     def trim_metrics(self, step: int) -> None:
         """Drop metrics logged after ``step`` (the checkpoint resumed from), so ``metrics.jsonl`` reads as one run."""

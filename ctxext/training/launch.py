@@ -9,9 +9,11 @@ from typing import Any
 
 import torch
 
+from ctxext.artifacts.run_record import RunRecord
 from ctxext.errors import CtxextError, InputError
+from ctxext.recipe.parallel import check_split_launch
 from ctxext.recipe.schema import Recipe
-from ctxext.training.sequence_parallel import SequenceSplit, check_sequence_parallel
+from ctxext.training.sequence_parallel import SequenceSplit
 
 
 @dataclass
@@ -56,8 +58,8 @@ class Launch:
             "ulysses": self.split.engine,
         }
 
-    def check_resume(self, previous: dict[str, Any] | None) -> None:
-        """Refuse to resume a run (``previous``: its ``run.json``; ``None``: a new run) on another number of processes.
+    def check_resume(self, previous: RunRecord | None) -> None:
+        """Refuse to resume a run (``previous``: its record; ``None``: a new run) on another number of processes.
 
         Any split of the same number into nodes is fine.
 
@@ -66,8 +68,8 @@ class Launch:
         """
         if previous is None:
             return
-        before, now = previous.get("num_processes"), int(self.accelerator.num_processes)
-        if before is not None and int(before) != now:
+        before, now = previous.num_processes, int(self.accelerator.num_processes)
+        if before is not None and before != now:
             raise InputError(
                 f"--resume: the run was trained on {before} process(es) and this launch has {now}: the rows each "
                 "process reads, the batch of a step and the saved random states are per process, so the run would "
@@ -121,7 +123,7 @@ def check_launch(accelerator: Any, recipe: Recipe) -> None:
             exit_code=2,
         )
     cfg = recipe.train
-    check_sequence_parallel(cfg.sequence_parallel_size, accelerator.num_processes, cfg.context_parallel_size)
+    check_split_launch(cfg.sequence_parallel_size, accelerator.num_processes, cfg.context_parallel_size)
 
 
 def configure_deepspeed(accelerator: Any, recipe: Recipe, world: int) -> None:

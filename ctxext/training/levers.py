@@ -26,6 +26,7 @@ import torch
 
 from ctxext.errors import InputError
 from ctxext.recipe.memory import KEY, Levers
+from ctxext.recipe.refusals import tiled_mlp_problem
 
 ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 EXPANDABLE = "expandable_segments:True"
@@ -73,10 +74,6 @@ def cast_residual_stream(model: torch.nn.Module, dtype: torch.dtype) -> list[str
     return names
 
 
-def _is_gated_mlp(mlp: Any) -> bool:
-    return all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-
-
 def _tiled_forward(forward: Any, shards: int, hidden: int, x: torch.Tensor) -> torch.Tensor:
     tokens = x.shape[:-1].numel()
     n = shards or math.ceil(tokens / hidden)
@@ -102,14 +99,10 @@ def tile_mlps(model: torch.nn.Module, shards: int) -> int:
     Raises:
         InputError: a model whose MLP is not the gated gate/up/down kind.
     """
+    problem = tiled_mlp_problem(model)
+    if problem:
+        raise InputError(f"{KEY}.tiled_mlp: {problem}")
     mlps = [(n, m.mlp) for n, m in model.named_modules() if isinstance(getattr(m, "mlp", None), torch.nn.Module)]
-    bad = [n for n, mlp in mlps if not _is_gated_mlp(mlp)]
-    if not mlps or bad:
-        kind = type(mlps[0][1]).__name__ if mlps else "none found"
-        raise InputError(
-            f"{KEY}.tiled_mlp: tiles the gated MLP (gate_proj, up_proj, down_proj, act_fn); this model's MLP is "
-            f"not one ({kind}). Set {KEY}.tiled_mlp=false"
-        )
     hidden = int(getattr(model.config, "hidden_size", 0) or 1)
     for _, mlp in mlps:
         mlp.forward = partial(_tiled_forward, type(mlp).forward.__get__(mlp), shards, hidden)

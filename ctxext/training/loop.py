@@ -3,7 +3,9 @@
     micro-batches (deterministic order, sharded over processes) → chunked loss → backward
     → NaN/inf check → clip → step → log (console, metrics.jsonl, trackers) → validate → checkpoint
 
-A failure is written to ``run.json`` (``failed`` / ``interrupted``) before it is raised, with the way out.
+The loop works on one object, :class:`TrainingState` (transformers' ``TrainerState`` and the trainer's parts in
+one): what :func:`ctxext.training.run.train` prepared, and where the run stands. A failure is written to
+``run.json`` (``failed`` / ``interrupted``) before it is raised, with the way out.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import signal
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +26,12 @@ from ctxext.artifacts.run import resume_command
 from ctxext.errors import CtxextError, InputError, Terminated, is_disk_full
 from ctxext.recipe.schema import Recipe
 from ctxext.training.checkpoints import Checkpoints, Counters, step_of
+from ctxext.training.data.corpus import TrainingData
 from ctxext.training.data.rows import IGNORE_INDEX, build_inputs
 from ctxext.training.folder import METRICS_FILE, RunWriter
 from ctxext.training.launch import Launch
 from ctxext.training.losses import micro_batch_loss
+from ctxext.training.model import TrainingModel
 from ctxext.training.sequence_parallel import split_rows
 from ctxext.training.steps import micro_batches, peak_mem_mb, short_rows
 from ctxext.training.stop import StopRequest
@@ -49,55 +54,70 @@ class TrainingDiverged(CtxextError):
     """The loss or the gradient became NaN or infinite."""
 
 
-class TrainingLoop:
-    """The optimizer steps of a prepared run, from ``counters.step`` to ``train.max_steps``.
+@dataclass
+class TrainingState:
+    """A prepared run and where it stands: everything the loop reads and changes, in one object.
 
-    Args:
+    Attributes:
         recipe: the recipe.
         launch: the accelerator and this process's place in the job.
-        loaded: the training model (:class:`ctxext.training.model.TrainingModel`: plan, attention
-            implementation).
-        data: the training data (:class:`ctxext.training.data.corpus.TrainingData`).
+        loaded: the training model (plan, attention implementation, parameter counts).
+        data: the training (and held-out) blocks.
         model: the prepared :class:`~ctxext.training.steps.CausalLMWithChunkedLoss`.
         trainable: the trainable parameters (clipped).
         optimizer: the prepared optimizer.
+        optimizer_name: its resolved name (for the first line of the log).
         scheduler: the learning-rate schedule.
-        counters: step and token counters (restored on resume).
         checkpoints: the run's checkpoints.
-        writer: the run folder.
+        writer: the run folder (its ``run.json`` record).
         stop: the run's stop signals (:mod:`ctxext.training.stop`); the loop stops at the next step boundary.
+        counters: step and token counters (checkpointed; restored on resume).
+        last_loss: the latest step's training loss.
+        last_val: the latest held-out loss (``None`` before the first validation, or without a held-out split).
+        consumed: the training blocks this process read, in order (the rank audit).
     """
 
-    def __init__(
-        self,
-        recipe: Recipe,
-        launch: Launch,
-        loaded: Any,
-        data: Any,
-        model: Any,
-        trainable: list[torch.nn.Parameter],
-        optimizer: Any,
-        scheduler: Any,
-        counters: Counters,
-        checkpoints: Checkpoints,
-        writer: RunWriter,
-        stop: StopRequest | None = None,
-    ):
-        self.recipe, self.cfg, self.launch, self.acc = recipe, recipe.train, launch, launch.accelerator
-        self.loaded, self.data, self.model, self.trainable = loaded, data, model, trainable
-        self.optimizer, self.scheduler, self.counters = optimizer, scheduler, counters
-        self.checkpoints, self.writer = checkpoints, writer
-        self.stop = stop or StopRequest()
-        cfg = self.cfg
-        self.tokens_per_step = cfg.gradient_accumulation_steps * cfg.micro_batch_size * recipe.seq_len * launch.world
-        self.consumed: list[int] = []
-        self.last_loss: float | None = None
-        self.last_val: float | None = None
+    recipe: Recipe
+    launch: Launch
+    loaded: TrainingModel
+    data: TrainingData
+    model: Any
+    trainable: list[torch.nn.Parameter]
+    optimizer: Any
+    optimizer_name: str
+    scheduler: Any
+    checkpoints: Checkpoints
+    writer: RunWriter
+    stop: StopRequest = field(default_factory=StopRequest)
+    counters: Counters = field(default_factory=Counters)
+    last_loss: float | None = None
+    last_val: float | None = None
+    consumed: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Training tokens per optimizer step, over every data-parallel process."""
+        cfg = self.recipe.train
+        return cfg.gradient_accumulation_steps * cfg.micro_batch_size * self.recipe.seq_len * self.launch.world
+
+
+class TrainingLoop:
+    """The optimizer steps of a prepared run, from ``state.counters.step`` to ``train.max_steps``.
+
+    Args:
+        state: the prepared run (:class:`TrainingState`); the loop advances its counters and losses.
+    """
+
+    def __init__(self, state: TrainingState):
+        self.state = state
+        self.recipe, self.cfg, self.launch = state.recipe, state.recipe.train, state.launch
+        self.acc, self.counters, self.writer = state.launch.accelerator, state.counters, state.writer
 
     def validate(self) -> float | None:
         """The mean next-token loss on the held-out blocks (``None`` without a validation split)."""
+        st = self.state
         # Validation rows keep their plain positions (no PoSE): the loss at seq_len stays comparable across runs.
-        data, acc, world, rank = self.data.validation, self.acc, self.launch.world, self.launch.rank
+        data, acc, world, rank = st.data.validation, self.acc, self.launch.world, self.launch.rank
         if data is None:
             return None
         mb, split = self.cfg.micro_batch_size, self.launch.split
@@ -107,7 +127,7 @@ class TrainingLoop:
         # Every process runs the same number of forward passes (DDP / FSDP forwards talk to each other);
         # a process without a block of its own re-reads block 0 and does not count it.
         rounds = math.ceil(n / (world * mb))
-        self.model.eval()
+        st.model.eval()
         with torch.no_grad():
             for j in range(rounds):
                 first = (j * world + rank) * mb
@@ -115,19 +135,19 @@ class TrainingLoop:
                     rows, real = split_rows(data, first, n, mb)
                 else:
                     rows = data[first : min(first + mb, n)] if first < n else data[0:1]
-                inputs = build_inputs(rows, attn_implementation=self.loaded.attn_implementation)
+                inputs = build_inputs(rows, attn_implementation=st.loaded.attn_implementation)
                 if split.active:
                     inputs.labels[real:] = IGNORE_INDEX  # filler rows: read, never scored
                 with split.place(inputs.to(acc.device)) as inputs:
-                    t, c = self.model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
+                    t, c = st.model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
                 if first < n:
                     total += t.float()
                     count += c
-        self.model.train()
+        st.model.train()
         total, count = acc.reduce(total, "sum"), acc.reduce(count, "sum")
         return float(total / count) if count > 0 else None
 
-    def run(self, optimizer_name: str) -> None:
+    def run(self) -> None:
         """Train to ``train.max_steps``, recording a failure in ``run.json`` before raising it.
 
         Raises:
@@ -136,18 +156,19 @@ class TrainingLoop:
                 SIGTERM; how to resume).
             InputError: the disk filled up (``run.json`` says ``interrupted``; how to resume).
         """
+        st = self.state
         cfg, counters = self.cfg, self.counters
         self.acc.print(
-            f"training {self.loaded.trainable_params:,} of {self.loaded.total_params:,} parameters "
-            f"({self.recipe.quantization.mode}, {self.loaded.attn_implementation}, {optimizer_name}) on "
-            f"{self.acc.num_processes} process(es): {cfg.max_steps} steps × {self.tokens_per_step:,} tokens, "
+            f"training {st.loaded.trainable_params:,} of {st.loaded.total_params:,} parameters "
+            f"({self.recipe.quantization.mode}, {st.loaded.attn_implementation}, {st.optimizer_name}) on "
+            f"{self.acc.num_processes} process(es): {cfg.max_steps} steps × {st.tokens_per_step:,} tokens, "
             f"seq_len {self.recipe.seq_len}"
         )
         try:
             if cfg.eval_every and counters.step == 0:
                 # The held-out loss before any training: the baseline every later val_loss is compared with.
                 self.writer.update(initial_val_loss=self.validate())
-            self.model.train()
+            st.model.train()
             self._loop()
         except torch.OutOfMemoryError:
             self._failed("failed", "out of memory")
@@ -168,12 +189,12 @@ class TrainingLoop:
             self._failed("failed", str(exc) or type(exc).__name__)
             raise
         finally:
-            write_rank_audit(self.acc.process_index, self.consumed)
-        write_rank_audit(self.acc.process_index, self.consumed, self.model)
+            write_rank_audit(self.acc.process_index, st.consumed)
+        write_rank_audit(self.acc.process_index, st.consumed, st.model)
 
     def _where(self) -> str:
         """Where a resume starts: the last checkpoint, named."""
-        good = self.checkpoints.saved()
+        good = self.state.checkpoints.saved()
         if good:
             return f"the last checkpoint is {good[-1]} (step {step_of(good[-1])})"
         return "no checkpoint was saved yet (train.save_every), so a resume starts from step 0"
@@ -195,10 +216,10 @@ class TrainingLoop:
 
     def _stop_now(self) -> None:
         """A stop signal arrived: checkpoint the step just finished (unless saved already), then stop."""
-        saved = self.checkpoints.saved()
+        saved = self.state.checkpoints.saved()
         if self.counters.step > 0 and (not saved or step_of(saved[-1]) != self.counters.step):
-            self.checkpoints.save(self.counters.step)
-        raise Terminated(self.stop.signum or signal.SIGTERM)
+            self.state.checkpoints.save(self.counters.step)
+        raise Terminated(self.state.stop.signum or signal.SIGTERM)
 
     def _failed(self, status: str, error: str, quiet: bool = False) -> None:
         try:
@@ -212,11 +233,12 @@ class TrainingLoop:
     def _loop(self) -> None:
         from ctxext.progress import progress
 
+        st = self.state
         cfg, counters, main = self.cfg, self.counters, self.launch.main
         ga, mb = cfg.gradient_accumulation_steps, cfg.micro_batch_size
         world, rank = self.launch.world, self.launch.rank
-        short = short_rows(self.data.train, self.loaded.model)  # length-dependent RoPE: short rows apart
-        batches = micro_batches(len(self.data.train), mb, world, rank, cfg.seed, start=counters.step * ga, short=short)
+        short = short_rows(st.data.train, st.loaded.model)  # length-dependent RoPE: short rows apart
+        batches = micro_batches(len(st.data.train), mb, world, rank, cfg.seed, start=counters.step * ga, short=short)
         if short is not None and 0 < sum(short) < len(short):
             self.acc.print(
                 f"mixed context windows: {sum(short)} of {len(short)} rows stay within the original window; they "
@@ -229,7 +251,7 @@ class TrainingLoop:
         metrics = open(self.writer.out / METRICS_FILE, "a") if main else nullcontext()  # noqa: SIM115
         with metrics as metrics_file, shown as tracker:
             while counters.step < cfg.max_steps:
-                if self.stop.pending(self.acc):
+                if st.stop.pending(self.acc):
                     self._stop_now()
                 record = self._step(batches)
                 if metrics_file is not None and (counters.step % cfg.log_every == 0 or "val_loss" in record):
@@ -237,17 +259,18 @@ class TrainingLoop:
                     metrics_file.flush()
                 if cfg.tracker != "none":
                     self.acc.log({k: v for k, v in record.items() if k != "step"}, step=counters.step)
-                info = f"loss {self.last_loss:.4f} lr {record['lr']:.2e} {record['tokens_per_sec']:,.0f} tok/s"
-                if self.last_val is not None:
-                    info += f" val {self.last_val:.4f}"
+                info = f"loss {st.last_loss:.4f} lr {record['lr']:.2e} {record['tokens_per_sec']:,.0f} tok/s"
+                if st.last_val is not None:
+                    info += f" val {st.last_val:.4f}"
                 tracker.update(counters.step, info=info)
                 if cfg.save_every and counters.step % cfg.save_every == 0 and counters.step < cfg.max_steps:
-                    self.checkpoints.save(counters.step)
+                    st.checkpoints.save(counters.step)
 
     def _step(self, batches: Any) -> dict[str, Any]:
         """One optimizer step (``ga`` micro-batches); returns its metrics record."""
+        st = self.state
         cfg, counters, acc, launch = self.cfg, self.counters, self.acc, self.launch
-        ga, mb, plan = cfg.gradient_accumulation_steps, cfg.micro_batch_size, self.loaded.plan
+        ga, mb, plan = cfg.gradient_accumulation_steps, cfg.micro_batch_size, st.loaded.plan
         t0 = time.perf_counter()
         step_loss = torch.zeros((), device=acc.device)
         # The logged loss: the mean over the step's scored tokens (the backward weighs them by micro_batch_loss).
@@ -255,49 +278,49 @@ class TrainingLoop:
         scored_total = torch.zeros((), device=acc.device)
         for micro in range(ga):
             idx = next(batches)
-            self.consumed.extend(idx)
+            st.consumed.extend(idx)
             inputs = build_inputs(
-                self.data.train[idx],
-                attn_implementation=self.loaded.attn_implementation,
+                st.data.train[idx],
+                attn_implementation=st.loaded.attn_implementation,
                 target_length=plan.target_length if plan else None,
                 pose_chunks=cfg.pose.chunks if cfg.pose else None,
                 pose_sampling=cfg.pose.sampling if cfg.pose else "official",
                 seed=cfg.seed,
                 first_example=((counters.step * ga + micro) * launch.world + launch.rank) * mb,
             )
-            sync = acc.no_sync(self.model) if micro < ga - 1 else nullcontext()
+            sync = acc.no_sync(st.model) if micro < ga - 1 else nullcontext()
             # This process's share of the rows under a split (a ring keeps its attention patched for the backward).
             with sync, launch.split.place(inputs.to(acc.device)) as inputs:
-                total, count = self.model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
+                total, count = st.model(inputs.input_ids, inputs.labels, inputs.position_ids, inputs.attention_mask)
                 # Under a sequence split the labels are this process's shard: the same rule is exact there too.
                 loss = micro_batch_loss(total, inputs.labels, ga)
                 acc.backward(loss)
             step_loss += loss.detach()
             scored_total += total.detach().float()
             scored += count
-        grad_norm = acc.clip_grad_norm_(self.trainable, cfg.max_grad_norm) if cfg.max_grad_norm else None
+        grad_norm = acc.clip_grad_norm_(st.trainable, cfg.max_grad_norm) if cfg.max_grad_norm else None
         self._check_finite(step_loss, grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        st.optimizer.step()
+        st.scheduler.step()
+        st.optimizer.zero_grad(set_to_none=True)
         counters.step += 1
-        counters.tokens_seen += self.tokens_per_step
-        self.last_loss = (acc.reduce(scored_total, "sum") / acc.reduce(scored, "sum").clamp(min=1)).item()
+        counters.tokens_seen += st.tokens_per_step
+        st.last_loss = (acc.reduce(scored_total, "sum") / acc.reduce(scored, "sum").clamp(min=1)).item()
         dt = time.perf_counter() - t0
         record = {
             "step": counters.step,
-            "loss": self.last_loss,
-            "lr": self.scheduler.get_last_lr()[0],
-            "tokens_per_sec": self.tokens_per_step / dt,
+            "loss": st.last_loss,
+            "lr": st.scheduler.get_last_lr()[0],
+            "tokens_per_sec": st.tokens_per_step / dt,
             "peak_mem_mb": peak_mem_mb(acc.device),
             "tokens_seen": counters.tokens_seen,
         }
         if grad_norm is not None:
             record["grad_norm"] = float(grad_norm)
         if cfg.eval_every and (counters.step % cfg.eval_every == 0 or counters.step == cfg.max_steps):
-            self.last_val = self.validate()
-            if self.last_val is not None:
-                record["val_loss"] = self.last_val
+            st.last_val = self.validate()
+            if st.last_val is not None:
+                record["val_loss"] = st.last_val
         return record
 
     def _check_finite(self, step_loss: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
@@ -307,7 +330,7 @@ class TrainingLoop:
             device=self.acc.device,
         )
         if self.acc.reduce(bad, "sum").item() > 0:
-            good = self.checkpoints.saved()
+            good = self.state.checkpoints.saved()
             raise TrainingDiverged(
                 f"the loss became {step_loss.item()} at step {self.counters.step + 1} (gradient norm "
                 f"{float(grad_norm) if grad_norm is not None else 'n/a'}): training stopped. "

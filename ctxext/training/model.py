@@ -29,6 +29,7 @@ from ctxext.errors import InputError
 from ctxext.models.build import attention_for, compute_dtype_for, load_weights
 from ctxext.models.embeddings import embeddings_tied
 from ctxext.models.sources import resolve_model_path
+from ctxext.recipe.refusals import lora_module_problems, matched_modules
 from ctxext.rope.runtime import patch_model, verify_model_rope
 from ctxext.rope.types import RopePlan
 
@@ -115,60 +116,6 @@ def load_base(
     return model, tokenizer, folder
 
 
-def _matched_modules(model: torch.nn.Module, suffixes: list[str]) -> list[str]:
-    # The same rule peft applies to modules_to_save: a module whose path ends with a listed name.
-    return [name for name, _ in model.named_modules() if name and any(name.endswith(s) for s in suffixes)]
-
-
-# Module names of architectures that do not use the Llama names of the ``lora`` defaults: model_type ->
-# (target_modules, extra_trainable), proposed when the recipe's names match nothing. Qwen2 and Mistral use
-# the Llama names.
-LORA_NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "gpt_neox": (("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"), ("embed_in", "norm")),
-}
-
-
-def _known_names(model: torch.nn.Module, key: str) -> str:
-    # The names this architecture uses, as a recipe override; empty for an architecture not listed.
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in LORA_NAMES:
-        return ""
-    names = LORA_NAMES[model_type][0 if key == "target_modules" else 1]
-    return f"; for {model_type} set lora.{key}=[{','.join(names)}]"
-
-
-def lora_module_problems(model: torch.nn.Module, lora: Any) -> list[tuple[str, str]]:
-    """``(key, message)`` for LoRA target and extra modules that match no module of ``model`` (a meta model will do).
-
-    Args:
-        model: the base causal LM (only its module names, types and config's ``model_type`` are read).
-        lora: the recipe's ``lora`` section.
-    """
-    problems = []
-    names = [n for n, _ in model.named_modules()]
-    missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
-    if missing:
-        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
-        problems.append(
-            (
-                "lora.target_modules",
-                f"{', '.join(missing)} match no module of this model; its linear layers are named: "
-                f"{', '.join(leaves)}{_known_names(model, 'target_modules')}",
-            )
-        )
-    extra = _matched_modules(model, list(lora.extra_trainable))
-    unmatched = [s for s in lora.extra_trainable if not any(n.endswith(s) for n in extra)]
-    if unmatched:
-        problems.append(
-            (
-                "lora.extra_trainable",
-                f"{', '.join(unmatched)} match no module name suffix of this model (e.g. embed_tokens, norm)"
-                f"{_known_names(model, 'extra_trainable')}",
-            )
-        )
-    return problems
-
-
 def add_lora(
     model: Any, lora: Any, gradient_checkpointing: bool, quantized: bool, levers: Any = None
 ) -> tuple[Any, list[str]]:
@@ -193,7 +140,7 @@ def add_lora(
     problems = lora_module_problems(model, lora)
     if problems:
         raise InputError(f"{problems[0][0]}: {problems[0][1]}")
-    extra = _matched_modules(model, list(lora.extra_trainable))
+    extra = matched_modules(model, list(lora.extra_trainable))
     # A tied base trains its shared embedding as one matrix (peft wraps lm_head with the same copy): no silent untie
     # at merge, and no peft warning about tying for the user to decode.
     tie = embeddings_tied(model) and model.get_input_embeddings() in [model.get_submodule(n) for n in extra]

@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.artifacts.run import read_run
+from ctxext.artifacts.run_record import RunRecord, TopologyRecord
 from ctxext.errors import CtxextError
 from ctxext.models.sources import resolve_model_path
 from ctxext.models.weights import check_fingerprint, check_weights_readable, fingerprint
+from ctxext.recipe.refusals import check_refusals
 from ctxext.recipe.schema import Recipe, dump_recipe
 from ctxext.training.checkpoints import Checkpoints, Counters
 from ctxext.training.data.rows import shifted_labels
@@ -41,8 +43,7 @@ from ctxext.training.folder import (
     versions,
 )
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
-from ctxext.training.loop import TrainingDiverged, TrainingLoop
-from ctxext.training.preflight import check_preflight
+from ctxext.training.loop import TrainingDiverged, TrainingLoop, TrainingState
 from ctxext.training.sequence_parallel import start_sequence_parallel, stop_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 from ctxext.training.stop import StopRequest, stop_on_signals
@@ -65,12 +66,12 @@ class TrainResult:
     Attributes:
         run_dir: the complete run folder.
         model: the trained peft model (unwrapped, eval mode) on the main process, else ``None``.
-        run: the ``run.json`` record.
+        run: the run's record (``run.json``).
     """
 
     run_dir: Path
     model: Any
-    run: dict[str, Any]
+    run: RunRecord
 
 
 def train(
@@ -96,7 +97,7 @@ def train(
             run stops at a step boundary with a checkpoint, see :mod:`ctxext.training.stop`).
     """
     out = Path(recipe.output.dir)
-    check_preflight(recipe)  # the checks `ctxext validate` runs too: nothing is loaded for a recipe refused here
+    check_refusals(recipe)  # what `ctxext validate` refuses too: nothing is loaded for a recipe refused here
     launch = start_accelerator(recipe, out)
     # One writer per run folder: a second `train` (or a `--resume` of a run in progress) is refused here.
     with run_folder_lock(out, launch), stop_on_signals() as stop:
@@ -154,13 +155,31 @@ def _train(
     # The run folder: created only once the model and the data are known to be usable.
     accelerator.wait_for_everyone()
     record = run_record(recipe, loaded, accelerator.num_processes, base_fingerprint, previous)
-    record["topology"] = launch.topology()
-    if search is not None or (previous and previous.get("search")):
-        record["search"] = search if search is not None else previous["search"]  # type: ignore[index]
+    record.folder = out.resolve()
+    record.topology = TopologyRecord.model_validate(launch.topology())
+    if search is not None:
+        record.search = search
     writer = RunWriter(out, launch.main, record)
     writer.start(recipe_text, versions(recipe, command or sys.argv), data.mixture)
     stop.graceful = True  # from here a stop signal ends the run at a step boundary, with a checkpoint
 
+    state = _prepare(recipe, launch, loaded, data, writer, stop, resume)
+    loop = TrainingLoop(state)
+    loop.run()
+
+    if state.last_val is None:
+        state.last_val = loop.validate()
+    return _finish(state, loop)
+
+
+def _prepare(
+    recipe: Recipe, launch: Launch, loaded: Any, data: Any, writer: RunWriter, stop: StopRequest, resume: bool
+) -> TrainingState:
+    """The loop's state: model (with its chunked loss), optimizer and schedule prepared, checkpoints, trackers.
+
+    On resume the last checkpoint is loaded into it (weights, optimizer, schedule, RNG, counters).
+    """
+    cfg, accelerator, out = recipe.train, launch.accelerator, writer.out
     model = CausalLMWithChunkedLoss(loaded.model, cfg.loss_chunk_size)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer, optimizer_name = make_optimizer(recipe, trainable, accelerator.device)
@@ -175,46 +194,58 @@ def _train(
     if resume:
         checkpoints.resume(counters)
     writer.trim_metrics(counters.step)
-
-    loop = TrainingLoop(
-        recipe, launch, loaded, data, model, trainable, optimizer, scheduler, counters, checkpoints, writer, stop
+    return TrainingState(
+        recipe=recipe,
+        launch=launch,
+        loaded=loaded,
+        data=data,
+        model=model,
+        trainable=trainable,
+        optimizer=optimizer,
+        optimizer_name=optimizer_name,
+        scheduler=scheduler,
+        checkpoints=checkpoints,
+        writer=writer,
+        stop=stop,
+        counters=counters,
     )
-    loop.run(optimizer_name)
 
-    if loop.last_val is None:
-        loop.last_val = loop.validate()
-    state_dict = accelerator.get_state_dict(model)
+
+def _finish(state: TrainingState, loop: TrainingLoop) -> TrainResult:
+    """Write the adapter, the patched config and the tokenizer, then mark the run complete (main process)."""
+    accelerator, out = state.launch.accelerator, state.writer.out
+    state_dict = accelerator.get_state_dict(state.model)
     accelerator.wait_for_everyone()
-    if launch.main:
-        writer.write_outputs(accelerator.unwrap_model(model).peft_model, state_dict, loaded)
-        _mark_complete(writer, counters, loop)
+    if state.launch.main:
+        state.writer.write_outputs(accelerator.unwrap_model(state.model).peft_model, state_dict, state.loaded)
+        _mark_complete(state)
     accelerator.wait_for_everyone()
-    if cfg.tracker != "none":
+    if state.recipe.train.tracker != "none":
         accelerator.end_training()
-    val = "none" if loop.last_val is None else f"{loop.last_val:.4f}"
-    accelerator.print(f"run complete: {out} (train loss {loop.last_loss:.4f}, val loss {val})")
-    unwrapped = accelerator.unwrap_model(model).peft_model.eval() if launch.main else None
-    return TrainResult(run_dir=out, model=unwrapped, run=dict(writer.run))
+    val = "none" if state.last_val is None else f"{state.last_val:.4f}"
+    accelerator.print(f"run complete: {out} (train loss {state.last_loss:.4f}, val loss {val})")
+    unwrapped = accelerator.unwrap_model(state.model).peft_model.eval() if state.launch.main else None
+    return TrainResult(run_dir=out, model=unwrapped, run=state.writer.run.model_copy())
 
 
-def _check_base(recipe: Recipe, previous: dict[str, Any] | None) -> str:
+def _check_base(recipe: Recipe, previous: RunRecord | None) -> str:
     """The base weights' fingerprint, once they are readable (and, on resume, the same as the run's)."""
     base_dir = resolve_model_path(recipe.model.path, recipe.model.revision)
     check_weights_readable(base_dir)
     base_fingerprint = fingerprint(base_dir)
     if previous is not None:
-        check_fingerprint(base_dir, previous.get("base_fingerprint"), "--resume")
+        check_fingerprint(base_dir, previous.base_fingerprint, "--resume")
     return base_fingerprint
 
 
-def _mark_complete(writer: RunWriter, counters: Counters, loop: TrainingLoop) -> None:
+def _mark_complete(state: TrainingState) -> None:
     """Record in run.json that the run completed, with its final counters and losses."""
-    writer.update(
+    state.writer.update(
         status="complete",
-        steps=counters.step,
-        tokens_seen=counters.tokens_seen,
-        final_train_loss=loop.last_loss,
-        final_val_loss=loop.last_val,
+        steps=state.counters.step,
+        tokens_seen=state.counters.tokens_seen,
+        final_train_loss=state.last_loss,
+        final_val_loss=state.last_val,
         error=None,
     )
 

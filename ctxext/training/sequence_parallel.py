@@ -8,7 +8,8 @@ attention (MLP, norms, the loss) sees only ``T/N`` tokens. ctxext uses it direct
 (DDP), not through accelerate's ``ParallelismConfig(sp_backend="deepspeed")``, which shards only prepared
 DataLoaders inside the DeepSpeed engine; ``docs/sequence-parallel.md`` says why.
 
-Which engine splits the heads is decided in one place, :func:`ulysses_plan`, from the head counts alone: DeepSpeed's
+Which engine splits the heads is decided in one place, :func:`ctxext.recipe.parallel.ulysses_plan` (torch-free, so
+``ctxext validate`` applies it too), from the head counts alone: DeepSpeed's
 attention wherever it serves the shape (N divides the query heads, and N divides the key/value heads or is a
 multiple of them: it then replicates them), ctxext's own (:mod:`ctxext.training.ulysses`) for the shapes it does not
 serve (SmolLM2's 9 query / 3 key/value heads over 2 processes). Both give rank r the same contiguous query heads.
@@ -53,71 +54,11 @@ from typing import Any
 import torch
 
 from ctxext.errors import InputError
+from ctxext.recipe.parallel import RING_KEY, SPLIT_KEY, UlyssesPlan, head_split_problem, ring_refusal, split_plan
 from ctxext.training.data.rows import IGNORE_INDEX, ModelInputs
 
-KEY = "train.sequence_parallel_size"
-RING_KEY = "train.context_parallel_size"
-INSTALL_HINT = "pip install 'ctxext[deepspeed]'"
 # The attention functions transformers registered before any split wrapped them (a later start wraps these again).
 _CORES: dict[str, Callable[..., Any]] = {}
-
-
-@dataclass(frozen=True)
-class UlyssesPlan:
-    """How N processes share a model's attention heads (rank r attends with ``query[r]`` over the whole sequence).
-
-    Attributes:
-        engine: ``deepspeed`` (its attention serves the shape), ``ctxext`` (:mod:`ctxext.training.ulysses`), or
-            ``none`` (N = 1).
-        heads: query heads of the model.
-        kv_heads: key/value heads of the model.
-        query: per rank, its contiguous ``[start, stop)`` query heads (sizes differ by at most one).
-        kv: per rank, the ``[start, stop)`` key/value heads its query heads read (overlapping: replicated).
-    """
-
-    engine: str
-    heads: int
-    kv_heads: int
-    query: tuple[tuple[int, int], ...]
-    kv: tuple[tuple[int, int], ...]
-
-    @property
-    def replicated_kv(self) -> int:
-        """Key/value heads held by the ranks beyond the model's own (copies sent to a second rank or more)."""
-        return sum(hi - lo for lo, hi in self.kv) - self.kv_heads
-
-
-def ulysses_plan(heads: int, kv_heads: int, size: int) -> UlyssesPlan | str:
-    """How ``size`` processes split a model with ``heads`` query and ``kv_heads`` key/value heads, or why they cannot.
-
-    The one rule for the head split (train, validate and the tests call it): each rank needs at least one query
-    head; query heads go out in contiguous, as-even-as-possible ranges with the key/value heads they read.
-    DeepSpeed's attention serves the shape when ``size`` divides the query heads and either divides the key/value
-    heads or is a multiple of them; any other shape is ctxext's own attention's.
-
-    Returns:
-        The :class:`UlyssesPlan`, or a refusal message (without the key) naming the way out.
-    """
-    if heads % kv_heads:
-        return f"the model's {heads} attention heads are not a multiple of its {kv_heads} key/value heads"
-    if size > heads:
-        return (
-            f"exceeds the model's {heads} attention heads (each process attends with at least one): use at most "
-            f"{heads}, and split further with {RING_KEY} (ring attention, CUDA), e.g. {KEY}={_divisor(heads, size)} "
-            f"{RING_KEY}={size // _divisor(heads, size)}"
-        )
-    per_kv = heads // kv_heads
-    bounds = [r * heads // size for r in range(size + 1)]
-    query = tuple(zip(bounds[:-1], bounds[1:], strict=True))
-    kv = tuple((lo // per_kv, (hi - 1) // per_kv + 1) for lo, hi in query)
-    served = heads % size == 0 and (kv_heads % size == 0 or size % kv_heads == 0)
-    engine = "none" if size == 1 else "deepspeed" if served else "ctxext"
-    return UlyssesPlan(engine, heads, kv_heads, query, kv)
-
-
-def _divisor(heads: int, size: int) -> int:
-    """The largest divisor of ``size`` that is at most ``heads`` (the Ulysses part of a hybrid split)."""
-    return max(k for k in range(1, heads + 1) if size % k == 0)
 
 
 def _pad(inputs: ModelInputs, multiple: int, flatten: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -270,68 +211,20 @@ def split_rows(data: Any, first: int, n: int, micro_batch_size: int) -> tuple[di
     return data[[*range(first, first + real), *[0] * (micro_batch_size - real)]], real
 
 
-def check_sequence_parallel(size: int, num_processes: int, context_parallel: int = 1) -> None:
-    """Refuse a split this launch cannot make, before anything is loaded or written.
-
-    Raises:
-        InputError: the processes of one sequence (``size × context_parallel``) not dividing the launch.
-    """
-    group = size * context_parallel
-    if num_processes % group:
-        both = f"{KEY} × {RING_KEY} = {group}" if context_parallel > 1 else f"{KEY}: {size}"
-        raise InputError(
-            f"{both} does not divide the {num_processes} process(es) of this launch; launch a multiple of "
-            f"{group} (e.g. `accelerate launch --num_processes {group} -m ctxext train ...`; on the CPU add "
-            f"`--multi_gpu` and ACCELERATE_USE_CPU=true) or set {KEY}=1"
-        )
-
-
 def check_heads(config: Any, size: int) -> UlyssesPlan:
-    """The head plan for a model's config (:func:`ulysses_plan`), refusing what no engine here can split.
+    """The head plan for a model's config (:func:`ctxext.recipe.parallel.split_plan`), refusing what cannot run here.
 
     Raises:
-        InputError: more processes than query heads (naming the hybrid with a ring), or DeepSpeed missing where
-            its attention serves the shape.
+        InputError: a head shape no engine here splits, or DeepSpeed missing where its attention serves the shape.
     """
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = int(text.num_attention_heads)
-    kv = int(getattr(text, "num_key_value_heads", None) or heads)
-    plan = ulysses_plan(heads, kv, size)
-    if isinstance(plan, str):
-        raise InputError(f"{KEY}: {size} {plan}")
     import importlib.util
 
-    if plan.engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
-        raise InputError(
-            f"{KEY}: {size} splits this model's {heads} heads with DeepSpeed's Ulysses attention; {INSTALL_HINT}"
-        )
+    problem = head_split_problem(config, size, importlib.util.find_spec("deepspeed") is not None)
+    if problem:
+        raise InputError(f"{SPLIT_KEY}: {problem}")
+    plan = split_plan(config, size)
+    assert isinstance(plan, UlyssesPlan)  # refused above otherwise
     return plan
-
-
-def ring_refusal(config: Any, attn_implementation: str, cuda: bool) -> str | None:
-    """Why torch's ring attention cannot run this model here (message without the key), or ``None``.
-
-    Args:
-        config: the model's config (``None``: not read, the window is not checked).
-        attn_implementation: the resolved attention implementation.
-        cuda: whether CUDA is available (the ring dispatches only CUDA SDPA kernels).
-    """
-    if not cuda:
-        return "torch's ring attention (context parallelism) runs only CUDA SDPA kernels; set it to 1 on this machine"
-    if attn_implementation != "sdpa":
-        return f"the ring replaces SDPA, not {attn_implementation}; set model.attn_implementation: sdpa"
-    if config is None:  # a Hub model's config is not fetched before training: train checks the window
-        return None
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layer_types = getattr(text, "layer_types", None)
-    # transformers' own rule (PreTrainedModel.supports_context_parallel), on the config alone.
-    if layer_types:
-        windowed = any(t != "full_attention" for t in layer_types)
-    else:
-        windowed = getattr(text, "sliding_window", None) is not None
-    if windowed:
-        return "the ring expresses only full causal attention, and this model's layers attend within a window"
-    return None
 
 
 def start_sequence_parallel(

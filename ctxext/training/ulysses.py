@@ -6,11 +6,11 @@ SmolLM2-135M (9 query heads, 3 key/value heads) cannot be split over 2 processes
 model, and no other engine in the field serves those shapes with Hugging Face models: verl and prime-rl repeat key/value
 heads inside their own trainers, ms-swift lowers the Ulysses degree to gcd(heads, GPUs) and rings the rest, TRL and
 accelerate offer only DeepSpeed's Ulysses and torch's ring. So for exactly those shapes
-(:func:`ctxext.training.sequence_parallel.ulysses_plan` chooses) ctxext runs this attention instead, with the same
+(:func:`ctxext.recipe.parallel.ulysses_plan` chooses) ctxext runs this attention instead, with the same
 contract as DeepSpeed's: registered in transformers' attention table under the backend's own name, fed each
 process's ``T/N`` tokens with their global positions, returning each process's tokens with all heads.
 
-How it splits (rank r of N, as :class:`~ctxext.training.sequence_parallel.UlyssesPlan` says):
+How it splits (rank r of N, as :class:`~ctxext.recipe.parallel.UlyssesPlan` says):
 
 * Query heads are shared out in contiguous, as-even-as-possible ranges (9 heads over 2: 4 and 5). Rank r receives
   its range for the whole sequence, and the key/value heads those query heads read (each query head reads key/value
@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 
 class HeadRanges(Protocol):
-    """What this attention reads of a :class:`~ctxext.training.sequence_parallel.UlyssesPlan`."""
+    """What this attention reads of a :class:`~ctxext.recipe.parallel.UlyssesPlan`."""
 
     @property
     def heads(self) -> int: ...  # noqa: D102

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.errors import InputError
-from ctxext.models.data_sources import FILE_KINDS, file_kind, is_stdlib, looks_like_path
+from ctxext.models.data_sources import FILE_KINDS, file_kind, is_stdlib, looks_like_path, stdlib_problem
 from ctxext.training.data.pose import OFFICIAL_WINDOW, keyed_generator, official_pose_row
 
 
@@ -88,21 +88,6 @@ def _stdlib_paths(path: str) -> tuple[str, ...]:
     # Plain builtin:stdlib trains on the 90 % train split: the evaluator's held-out files stay unseen.
     files = stdlib_source_files(path.removeprefix("builtin:"), default_split="train")
     return tuple(str(p) for p in files if p.stat().st_size >= 1)
-
-
-def stdlib_problem(path: str, text_field: str) -> tuple[str, str] | None:
-    """What is wrong with reading the built-in ``path`` (``builtin:stdlib[-SPLIT]``) in ``text_field``, or ``None``.
-
-    Returns:
-        ``(what, message)``: ``path`` (an unknown split) or ``text_field`` (the built-in has only ``text``).
-    """
-    try:
-        _stdlib_paths(path)
-    except KeyError as exc:
-        return "path", str(exc.args[0])
-    if text_field != "text":
-        return "text_field", f"builtin:stdlib has only the field 'text', not {text_field!r}"
-    return None
 
 
 def load_documents(path: str, text_field: str = "text", split: str = "train", name: str | None = None) -> Any:
