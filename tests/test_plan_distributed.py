@@ -141,7 +141,7 @@ def test_qwen3_config_is_bundled_with_its_q_k_norms():
     [
         (["--mode", "bogus"], "--mode: unknown 'bogus'; choose one of: qlora, lora, full"),
         (["--offload-optimizer"], "--offload-optimizer: plans a full fine-tune's optimizer states"),
-        (["--sp", "3"], "train.sequence_parallel_size: 3 must divide the model's attention heads (32)"),
+        (["--sp", "40"], "train.sequence_parallel_size: 40 exceeds the model's 32 attention heads"),
     ],
 )
 def test_bad_plan_flags_exit_2_naming_the_flag(args, message):

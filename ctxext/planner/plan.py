@@ -297,12 +297,12 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
 
 
 def _check_heads(shape: ModelShape, setup: Setup) -> None:
-    if shape.heads % setup.sequence_parallel:
-        raise InputError(
-            f"train.sequence_parallel_size: {setup.sequence_parallel} must divide the model's attention heads "
-            f"({shape.heads}): each process attends with heads/N query heads (key/value heads, {shape.kv_heads}, "
-            "are replicated where N does not divide them)"
-        )
+    """Refuse a split that training refuses, with training's message (the one rule: ``ulysses_plan``)."""
+    from ctxext.recipe.parallel import SPLIT_KEY, ulysses_plan
+
+    plan = ulysses_plan(shape.heads, shape.kv_heads, setup.sequence_parallel)
+    if isinstance(plan, str):
+        raise InputError(f"{SPLIT_KEY}: {setup.sequence_parallel} {plan}")
 
 
 def what_if(shape: ModelShape, setup: Setup, device: Device) -> dict[str, int]:
