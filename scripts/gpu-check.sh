@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Measured peak GPU memory of every GPU-only training path against `ctxext plan` (one line each, then a summary),
-# then the sequence split's GPU tests (ring, hybrid; one line, skipped on fewer than 2 GPUs).
+# then the sequence split's GPU tests (ring, hybrid; one line, skipped on fewer than 2 GPUs) and the full fine-tune
+# under the shipped FSDP2 and DeepSpeed ZeRO-3 configs (one line).
 # Nothing is downloaded: a random Llama-3-8B-shaped model is built from the bundled config. Sized for under 8 minutes on one
 # H200 with the defaults, before the real checkpoint's journey (not yet timed: no GPU so far). Without CUDA: one line, exit code 2. Output format: docs/planning.md ("GPU check").
 #
