@@ -90,9 +90,11 @@ def test_plan_reads_grouped_heads_and_offers_only_splits_they_divide(gqa_dir):
     assert plan["fits"] and plan["model"] == str(gqa_dir)
     text = flat(runner.invoke(app, args[:-1]).output)
     assert "(2 layers, hidden 72, vocab 512)" in text
-    # Asked for more processes than query heads: refused with the head counts; 3 is planned.
+    # Asked for more processes than query heads: refused with training's message; 2 (replicated) and 3 are planned.
     bad = runner.invoke(app, [*args, "--sp", "10"], env={"COLUMNS": "300"})
-    assert bad.exit_code == 2 and "(9)" in flat(bad.output)
+    assert bad.exit_code == 2 and "exceeds the model's 9 attention heads" in flat(bad.output)
+    two = json.loads(runner.invoke(app, [*args, "--sp", "2"]).output)
+    assert two["setup"]["sequence_parallel"] == 2
     split = json.loads(runner.invoke(app, [*args, "--sp", "3"]).output)
     assert split["setup"]["sequence_parallel"] == 3
 

@@ -141,7 +141,7 @@ def test_qwen3_config_is_bundled_with_its_q_k_norms():
     [
         (["--mode", "bogus"], "--mode: unknown 'bogus'; choose one of: qlora, lora, full"),
         (["--offload-optimizer"], "--offload-optimizer: plans a full fine-tune's optimizer states"),
-        (["--sp", "3"], "train.sequence_parallel_size: 3 must divide the model's attention heads (32)"),
+        (["--sp", "40"], "train.sequence_parallel_size: 40 exceeds the model's 32 attention heads"),
     ],
 )
 def test_bad_plan_flags_exit_2_naming_the_flag(args, message):
@@ -156,6 +156,12 @@ def test_mode_defaults_to_what_the_recipe_trains():
     assert qlora.mode == "qlora" and lora.mode == "lora" and lora.setup.quantization == "none"
     full = plan_recipe(load_recipe(LLAMA3), gpu("h100-80gb"), search=False, advise_changes=False, mode="full")
     assert full.setup.quantization == "none" and full.setup.optimizer == "adamw" and full.setup.lora_targets == ()
+    # The recipe's own train.mode, without --mode: `ctxext plan recipe.yaml train.mode=full`.
+    full_recipe = load_recipe(LLAMA3, ["train.mode=full", "quantization.mode=none"])
+    assert plan_recipe(full_recipe, gpu("h100-80gb"), search=False, advise_changes=False).setup == full.setup
+    args = ["plan", LLAMA3, "train.mode=full", "quantization.mode=none", "--gpu", "h100-80gb", "--json"]
+    planned = json.loads(runner.invoke(app, args).output)
+    assert planned["mode"] == "full" and planned["setup"]["quantization"] == "none"
 
 
 def test_a_full_fine_tune_that_does_not_fit_gets_sharding_and_splits_not_a_4_bit_base():

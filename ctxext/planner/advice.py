@@ -192,9 +192,12 @@ def replication_notes(shape: ModelShape, setup: Setup, device: Device) -> list[s
     passes = 3 if setup.checkpointing else 2
     sent = shape.layers * passes * 2 * local * shape.head_dim * (held - shape.kv_heads / sp) * (sp - 1)
     sent *= setup.residual
+    even = shape.heads % sp == 0  # else the ranks' query ranges differ by one head: the largest is counted
+    held_text = f"{'' if even else 'up to '}{held} key/value head(s)"
+    query_text = f"{shape.heads // sp} query heads" if even else f"{-(-shape.heads // sp)} or fewer query heads"
     notes = [
         f"key/value heads replicated: sp {sp} does not divide the {shape.kv_heads} key/value heads, so each rank "
-        f"holds {held} key/value head(s) for its {shape.heads // sp} query heads ({extra} replicas in all): "
+        f"holds {held_text} for its {query_text} ({extra} replicas in all): "
         f"+{cost / 2**30:.2f} GiB per GPU in the recomputed layer's attention (k, v and their gradients), "
         f"+{sent / 2**30:.2f} GiB sent per GPU per micro-batch"
     ]

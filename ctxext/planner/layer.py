@@ -52,27 +52,27 @@ class Saved:
 
 
 def kv_heads_per_rank(shape: ModelShape, sp: int) -> int:
-    """Key/value heads one rank holds under a Ulysses split of ``sp``: the distinct groups its query heads use.
+    """Key/value heads one rank holds under a Ulysses split of ``sp``: the most any rank's query heads read.
 
-    A split dividing the key/value heads gives each rank ``kv/sp``; a wider one repeats heads, each rank holding
-    those its ``ceil(heads/sp)`` query heads read (one when ``sp`` is a multiple of the key/value heads).
+    The ranges are training's own (:func:`ctxext.recipe.parallel.ulysses_plan`): a split dividing the key/value
+    heads gives each rank ``kv/sp``; a wider or uneven one repeats heads where a rank's query heads need them.
     """
+    from ctxext.recipe.parallel import ulysses_plan
+
     if sp == 1:
         return shape.kv_heads
-    if shape.kv_heads % sp == 0:
-        return shape.kv_heads // sp
-    per_rank = -(-shape.heads // sp)
-    group = max(1, shape.heads // shape.kv_heads)
-    spans = []
-    for rank in range(sp):
-        first, last = rank * per_rank, min(shape.heads, (rank + 1) * per_rank) - 1
-        spans.append(last // group - first // group + 1 if last >= first else 0)
-    return max(spans)
+    plan = ulysses_plan(shape.heads, shape.kv_heads, sp)
+    if isinstance(plan, str):  # refused by the plan's head check before any term is computed
+        raise ValueError(plan)
+    return max(hi - lo for lo, hi in plan.kv)
 
 
 def replicated_kv(shape: ModelShape, s: Setup) -> int:
     """Key/value heads added by replication under the split (0 when the split divides them)."""
-    return kv_heads_per_rank(shape, s.sequence_parallel) * s.sequence_parallel - shape.kv_heads
+    from ctxext.recipe.parallel import ulysses_plan
+
+    plan = ulysses_plan(shape.heads, shape.kv_heads, s.sequence_parallel)
+    return 0 if isinstance(plan, str) else plan.replicated_kv
 
 
 def _trained(s: Setup, module: str) -> bool:

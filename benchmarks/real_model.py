@@ -1,0 +1,530 @@
+"""The real checkpoint's journey: SmolLM2-135M-Instruct extended from its 8k window to 32k tokens (4×).
+
+Variants: the base unpatched at 8k, 16k and 32k; linear, dynamic NTK, YaRN and llama3 extended training-free to
+16k and to 32k; LongRoPE factors searched at 16k; the default recipe's nf4 QLoRA fine-tune to 32k (PoSE rows of
+at most 4k tokens whose positions cover 32k), before and after ``ctxext calibrate``.
+
+Every measurement rides on long inputs built from real long documents, the Vim reference manuals (English prose
+with cross-references between distant sections, 170–420 KB each: long-range text that is not generated). An
+input is one manual's first tokens, truncated to the length, with ``--keys`` needles hidden at depths 0–100 %
+and a question and answer per needle after it (:mod:`ctxext.tasks.keyset`). One forward pass gives:
+
+* perplexity by position of the manual's own tokens (the needles and the questions left out), and
+* every needle's teacher-forced retrieval: correct iff greedy decoding writes the key.
+
+A key-value lookup task beyond the needle (a JSON-like object of random keys, several lookups per input) runs at
+8k and at 32k. All variants see the same inputs (paired). Intervals are 95 %: perplexity bootstrapped over
+documents, retrieval by a cluster bootstrap over inputs (the keys of one input share it), next to each cell's n.
+
+A forward pass of this model at 32k takes ~6 minutes on two quiet cores: the run is sized to a few hours, says
+its estimate before it starts, writes each cell to ``real_model.json`` as it completes, and a rerun skips the
+cells that are done. Run it alone on the machine::
+
+    python -m benchmarks.real_model --estimate                 # the plan and its time, nothing run
+    nice -n 5 python -m benchmarks.real_model                  # run (resumable)
+    python -m benchmarks.real_model --render-only              # the page from the stored cells
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BASE = "builtin:smollm2-135m-instruct"
+# Needles in the held-out form (`{name}_id = key`, never trained on), four per input: measured at 2,048 tokens
+# with its chat template, this base retrieves 6/6 keys with two needles per input, 11/18 with six; the prose form
+# (RULER's) 2/6 and 9/18. Fewer needles per forward keep the task inside what the base can do in its window.
+TEMPLATE = 4
+DEPTH_BANDS = 5
+ORIGINAL = 8192
+TARGET = 32768
+METHODS = ("linear", "dynamic", "yarn", "llama3")
+DOCS_DIR = Path("/usr/share/vim/vim90/doc")
+# Single long manuals (each longer than 32k tokens of this tokenizer), in the order inputs take them.
+DOCS = ("builtin.txt", "options.txt", "syntax.txt", "eval.txt", "pi_netrw.txt")
+RESULTS = Path(__file__).parent / "results"
+JSON_FILE = RESULTS / "real_model.json"
+PAGE = RESULTS / "real_model.md"
+BUCKETS = 8
+# Inputs per length: a forward at 32k costs ~11 of one at 8k.
+INPUTS = {8192: 5, 16384: 4, 32768: 3}
+KV_INPUTS = {8192: 2, 32768: 1}
+MID = TARGET // 2  # the middle length: variants extended to it, and the LongRoPE search's target
+DEVICE = "cpu"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measurement: a variant at a length, ``kind`` ``keys`` (perplexity + retrieval) or ``kv`` (lookup)."""
+
+    variant: str
+    length: int
+    kind: str = "keys"
+
+    @property
+    def key(self) -> str:
+        """The cell's name in the results file."""
+        return f"{self.variant}@{self.length}:{self.kind}"
+
+    def forwards(self) -> int:
+        """Forward passes the cell runs."""
+        return (KV_INPUTS if self.kind == "kv" else INPUTS)[self.length]
+
+
+def variants() -> dict[str, int | None]:
+    """Every variant and the target length it is extended to (``None``: the base)."""
+    out: dict[str, int | None] = {"base": None}
+    for method in METHODS:
+        for target in (MID, TARGET):
+            out[f"{method}-{target // 1024}k"] = target
+    out[f"longrope-{MID // 1024}k"] = MID
+    out["finetuned"] = TARGET
+    out["calibrated"] = TARGET
+    return out
+
+
+def plan_cells() -> list[Cell]:
+    """The table's cells, cheapest first within each variant."""
+    cells = [Cell("base", L) for L in (ORIGINAL, MID, TARGET)] + [Cell("base", ORIGINAL, "kv")]
+    for name, target in variants().items():
+        if target is None:
+            continue
+        # In-window cost (the variant inside the base's window), then the variant's own target.
+        inside = [] if name.startswith("dynamic") else [Cell(name, ORIGINAL)]
+        cells += inside + [Cell(name, target)]
+        if name in ("finetuned", "calibrated"):
+            cells += [Cell(name, MID), Cell(name, ORIGINAL, "kv"), Cell(name, TARGET, "kv")]
+        elif name in (f"yarn-{TARGET // 1024}k", f"llama3-{TARGET // 1024}k"):
+            cells.append(Cell(name, TARGET, "kv"))
+    return cells
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inputs (one set for every variant)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _depths(keys: int, index: int, count: int) -> list[float]:
+    # Evenly over 0–100 %, shifted from input to input so that the inputs together cover every depth band.
+    shift = (index + 0.5) / count
+    return [(k + shift) / keys for k in range(keys)]
+
+
+def build_inputs(tokenizer: Any, length: int, kind: str, keys: int, seed: int) -> list[Any]:
+    """The key sets of one length (the same for every variant: seeded by the length and the input)."""
+    from ctxext.evaluation.settings import decide_chat
+    from ctxext.tasks import Haystack
+    from ctxext.tasks.chat import chat_wrap
+    from ctxext.tasks.keyset import make_json_keyset, make_keyset
+
+    # What `ctxext eval` does by default (--chat-template auto): this instruct model gets its chat template, each
+    # question in a user turn and its answer prefix opening the assistant turn.
+    chat = chat_wrap(tokenizer, decided=decide_chat(BASE))
+    out = []
+    if kind == "kv":
+        hay = Haystack.from_texts(tokenizer, [(DOCS_DIR / DOCS[0]).read_text(errors="replace")], 4096)
+        for i in range(KV_INPUTS[length]):
+            rng = random.Random(f"{seed}-kv-{length}-{i}")
+            depths = [d / 10 for d in range(11)]
+            out.append(make_json_keyset(tokenizer, hay, length, depths, rng, template=0, chat=chat))
+        return out
+    for i in range(INPUTS[length]):
+        # More inputs than manuals (--scale): the next stretch of each manual, from its beginning on.
+        lap = i // len(DOCS)
+        text = (DOCS_DIR / DOCS[i % len(DOCS)]).read_text(errors="replace")
+        hay = Haystack.from_texts(tokenizer, [text], length * (lap + 1))
+        rng = random.Random(f"{seed}-keys-{length}-{i}")
+        depths = _depths(keys, i, INPUTS[length])
+        # The needle form no training row uses, the manual's text in order: the truncated-document protocol.
+        ks = make_keyset(tokenizer, hay, length, depths, rng, template=TEMPLATE, offset=lap * length, chat=chat)
+        out.append(ks)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measuring
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def measure(model: Any, inputs: list[Any], length: int, kind: str) -> dict[str, Any]:
+    """One pass per input: the document's NLL by position bucket and every answer's outcome."""
+    import torch
+
+    from ctxext.rope.runtime import reset_dynamic_rope
+    from ctxext.scoring.nll import token_scores
+
+    per_input = []
+    for ks in inputs:
+        reset_dynamic_rope(model)
+        started = time.time()
+        with torch.no_grad():
+            nll, hits = token_scores(model, torch.tensor([ks.ids]))
+        nll, hits = nll[0].double(), hits[0]
+        outcomes = [bool(hits[s - 1 : e - 1].all()) for s, e in ks.spans]
+        entry: dict[str, Any] = {
+            "correct": outcomes,
+            "depths": ks.depths,
+            "seconds": round(time.time() - started, 1),
+        }
+        if kind == "keys":
+            keep = torch.zeros(len(ks.ids), dtype=torch.bool)
+            keep[ks.filler[0] + 1 : ks.filler[1]] = True
+            for s, e in ks.needle_spans:
+                keep[s : e + 1] = False  # the needle and the token right after it are not the manual's text
+            size = length // BUCKETS
+            sums, counts = [], []
+            for b in range(BUCKETS):
+                mask = keep[b * size : (b + 1) * size]
+                # Token t is index t − 1 of the scores (it is predicted from position t − 1).
+                idx = torch.arange(b * size, (b + 1) * size)[mask]
+                idx = idx[idx >= 1] - 1
+                sums.append(float(nll[idx].sum()))
+                counts.append(int(len(idx)))
+            entry.update({"nll_sums": sums, "counts": counts})
+        per_input.append(entry)
+        print(f"    input {len(per_input)}/{len(inputs)}: {sum(outcomes)}/{len(outcomes)} keys, {entry['seconds']} s")
+    reset_dynamic_rope(model)
+    return {"inputs": per_input}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Variants
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _ctxext(args: list[str], log: Path) -> float:
+    """Run a ``ctxext`` command (its output into ``log``); its wall time. Exit on failure with the log named."""
+    started = time.time()
+    with log.open("a") as fh:
+        fh.write(f"$ ctxext {' '.join(args)}\n")
+        fh.flush()
+        done = subprocess.run([sys.executable, "-m", "ctxext", *args], stdout=fh, stderr=subprocess.STDOUT)
+    if done.returncode:
+        sys.exit(f"ctxext {args[0]} failed (exit {done.returncode}); see {log}")
+    return time.time() - started
+
+
+def prepare(name: str, work: Path, store: dict[str, Any], opts: argparse.Namespace) -> Any:
+    """The variant's model reference (a folder or a run), built (and timed, into the store) if needed."""
+    from ctxext.models.sources import resolve_model_path
+
+    target = variants()[name]
+    stages = store.setdefault("stages", {})
+    if target is None:
+        if "conversion" not in stages:
+            started = time.time()
+            resolve_model_path(BASE)  # converted from the wheel on first use
+            stages["conversion"] = {"seconds": round(time.time() - started, 1), "command": f"ctxext inspect {BASE}"}
+            _save(store)
+        return str(resolve_model_path(BASE))
+    out = work / name
+    log = work / "commands.log"
+    if name.startswith("longrope"):
+        cmd = [
+            "search", BASE, "--target-length", str(target), "--out", str(out), "--budget", opts.search_budget,
+            "--samples", "2", "--population", "6", "--generations", "1", "--attention-factor", "1",
+            "--window-docs", "8", "--no-report",
+        ]  # fmt: skip
+    elif name in ("finetuned", "calibrated"):
+        out = work / "finetuned"
+        cmd = [
+            "train", opts.recipe, f"model.path={BASE}", f"rope.target_length={TARGET}", f"output.dir={out}",
+            *opts.train_override,
+        ]  # fmt: skip
+    else:
+        method = name.split("-")[0]
+        cmd = ["extend", BASE, "--method", method, "--target-length", str(target), "--out", str(out)]
+    if not (out / ("run.json" if name in ("finetuned", "calibrated") else "config.json")).is_file():
+        stage = "train" if name in ("finetuned", "calibrated") else name
+        seconds = _ctxext(cmd, log)
+        stages[stage] = {"seconds": round(seconds), "command": "ctxext " + " ".join(cmd)}
+        _save(store)
+    if name == "calibrated" and "calibrate" not in stages:
+        cal = ["calibrate", str(out), *opts.calibrate_override]
+        seconds = _ctxext(cal, log)
+        stages["calibrate"] = {"seconds": round(seconds), "command": "ctxext " + " ".join(cal)}
+        _save(store)
+    return str(out)
+
+
+def _load(name: str, ref: str) -> Any:
+    from ctxext.models.load import ModelSpec, load_model
+
+    # The fine-tune "before calibrate" is measured without any calibration record the run may have by then.
+    return load_model(ModelSpec(ref, name=name), device=DEVICE, calibrated=name != "finetuned")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Storage, estimate, run
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _read() -> dict[str, Any]:
+    return json.loads(JSON_FILE.read_text()) if JSON_FILE.is_file() else {"cells": {}, "stages": {}}
+
+
+def _save(store: dict[str, Any]) -> None:
+    tmp = JSON_FILE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(store, indent=1) + "\n")
+    tmp.replace(JSON_FILE)
+
+
+def estimate(cells: list[Cell], seconds_2k: float) -> float:
+    """Seconds the cells' forwards take, scaled from one 2,048-token forward (attention quadratic in length)."""
+    from ctxext.models.cost import forward_flops
+    from ctxext.models.sources import config_from_folder, resolve_model_path
+
+    config = config_from_folder(resolve_model_path(BASE))
+    per = {L: seconds_2k * forward_flops(config, L, L) / forward_flops(config, 2048) for L in (ORIGINAL, MID, TARGET)}
+    return sum(per[c.length] * c.forwards() for c in cells)
+
+
+def run(opts: argparse.Namespace) -> None:
+    """Measure every cell not yet stored, variant by variant, saving each as it completes."""
+    from ctxext.models.cost import ForwardClock
+
+    store = _read()
+    store["settings"] = {"keys_per_input": opts.keys, "inputs": INPUTS, "kv_inputs": KV_INPUTS, "seed": opts.seed}
+    todo = [c for c in plan_cells() if c.key not in store["cells"]]
+    if opts.only:
+        todo = [c for c in todo if any(c.variant.startswith(o) for o in opts.only)]
+    if opts.max_length:
+        todo = [c for c in todo if c.length <= opts.max_length]
+    work = Path(opts.work)
+    work.mkdir(parents=True, exist_ok=True)
+    base = _load("base", prepare("base", work, store, opts))
+    clock = ForwardClock.measure(base.model, 2048)
+    secs = estimate(todo, clock.seconds)
+    print(f"{len(todo)} cells to measure ({len(store['cells'])} done): forwards ≈ {secs / 3600:.1f} h "
+          f"({clock.note()}; building variants, training and calibration come on top)")  # fmt: skip
+    if opts.estimate:
+        for c in todo:
+            print(f"  {c.key}: {c.forwards()} forward(s)")
+        return
+    inputs: dict[tuple[int, str], list[Any]] = {}
+    loaded = {"base": base}
+    for cell in todo:
+        if cell.variant not in loaded:
+            loaded.clear()  # one model in memory at a time
+            loaded[cell.variant] = _load(cell.variant, prepare(cell.variant, work, store, opts))
+        model = loaded[cell.variant]
+        if (cell.length, cell.kind) not in inputs:
+            inputs[(cell.length, cell.kind)] = build_inputs(
+                model.tokenizer, cell.length, cell.kind, opts.keys, opts.seed
+            )
+        print(f"{cell.key}: {cell.forwards()} forward(s) of {cell.length} tokens")
+        started, load = time.time(), os.getloadavg()[0]
+        result = measure(model.model, inputs[(cell.length, cell.kind)], cell.length, cell.kind)
+        result["seconds"] = round(time.time() - started)
+        # Wall times are comparable only on a quiet machine: the load when the cell started says whether it was.
+        result["load_average"] = round(load, 1)
+        result["attention_temperature"] = model.attention_temperature
+        store["cells"][cell.key] = result
+        _save(store)
+    render(store)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The page
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _retrieval(cell: dict[str, Any]) -> tuple[list[bool], list[int], list[float]]:
+    correct, clusters, depths = [], [], []
+    for i, entry in enumerate(cell["inputs"]):
+        correct += entry["correct"]
+        clusters += [i] * len(entry["correct"])
+        depths += entry["depths"]
+    return correct, clusters, depths
+
+
+def _rate(cell: dict[str, Any]) -> str:
+    from ctxext.scoring.stats import cluster_rate
+
+    correct, clusters, _ = _retrieval(cell)
+    r = cluster_rate(correct, clusters)
+    ci = "" if math.isnan(r["ci_low"]) else f" [{100 * r['ci_low']:.0f}, {100 * r['ci_high']:.0f}]"
+    return f"{100 * r['rate']:.0f}{ci} (n={r['trials']}, {r['clusters']} inputs)"
+
+
+def _ppl(cell: dict[str, Any], bucket: int | None = None) -> str:
+    import numpy as np
+
+    from ctxext.scoring.stats import ppl_entry
+
+    sums = np.array([sum(e["nll_sums"]) if bucket is None else e["nll_sums"][bucket] for e in cell["inputs"]])
+    counts = np.array([sum(e["counts"]) if bucket is None else e["counts"][bucket] for e in cell["inputs"]])
+    e = ppl_entry(sums, counts)
+    return f"{e['ppl']:.2f} [{e['ci_low']:.2f}, {e['ci_high']:.2f}]"
+
+
+def _by_depth(cell: dict[str, Any]) -> str:
+    # Correct / trials in each fifth of the depths (0–20 %, …, 80–100 %).
+    correct, _, depths = _retrieval(cell)
+    parts = []
+    for band in range(DEPTH_BANDS):
+        hit = [c for c, x in zip(correct, depths, strict=True) if min(int(x * DEPTH_BANDS), DEPTH_BANDS - 1) == band]
+        parts.append(f"{sum(hit)}/{len(hit)}")
+    return " · ".join(parts)
+
+
+def _wall(cell: dict[str, Any]) -> str:
+    # A cell measured while other work ran on the 2 cores took longer than the model needs: say so beside it.
+    load = cell.get("load_average", 0.0)
+    return f"{cell['seconds']}" + (f" (load {load:g}: not a timing)" if load > 2.5 else "")
+
+
+def _paired(a: dict[str, Any], b: dict[str, Any]) -> str:
+    import numpy as np
+
+    from ctxext.scoring.stats import mcnemar_exact, paired_cluster_difference, paired_ppl_ratio
+
+    ca, clusters, _ = _retrieval(a)
+    cb, _, _ = _retrieval(b)
+    diff = paired_cluster_difference(ca, cb, clusters)
+    mc = mcnemar_exact(ca, cb)
+    out = (
+        f"retrieval {100 * diff['difference']:+.0f} points [{100 * diff['ci_low']:+.0f}, {100 * diff['ci_high']:+.0f}] "
+        f"(cluster bootstrap p = {diff['p_value']:.2g}; keys as independent: +{mc['only_a']}/−{mc['only_b']}, "
+        f"McNemar p = {mc['p_value']:.2g})"
+    )
+    if "nll_sums" in a["inputs"][0] and "nll_sums" in b["inputs"][0]:
+        sa = np.array([sum(e["nll_sums"]) for e in a["inputs"]])
+        sb = np.array([sum(e["nll_sums"]) for e in b["inputs"]])
+        counts = np.array([sum(e["counts"]) for e in a["inputs"]], dtype=float)
+        r = paired_ppl_ratio(sa, sb, counts)
+        out += f"; ppl ratio {r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] (p = {r['p_value']:.2g})"
+    return out
+
+
+def render(store: dict[str, Any]) -> None:
+    """Write the page from the stored cells (missing cells shown as not yet measured)."""
+    from benchmarks._common import measured_on
+
+    cells = store["cells"]
+    lines = [
+        f"# SmolLM2-135M-Instruct, 8k → {TARGET // 1024}k: the whole journey on a real checkpoint ({DEVICE})",
+        "",
+        "Regenerate: `nice -n 5 python -m benchmarks.real_model` (resumable; `--estimate` first), then "
+        "`python -m benchmarks.real_model --render-only`.",
+        "",
+        measured_on(),
+        "",
+        f"Inputs: the Vim reference manuals ({', '.join(DOCS)}), each one's first tokens truncated to the length, "
+        f"{store.get('settings', {}).get('keys_per_input', '?')} needles per input at depths 0–100 % with a "
+        f"question and answer per needle after the text (the held-out needle form {TEMPLATE}, in the model's chat "
+        "template as `ctxext eval` uses it by default); perplexity over the manual's own tokens (needles and "
+        "questions left out). Retrieval: % of keys correct, teacher-forced, 95 % cluster-bootstrap interval over "
+        "inputs. Perplexity: 95 % bootstrap over inputs.",
+        "",
+        "| variant | length | retrieval % [95 %] | by depth, fifths 0 → 100 % | perplexity [95 %] | wall s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in plan_cells():
+        if c.kind != "keys":
+            continue
+        got = cells.get(c.key)
+        if got is None:
+            lines.append(f"| {c.variant} | {c.length} | not yet measured | | | |")
+            continue
+        lines.append(f"| {c.variant} | {c.length} | {_rate(got)} | {_by_depth(got)} | {_ppl(got)} | {_wall(got)} |")
+    lines += ["", "## Key-value lookup (a JSON-like object of random keys, 11 lookups per input)", ""]
+    lines += ["| variant | length | correct % [95 %] | by depth 0 → 100 % |", "| --- | --- | --- | --- |"]
+    for c in plan_cells():
+        if c.kind == "kv":
+            got = cells.get(c.key)
+            lines.append(
+                f"| {c.variant} | {c.length} | {_rate(got) if got else 'not yet measured'} | "
+                f"{_by_depth(got) if got else ''} |"
+            )
+    lines += _comparisons(cells) + _stages(store)
+    PAGE.write_text("\n".join(lines) + "\n")
+    print(f"wrote {PAGE}")
+
+
+def _comparisons(cells: dict[str, Any]) -> list[str]:
+    lines = ["", "## Paired comparisons", ""]
+    for length in (MID, TARGET):
+        free = [f"{m}-{length // 1024}k@{length}:keys" for m in METHODS] + (
+            [f"longrope-{MID // 1024}k@{MID}:keys"] if length == MID else []
+        )
+        have = [k for k in free if k in cells]
+        tuned = f"finetuned@{length}:keys"
+        if not have or tuned not in cells:
+            lines.append(f"- {length} tokens: not yet measured")
+            continue
+        best = max(have, key=lambda k: sum(_retrieval(cells[k])[0]))
+        lines.append(f"- {length} tokens, fine-tuned vs the best training-free ({best.split('@')[0]}): "
+                     f"{_paired(cells[tuned], cells[best])}")  # fmt: skip
+        cal = f"calibrated@{length}:keys"
+        if cal in cells:
+            lines.append(f"- {length} tokens, calibrated vs fine-tuned: {_paired(cells[cal], cells[tuned])}")
+    base = cells.get(f"base@{ORIGINAL}:keys")
+    for name in [v for v in variants() if v != "base"]:
+        key = f"{name}@{ORIGINAL}:keys"
+        if base is not None and key in cells:
+            lines.append(f"- in-window cost ({ORIGINAL} tokens), {name} vs base: {_paired(cells[key], base)}")
+    return lines
+
+
+def _stages(store: dict[str, Any]) -> list[str]:
+    lines = ["", "## Stages (wall time, command)", ""]
+    for name, stage in store.get("stages", {}).items():
+        lines.append(f"- {name}: {stage['seconds']} s — `{stage['command']}`")
+    return lines
+
+
+def configure(target: int, device: str, results: str, scale: int) -> None:
+    """Set the run's lengths, device, files and input counts (the defaults: the CPU table, 8k → 32k)."""
+    global TARGET, MID, DEVICE, JSON_FILE, PAGE, INPUTS, KV_INPUTS  # one run per process: module-wide settings
+    if target <= ORIGINAL or target % ORIGINAL:
+        raise SystemExit(f"--target {target}: use a multiple of {ORIGINAL} above it (e.g. 32768 or 65536)")
+    TARGET, MID, DEVICE = target, target // 2, device
+    JSON_FILE, PAGE = RESULTS / f"{results}.json", RESULTS / f"{results}.md"
+    # A forward at the target costs most: fewest inputs there (before --scale).
+    INPUTS = {ORIGINAL: 5 * scale, MID: 4 * scale, TARGET: 3 * scale}
+    KV_INPUTS = {ORIGINAL: 2 * scale, TARGET: 1 * scale}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the options and run (or estimate, or render)."""
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.real_model", description=__doc__.splitlines()[0])
+    parser.add_argument("--work", default="runs/real_model", help="folder for the variants' models and runs")
+    parser.add_argument("--keys", type=int, default=4, help="needles per long input (depths spread 0–100 %%)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the inputs")
+    parser.add_argument("--only", nargs="*", default=[], help="measure only variants starting with these names")
+    parser.add_argument("--max-length", type=int, default=0, help="measure only cells up to this many tokens")
+    parser.add_argument("--recipe", default="recipes/smollm2-32k.yaml", help="the fine-tune's recipe")
+    parser.add_argument("--train-override", nargs="*", default=[], help="key=value overrides for the fine-tune")
+    parser.add_argument("--calibrate-override", nargs="*", default=[], help="flags for ctxext calibrate")
+    parser.add_argument("--search-budget", default="40m", help="time budget of the LongRoPE search at 16k")
+    parser.add_argument("--estimate", action="store_true", help="print the cells and their time, run nothing")
+    parser.add_argument("--render-only", action="store_true", help="rewrite the page from real_model.json")
+    parser.add_argument("--device", default="cpu", help="where the variants run (cuda: the prepared GPU check)")
+    parser.add_argument("--target", type=int, default=TARGET, help="the extended length (a power of 2 × 8,192)")
+    parser.add_argument("--scale", type=int, default=1, help="inputs per length × this (more trials on a GPU)")
+    parser.add_argument("--results", default="real_model", help="name of the results .json and .md")
+    opts = parser.parse_args(argv)
+    configure(opts.target, opts.device, opts.results, opts.scale)
+    if not DOCS_DIR.is_dir():
+        raise SystemExit(f"{DOCS_DIR}: the inputs are Vim's reference manuals; install them (apt install vim-runtime)")
+    if opts.render_only:
+        render(_read())
+        return
+    run(opts)
+
+
+if __name__ == "__main__":
+    main()
