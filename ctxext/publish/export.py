@@ -288,7 +288,7 @@ def export_for(
     from ctxext.atomic import write_manifest
     from ctxext.publish.merge import MERGED_KIND, merge_run
 
-    merge_run(src, out, overwrite=overwrite, log=log)
+    merge_run(src, out, overwrite=overwrite, log=log, force_flag=None)  # export has no --force
     out = Path(out)
     text = commands_markdown(serving_facts(out), targets)
     (out / COMMANDS_FILE).write_text(text)
