@@ -75,7 +75,8 @@ def read_run(run_dir: str | Path, allow_incomplete: bool = False, force_flag: st
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise InputError(f"{run_dir} does not exist; pass the run folder written by `ctxext train`")
+        what = "is a file, not a folder" if run_dir.exists() else "does not exist"
+        raise InputError(f"{run_dir} {what}; pass the run folder written by `ctxext train`")
     record = RunRecord.read(run_dir)
     if not record.complete and not allow_incomplete:
         raise IncompleteRunError(

@@ -347,9 +347,14 @@ def read_task_config(path: str | Path) -> dict[str, Any]:
 
 
 def missing_data(folder: str | Path) -> list[Path]:
-    """The files an export's tasks read that are not in ``folder`` (its loader module, each task's documents)."""
+    """The files an export's tasks read that are not in ``folder`` (its loader module, each task's documents).
+
+    A folder ``ctxext tasks export`` did not write (a user's own lm-eval tasks) has none: ``[]``.
+    """
     folder = Path(folder)
-    export = read_export(folder) or {}
+    export = read_export(folder)
+    if export is None:
+        return []
     names = [f"{LOADER_MODULE}.py", *(f"{t.get('name')}.jsonl" for t in export.get("tasks", []))]
     return [folder / n for n in names if not (folder / n).is_file()]
 

@@ -278,6 +278,9 @@ def export_for(
 
     check_targets(targets)
     src = Path(src)
+    if not src.is_dir():
+        what = "is a file, not a folder" if src.exists() else "does not exist"
+        raise InputError(f"{src} {what}: pass a run folder or a model folder (ctxext extend / merge)")
     if not is_run_folder(src):
         if out is not None:
             raise InputError(f"--out: {src} is a model folder, used as it is; --out is where a run folder is merged")
