@@ -584,3 +584,26 @@ def test_two_calibrations_of_one_run_at_once(trained_run, tmp_path):
     assert "Traceback" not in second.stderr
     record = json.loads((run / "calibration.json").read_text())
     assert record["attention_temperature"] == 1.0 and not lock.exists()
+
+
+@pytest.mark.slow
+def test_sigterm_stops_an_evaluation_mid_work_and_leaves_nothing_half_written(tmp_path):
+    """SIGTERM during an evaluation's forwards: exit 143 within the running operation, no report, no temporary
+    folder, no lock. A report is written whole or not at all (a partial one would read as a finished result)."""
+    cmd = ctxext_cmd("eval", "ppl", "--model", "builtin:tiny-llama", "--lengths", "16384", "--allow-beyond-context")
+    cmd += ["--data", "builtin:stdlib-long", "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, env=env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = lock_path(tmp_path / "out")
+    deadline = time.time() + 120
+    while not lock.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert lock.exists(), proc.communicate()
+    time.sleep(8)  # into the model load and the first long forwards
+    assert proc.poll() is None, proc.communicate()
+    proc.terminate()
+    sent = time.time()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert time.time() - sent < 60, "SIGTERM waited for the whole evaluation"
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no report, no .out.tmp-*, no lock
