@@ -58,6 +58,8 @@ BUCKETS = 8
 # Inputs per length: a forward at 32k costs ~11 of one at 8k.
 INPUTS = {8192: 5, 16384: 4, 32768: 3}
 KV_INPUTS = {8192: 2, 32768: 1}
+MID = TARGET // 2  # the middle length: variants extended to it, and the LongRoPE search's target
+DEVICE = "cpu"
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,9 @@ def variants() -> dict[str, int | None]:
     """Every variant and the target length it is extended to (``None``: the base)."""
     out: dict[str, int | None] = {"base": None}
     for method in METHODS:
-        for target in (16384, TARGET):
+        for target in (MID, TARGET):
             out[f"{method}-{target // 1024}k"] = target
-    out["longrope-16k"] = 16384
+    out[f"longrope-{MID // 1024}k"] = MID
     out["finetuned"] = TARGET
     out["calibrated"] = TARGET
     return out
@@ -92,7 +94,7 @@ def variants() -> dict[str, int | None]:
 
 def plan_cells() -> list[Cell]:
     """The table's cells, cheapest first within each variant."""
-    cells = [Cell("base", L) for L in (8192, 16384, TARGET)] + [Cell("base", 8192, "kv")]
+    cells = [Cell("base", L) for L in (ORIGINAL, MID, TARGET)] + [Cell("base", ORIGINAL, "kv")]
     for name, target in variants().items():
         if target is None:
             continue
@@ -100,8 +102,8 @@ def plan_cells() -> list[Cell]:
         inside = [] if name.startswith("dynamic") else [Cell(name, ORIGINAL)]
         cells += inside + [Cell(name, target)]
         if name in ("finetuned", "calibrated"):
-            cells += [Cell(name, 16384), Cell(name, ORIGINAL, "kv"), Cell(name, TARGET, "kv")]
-        elif name in ("yarn-32k", "llama3-32k"):
+            cells += [Cell(name, MID), Cell(name, ORIGINAL, "kv"), Cell(name, TARGET, "kv")]
+        elif name in (f"yarn-{TARGET // 1024}k", f"llama3-{TARGET // 1024}k"):
             cells.append(Cell(name, TARGET, "kv"))
     return cells
 
@@ -136,15 +138,15 @@ def build_inputs(tokenizer: Any, length: int, kind: str, keys: int, seed: int) -
             out.append(make_json_keyset(tokenizer, hay, length, depths, rng, template=0, chat=chat))
         return out
     for i in range(INPUTS[length]):
-        text = (DOCS_DIR / DOCS[i]).read_text(errors="replace")
-        hay = Haystack.from_texts(tokenizer, [text], length)
+        # More inputs than manuals (--scale): the next stretch of each manual, from its beginning on.
+        lap = i // len(DOCS)
+        text = (DOCS_DIR / DOCS[i % len(DOCS)]).read_text(errors="replace")
+        hay = Haystack.from_texts(tokenizer, [text], length * (lap + 1))
         rng = random.Random(f"{seed}-keys-{length}-{i}")
-        # The needle form no training row uses, at the manual's beginning: the truncated-document protocol.
-        out.append(
-            make_keyset(
-                tokenizer, hay, length, _depths(keys, i, INPUTS[length]), rng, template=TEMPLATE, offset=0, chat=chat
-            )
-        )
+        depths = _depths(keys, i, INPUTS[length])
+        # The needle form no training row uses, the manual's text in order: the truncated-document protocol.
+        ks = make_keyset(tokenizer, hay, length, depths, rng, template=TEMPLATE, offset=lap * length, chat=chat)
+        out.append(ks)
     return out
 
 
@@ -258,7 +260,7 @@ def _load(name: str, ref: str) -> Any:
     from ctxext.models.load import ModelSpec, load_model
 
     # The fine-tune "before calibrate" is measured without any calibration record the run may have by then.
-    return load_model(ModelSpec(ref, name=name), device="cpu", calibrated=name != "finetuned")
+    return load_model(ModelSpec(ref, name=name), device=DEVICE, calibrated=name != "finetuned")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -282,7 +284,7 @@ def estimate(cells: list[Cell], seconds_2k: float) -> float:
     from ctxext.models.sources import config_from_folder, resolve_model_path
 
     config = config_from_folder(resolve_model_path(BASE))
-    per = {L: seconds_2k * forward_flops(config, L, L) / forward_flops(config, 2048) for L in (8192, 16384, TARGET)}
+    per = {L: seconds_2k * forward_flops(config, L, L) / forward_flops(config, 2048) for L in (ORIGINAL, MID, TARGET)}
     return sum(per[c.length] * c.forwards() for c in cells)
 
 
@@ -410,7 +412,7 @@ def render(store: dict[str, Any]) -> None:
 
     cells = store["cells"]
     lines = [
-        "# SmolLM2-135M-Instruct, 8k → 32k: the whole journey on a real checkpoint",
+        f"# SmolLM2-135M-Instruct, 8k → {TARGET // 1024}k: the whole journey on a real checkpoint ({DEVICE})",
         "",
         "Regenerate: `nice -n 5 python -m benchmarks.real_model` (resumable; `--estimate` first), then "
         "`python -m benchmarks.real_model --render-only`.",
@@ -451,9 +453,9 @@ def render(store: dict[str, Any]) -> None:
 
 def _comparisons(cells: dict[str, Any]) -> list[str]:
     lines = ["", "## Paired comparisons", ""]
-    for length in (16384, TARGET):
+    for length in (MID, TARGET):
         free = [f"{m}-{length // 1024}k@{length}:keys" for m in METHODS] + (
-            ["longrope-16k@16384:keys"] if length == 16384 else []
+            [f"longrope-{MID // 1024}k@{MID}:keys"] if length == MID else []
         )
         have = [k for k in free if k in cells]
         tuned = f"finetuned@{length}:keys"
@@ -481,6 +483,18 @@ def _stages(store: dict[str, Any]) -> list[str]:
     return lines
 
 
+def configure(target: int, device: str, results: str, scale: int) -> None:
+    """Set the run's lengths, device, files and input counts (the defaults: the CPU table, 8k → 32k)."""
+    global TARGET, MID, DEVICE, JSON_FILE, PAGE, INPUTS, KV_INPUTS  # one run per process: module-wide settings
+    if target <= ORIGINAL or target % ORIGINAL:
+        raise SystemExit(f"--target {target}: use a multiple of {ORIGINAL} above it (e.g. 32768 or 65536)")
+    TARGET, MID, DEVICE = target, target // 2, device
+    JSON_FILE, PAGE = RESULTS / f"{results}.json", RESULTS / f"{results}.md"
+    # A forward at the target costs most: fewest inputs there (before --scale).
+    INPUTS = {ORIGINAL: 5 * scale, MID: 4 * scale, TARGET: 3 * scale}
+    KV_INPUTS = {ORIGINAL: 2 * scale, TARGET: 1 * scale}
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse the options and run (or estimate, or render)."""
     from ctxext.cli.quiet import quiet_third_party
@@ -498,7 +512,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--search-budget", default="40m", help="time budget of the LongRoPE search at 16k")
     parser.add_argument("--estimate", action="store_true", help="print the cells and their time, run nothing")
     parser.add_argument("--render-only", action="store_true", help="rewrite the page from real_model.json")
+    parser.add_argument("--device", default="cpu", help="where the variants run (cuda: the prepared GPU check)")
+    parser.add_argument("--target", type=int, default=TARGET, help="the extended length (a power of 2 × 8,192)")
+    parser.add_argument("--scale", type=int, default=1, help="inputs per length × this (more trials on a GPU)")
+    parser.add_argument("--results", default="real_model", help="name of the results .json and .md")
     opts = parser.parse_args(argv)
+    configure(opts.target, opts.device, opts.results, opts.scale)
+    if not DOCS_DIR.is_dir():
+        raise SystemExit(f"{DOCS_DIR}: the inputs are Vim's reference manuals; install them (apt install vim-runtime)")
     if opts.render_only:
         render(_read())
         return

@@ -6,8 +6,8 @@ LoRA r=16 on every projection, embeddings and norms trained) and one optimizer s
 backward, paged 8-bit AdamW) at ``--seq-len`` tokens, with the path's ``train.memory`` levers. Measured: the
 allocator's peak (``torch.cuda.max_memory_allocated``) during the step; planned: the same recipe's plan on this
 GPU less its overhead group (CUDA context, fragmentation: outside ``max_memory_allocated``). One line per path,
-then the planner's terms below, a summary line, then one line for the sequence split's GPU tests; the format is in
-docs/planning.md.
+then the planner's terms below, a summary line, then one line for the sequence split's GPU tests and one for the full
+fine-tune under FSDP2 and ZeRO-3; the format is in docs/planning.md.
 
 The planner's terms that only a GPU can measure: the attention kernels' backward buffers (torch's SDPA and
 flash-attn's, modelled from the kernels' source: ``ctxext/planner/layer.py``), and what one decoder layer saves
@@ -48,6 +48,9 @@ SPLIT_TESTS = [
     "tests/test_sequence_parallel.py::test_ring_and_hybrid_splits_on_gpus_give_the_one_process_loss_and_gradients",
     "tests/test_train_gpu.py::test_context_parallel_fsdp2",
 ]
+# A full fine-tune (train.mode: full: fp32 master weights and AdamW states, bf16 compute) launched with the shipped
+# FSDP2 and DeepSpeed ZeRO-3 accelerate configs, against one unsharded process; runs on 1 GPU (one shard) or 2.
+FULL_TESTS = ["tests/test_train_gpu.py::test_full_fine_tune_sharded_trains_as_one_process"]
 
 
 def save_model(folder: Path, layers: int, device: str = "cuda", shape: dict[str, int] | None = None) -> None:
@@ -157,15 +160,20 @@ def _line(name: str, r: dict[str, Any]) -> str:
     )
 
 
-def split_check() -> tuple[str, bool]:
-    """Run :data:`SPLIT_TESTS`; one line (ok, FAILED, or skipped on fewer than 2 GPUs) and whether it did not fail."""
+def tests_check(name: str, tests: list[str], gpus: int) -> tuple[str, bool]:
+    """Run GPU-marked ``tests``; one line (ok, FAILED, or skipped on fewer than ``gpus`` GPUs), and whether they passed.
+
+    Args:
+        name: the line's label.
+        tests: pytest node ids.
+        gpus: the GPUs they need.
+    """
     import torch
 
-    name = "sequence split (ring, Ulysses, hybrid)"
     count = torch.cuda.device_count()
-    if count < 2:
-        return f"gpu-check | {name:<38} | skipped: needs 2 GPUs (one process each); this machine has {count}", True
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", *SPLIT_TESTS]
+    if count < gpus:
+        return f"gpu-check | {name:<38} | skipped: needs {gpus} GPUs (one process each); this machine has {count}", True
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", *tests]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     tail = (done.stdout.strip().splitlines() or ["?"])[-1][:200]
     return f"gpu-check | {name:<38} | {'ok' if done.returncode == 0 else 'FAILED'}: {tail}", done.returncode == 0
@@ -371,9 +379,11 @@ def main() -> int:
         f"{len(agree)} of {len(names) - 1} move the measured peak from the no-lever path's the way the plan says"
     )
     failed = any("FAILED" in line for line in terms)
-    line, split_ok = split_check()
+    line, split_ok = tests_check("sequence split (ring, Ulysses, hybrid)", SPLIT_TESTS, 2)
     print(line, flush=True)
-    return 0 if len(results) == len(names) and split_ok and not failed else 1
+    line, full_ok = tests_check("full fine-tune (FSDP2, ZeRO-3)", FULL_TESTS, 1)
+    print(line, flush=True)
+    return 0 if len(results) == len(names) and split_ok and full_ok and not failed else 1
 
 
 if __name__ == "__main__":

@@ -156,6 +156,12 @@ def test_mode_defaults_to_what_the_recipe_trains():
     assert qlora.mode == "qlora" and lora.mode == "lora" and lora.setup.quantization == "none"
     full = plan_recipe(load_recipe(LLAMA3), gpu("h100-80gb"), search=False, advise_changes=False, mode="full")
     assert full.setup.quantization == "none" and full.setup.optimizer == "adamw" and full.setup.lora_targets == ()
+    # The recipe's own train.mode, without --mode: `ctxext plan recipe.yaml train.mode=full`.
+    full_recipe = load_recipe(LLAMA3, ["train.mode=full", "quantization.mode=none"])
+    assert plan_recipe(full_recipe, gpu("h100-80gb"), search=False, advise_changes=False).setup == full.setup
+    args = ["plan", LLAMA3, "train.mode=full", "quantization.mode=none", "--gpu", "h100-80gb", "--json"]
+    planned = json.loads(runner.invoke(app, args).output)
+    assert planned["mode"] == "full" and planned["setup"]["quantization"] == "none"
 
 
 def test_a_full_fine_tune_that_does_not_fit_gets_sharding_and_splits_not_a_4_bit_base():

@@ -120,7 +120,7 @@ def test_the_journey_at_short_lengths(real, tmp_path):
     assert record["base_gguf"]["file"] == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert json.loads((run / "adapter_config.json").read_text())["ensure_weight_tying"] is True
     small = ["--temperatures", "1.2", "--depths", "50", "--trials", "1", "--window-trials", "1", "--windows", "2"]
-    _ok(["calibrate", str(run), "--data", "builtin:stdlib", *small])
+    _ok(["calibrate", str(run), "--data", "builtin:stdlib-train", *small])
     assert (run / "calibration.json").is_file()
     _ok(["eval", "passkey", "--model", str(run), "--lengths", str(TARGET), "--depths", "50", "--trials", "1",
          "--out", str(tmp_path / "eval")])  # fmt: skip

@@ -66,6 +66,14 @@ CASES = {
     "an fp32 residual stream that would upcast": ({"quantization": {"compute_dtype": "bfloat16"},
                                                    "train": {"memory": {"residual_dtype": "fp32"}}},
                                                   "train.memory.residual_dtype", "fp32 would upcast"),
+    "a full fine-tune asked to quantize": ({"train": {"mode": "full"}, "quantization": {"mode": "nf4"}},
+                                           "quantization.mode", "a full fine-tune trains every weight"),
+    "LoRA settings in a full fine-tune": ({"train": {"mode": "full"}, "lora": {"r": 8}}, "lora",
+                                          "LoRA settings mean nothing in a full fine-tune"),
+    "QLoRA on an unquantized base": ({"train": {"mode": "qlora"}}, "quantization.mode",
+                                     "train.mode qlora trains adapters on a quantized base"),
+    "LoRA on a quantized base": ({"train": {"mode": "lora"}, "quantization": {"mode": "int8"}}, "quantization.mode",
+                                 "train.mode lora trains adapters on an unquantized base"),
 }  # fmt: skip
 if importlib.util.find_spec("wandb") is None:
     CASES["a tracker that is not installed"] = ({"train": {"tracker": "wandb"}}, "train.tracker", "not installed")

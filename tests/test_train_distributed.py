@@ -109,6 +109,7 @@ def test_two_nodes_splitting_a_one_kv_head_model_train_as_one_process(tmp_path, 
         "sequence_parallel": 2,
         "context_parallel": 1,
         "ulysses": "ctxext",
+        "sharding": "ddp",
     }
     assert one.topology is not None and one.topology.world_size == 1 and two.tokens_seen == one.tokens_seen
     losses = [

@@ -1,10 +1,16 @@
-"""GPU-only training paths: paged 8-bit AdamW, bf16 compute, flash-attention choice, context parallelism."""
+"""GPU-only training paths: paged 8-bit AdamW, bf16 compute, flash-attention choice, context parallelism, and a full
+fine-tune sharded by FSDP2 or DeepSpeed ZeRO-3 (the shipped accelerate configs)."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import pytest
 import torch
-from _train_helpers import accelerate_cmd, run, write_recipe
+import yaml
+from _train_helpers import ROOT, accelerate_cmd, free_port, run, write_recipe
 
 from ctxext.recipe.schema import load_recipe
 from ctxext.training.run import read_run, train
@@ -40,3 +46,47 @@ def test_context_parallel_fsdp2(tmp_path, cache_root):
     done = run(cmd, CTXEXT_CACHE=str(cache_root))
     assert done.returncode == 0, done.stderr[-3000:]
     assert read_run(tmp_path / "run").status == "complete"
+
+
+def _full_recipe(tmp_path: Path, name: str, micro_batch_size: int) -> Path:
+    data = {
+        "model": {"path": "builtin:tiny-llama", "attn_implementation": "sdpa"},
+        "rope": {"method": "yarn", "target_length": 512},
+        "data": {"path": "builtin:stdlib", "max_documents": 10, "validation_fraction": 0.2, "num_proc": 1},
+        "train": {"mode": "full", "seq_len": 512, "micro_batch_size": micro_batch_size, "max_steps": 3,
+                  "learning_rate": 1e-3, "warmup_steps": 1, "eval_batches": 1},
+        "output": {"dir": str(tmp_path / name)},
+    }  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize(("engine", "config"), [("fsdp2", "fsdp2.yaml"), ("zero3", "deepspeed_zero3.yaml")])
+def test_full_fine_tune_sharded_trains_as_one_process(tmp_path, cache_root, engine, config):
+    # fp32 master weights and AdamW states, bf16 compute; sharded over the GPUs there are (one process each, up to 2)
+    # with the shipped accelerate config, it trains as one unsharded process (bf16 rounding: 2 % on the loss).
+    from ctxext.models.load import load_model
+
+    gpus = min(2, torch.cuda.device_count())
+    one = train(load_recipe(_full_recipe(tmp_path, "one", 2)))
+    launcher = Path(sys.executable).with_name("accelerate")
+    recipe = _full_recipe(tmp_path, "sharded", 2 // gpus)
+    cmd = [str(launcher), "launch", "--config_file", str(ROOT / "configs" / "accelerate" / config), "--num_processes",
+           str(gpus), "--main_process_port", str(free_port()), "-m", "ctxext", "train", str(recipe)]  # fmt: skip
+    done = run(cmd, timeout=600, CTXEXT_CACHE=str(cache_root))
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = read_run(tmp_path / "sharded")
+    assert info.mode == "full" and info.compute_dtype == "bfloat16"
+    assert info.topology is not None and info.topology.sharding == engine
+    losses = [
+        [json.loads(x)["loss"] for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+        for d in ("one", "sharded")
+    ]
+    torch.testing.assert_close(losses[1], losses[0], rtol=2e-2, atol=0)
+    assert one.run.final_val_loss == pytest.approx(info.final_val_loss, rel=2e-2)
+    # The gathered model is a plain checkpoint: it loads with its patched RoPE.
+    loaded = load_model(str(tmp_path / "sharded"))
+    assert loaded.rope_check is not None and loaded.rope_check.ok and loaded.adapter_dir is None

@@ -3,13 +3,15 @@
 The run folder contract (written by training, read here by merge, model card and push)::
 
     <run>/adapter_config.json, adapter_model.safetensors   LoRA + fully trained modules (modules_to_save)
+    <run>/model.safetensors (instead, ``train.mode: full``) every weight: the run folder is a complete model
     <run>/config.json                                      the patched base config (rope_parameters, ctxext)
     <run>/tokenizer files, recipe.yaml, versions.json, metrics.jsonl, checkpoints/
     <run>/run.json                                         the run record (:class:`RunRecord`)
     <run>/eval/report.json (+ PNG plots)                   from ``ctxext eval``
     <run>/calibration.json                                 from ``ctxext calibrate`` (the attention temperature)
 
-``find_adapter_dir`` finds a run's (or any peft folder's) adapter.
+``find_adapter_dir`` finds a run's (or any peft folder's) adapter. A full fine-tune's run folder (:func:`is_full_run`)
+is a plain checkpoint: it loads, evaluates and exports as any model folder does, and there is nothing to merge.
 
 A folder written by ``ctxext merge`` carries the run's record inside ``ctxext_merge.json`` (:class:`MergedRecord`)
 and a copy of the run's evaluation reports under ``eval/``, so it can be published on its own.
@@ -34,6 +36,7 @@ __all__ = [
     "RunRecord",
     "find_adapter_dir",
     "find_reports",
+    "is_full_run",
     "is_merged_folder",
     "is_run_folder",
     "load_report",
@@ -119,9 +122,23 @@ def find_adapter_dir(path: str | Path) -> Path | None:
 
 
 def is_run_folder(path: str | Path) -> bool:
-    """Whether ``path`` holds a training run (``run.json`` + adapter)."""
+    """Whether ``path`` holds a training run of an adapter (``run.json`` + adapter): a base plus what it trained.
+
+    A full fine-tune's run folder is not one: it is a complete model (:func:`is_full_run`), used as a model folder.
+    """
     path = Path(path)
-    return (path / RUN_FILE).is_file()
+    return (path / RUN_FILE).is_file() and not is_full_run(path)
+
+
+def is_full_run(path: str | Path) -> bool:
+    """Whether ``path`` holds a full fine-tune's run (``run.json`` of ``mode: full``): a complete model folder."""
+    import json
+
+    try:
+        record = json.loads((Path(path) / RUN_FILE).read_text())
+    except (OSError, ValueError):  # no record, or a damaged one (named by whoever reads it)
+        return False
+    return isinstance(record, dict) and record.get("mode") == "full"
 
 
 def is_merged_folder(path: str | Path) -> bool:

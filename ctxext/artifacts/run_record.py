@@ -51,6 +51,7 @@ class TopologyRecord(BaseModel):
     sequence_parallel: int = 1
     context_parallel: int = 1
     ulysses: str | None = None
+    sharding: str | None = None
 
 
 class RunRecord(BaseModel):
@@ -71,7 +72,9 @@ class RunRecord(BaseModel):
         rope_parameters: the ``rope_parameters`` the run trained with.
         original_length: the base's context before the extension.
         seq_len: the training sequence length.
-        lora: the LoRA settings.
+        mode: how the weights were trained (``qlora``, ``lora``: an adapter; ``full``: every weight, and the run
+            folder is a complete model); ``None`` in records written before the key (adapters).
+        lora: the LoRA settings (``None`` for a full fine-tune).
         extra_trainable: module paths trained in full.
         trainable_params: trainable parameters.
         attn_implementation: the attention implementation used.
@@ -104,6 +107,7 @@ class RunRecord(BaseModel):
     rope_parameters: dict[str, Any] = Field(default_factory=dict)
     original_length: int | None = None
     seq_len: int | None = None
+    mode: Literal["qlora", "lora", "full"] | None = None
     lora: LoraRecord | None = None
     extra_trainable: list[str] = Field(default_factory=list)
     trainable_params: int | None = None

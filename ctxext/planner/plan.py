@@ -21,6 +21,7 @@ from ctxext.planner.band import Band, band_of
 from ctxext.planner.fit import CPU_RUNTIME, device_footprint, longest_fit, usable
 from ctxext.planner.footprint import Footprint, ModelShape, Setup
 from ctxext.planner.levers import lever_effects, lever_fields
+from ctxext.recipe.sections import FINETUNE_MODES
 from ctxext.resources import RESOURCES
 
 BUNDLED_CONFIGS = RESOURCES / "hub-configs"
@@ -147,16 +148,13 @@ def read_model_config(ref: str, revision: str | None = None, trust_remote_code: 
 # ------------------------------------------------------------------------------------------------
 
 
-# How the weights are trained: adapters on a 4-bit base, adapters on a bf16 base, or every weight.
-MODES = ("qlora", "lora", "full")
+# How the weights are trained (the recipe schema's ``train.mode``).
+MODES = FINETUNE_MODES
 
 
 def finetune_mode(recipe: Any) -> str:
-    """The recipe's fine-tuning mode: its ``train.mode`` where the schema has one, else what its quantization says."""
-    mode = getattr(recipe.train, "mode", None)
-    if mode in MODES:
-        return str(mode)
-    return "qlora" if recipe.quantization.mode != "none" else "lora"
+    """The recipe's fine-tuning mode: its ``train.mode`` (resolved by the schema when not given)."""
+    return str(recipe.train.mode)
 
 
 def with_mode(recipe: Any, mode: str | None) -> tuple[Any, str]:

@@ -209,6 +209,15 @@ def merge_run(
     dev = _device(device)  # a device that does not exist is refused before the run is read
     run_dir, out = Path(run_dir), Path(out)
     run = read_run(run_dir, allow_incomplete=allow_incomplete, force_flag=force_flag)
+    if run.mode == "full":
+        # Refused rather than copied: a copy would double the weights on disk and check nothing (there is no
+        # base + adapter to compare it with); the run folder already loads as it is.
+        raise InputError(
+            f"run {run_dir} is a full fine-tune: the run folder is already a complete model (config.json with the "
+            "patched RoPE, model.safetensors, tokenizer), with no adapter to merge. Use it as it is: "
+            f"`ctxext eval ppl --model {run_dir} --out REPORT`, `ctxext export {run_dir} --for vllm`, or "
+            f"AutoModelForCausalLM.from_pretrained('{run_dir}')"
+        )
     if not (run_dir / "adapter_config.json").is_file():
         raise InputError(f"run {run_dir} has no adapter_config.json: there is no adapter to merge")
     check_inputs_outside(out, [run_dir])

@@ -11,8 +11,9 @@ Checked here:
 * **this machine** (:class:`Machine`): a tracker that is not installed; settings that need CUDA (the paged 8-bit
   optimizer, flash attention, offloaded checkpoints, the ring of ``train.context_parallel_size``); a bf16 residual
   stream without a bf16 run, or an fp32 one that would upcast;
-* **the recipe**: settings that exclude each other (the ring with PoSE, document masks or short blocks; short
-  blocks without a RoPE method; unpacked examples shorter than a row);
+* **the recipe**: settings that exclude each other (``train.mode`` against ``quantization.mode``: a full fine-tune
+  or LoRA on a quantized base, QLoRA on an unquantized one; LoRA settings in a full fine-tune; the ring with PoSE,
+  document masks or short blocks; short blocks without a RoPE method; unpacked examples shorter than a row);
 * **the data sources**: a local corpus that does not exist or is not UTF-8, a built-in read in a field it lacks;
 * **the model's config**, read without weights (local folders and built-ins; a Hub model is not fetched, and these
   checks then wait for training): the model exists and its weight files are readable; its RoPE can be extended as
@@ -27,8 +28,8 @@ Checked elsewhere, because they need more than the recipe, the config and the ma
 * the launch: the processes of one sequence must divide the processes started
   (:func:`ctxext.recipe.parallel.check_split_launch`, by ``ctxext train`` from the launcher's ``WORLD_SIZE`` and
   again from accelerate; ``validate`` warns); a launcher whose processes accelerate does not see as one job,
-  gradient accumulation under a DeepSpeed config, and a ``--resume`` on another number of processes
-  (``ctxext.training.launch``);
+  an FSDP or DeepSpeed launch on the CPU (accelerate shards on GPUs only), gradient accumulation under a DeepSpeed
+  config, and a ``--resume`` on another number of processes (``ctxext.training.launch``);
 * the workflows' own inputs, checked by the CLI (``ctxext.cli.validate``) for both commands: the output folder
   (``ctxext.training.folder.check_output_dir``; the library's ``train`` checks it itself), the eval suite, the search
   settings, the mixture's needle distances;
@@ -158,10 +159,51 @@ def _machine_problems(recipe: Recipe, machine: Machine, problems: list[Problem])
         return None
 
 
+def _mode_problems(recipe: Recipe) -> list[Problem]:
+    """``train.mode`` against the base's storage and the LoRA settings (the schema resolved what was not given)."""
+    mode, quantization = recipe.train.mode, recipe.quantization.mode
+    problems = []
+    if mode == "full" and quantization != "none":
+        problems.append(
+            (
+                "quantization.mode",
+                f"{quantization}: a full fine-tune trains every weight, and 4-/8-bit weights cannot be trained; set "
+                "quantization.mode=none (bf16 weights, fp32 master copies), or train.mode=qlora for adapters on a "
+                "quantized base",
+            )
+        )
+    elif mode == "lora" and quantization != "none":
+        problems.append(
+            (
+                "quantization.mode",
+                f"{quantization}: train.mode lora trains adapters on an unquantized base; set quantization.mode=none, "
+                "or train.mode=qlora for adapters on a quantized base",
+            )
+        )
+    elif mode == "qlora" and quantization == "none":
+        problems.append(
+            (
+                "quantization.mode",
+                "none: train.mode qlora trains adapters on a quantized base; set quantization.mode=nf4 (or int8), "
+                "or train.mode=lora for adapters on a bf16 base",
+            )
+        )
+    if mode == "full" and recipe.lora.model_fields_set:
+        # The lora section configures adapters; a full fine-tune has none, so its settings would be ignored.
+        problems.append(
+            (
+                "lora",
+                f"{', '.join(sorted(recipe.lora.model_fields_set))}: LoRA settings mean nothing in a full fine-tune "
+                "(every weight is trained, no adapter is made); remove the lora section, or set train.mode=lora",
+            )
+        )
+    return problems
+
+
 def _recipe_problems(recipe: Recipe) -> list[Problem]:
     """Settings that exclude each other, found by the data preparation or the loop once the model is loaded."""
     data, cfg = recipe.data, recipe.train
-    problems = []
+    problems = _mode_problems(recipe)
     if cfg.context_parallel_size > 1 and (cfg.pose or data.document_mask or data.short_fraction):
         problems.append(("train.context_parallel_size", "PoSE, data.document_mask and data.short_fraction need 1"))
     if data.short_fraction > 0 and recipe.rope.method == "none":
@@ -350,7 +392,7 @@ def _structure_problems(recipe: Recipe, config: Any, levers: Levers | None) -> l
             model = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
     except Exception:  # an architecture transformers cannot build from the config alone: training finds out
         return []
-    problems = lora_module_problems(model, recipe.lora)
+    problems = lora_module_problems(model, recipe.lora) if recipe.train.mode != "full" else []
     if levers is not None and levers.tiled_mlp is not None:
         tiled = tiled_mlp_problem(model)
         if tiled:

@@ -60,6 +60,7 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _cross(self) -> Recipe:
+        self._resolve_mode()
         if self.search is not None:
             if self.rope.method != "longrope":
                 raise ValueError(
@@ -101,6 +102,17 @@ class Recipe(Section):
         if refusal:
             raise ValueError(refusal)
         return self
+
+    def _resolve_mode(self) -> None:
+        # The one place the fine-tuning mode and the base's storage are made to agree, by what the recipe does not
+        # say: a recipe without train.mode and with an unquantized base is a LoRA run (as before the key existed);
+        # LoRA and full fine-tuning on a base whose quantization is not given train an unquantized one. Both given
+        # and at odds: refused by ctxext.recipe.refusals, naming the key.
+        given_quantization = "mode" in self.quantization.model_fields_set
+        if "mode" not in self.train.model_fields_set and self.quantization.mode == "none":
+            self.train.mode = "lora"
+        elif self.train.mode != "qlora" and not given_quantization:
+            self.quantization.mode = "none"
 
     def _check_sample_lengths(self, seq: int) -> None:
         # A task sample is at most one row long: longer lengths used to be cut to train.seq_len without a word.

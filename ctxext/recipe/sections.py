@@ -7,7 +7,7 @@ checks what spans sections, and loads, overrides and dumps the YAML file.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails
@@ -363,9 +363,20 @@ class PoseSection(Section):
     )
 
 
+# How the weights are trained: LoRA adapters on a 4-/8-bit base, adapters on a bf16 base, or every weight.
+FinetuneMode = Literal["qlora", "lora", "full"]
+FINETUNE_MODES: tuple[str, ...] = get_args(FinetuneMode)
+
+
 class TrainSection(Section):
     """The optimisation loop."""
 
+    mode: FinetuneMode = Field(
+        default="qlora",
+        description="qlora: LoRA adapters on a 4-/8-bit base (quantization.mode); lora: adapters on a bf16 base; "
+        "full: every weight (fp32 master copies and AdamW states, bf16 compute on GPU; FSDP2 or ZeRO-3 across "
+        "GPUs), saved as a complete model. Not given: lora when quantization.mode is none",
+    )
     seq_len: int | None = Field(default=None, gt=0, description="defaults to rope.target_length")
     micro_batch_size: int = Field(default=1, gt=0)
     gradient_accumulation_steps: int = Field(default=1, gt=0)

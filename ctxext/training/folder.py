@@ -192,7 +192,10 @@ def run_record(
         original_length=plan.original_length if plan else None,
         target_length=plan.target_length if plan else None,
         method=recipe.rope.method,
-        lora=LoraRecord(
+        mode=recipe.train.mode,
+        lora=None
+        if recipe.train.mode == "full"
+        else LoraRecord(
             r=recipe.lora.r,
             alpha=recipe.lora.alpha,
             dropout=recipe.lora.dropout,
@@ -253,7 +256,7 @@ class RunWriter:
             path.write_text("".join(ln + "\n" for ln in kept))
 
     def write_outputs(self, peft_model: Any, state_dict: dict, loaded: Any) -> None:
-        """Adapter, patched config, tokenizer: staged in a hidden folder, then moved in.
+        """Adapter (a full fine-tune: the whole model), patched config, tokenizer: staged in a hidden folder, moved in.
 
         Raises:
             InputError: the disk filled up; the stage is removed and ``run.json`` says ``interrupted``.
@@ -277,6 +280,7 @@ class RunWriter:
             ) from None
 
     def _write_outputs(self, stage: Path, peft_model: Any, state_dict: dict, loaded: Any) -> None:
+        import torch
         from transformers import AutoConfig
 
         from ctxext.rope.plan import apply_plan
@@ -287,9 +291,15 @@ class RunWriter:
             shutil.rmtree(stage)
         prefix = "peft_model."
         peft_state = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        peft_model.save_pretrained(stage, state_dict=peft_state)
         # The base config as it was on disk, plus the RoPE plan: no quantization settings, no use_cache=False.
         config = AutoConfig.from_pretrained(loaded.base_path)
+        if self.run.mode == "full":
+            # Every weight: a complete model, stored in the base's dtype (the fp32 master copies rounded once).
+            stored = getattr(config, "dtype", None)
+            dtype = getattr(torch, str(stored).removeprefix("torch."), None) if stored else None
+            if isinstance(dtype, torch.dtype):
+                peft_state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in peft_state.items()}
+        peft_model.save_pretrained(stage, state_dict=peft_state)
         if plan is not None:
             apply_plan(config, plan)
         config.save_pretrained(stage)

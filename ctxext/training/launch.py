@@ -11,9 +11,15 @@ import torch
 
 from ctxext.artifacts.run_record import RunRecord
 from ctxext.errors import CtxextError, InputError
+from ctxext.recipe.hardware import compute_dtype_name
 from ctxext.recipe.parallel import check_split_launch
 from ctxext.recipe.schema import Recipe
 from ctxext.training.sequence_parallel import SequenceSplit
+
+# The launcher's requests for sharded weights (set by `accelerate launch --use_fsdp / --use_deepspeed` and configs).
+SHARDED_LAUNCHES = {"ACCELERATE_USE_FSDP": "FSDP", "ACCELERATE_USE_DEEPSPEED": "DeepSpeed"}
+# accelerate's mixed-precision setting for a full fine-tune's compute dtype (its weights stay fp32).
+MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
 
 
 @dataclass
@@ -56,6 +62,7 @@ class Launch:
             "sequence_parallel": self.split.size,
             "context_parallel": self.cp,
             "ulysses": self.split.engine,
+            "sharding": sharding_engine(self.accelerator),
         }
 
     def check_resume(self, previous: RunRecord | None) -> None:
@@ -78,6 +85,18 @@ class Launch:
             )
 
 
+def sharding_engine(accelerator: Any) -> str:
+    """How accelerate holds the weights over the job: ``fsdp2`` (or 1), ``zero3`` (or N), ``ddp`` or ``none``."""
+    from accelerate.utils import DistributedType
+
+    kind = accelerator.distributed_type
+    if kind == DistributedType.FSDP:
+        return f"fsdp{getattr(accelerator.state.fsdp_plugin, 'fsdp_version', 1)}"
+    if kind == DistributedType.DEEPSPEED:
+        return f"zero{accelerator.state.deepspeed_plugin.zero_stage}"
+    return "ddp" if accelerator.num_processes > 1 else "none"
+
+
 def start_accelerator(recipe: Recipe, out: Path) -> Launch:
     """Create the accelerator for a recipe and check that the launch makes one synchronised job.
 
@@ -94,10 +113,16 @@ def start_accelerator(recipe: Recipe, out: Path) -> Launch:
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
 
+    check_sharded_launch()
     cfg = recipe.train
     acc_kwargs: dict[str, Any] = {"dataloader_config": DataLoaderConfiguration(split_batches=False)}
     if cfg.tracker != "none":
         acc_kwargs.update(log_with=cfg.tracker, project_dir=str(out / "logs"))
+    if cfg.mode == "full":
+        # fp32 master weights (ctxext.training.model), computed in the run's dtype by accelerate's mixed precision:
+        # autocast under DDP, FSDP2's bf16 parameter policy, DeepSpeed's bf16 engine with fp32 optimizer copies.
+        dtype = compute_dtype_name(recipe.quantization.compute_dtype, torch.cuda.is_available())
+        acc_kwargs["mixed_precision"] = MIXED_PRECISION[dtype]
     accelerator = Accelerator(**acc_kwargs)
     check_launch(accelerator, recipe)
     # The processes sharing a sequence are consecutive (the split's grid, DeepSpeed's groups): they share a
@@ -106,6 +131,26 @@ def start_accelerator(recipe: Recipe, out: Path) -> Launch:
     cp = cfg.context_parallel_size
     group = cp * cfg.sequence_parallel_size
     return Launch(accelerator, accelerator.num_processes // group, accelerator.process_index // group, cp)
+
+
+def check_sharded_launch() -> None:
+    """Refuse an FSDP or DeepSpeed launch on the CPU, before accelerate starts.
+
+    accelerate shards with them on GPUs only: on the CPU it falls back to plain data parallelism (every process
+    holding the whole model and its optimizer states) or fails inside its own plugin, neither what was asked for.
+
+    Raises:
+        CtxextError: naming the engine and the CPU launch that works (exit code 2).
+    """
+    asked = next((name for env, name in SHARDED_LAUNCHES.items() if os.environ.get(env, "").lower() == "true"), None)
+    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true" or not torch.cuda.is_available()
+    if asked and on_cpu:
+        raise CtxextError(
+            f"the launch asks for {asked}, but accelerate shards with {asked} on GPUs only; on the CPU it would fall "
+            "back to plain data parallelism, each process holding the whole model. Launch on GPUs, or without "
+            f"{asked} on the CPU (`ACCELERATE_USE_CPU=true accelerate launch --multi_gpu ...`: DDP over gloo)",
+            exit_code=2,
+        )
 
 
 def check_launch(accelerator: Any, recipe: Recipe) -> None:

@@ -160,7 +160,7 @@ class TrainingLoop:
         cfg, counters = self.cfg, self.counters
         self.acc.print(
             f"training {st.loaded.trainable_params:,} of {st.loaded.total_params:,} parameters "
-            f"({self.recipe.quantization.mode}, {st.loaded.attn_implementation}, {st.optimizer_name}) on "
+            f"({cfg.mode}, {self.recipe.quantization.mode}, {st.loaded.attn_implementation}, {st.optimizer_name}) on "
             f"{self.acc.num_processes} process(es): {cfg.max_steps} steps × {st.tokens_per_step:,} tokens, "
             f"seq_len {self.recipe.seq_len}"
         )

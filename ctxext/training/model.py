@@ -39,11 +39,11 @@ class TrainingModel:
     """A model ready to train, and what was done to it.
 
     Attributes:
-        model: the peft model (LoRA + extra trainable modules).
+        model: the peft model (LoRA + extra trainable modules), or the model itself in a full fine-tune.
         tokenizer: its tokenizer.
         base_path: the local folder the base came from.
         plan: the RoPE plan applied (``None`` for ``rope.method: none``).
-        compute_dtype: the dtype of activations.
+        compute_dtype: the dtype of activations (a full fine-tune's weights are fp32 master copies).
         attn_implementation: the attention implementation used.
         extra_trainable: module paths trained in full.
         trainable_params: number of trainable parameters.
@@ -144,15 +144,11 @@ def add_lora(
     # A tied base trains its shared embedding as one matrix (peft wraps lm_head with the same copy): no silent untie
     # at merge, and no peft warning about tying for the user to decode.
     tie = embeddings_tied(model) and model.get_input_embeddings() in [model.get_submodule(n) for n in extra]
-    ckpt_kwargs = {"use_reentrant": False}  # non-reentrant checkpointing works with DDP and frozen inputs
     if quantized:
         # peft would enable checkpointing through transformers' deprecated `gradient_checkpointing_enable`
         # (removed in v6); with non-reentrant checkpointing its input-grad hack is not needed, so enable it here.
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    offload = bool(levers and levers.offload_checkpoints)
-    if gradient_checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=ckpt_kwargs, offload=offload)
-        model.config.use_cache = False
+    _checkpointing(model, gradient_checkpointing, levers)
     config = LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
@@ -171,8 +167,39 @@ def add_lora(
     return peft_model, extra
 
 
+def _checkpointing(model: Any, enabled: bool, levers: Any) -> None:
+    """Recompute activations in the backward pass (non-reentrant: works with DDP, FSDP and frozen inputs)."""
+    if enabled:
+        offload = bool(levers and levers.offload_checkpoints)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False}, offload=offload)
+        model.config.use_cache = False
+
+
+def prepare_full(model: Any, gradient_checkpointing: bool, levers: Any = None) -> Any:
+    """Make every weight of ``model`` trainable (``train.mode: full``), with checkpointing and the memory levers.
+
+    Args:
+        model: the base causal LM (already RoPE-patched), in its master dtype (fp32).
+        gradient_checkpointing: recompute activations in the backward pass.
+        levers: the memory levers (:class:`ctxext.recipe.memory.Levers`); ``None``: none.
+
+    Returns:
+        The model itself.
+    """
+    model.requires_grad_(True)
+    _checkpointing(model, gradient_checkpointing, levers)
+    if levers is not None:
+        from ctxext.training.levers import apply_levers
+
+        apply_levers(model, levers)
+    return model
+
+
 def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharded: bool = False) -> TrainingModel:
     """Load, patch, quantize and LoRA-wrap the recipe's model: everything before the training loop.
+
+    A full fine-tune (``train.mode: full``) skips the adapters: every weight trains, held as fp32 master copies;
+    accelerate's mixed precision computes in ``quantization.compute_dtype`` (``start_accelerator``).
 
     Args:
         recipe: a validated :class:`ctxext.recipe.schema.Recipe`.
@@ -191,11 +218,12 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
     # The levers are checked before anything is loaded, and the allocator set before the weights are allocated.
     levers = recipe_levers(recipe, device.type, str(dtype).removeprefix("torch."))
     levers = dataclasses.replace(levers, expandable_segments=configure_allocator(levers.expandable_segments))
+    full = recipe.train.mode == "full"
     model, tokenizer, folder = load_base(
         recipe.model.path,
         quantization=recipe.quantization.mode,
         double_quant=recipe.quantization.double_quant,
-        compute_dtype=dtype,
+        compute_dtype=torch.float32 if full else dtype,
         attn_implementation=attn,
         device=device,
         revision=recipe.model.revision,
@@ -215,7 +243,11 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
     else:
         verify_model_rope(model)
     quantized, ckpt = recipe.quantization.mode != "none", recipe.train.gradient_checkpointing
-    peft_model, extra = add_lora(model, recipe.lora, ckpt, quantized, levers)
+    extra: list[str] = []
+    if full:
+        peft_model = prepare_full(model, ckpt, levers)
+    else:
+        peft_model, extra = add_lora(model, recipe.lora, ckpt, quantized, levers)
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
     return TrainingModel(

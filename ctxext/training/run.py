@@ -186,6 +186,8 @@ def _prepare(
     scheduler = make_scheduler(recipe, optimizer)
     configure_deepspeed(accelerator, recipe, launch.world)
     model, optimizer = accelerator.prepare(model, optimizer)
+    # FSDP2 replaces the parameters with sharded ones: clipping must see those (DDP keeps the same objects).
+    trainable = [p for p in model.parameters() if p.requires_grad]
     counters = Counters()
     checkpoints = Checkpoints(out / CHECKPOINTS, accelerator, cfg.keep_checkpoints)
     checkpoints.register(model, scheduler, counters)

@@ -19,16 +19,18 @@ from typing import Any
 import torch
 
 from ctxext.errors import InputError
+from ctxext.models.load import base_model
 from ctxext.recipe.schema import Recipe
 from ctxext.rope.runtime import reset_dynamic_rope, rotary_modules
 from ctxext.training.losses import chunked_cross_entropy
 
 
 class CausalLMWithChunkedLoss(torch.nn.Module):
-    """Wraps a peft causal LM so that its forward returns the chunked loss, not logits.
+    """Wraps a peft causal LM (in a full fine-tune, the causal LM) so that its forward returns the chunked loss.
 
-    The wrapper is what accelerate prepares (DDP / FSDP): the loss has to be computed inside the
-    wrapped module's forward for gradient synchronisation to see it.
+    The wrapper is what accelerate prepares (DDP / FSDP / DeepSpeed): the loss has to be computed inside the
+    wrapped module's forward for gradient synchronisation to see it. The attribute keeps its name in both modes:
+    checkpoints store the weights under ``peft_model.``.
     """
 
     def __init__(self, peft_model: Any, chunk_size: int):
@@ -36,6 +38,9 @@ class CausalLMWithChunkedLoss(torch.nn.Module):
         self.peft_model = peft_model
         self.chunk_size = chunk_size
         self.reset_rope = short_window(peft_model) is not None
+        # What FSDP2's transformer wrap policy shards one by one (accelerate reads it from the prepared module): the
+        # decoder layers; without it the whole model would be one group, gathered whole for every forward.
+        self._no_split_modules = list(getattr(base_model(peft_model), "_no_split_modules", None) or [])
 
     def forward(
         self,
@@ -49,7 +54,7 @@ class CausalLMWithChunkedLoss(torch.nn.Module):
         ``position_ids`` / ``attention_mask`` come from :func:`ctxext.training.data.rows.build_inputs` (PoSE, packed
         documents); ``None`` is the model's default causal path.
         """
-        base = self.peft_model.get_base_model()
+        base = base_model(self.peft_model)
         if self.reset_rope:
             # Here, inside the prepared module: DDP broadcasts rank 0's buffers (inv_freq) as its forward starts.
             reset_dynamic_rope(base)
@@ -170,14 +175,15 @@ def _grouped(perm: list[int], short: list[bool], size: int, gen: torch.Generator
 
 
 def make_optimizer(recipe: Recipe, params: list[torch.nn.Parameter], device: torch.device) -> tuple[Any, str]:
-    """The recipe's optimizer over ``params`` and its resolved name (``auto``: paged 8-bit AdamW on CUDA, else AdamW).
+    """The recipe's optimizer over ``params`` and its name (``auto``: paged 8-bit AdamW for CUDA adapters, else AdamW).
 
     Raises:
         InputError: ``paged_adamw_8bit`` without CUDA.
     """
     name = recipe.train.optimizer
     if name == "auto":
-        name = "paged_adamw_8bit" if device.type == "cuda" else "adamw"
+        # A full fine-tune keeps fp32 AdamW moments (and ZeRO-3 / FSDP2 shard them); adapters page 8-bit ones.
+        name = "paged_adamw_8bit" if device.type == "cuda" and recipe.train.mode != "full" else "adamw"
     kwargs: dict[str, Any] = {"lr": recipe.train.learning_rate, "weight_decay": recipe.train.weight_decay}
     if name == "paged_adamw_8bit":
         if device.type != "cuda":

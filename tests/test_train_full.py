@@ -1,0 +1,144 @@
+"""Full-parameter fine-tuning (``train.mode: full``): what the recipe resolves, and real runs on the CPU.
+
+Trained in one process, in 2 DDP processes and in 2 FSDP2 processes (``accelerate launch``, gloo), a tiny model
+gives the same losses and weights; the run folder is a complete model that loads, evaluates and exports as a plain
+checkpoint, and ``ctxext merge`` refuses it with the way to use it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from _train_helpers import accelerate_cmd, run
+from typer.testing import CliRunner
+
+from ctxext.cli.commands import app
+from ctxext.models.load import load_model
+from ctxext.recipe.schema import load_recipe
+from ctxext.training.run import read_run, train
+
+runner = CliRunner()
+
+# The tiny Llama of the fixtures (context 256) at 2x its context; no lora section (a full fine-tune has none).
+FULL_RECIPE = {
+    "model": {"path": "builtin:tiny-llama"},
+    "rope": {"method": "yarn", "target_length": 512},
+    "data": {"path": "builtin:stdlib", "max_documents": 10, "validation_fraction": 0.2, "num_proc": 1},
+    "train": {
+        "mode": "full",
+        "seq_len": 512,
+        "micro_batch_size": 2,
+        "max_steps": 3,
+        "learning_rate": 1e-3,
+        "warmup_steps": 1,
+        "loss_chunk_size": 256,
+        "eval_batches": 1,
+    },
+}
+
+
+def write_full(tmp_path: Path, name: str, **train: object) -> Path:
+    data = json.loads(json.dumps(FULL_RECIPE))
+    data["train"].update(train)
+    data["output"] = {"dir": str(tmp_path / name)}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("given", "mode", "quantization"),
+    [
+        ({}, "qlora", "nf4"),  # existing recipes train as before
+        ({"quantization": {"mode": "none"}}, "lora", "none"),  # an unquantized base without a mode: LoRA, as before
+        ({"train": {"mode": "full"}}, "full", "none"),
+        ({"train": {"mode": "lora"}}, "lora", "none"),
+        ({"train": {"mode": "qlora"}, "quantization": {"mode": "int8"}}, "qlora", "int8"),
+    ],
+)
+def test_the_schema_resolves_the_mode_and_the_base_storage_once(tmp_path, given, mode, quantization):
+    data = {"model": {"path": "builtin:tiny-llama"}, "rope": {"method": "yarn", "target_length": 512}}
+    data |= {"data": {"path": "builtin:stdlib"}, **given}
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data))
+    recipe = load_recipe(path)
+    assert (recipe.train.mode, recipe.quantization.mode) == (mode, quantization)
+    # The dumped recipe (a run's recipe.yaml, compared on --resume) reads back the same.
+    from ctxext.recipe.schema import dump_recipe, parse_recipe
+
+    again = parse_recipe(yaml.safe_load(dump_recipe(recipe)))
+    assert (again.train.mode, again.quantization.mode) == (mode, quantization)
+
+
+@pytest.mark.slow
+def test_a_full_fine_tune_is_a_plain_checkpoint_that_evaluates_and_exports(tmp_path, cache_root):
+    result = train(load_recipe(write_full(tmp_path, "run")))
+    out = tmp_path / "run"
+    info = read_run(out)
+    assert info.mode == "full" and info.lora is None and info.quantization == "none"
+    assert info.trainable_params == sum(p.numel() for p in result.model.parameters())
+    assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
+    # The one loader reads the run folder as a model folder: the trained weights, the patched RoPE, the same logits.
+    loaded = load_model(str(out), device="cpu")
+    assert loaded.adapter_dir is None and loaded.rope_check is not None and loaded.rope_check.ok
+    assert loaded.context_length == 512
+    ids = torch.randint(0, 200, (1, 300), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = result.model(ids).logits
+        got = loaded.model(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # Evaluated and exported as it is; merge says it is already a model, and how to use it.
+    ppl = runner.invoke(
+        app,
+        ["eval", "ppl", "--model", str(out), "--lengths", "128,256", "--max-docs", "4", "--data", "builtin:stdlib"]
+        + ["--out", str(tmp_path / "ppl"), "--quiet"],
+    )
+    assert ppl.exit_code == 0, ppl.output
+    assert json.loads((tmp_path / "ppl" / "report.json").read_text())
+    exported = runner.invoke(app, ["export", str(out), "--for", "vllm"])
+    assert exported.exit_code == 0 and f"vllm serve {out}" in exported.output, exported.output
+    merged = runner.invoke(app, ["merge", str(out), "--out", str(tmp_path / "merged")])
+    assert merged.exit_code == 2 and "already a complete model" in " ".join(merged.output.split()), merged.output
+    assert not (tmp_path / "merged").exists()
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_train_as_one(tmp_path, cache_root):
+    # One process with micro-batches of 2 rows, two with 1 row each: the same rows in every step.
+    train(load_recipe(write_full(tmp_path, "one")))
+    cmd = accelerate_cmd(2, "train", str(write_full(tmp_path, "two", micro_batch_size=1)))
+    done = run(cmd, timeout=400, ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = read_run(tmp_path / "one"), read_run(tmp_path / "two")
+    assert two.mode == "full" and two.topology is not None
+    assert (two.topology.world_size, two.topology.sharding) == (2, "ddp")
+    assert two.tokens_seen == one.tokens_seen
+    torch.testing.assert_close(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-4, atol=0)
+    assert two.final_val_loss == pytest.approx(one.final_val_loss, rel=1e-4)
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(tmp_path / name / "model.safetensors")) for name in ("one", "two"))
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow
+def test_an_fsdp_launch_on_the_cpu_is_refused_not_run_as_ddp(tmp_path, cache_root):
+    # accelerate shards with FSDP (and DeepSpeed) on GPUs only; on the CPU it would quietly run DDP instead.
+    cmd = accelerate_cmd(2, "train", str(write_full(tmp_path, "two", micro_batch_size=1)))
+    at = cmd.index("--multi_gpu")
+    cmd[at : at + 1] = ["--use_fsdp", "--fsdp_version", "2"]
+    done = run(cmd, timeout=400, ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))
+    assert done.returncode != 0
+    message = " ".join(done.stderr.split())
+    assert "the launch asks for FSDP, but accelerate shards with FSDP on GPUs only" in message, done.stderr[-3000:]
+    assert not (tmp_path / "two" / "run.json").exists()  # (the launcher's own traceback follows the children's exit)
