@@ -399,6 +399,11 @@ HOLD_LOCK = (
 HOLDERS: list[subprocess.Popen] = []
 
 
+def damaged_run_record(tmp: Path, run: Path) -> dict[str, str]:
+    (_run_copy(tmp, run) / "run.json").write_text('{"status": "compl')
+    return {"run": str(tmp / "run")}
+
+
 def a_run(tmp: Path, run: Path) -> dict[str, str]:
     return {"run": str(_run_copy(tmp, run))}
 
@@ -443,6 +448,13 @@ ROWS = {
     "truncated adapter_config.json (push --dry-run)": Row(
         ["push", "{run}", "--repo-id", "me/x", "--dry-run"], truncated_adapter_config, 2, "JSON file"
     ),
+    "damaged run.json (eval)": Row(
+        ["eval", "ppl", "--model", "{run}", "--lengths", "32", "--out", "{tmp}/out", "-q", "--data", "builtin:stdlib"],
+        damaged_run_record,
+        2,
+        "run.json cannot be read as JSON",
+    ),
+    "damaged run.json (calibrate)": Row(["calibrate", "{run}"], damaged_run_record, 2, "run.json cannot be read"),
     # Commands without --force do not offer it for an unfinished run.
     "unfinished run (calibrate)": Row(["calibrate", "{run}"], incomplete_run, 2, "--resume", ("--force",)),
     "unfinished run (export)": Row(
