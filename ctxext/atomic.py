@@ -208,6 +208,27 @@ def _atomic_folder(out: Path, kind: str, overwrite: bool, flag: str) -> Iterator
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_writable(folder: str | Path, what: str, fix: str) -> None:
+    """Check, before any work, that files can be created in an existing ``folder`` (a probe file, then removed).
+
+    A probe rather than permission bits: it also answers for read-only mounts, ACLs and full quotas.
+
+    Args:
+        folder: the folder a command will write into.
+        what: how the message names it (a flag, ``RUN`` …).
+        fix: what to do about it, appended to the message.
+
+    Raises:
+        InputError: naming ``folder``, the reason and ``fix``.
+    """
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ctxext-probe-", dir=folder)
+    except OSError as exc:
+        raise InputError(f"{what} {folder}: cannot write there ({exc.strerror or exc}); {fix}") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write a JSON file through a temporary sibling, so a reader never sees half of it (nor a full disk's half).
 

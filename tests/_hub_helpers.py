@@ -173,6 +173,19 @@ def copy_run(run_dir: Path, dest: Path, **changes: Any) -> Path:
     return dest
 
 
+def write_calibration(run_dir: Path, t: float, adapter: str | None = None) -> Path:
+    """A ``calibration.json`` as ``ctxext calibrate`` writes one choosing ``t`` (1.0 and ``t`` measured, ``t``
+    admissible and better), for the run's adapter (or the digest ``adapter``); returns the run folder."""
+    from ctxext.models.temperature import CALIBRATION_FILE, adapter_digest
+
+    rows = [{"attention_temperature": 1.0, "admissible": True, "better": False}]
+    if t != 1.0:
+        rows.append({"attention_temperature": t, "admissible": True, "better": True})
+    record = {"attention_temperature": t, "adapter": adapter or adapter_digest(run_dir), "candidates": rows}
+    (run_dir / CALIBRATION_FILE).write_text(json.dumps(record))
+    return run_dir
+
+
 class LocalHub:
     """A minimal local stand-in for the Hub's HTTP API (the real Hub is unreachable from tests).
 

@@ -4,12 +4,22 @@ nothing written at the output path."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from _hub_helpers import copy_run, file_hashes, shared_run, write_calibration
+from _train_helpers import ctxext_cmd, env
 from typer.testing import CliRunner
 
+from ctxext.artifacts.lock import lock_path
 from ctxext.cli.commands import app
 
 runner = CliRunner()
@@ -310,3 +320,302 @@ def test_a_large_grid_prints_its_work_first(world):
     assert result.exit_code == 2 and "--allow-beyond-context" in output
     small = runner.invoke(app, [*args[:5], "256", "--depths", "50", "--trials", "1", "--out", "out", "-q"])
     assert small.exit_code == 0 and "note:" not in small.output, small.output
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Inputs that need a trained run, a second process or a file made by hand: one row each, (command, a setup that
+# makes the bad input under tmp_path and returns the {name} fields of the command, exit code, words of the message).
+# Every row checks: that exit code, the words, no traceback, no "--force" offered where the command has none, and
+# that nothing was written or lost (the run folder's files are byte-for-byte as the setup left them, no --out).
+
+
+@dataclass(frozen=True)
+class Row:
+    """A bad invocation, the setup that makes its bad input, and what the answer must be."""
+
+    args: list[str]
+    setup: Callable[[Path, Path], dict[str, str]]
+    code: int
+    words: str
+    absent: tuple[str, ...] = ()
+
+
+def _run_copy(tmp: Path, run: Path, **changes: Any) -> Path:
+    return copy_run(run, tmp / "run", **changes)
+
+
+def _truncate(path: Path) -> None:
+    blob = path.read_bytes()
+    path.write_bytes(blob[: len(blob) // 2])
+
+
+def truncated_adapter(tmp: Path, run: Path) -> dict[str, str]:
+    _truncate(_run_copy(tmp, run) / "adapter_model.safetensors")
+    return {"run": str(tmp / "run")}
+
+
+def truncated_adapter_config(tmp: Path, run: Path) -> dict[str, str]:
+    _truncate(_run_copy(tmp, run) / "adapter_config.json")
+    return {"run": str(tmp / "run")}
+
+
+def incomplete_run(tmp: Path, run: Path) -> dict[str, str]:
+    _run_copy(tmp, run, status="interrupted")
+    return {"run": str(tmp / "run")}
+
+
+def edited_temperature(tmp: Path, run: Path) -> dict[str, str]:
+    folder = write_calibration(_run_copy(tmp, run), 1.2)
+    record = json.loads((folder / "calibration.json").read_text())
+    record["attention_temperature"] = 5.0
+    (folder / "calibration.json").write_text(json.dumps(record))
+    return {"run": str(folder)}
+
+
+def record_without_digest(tmp: Path, run: Path) -> dict[str, str]:
+    folder = write_calibration(_run_copy(tmp, run), 1.2)
+    record = json.loads((folder / "calibration.json").read_text())
+    del record["adapter"]
+    (folder / "calibration.json").write_text(json.dumps(record))
+    return {"run": str(folder)}
+
+
+def run_being_written(tmp: Path, run: Path) -> dict[str, str]:
+    """The run folder's lock held by another live process (a calibrate, a train resuming), as two commands would."""
+    folder = _run_copy(tmp, run)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(folder)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    HOLDERS.append(holder)
+    return {"run": str(folder)}
+
+
+HOLD_LOCK = (
+    "import sys, time\nfrom ctxext.artifacts.lock import folder_lock\n"
+    "with folder_lock(sys.argv[1], flag='RUN', command='ctxext calibrate RUN'):\n"
+    "    print('locked', flush=True)\n    time.sleep(120)\n"
+)
+HOLDERS: list[subprocess.Popen] = []
+
+
+def damaged_run_record(tmp: Path, run: Path) -> dict[str, str]:
+    (_run_copy(tmp, run) / "run.json").write_text('{"status": "compl')
+    return {"run": str(tmp / "run")}
+
+
+def a_run(tmp: Path, run: Path) -> dict[str, str]:
+    return {"run": str(_run_copy(tmp, run))}
+
+
+def moved_export_without_data(tmp: Path, run: Path) -> dict[str, str]:
+    result = runner.invoke(
+        app, ["tasks", "export", str(tmp / "ex"), "--model", "builtin:tiny-llama", "--tasks", "needle"]
+        + ["--lengths", "128", "--trials", "1", "--depths", "50"]
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (tmp / "ex").rename(tmp / "moved")
+    (tmp / "moved" / "ctxext_needle_128.jsonl").unlink()
+    return {"export": str(tmp / "moved")}
+
+
+def an_export(tmp: Path, run: Path) -> dict[str, str]:
+    (tmp / "ex").mkdir()
+    (tmp / "ex" / "mine.txt").write_text("a file the user made")
+    return {"export": str(tmp / "ex")}
+
+
+SMALL_CALIBRATION = ["--trials", "1", "--window-trials", "1", "--depths", "50", "--windows", "2"]
+DAMAGED = "train again or restore the file"
+HARNESS = ["eval", "harness", "--model", "builtin:tiny-llama", "--out", "{tmp}/out", "--tasks", "needle"]
+HARNESS += ["--lengths", "128"]
+ROWS = {
+    # A truncated adapter: one message naming the file, from the one loader (and merge's and push's checks).
+    "truncated adapter (eval)": Row(
+        ["eval", "ppl", "--model", "{run}", "--lengths", "32", "--out", "{tmp}/out", "-q", "--data", "builtin:stdlib"],
+        truncated_adapter,
+        2,
+        "adapter_model.safetensors cannot be read",
+    ),
+    "truncated adapter (calibrate)": Row(["calibrate", "{run}"], truncated_adapter, 2, DAMAGED),
+    "truncated adapter (export)": Row(
+        ["export", "{run}", "--for", "vllm", "--out", "{tmp}/out"], truncated_adapter, 2, DAMAGED
+    ),
+    "truncated adapter (merge)": Row(["merge", "{run}", "--out", "{tmp}/out"], truncated_adapter, 2, DAMAGED),
+    "truncated adapter (push --dry-run)": Row(
+        ["push", "{run}", "--repo-id", "me/x", "--dry-run"], truncated_adapter, 2, "adapter_model.safetensors"
+    ),
+    "truncated adapter_config.json (push --dry-run)": Row(
+        ["push", "{run}", "--repo-id", "me/x", "--dry-run"], truncated_adapter_config, 2, "JSON file"
+    ),
+    "damaged run.json (eval)": Row(
+        ["eval", "ppl", "--model", "{run}", "--lengths", "32", "--out", "{tmp}/out", "-q", "--data", "builtin:stdlib"],
+        damaged_run_record,
+        2,
+        "run.json cannot be read as JSON",
+    ),
+    "damaged run.json (calibrate)": Row(["calibrate", "{run}"], damaged_run_record, 2, "run.json cannot be read"),
+    # Commands without --force do not offer it for an unfinished run.
+    "unfinished run (calibrate)": Row(["calibrate", "{run}"], incomplete_run, 2, "--resume", ("--force",)),
+    "unfinished run (export)": Row(
+        ["export", "{run}", "--for", "vllm", "--out", "{tmp}/out"], incomplete_run, 2, "--resume", ("--force",)
+    ),
+    "unfinished run (merge offers --force)": Row(
+        ["merge", "{run}", "--out", "{tmp}/out"], incomplete_run, 2, "--force"
+    ),
+    # calibration.json: a hand-edited temperature, a missing digest.
+    "hand-edited temperature (eval)": Row(
+        ["eval", "ppl", "--model", "{run}", "--lengths", "32", "--out", "{tmp}/out", "-q", "--data", "builtin:stdlib"],
+        edited_temperature,
+        2,
+        "attention_temperature 5 is not one of the temperatures it measured",
+    ),
+    "hand-edited temperature (merge)": Row(
+        ["merge", "{run}", "--out", "{tmp}/out"], edited_temperature, 2, "edited by hand"
+    ),
+    "calibration without its adapter digest": Row(
+        ["merge", "{run}", "--out", "{tmp}/out"], record_without_digest, 2, "does not record the adapter weights"
+    ),
+    # Two writers of one run folder.
+    "calibrate while another command writes the run": Row(
+        ["calibrate", "{run}", "--data", "builtin:stdlib-train", *SMALL_CALIBRATION],
+        run_being_written,
+        2,
+        "another ctxext command is writing there",
+    ),
+    # Counts of the wrong type or out of range.
+    "calibrate --trials x": Row(["calibrate", "{run}", "--trials", "x"], a_run, 2, "--trials"),
+    "calibrate --trials 0": Row(["calibrate", "{run}", "--trials", "0"], a_run, 2, "--trials"),
+    "eval harness --trials -1": Row([*HARNESS, "--trials", "-1"], a_run, 2, "--trials: Input should be greater"),
+    "eval harness --trials x": Row([*HARNESS, "--trials", "x"], a_run, 2, "--trials"),
+    "eval harness --limit -3": Row([*HARNESS, "--limit", "-3"], a_run, 2, "--limit"),
+    "eval harness --batch-size 0": Row([*HARNESS, "--batch-size", "0"], a_run, 2, "--batch-size"),
+    # An export whose documents are gone (moved without them): refused, naming the file.
+    "exported tasks without their data": Row(
+        ["eval", "harness", "--model", "builtin:tiny-llama", "--out", "{tmp}/out", "--include-path", "{export}"]
+        + ["--tasks", "ctxext_needle"],
+        moved_export_without_data,
+        2,
+        "ctxext_needle_128.jsonl missing",
+    ),
+    # A positional argument is named as such, not as a --out that does not exist.
+    "tasks export into a user's folder": Row(
+        ["tasks", "export", "{export}", "--model", "builtin:tiny-llama", "--tasks", "needle", "--lengths", "128"],
+        an_export,
+        2,
+        "choose another OUT",
+        ("--out",),
+    ),
+    # A removed flag names its replacement.
+    "demo --model (removed)": Row(["demo", "--model", "x", "--out", "{tmp}/out"], a_run, 2, "use model.path=x"),
+    # The sweep: missing, empty, a folder for a file, a file for a folder.
+    "calibrate a file": Row(["calibrate", "{tmp}/run/run.json"], a_run, 2, "is a file, not a folder"),
+    "merge a file": Row(["merge", "{tmp}/run/run.json", "--out", "{tmp}/out"], a_run, 2, "is a file, not a folder"),
+    "export a missing folder": Row(["export", "{tmp}/nope", "--for", "vllm"], a_run, 2, "nope does not exist"),
+    "calibrate --data missing": Row(["calibrate", "{run}", "--data", "{tmp}/nope.txt"], a_run, 2, "does not exist"),
+    "eval run a folder": Row(
+        ["eval", "run", "{tmp}", "--model", "{run}", "--out", "{tmp}/out"], a_run, 2, "is a folder, not a suite"
+    ),
+    "train a folder": Row(["train", "{tmp}"], a_run, 2, "is a folder, not a recipe"),
+    "validate a folder": Row(["validate", "{tmp}"], a_run, 2, "is a folder, not a recipe"),
+    "push a missing folder": Row(["push", "{tmp}/nope", "--repo-id", "me/x", "--dry-run"], a_run, 2, "does not exist"),
+}
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, tiny_model_dir) -> Path:
+    return shared_run(tmp_path_factory, tiny_model_dir)
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_bad_input_row(name, trained_run, tmp_path, monkeypatch):
+    row = ROWS[name]
+    monkeypatch.chdir(tmp_path)
+    fields = {"tmp": str(tmp_path), **row.setup(tmp_path, trained_run)}
+    before = file_hashes(tmp_path)
+    try:
+        result = runner.invoke(app, [a.format(**fields) for a in row.args])
+    finally:
+        while HOLDERS:
+            HOLDERS.pop().kill()
+    output = flat(result.output)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == row.code, result.output
+    assert row.words in output, result.output
+    assert "Traceback" not in result.output and output.count("error:") <= 1, result.output
+    assert not any(word in output for word in row.absent), result.output
+    # Nothing written, nothing lost: every file as the setup left it, no output, no temporary folder or lock.
+    after = {k: v for k, v in file_hashes(tmp_path).items() if not k.endswith(".ctxext-lock")}
+    assert after == {k: v for k, v in before.items() if not k.endswith(".ctxext-lock")}
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_calibrate_refuses_a_read_only_run_before_the_work(trained_run, tmp_path):
+    run = copy_run(trained_run, tmp_path / "run")
+    run.chmod(0o555)
+    try:
+        result = runner.invoke(app, ["calibrate", str(run), "--data", "builtin:stdlib-train", *SMALL_CALIBRATION])
+    finally:
+        run.chmod(0o755)
+    assert result.exit_code == 2 and "cannot write there" in flat(result.output), result.output
+    assert not (run / "calibration.json").exists()
+
+
+def test_a_moved_export_reads_its_own_documents(tmp_path, monkeypatch):
+    """The task YAML names its data relative to itself: lm-eval loads the moved copy's documents, from anywhere."""
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    from ctxext.evaluation.export_tasks import read_task_config
+
+    args = ["--model", "builtin:tiny-llama", "--tasks", "needle", "--lengths", "128", "--trials", "1"]
+    assert runner.invoke(app, ["tasks", "export", str(tmp_path / "ex"), *args]).exit_code == 0
+    (tmp_path / "ex").rename(tmp_path / "moved")
+    config = read_task_config(tmp_path / "moved" / "ctxext_needle_128.yaml")
+    assert str(tmp_path) not in json.dumps(config)  # no absolute path left in the task file
+    docs = [json.loads(line) for line in (tmp_path / "moved" / "ctxext_needle_128.jsonl").read_text().splitlines()]
+    monkeypatch.chdir(ROOT)  # a working folder unrelated to the export
+    task = get_task_dict(["ctxext_needle_128"], TaskManager(include_path=str(tmp_path / "moved")))
+    loaded = list(task["ctxext_needle_128"].test_docs())
+    assert [d["prompt"] for d in loaded] == [d["prompt"] for d in docs]
+
+
+def test_two_calibrations_of_one_run_at_once(trained_run, tmp_path):
+    """Two real processes: the second is refused while the first holds the run folder; the first's record stays."""
+    run = copy_run(trained_run, tmp_path / "run")
+    cmd = ctxext_cmd("calibrate", str(run), "--data", "builtin:stdlib-train", *SMALL_CALIBRATION)
+    first = subprocess.Popen(cmd, env=env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lock = lock_path(run)
+    deadline = time.time() + 120
+    while not lock.exists() and first.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    second = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, timeout=240)
+    out, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, out
+    assert second.returncode == 2, second.stderr
+    assert "another ctxext command is writing there" in flat(second.stderr), second.stderr
+    assert "Traceback" not in second.stderr
+    record = json.loads((run / "calibration.json").read_text())
+    assert record["attention_temperature"] == 1.0 and not lock.exists()
+
+
+@pytest.mark.slow
+def test_sigterm_stops_an_evaluation_mid_work_and_leaves_nothing_half_written(tmp_path):
+    """SIGTERM during an evaluation's forwards: exit 143 within the running operation, no report, no temporary
+    folder, no lock. A report is written whole or not at all (a partial one would read as a finished result)."""
+    cmd = ctxext_cmd("eval", "ppl", "--model", "builtin:tiny-llama", "--lengths", "16384", "--allow-beyond-context")
+    cmd += ["--data", "builtin:stdlib-long", "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(cmd, env=env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = lock_path(tmp_path / "out")
+    deadline = time.time() + 120
+    while not lock.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert lock.exists(), proc.communicate()
+    time.sleep(8)  # into the model load and the first long forwards
+    assert proc.poll() is None, proc.communicate()
+    proc.terminate()
+    sent = time.time()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert time.time() - sent < 60, "SIGTERM waited for the whole evaluation"
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no report, no .out.tmp-*, no lock

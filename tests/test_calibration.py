@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _hub_helpers import copy_run, shared_run
+from _hub_helpers import copy_run, shared_run, write_calibration
 from conftest import tiny_model
 from typer.testing import CliRunner
 
@@ -105,9 +105,7 @@ def tiny_run(tmp_path_factory, tiny_model_dir) -> Path:
 
 
 def calibrated(run: Path, dest: Path, t: float) -> Path:
-    out = copy_run(run, dest)
-    (out / CALIBRATION_FILE).write_text(json.dumps({"attention_temperature": t}))
-    return out
+    return write_calibration(copy_run(run, dest), t)
 
 
 SMALL = ["--trials", "2", "--window-trials", "1", "--depths", "0,100", "--windows", "8"]
@@ -159,7 +157,7 @@ def test_a_calibrated_run_loads_with_its_temperature(tiny_run, tmp_path):
     assert loaded.info["attention_temperature"] == 1.25
     assert [m.scaling for m in attention_modules(loaded.model)] == pytest.approx([1.25 * 16**-0.5] * 2)
     # A record measured on other adapter weights (the run trained further since) is refused, not applied.
-    (run / CALIBRATION_FILE).write_text(json.dumps({"attention_temperature": 1.25, "adapter": "sha256:00"}))
+    write_calibration(run, 1.25, adapter="sha256:00")
     with pytest.raises(InputError, match="other adapter weights.*--overwrite"):
         load_model(ModelSpec(str(run)), device="cpu")
     # What the message asks for works: calibrating again does not load the stale record.

@@ -15,6 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
+from ctxext.evaluation.export_tasks import read_task_config
 from ctxext.models.builtin import GROWN_MK_DIR
 
 pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed (pip install 'ctxext[harness]')")
@@ -59,7 +60,7 @@ def test_lm_eval_scores_exported_prompts_trial_for_trial_as_ctxext(yarn_model, t
     result = run("tasks", "export", str(export), "--model", str(yarn_model), *SETTINGS)
     assert result.exit_code == 0, result.output
     name = "ctxext_multikey_256"
-    config = yaml.safe_load((export / f"{name}.yaml").read_text())
+    config = read_task_config(export / f"{name}.yaml")
     assert config["dataset_path"] == "json" and config["output_type"] == "generate_until"
     docs = [json.loads(line) for line in (export / f"{name}.jsonl").read_text().splitlines()]
     assert len(docs) == 15

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
+from ctxext.evaluation.export_tasks import read_task_config
 from tests._eval_helpers import chatml_tokenizer, save_tiny_model
 
 runner = CliRunner()
@@ -23,7 +23,7 @@ def export(model: Path, out: Path, *args: str) -> tuple[list[dict], dict, dict, 
     assert result.exit_code == 0, result.output
     [data] = sorted(out.glob("*.jsonl"))
     docs = [json.loads(line) for line in data.read_text().splitlines()]
-    config = yaml.safe_load(data.with_suffix(".yaml").read_text())
+    config = read_task_config(data.with_suffix(".yaml"))
     manifest = json.loads((out / "ctxext-tasks.json").read_text())
     return docs, config, manifest, " ".join(result.output.split())
 

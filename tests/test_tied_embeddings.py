@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _hub_helpers import build_tiny_run, copy_run
+from _hub_helpers import build_tiny_run, copy_run, write_calibration
 from conftest import tiny_model
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -131,12 +131,9 @@ def test_an_adapter_that_trained_a_separate_copy_is_merged_untied_and_the_card_s
 
 
 def test_the_calibrate_fold_export_and_push_keep_the_tie(tied_run, tmp_path):
-    from ctxext.models.temperature import CALIBRATION_FILE, adapter_digest
     from ctxext.publish.export import export_for
 
-    run = copy_run(tied_run[0], tmp_path / "calibrated")
-    record = {"attention_temperature": 1.25, "adapter": adapter_digest(run)}
-    (run / CALIBRATION_FILE).write_text(json.dumps(record))
+    run = write_calibration(copy_run(tied_run[0], tmp_path / "calibrated"), 1.25)
     folder, text = export_for(run, ["vllm", "lm-eval"], tmp_path / "exported", log=lambda line: None)
     assert "vllm serve" in text and (folder / "COMMANDS.md").is_file()
     smoke = json.loads((folder / "ctxext_merge.json").read_text())["smoke"]

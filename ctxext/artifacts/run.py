@@ -60,12 +60,14 @@ def resume_command(run_dir: str | Path) -> str:
     return f"ctxext train {shlex.quote(str(run_dir / 'recipe.yaml'))} {shlex.quote(f'output.dir={run_dir}')} --resume"
 
 
-def read_run(run_dir: str | Path, allow_incomplete: bool = False) -> RunRecord:
+def read_run(run_dir: str | Path, allow_incomplete: bool = False, force_flag: str | None = "--force") -> RunRecord:
     """Read a run folder's record, refusing an unfinished run unless asked.
 
     Args:
         run_dir: the run folder written by ``ctxext train``.
         allow_incomplete: accept a run whose status is not ``complete`` (``--force``).
+        force_flag: the calling command's flag that accepts an unfinished run, named in the refusal; ``None``
+            for a command that has none (the message then names only resuming the run).
 
     Returns:
         The :class:`RunRecord` (its ``folder`` is the run folder, absolute).
@@ -76,13 +78,15 @@ def read_run(run_dir: str | Path, allow_incomplete: bool = False) -> RunRecord:
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise InputError(f"{run_dir} does not exist; pass the run folder written by `ctxext train`")
+        what = "is a file, not a folder" if run_dir.exists() else "does not exist"
+        raise InputError(f"{run_dir} {what}; pass the run folder written by `ctxext train`")
     record = RunRecord.read(run_dir)
     if not record.complete and not allow_incomplete:
         raise IncompleteRunError(
             f"{run_dir} holds an incomplete run, not complete (run.json status: {record.status!r}): its training "
             f"was interrupted or failed, so its adapter is not the final one. Finish it with "
-            f"`{resume_command(run_dir)}`, or pass --force to use the weights it has anyway."
+            f"`{resume_command(run_dir)}`"
+            + (f", or pass {force_flag} to use the weights it has anyway." if force_flag else ".")
         )
     return record
 

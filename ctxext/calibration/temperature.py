@@ -31,7 +31,6 @@ projection (:mod:`ctxext.models.temperature`).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -97,19 +96,44 @@ def calibrate_run(
         InputError: not a finished run, an earlier calibration without ``overwrite``, a run without a target
             length, too little held-out text.
     """
+    from ctxext.artifacts.lock import folder_lock
     from ctxext.artifacts.run import read_run
-    from ctxext.models.load import ModelSpec, load_model
-    from ctxext.scoring.windows import doc_nll
+    from ctxext.atomic import check_writable, write_json_atomic
 
     started = time.time()
     run_dir = Path(run_dir)
-    run = read_run(run_dir)
+    run = read_run(run_dir, force_flag=None)
     out = run_dir / CALIBRATION_FILE
     if out.exists() and not overwrite:
         raise InputError(f"{out}: the run is calibrated already; pass --overwrite to measure and choose again")
     target, window = run.target_length or 0, run.original_length or 0
     if not window or target <= window:
         raise InputError(f"{run_dir}: run.json names no target length beyond the original window; nothing to calibrate")
+    check_writable(run_dir, "RUN", f"calibrate writes {CALIBRATION_FILE} there: make the run folder writable")
+    # One writer per run folder, as train holds it: a second calibrate (or a train resuming there) is refused.
+    with folder_lock(run_dir, flag="RUN"):
+        if out.exists() and not overwrite:  # another calibrate finished while this one started
+            raise InputError(f"{out}: the run is calibrated already; pass --overwrite to measure and choose again")
+        record = _measure_and_choose(run_dir, settings, held_out, device, target, window, log)
+        record["seconds"] = round(time.time() - started, 1)
+        write_json_atomic(out, record)
+    log(f"chose attention temperature {record['attention_temperature']:g}: {record['reason']}")
+    return record
+
+
+def _measure_and_choose(
+    run_dir: Path,
+    settings: CalibrationSettings,
+    held_out: HeldOut,
+    device: str | None,
+    target: int,
+    window: int,
+    log: _Log,
+) -> dict[str, Any]:
+    """Measure every candidate on the same material and choose; the record without its timing."""
+    from ctxext.models.load import ModelSpec, load_model
+    from ctxext.scoring.windows import doc_nll
+
     loaded = load_model(ModelSpec(str(run_dir)), device=device, calibrated=False)
     material = _material(loaded.tokenizer, held_out, settings, target, window)
     log(
@@ -132,7 +156,7 @@ def calibrate_run(
     set_attention_temperature(loaded.model, 1.0)
     rows = _candidates(measured, settings)
     chosen, reason = _choose(rows, settings)
-    record = {
+    return {
         "attention_temperature": chosen,
         "reason": reason,
         "target_length": target,
@@ -141,13 +165,7 @@ def calibrate_run(
         "adapter": adapter_digest(run_dir),
         "settings": settings.model_dump(),
         "candidates": rows,
-        "seconds": round(time.time() - started, 1),
     }
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(out)
-    log(f"chose attention temperature {chosen:g}: {reason}")
-    return record
 
 
 def _material(tokenizer: Any, held_out: HeldOut, settings: CalibrationSettings, target: int, window: int) -> _Material:

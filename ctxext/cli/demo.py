@@ -28,6 +28,7 @@ other settings is refused, never shown as if it were this run's.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import sys
 import time
@@ -480,9 +481,16 @@ def demo(
         bool,
         typer.Option("--print-recipe", help="print the demo's recipe file (to copy: > my.yaml) and exit"),
     ] = False,
+    removed_model: Annotated[str | None, typer.Option("--model", hidden=True)] = None,
 ) -> None:
     """Grown model → evaluate unpatched at 4× → extend (YaRN, llama3) → nf4 QLoRA → evaluate all, compared."""
     from ctxext.artifacts.lock import folder_lock
+
+    if removed_model is not None:  # a removed flag answers with its replacement, not "No such option"
+        raise InputError(
+            f"--model was removed: the model is a recipe key now; use model.path={shlex.quote(removed_model)} "
+            "(e.g. `ctxext demo model.path=builtin:grown-code-64`)"
+        )
 
     recipe_file = recipe if recipe is not None else RECIPE
     if print_recipe_file:

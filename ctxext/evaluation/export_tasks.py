@@ -1,9 +1,10 @@
 """Export ctxext's registered tasks as lm-evaluation-harness task files: ``ctxext tasks export DIR --format lm-eval``.
 
 Each task × length becomes one lm-eval task, ``ctxext_<task>_<length>`` (tagged ``ctxext_<task>``): a YAML file
-over a local JSONL file (``dataset_path: json``), so ``lm_eval --include_path DIR --tasks ctxext_needle`` runs
-offline. Its documents are the prompts of ctxext's own retrieval grid for the model's tokenizer — the same
-seeded samples (:func:`ctxext.tasks.samples.make_samples`, the settings of the RULER-style suite:
+over a local JSONL file beside it (read through the folder's own loader module, :data:`LOADER_MODULE`, so the
+folder can be moved), so ``lm_eval --include_path DIR --tasks ctxext_needle`` runs offline. Its documents are
+the prompts of ctxext's own retrieval grid for the model's tokenizer — the same seeded samples
+(:func:`ctxext.tasks.samples.make_samples`, the settings of the RULER-style suite:
 :class:`~ctxext.evaluation.sections.ruler.engine.RulerSettings`) — written as text: the grid's prompt tokens
 decoded with their special tokens (a leading BOS string makes lm-eval add no second one). lm-eval tokenizes
 that text again; a byte-level BPE can merge across a piece boundary (haystack / needle / question), so each
@@ -131,14 +132,44 @@ def _document(tokenizer: Any, sample: TaskSample, length: int, depth: float, tri
     }
 
 
-def task_config(name: str, tag: str, data_file: Path, max_gen_toks: int, until: list[str]) -> dict[str, Any]:
-    """The lm-eval task YAML of one exported task (greedy generation, exact match after stripping)."""
+# The data loader written beside the task files. lm-eval hands ``dataset_kwargs: data_files`` to datasets, which
+# resolves a relative path against the working folder (an absolute one would make a copied or moved export score
+# the original's data); a ``custom_dataset: !function`` is imported from the YAML's own folder, so this module
+# finds the documents beside itself wherever the folder goes. It needs only ``datasets`` (lm-eval's dependency).
+LOADER_MODULE = "ctxext_data"
+LOADER_SOURCE = '''"""Loads a task's documents from the JSONL file beside this module (`ctxext tasks export`).
+
+lm-eval imports it through `custom_dataset: !function ctxext_data.load` in each task YAML of this folder, so
+the folder can be copied or moved as a whole.
+"""
+
+from pathlib import Path
+
+
+def load(data_file, **_):
+    import datasets
+
+    path = Path(__file__).resolve().parent / data_file
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: the task's documents are missing; export the tasks again with `ctxext tasks export`"
+        )
+    return datasets.load_dataset("json", data_files={"test": str(path)})
+'''
+_FUNCTION_TAG = "!function"
+
+
+def task_config(name: str, tag: str, data_file: str, max_gen_toks: int, until: list[str]) -> dict[str, Any]:
+    """The lm-eval task YAML of one exported task (greedy generation, exact match after stripping).
+
+    Its ``custom_dataset`` (a ``!function`` tag, which plain YAML cannot hold) is added by :func:`_write_yaml`;
+    ``data_file`` is the JSONL's name, relative to the task's folder.
+    """
     return {
         "task": name,
         "tag": [tag],
         "dataset_path": "json",
-        # Absolute: lm-eval hands data_files to datasets, which resolves them against the working folder.
-        "dataset_kwargs": {"data_files": {"test": str(data_file)}},
+        "dataset_kwargs": {"data_file": data_file},
         "test_split": "test",
         "output_type": "generate_until",
         # Field names, not Jinja templates: lm-eval passes a document's field through untouched.
@@ -195,7 +226,7 @@ def export_lm_eval(
     settings.check()
     if not settings.lengths or min(settings.lengths) < 1:
         raise InputError("--lengths: give at least one positive length in tokens, e.g. --lengths 256,1024")
-    out = check_output(out, EXPORT_KIND, overwrite)
+    out = check_output(out, EXPORT_KIND, overwrite, flag="OUT")
     tokenizer, config = load_tokenizer_and_config(model)
     context = int(read_rope(config).current_length)
     lengths = sorted(set(settings.lengths))
@@ -204,9 +235,8 @@ def export_lm_eval(
     hay = text_haystack(tokenizer, settings.haystack, settings.text_field, settings.split, 2 * max(lengths))
     grid = settings.grid(lengths, settings.allow_beyond_context)
     grid.validate()
-    final = out.resolve()
     result = ExportResult(out, model, context, chat_template=describe_chat(chat), chat_template_reason=reason)
-    with atomic_folder(out, kind=EXPORT_KIND, overwrite=overwrite) as tmp:
+    with atomic_folder(out, kind=EXPORT_KIND, overwrite=overwrite, flag="OUT") as tmp:
         for spec in settings.tasks:
             templates = template_indices(spec.task, spec.templates or settings.templates)
             tag = f"{TASK_PREFIX}{spec.label}"
@@ -237,7 +267,7 @@ def export_lm_eval(
                 budget = max(grid.max_new_tokens, max(d["answer_tokens"] for d in docs) + margin)
                 until = stop_sequences(get_task(spec.task), templates, [d["answer"] for d in docs], tokenizer, chat)
                 (tmp / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-                _write_yaml(tmp / f"{name}.yaml", task_config(name, tag, final / f"{name}.jsonl", budget, until))
+                _write_yaml(tmp / f"{name}.yaml", task_config(name, tag, f"{name}.jsonl", budget, until))
                 matched = sum(d["tokens_match"] for d in docs)
                 result.tasks.append(
                     ExportedTask(name, spec.task, spec.label, length, len(docs), matched, budget, until, margin)
@@ -256,6 +286,7 @@ def export_lm_eval(
             "tasks": [asdict(t) for t in result.tasks],
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (tmp / f"{LOADER_MODULE}.py").write_text(LOADER_SOURCE)
     return result
 
 
@@ -293,7 +324,39 @@ def stop_sequences(
 def _write_yaml(path: Path, data: dict[str, Any]) -> None:
     import yaml
 
-    path.write_text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    path.write_text(f"{text}custom_dataset: {_FUNCTION_TAG} {LOADER_MODULE}.load\n")
+
+
+def read_task_config(path: str | Path) -> dict[str, Any]:
+    """An exported task YAML as a dict (its ``!function`` reference as the text ``!function NAME``).
+
+    Raises:
+        OSError, yaml.YAMLError: the file cannot be read or parsed.
+    """
+    import yaml
+
+    class _Loader(yaml.SafeLoader):
+        pass
+
+    def function(loader: yaml.SafeLoader, node: yaml.Node) -> str:
+        return f"{_FUNCTION_TAG} {loader.construct_scalar(node)}"  # type: ignore[arg-type]
+
+    _Loader.add_constructor(_FUNCTION_TAG, function)
+    return yaml.load(Path(path).read_text(), Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+
+
+def missing_data(folder: str | Path) -> list[Path]:
+    """The files an export's tasks read that are not in ``folder`` (its loader module, each task's documents).
+
+    A folder ``ctxext tasks export`` did not write (a user's own lm-eval tasks) has none: ``[]``.
+    """
+    folder = Path(folder)
+    export = read_export(folder)
+    if export is None:
+        return []
+    names = [f"{LOADER_MODULE}.py", *(f"{t.get('name')}.jsonl" for t in export.get("tasks", []))]
+    return [folder / n for n in names if not (folder / n).is_file()]
 
 
 def read_export(folder: str | Path) -> dict[str, Any] | None:

@@ -115,7 +115,8 @@ def load_suite(path: str | Path, overrides: list[str] | None = None) -> tuple[Su
         hint = (
             f"; shipped suites: {', '.join(sorted(x.name for x in shipped.glob('*.yaml')))}" if shipped.is_dir() else ""
         )
-        raise InputError(f"suite file {path} does not exist{hint}")
+        what = "is a folder, not a suite YAML file" if p.is_dir() else "does not exist"
+        raise InputError(f"suite file {path} {what}{hint}")
     from ctxext.recipe.yamlfile import read_yaml
 
     try:

@@ -157,7 +157,7 @@ def _resolve(spec: ModelSpec, what: str | None) -> _Parts:
     """Resolve a spec to local parts, checking a run's base weights against the ones it was trained on."""
     from ctxext.artifacts.run import RunRecord, find_adapter_dir, is_run_folder, run_base_model
     from ctxext.models.sources import resolve_model_path
-    from ctxext.models.weights import check_fingerprint, check_weights_readable
+    from ctxext.models.weights import check_adapter_readable, check_fingerprint, check_weights_readable
 
     # A ctxext run folder as the model means its base plus its adapter, with the run's patched config.
     from_run = spec.adapter is None and is_run_folder(spec.ref)
@@ -169,6 +169,7 @@ def _resolve(spec: ModelSpec, what: str | None) -> _Parts:
         adapter_dir = find_adapter_dir(adapter)
         if adapter_dir is None:
             raise InputError(f"adapter folder {adapter} has no adapter_config.json (a peft / ctxext run folder)")
+        check_adapter_readable(adapter_dir)  # a truncated adapter is named here, not deep inside peft
         # A ctxext run writes the patched config next to its adapter; the base must run with it.
         if config_from is None:
             config_from = next((c for c in (Path(adapter), adapter_dir) if (c / "config.json").is_file()), None)

@@ -197,16 +197,43 @@ def read_calibration(run_dir: str | Path) -> dict[str, Any] | None:
         raise InputError(
             f"{path}: cannot be read ({exc}); run `ctxext calibrate {run_dir} --overwrite` again"
         ) from None
+    again = f"run `ctxext calibrate {run_dir} --overwrite` again"
     if not isinstance(data, dict):
-        raise InputError(f"{path}: not a calibration record; run `ctxext calibrate {run_dir} --overwrite` again")
-    check_temperature(data.get("attention_temperature"), f"{path}: attention_temperature")
-    # A temperature chosen for other weights is no choice for these: loud, not silently applied.
-    if "adapter" in data and data["adapter"] != adapter_digest(run_dir):
+        raise InputError(f"{path}: not a calibration record; {again}")
+    t = check_temperature(data.get("attention_temperature"), f"{path}: attention_temperature")
+    # A temperature chosen for other weights is no choice for these: loud, not silently applied. A record that
+    # does not say which weights it was measured on cannot be checked, so it counts as stale too.
+    if not isinstance(data.get("adapter"), str):
+        raise InputError(f"{path}: does not record the adapter weights it was measured on ('adapter'); {again}")
+    if data["adapter"] != adapter_digest(run_dir):
         raise InputError(
-            f"{path}: measured on other adapter weights than the run's now (it was trained further since); "
-            f"run `ctxext calibrate {run_dir} --overwrite` again"
+            f"{path}: measured on other adapter weights than the run's now (it was trained further since); {again}"
         )
+    problem = _record_problem(data, t)
+    if problem:
+        raise InputError(f"{path}: {problem}, so it is not what `ctxext calibrate` chose (edited by hand?); {again}")
     return data
+
+
+def _record_problem(data: dict[str, Any], t: float) -> str | None:
+    """Why a calibration record is not one ``ctxext calibrate`` wrote, or ``None``.
+
+    calibrate measures every candidate (1.0 always) and chooses 1.0 or a candidate it found admissible and
+    better, recording each candidate's verdicts: the choice must be one of those.
+    """
+    rows = data.get("candidates")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return "its 'candidates' (the measurements) are missing or damaged"
+    measured = {r.get("attention_temperature"): r for r in rows}
+    if 1.0 not in measured:
+        return "it has no measurement of t = 1 (the run as trained), which every calibration makes"
+    row = measured.get(t)
+    if row is None:
+        shown = ", ".join(f"{c:g}" for c in measured if isinstance(c, (int, float)))
+        return f"attention_temperature {t:g} is not one of the temperatures it measured ({shown})"
+    if t != 1.0 and not (row.get("admissible") is True and row.get("better") is True):
+        return f"attention_temperature {t:g} is not admissible and better in its own measurements"
+    return None
 
 
 def run_temperature(run_dir: str | Path | None) -> float:

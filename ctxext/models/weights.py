@@ -77,22 +77,57 @@ def check_weights_readable(folder: str | Path) -> list[Path]:
             if missing:
                 raise InputError(f"{index} names missing weight files: {', '.join(missing)}; download them again")
     for path in files:
-        try:
-            if path.suffix == ".safetensors":
-                from safetensors import safe_open
-
-                with safe_open(str(path), "pt") as handle:
-                    handle.keys()
-            else:
-                import torch
-
-                torch.load(path, map_location="meta", weights_only=True, mmap=True)
-        except Exception as exc:  # safetensors / torch raise several types for a damaged file
-            raise InputError(
-                f"weight file {path} cannot be read ({type(exc).__name__}: {str(exc).strip() or 'damaged'}); it is "
-                "truncated or corrupt. Download or save the model again."
-            ) from None
+        check_file_readable(path, "Download or save the model again.")
     return files
+
+
+def check_file_readable(path: str | Path, fix: str) -> None:
+    """Check that one weight or JSON file is whole: a safetensors header covering the file, a torch archive, JSON.
+
+    Cheap (headers only): what a loader, a merge or an upload reads first, checked before any work.
+
+    Args:
+        path: the file (``.safetensors``, ``.bin`` / ``.pt`` / ``.pth`` or ``.json``; others are not checked).
+        fix: what to do when it is damaged, appended to the message.
+
+    Raises:
+        InputError: naming the file, what is wrong and ``fix``.
+    """
+    path = Path(path)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(path), "pt") as handle:
+                handle.keys()
+        elif path.suffix in (".bin", ".pt", ".pth"):
+            import torch
+
+            torch.load(path, map_location="meta", weights_only=True, mmap=True)
+        elif path.suffix == ".json":
+            json.loads(path.read_text())
+    except Exception as exc:  # safetensors / torch / json raise several types for a damaged file
+        what = "weight file" if path.suffix != ".json" else "JSON file"
+        raise InputError(
+            f"{what} {path} cannot be read ({type(exc).__name__}: {str(exc).strip() or 'damaged'}); it is "
+            f"truncated or corrupt. {fix}"
+        ) from None
+
+
+# What to do about a damaged file in a training run folder (the adapter, its config).
+RUN_DAMAGED = "The run folder is damaged: train again or restore the file."
+
+
+def check_adapter_readable(adapter_dir: str | Path) -> None:
+    """Check a LoRA adapter folder's config and weights before peft reads them (peft's own errors are tracebacks).
+
+    Raises:
+        InputError: naming the damaged file and :data:`RUN_DAMAGED`.
+    """
+    folder = Path(adapter_dir)
+    for path in [folder / "adapter_config.json", *sorted(folder.glob("adapter_model.*"))]:
+        if path.is_file():
+            check_file_readable(path, RUN_DAMAGED)
 
 
 def _header(path: Path) -> bytes:

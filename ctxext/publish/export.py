@@ -278,6 +278,9 @@ def export_for(
 
     check_targets(targets)
     src = Path(src)
+    if not src.is_dir():
+        what = "is a file, not a folder" if src.exists() else "does not exist"
+        raise InputError(f"{src} {what}: pass a run folder or a model folder (ctxext extend / merge)")
     if not is_run_folder(src):
         if out is not None:
             raise InputError(f"--out: {src} is a model folder, used as it is; --out is where a run folder is merged")
@@ -288,7 +291,7 @@ def export_for(
     from ctxext.atomic import write_manifest
     from ctxext.publish.merge import MERGED_KIND, merge_run
 
-    merge_run(src, out, overwrite=overwrite, log=log)
+    merge_run(src, out, overwrite=overwrite, log=log, force_flag=None)  # export has no --force
     out = Path(out)
     text = commands_markdown(serving_facts(out), targets)
     (out / COMMANDS_FILE).write_text(text)

@@ -36,7 +36,7 @@ from ctxext.errors import CtxextError, InputError
 from ctxext.models.refs import is_hub_id
 from ctxext.models.sources import exception_chain
 from ctxext.models.temperature import CALIBRATION_FILE, run_temperature
-from ctxext.models.weights import check_run_base, weight_files
+from ctxext.models.weights import RUN_DAMAGED, check_file_readable, check_run_base, weight_files
 
 __all__ = ["PushPlan", "PushResult", "plan_push", "push", "push_run", "read_run", "stage"]
 
@@ -229,6 +229,10 @@ def _files_to_publish(folder: Path, merged: bool) -> list[Path]:
         files += weights
     elif not any(f.name.startswith("adapter_model") for f in files):
         raise InputError(f"{folder} has no adapter weights (adapter_model.safetensors): the run saved no adapter")
+    # Every file is checked whole before it is staged: a truncated upload is worse than none.
+    fix = "Merge the run again with `ctxext merge`." if merged else RUN_DAMAGED
+    for path in files:
+        check_file_readable(path, fix)
     return files
 
 

@@ -41,7 +41,7 @@ from ctxext.models.temperature import (
     run_temperature,
     set_attention_temperature,
 )
-from ctxext.models.weights import check_fingerprint, check_weights_readable
+from ctxext.models.weights import check_adapter_readable, check_fingerprint, check_weights_readable
 from ctxext.progress import progress
 from ctxext.publish.smoke import Probe, SmokeChecks, SmokeResult, check_written
 
@@ -174,6 +174,7 @@ def merge_run(
     overwrite: bool = False,
     log: Callable[[str], None] = print,
     check_length: int | None = None,
+    force_flag: str | None = "--force",
 ) -> SmokeResult:
     """Merge a run into a standalone model folder that plain transformers loads, after checking it.
 
@@ -192,6 +193,8 @@ def merge_run(
         log: where progress lines go.
         check_length: tokens of the other checks: the other sequences, the perplexity and the passkey trial
             (default: the run's original window, at most ``smoke_length``).
+        force_flag: the calling command's flag for ``allow_incomplete``, named when an unfinished run is refused
+            (``None``: it has none).
 
     Returns:
         The :class:`SmokeResult` (also saved in ``<out>/ctxext_merge.json``).
@@ -205,7 +208,7 @@ def merge_run(
     _check_settings(tolerance, smoke_length, sequences, positions, check_length)
     dev = _device(device)  # a device that does not exist is refused before the run is read
     run_dir, out = Path(run_dir), Path(out)
-    run = read_run(run_dir, allow_incomplete=allow_incomplete)
+    run = read_run(run_dir, allow_incomplete=allow_incomplete, force_flag=force_flag)
     if run.mode == "full":
         # Refused rather than copied: a copy would double the weights on disk and check nothing (there is no
         # base + adapter to compare it with); the run folder already loads as it is.
@@ -225,6 +228,7 @@ def merge_run(
         base_dir = _base_folder(run)
         check_inputs_outside(out, [base_dir])
         check_weights_readable(base_dir)
+        check_adapter_readable(run_dir)
         check_fingerprint(base_dir, run.base_fingerprint, "merge")
         config, resized = _patched_config(base_dir, run_dir, run)
         torch_dtype = _dtype(dtype, dev, config)

@@ -268,7 +268,8 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
     """
     path = Path(path)
     if not path.is_file():
-        raise RecipeError(str(path), [("(file)", "does not exist")])
+        what = "is a folder, not a recipe YAML file" if path.is_dir() else "does not exist"
+        raise RecipeError(str(path), [("(file)", what)])
     from ctxext.recipe.yamlfile import DuplicateKeyError, read_yaml
 
     try:

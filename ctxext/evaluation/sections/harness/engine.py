@@ -57,6 +57,15 @@ def task_manager(settings: HarnessSettings) -> Any:
     if include is not None and not Path(include).is_dir():
         raise InputError(f"--include-path {include}: no such folder (write one with `ctxext tasks export`)")
     if include is not None:
+        from ctxext.evaluation.export_tasks import missing_data
+
+        missing = missing_data(include)
+        if missing:
+            raise InputError(
+                f"--include-path {include}: {', '.join(str(m) for m in missing)} missing, so its tasks have no "
+                "documents; copy the whole export folder, or export the tasks again with `ctxext tasks export`"
+            )
+    if include is not None:
         local = TaskManager(include_path=include, include_defaults=False)
         if all(t in local.all_tasks for t in settings.tasks):
             return local
