@@ -422,7 +422,7 @@ def render(store: dict[str, Any]) -> None:
     lines = [
         f"# SmolLM2-135M-Instruct, 8k → {TARGET // 1024}k: the whole journey on a real checkpoint ({DEVICE})",
         "",
-        "Regenerate: `nice -n 5 python -m benchmarks.real_model` (resumable; `--estimate` first), then "
+        "Commands: `nice -n 5 python -m benchmarks.real_model` (resumable; `--estimate` first), then "
         "`python -m benchmarks.real_model --render-only`.",
         "",
         measured_on(),
