@@ -127,7 +127,10 @@ def _declared() -> dict[tuple[str, ...], Declared]:
         # The demo's settings are its recipe file and the demo suite, changed by key=value overrides; its flags say
         # where the files come from, where the output goes and which rows to show.
         ("demo",): Declared(
-            own=frozenset({"overrides", "out", "recipe", "reference", "quick", "fresh", "plain", "print_recipe_file"})
+            own=frozenset(
+                {"overrides", "out", "recipe", "reference", "quick", "fresh", "plain", "print_recipe_file"}
+                | {"removed_model"}  # hidden: the removed --model answers with its replacement, model.path=
+            )
         ),
         ("train",): Declared(
             own=frozenset({"recipe", "overrides", "strict"}), literal={"resume": _arg(train, "resume")}
