@@ -377,6 +377,14 @@ def _by_depth(cell: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def _progress_lines(cells: dict[str, Any]) -> list[str]:
+    # A page of a run still under way says so first: the table below is partial, the conclusions not yet drawn.
+    total = len(plan_cells())
+    if len(cells) >= total:
+        return []
+    return [f"**Incomplete: {len(cells)} of {total} cells measured.** The same command resumes the run.", ""]
+
+
 def _wall(cell: dict[str, Any]) -> str:
     # A cell measured while other work ran on the 2 cores took longer than the model needs: say so beside it.
     load = cell.get("load_average", 0.0)
@@ -419,6 +427,7 @@ def render(store: dict[str, Any]) -> None:
         "",
         measured_on(),
         "",
+        *_progress_lines(cells),
         f"Inputs: the Vim reference manuals ({', '.join(DOCS)}), each one's first tokens truncated to the length, "
         f"{store.get('settings', {}).get('keys_per_input', '?')} needles per input at depths 0–100 % with a "
         f"question and answer per needle after the text (the held-out needle form {TEMPLATE}, in the model's chat "

@@ -302,3 +302,17 @@ def test_saved_activation_formula_matches_autograd(tiny_model_dir):
     setup = Setup(seq_len=length, compute_bytes=4, lora_r=recipe.lora.r, checkpointing=False)
     predicted = shape.layers * layer_bytes(shape, setup)
     assert 0.75 < predicted / measured < 1.25, (predicted, measured)
+
+
+def test_the_adaptive_stops_probe_is_counted():
+    # Off by default: no note. On: its forward at the probe length, without gradients (one 32k sequence per pass:
+    # residual, q / output, k / v, the MLP's three tensors), beside the step's, and its share of the compute.
+    assert not any("train.probe" in n for n in _plan().notes)
+    plan = _plan(overrides=["train.probe.interval=100", "train.probe.trials=64", "train.probe.keys=4"])
+    note = next(n for n in plan.notes if n.startswith("train.probe:"))
+    shape, length = plan.shape, 32768
+    per_token = 4 * shape.hidden + 2 * shape.kv_heads * shape.head_dim + 3 * shape.intermediate
+    assert f"~{length * per_token * plan.setup.compute_bytes / GIB:.2f} GiB of activations" in note
+    assert note.startswith("train.probe: 16 forward passes at 32768 tokens without gradients every 100 steps")
+    share = float(re.search(r"~([\d.]+)% of the run's compute", note).group(1))
+    assert 0 < share < 15

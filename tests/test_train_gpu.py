@@ -90,3 +90,37 @@ def test_full_fine_tune_sharded_trains_as_one_process(tmp_path, cache_root, engi
     # The gathered model is a plain checkpoint: it loads with its patched RoPE.
     loaded = load_model(str(tmp_path / "sharded"))
     assert loaded.rope_check is not None and loaded.rope_check.ok and loaded.adapter_dir is None
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_probe_under_fsdp2_keeps_the_best_sharded_weights(tmp_path, cache_root):
+    # FSDP2 shards every weight (DTensors, even on one GPU): the probe gathers the best ones whole and puts each
+    # process's shard back. Every probe reads 0 % on the untrained tiny model, so the best is step 1, trained at
+    # learning rate 0 (one warmup step): its LoRA B matrices are zero, step 3's are not.
+    import json
+
+    from _train_helpers import adapter_tensors
+
+    recipe = write_recipe(
+        tmp_path / "r.yaml",
+        tmp_path / "run",
+        quantization={"mode": "none"},
+        model={"attn_implementation": "sdpa"},
+        train={
+            "max_steps": 3,
+            "gradient_checkpointing": False,
+            "probe": {"trials": 8, "keys": 4, "interval": 1, "goal": 1.0, "patience": None},
+        },
+    )
+    processes = min(2, torch.cuda.device_count())
+    cmd = accelerate_cmd(processes, "train", str(recipe))
+    cmd[cmd.index("--multi_gpu")] = "--use_fsdp"
+    cmd[cmd.index("--use_fsdp") + 1 : cmd.index("--use_fsdp") + 1] = ["--fsdp_version", "2"]
+    done = run(cmd, CTXEXT_CACHE=str(cache_root))
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = read_run(tmp_path / "run")
+    assert info.probe is not None and info.probe.stopped == "ceiling" and info.probe.best_step == 1
+    assert [r["n"] for r in json.loads((tmp_path / "run" / "probe.json").read_text())["readings"]] == [8, 8, 8]
+    written = adapter_tensors(tmp_path / "run")
+    assert all(not written[k].any() for k in written if "lora_B" in k)

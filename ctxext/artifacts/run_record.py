@@ -54,6 +54,27 @@ class TopologyRecord(BaseModel):
     sharding: str | None = None
 
 
+class ProbeRecord(BaseModel):
+    """The adaptive stop of a run (``train.probe``; the curve is ``probe.json``): why it stopped, and its cost."""
+
+    model_config = ConfigDict(extra="allow")
+
+    length: int
+    trials: int
+    keys: int
+    interval: int
+    goal: float
+    patience: int | None = None
+    stopped: Literal["goal", "plateau", "ceiling"]
+    stop_step: int
+    best_step: int | None = None
+    best_rate: float | None = None
+    probes: int = 0
+    seconds: float = 0.0
+    loop_seconds: float = 0.0
+    fraction: float | None = None
+
+
 class RunRecord(BaseModel):
     """A run folder's ``run.json``: what was trained, from which base, how far, and how it ended.
 
@@ -90,6 +111,8 @@ class RunRecord(BaseModel):
         final_val_loss: the held-out loss at the end.
         mixture: the realised training mixture (``mixture.json``'s ``realised``).
         search: the factor search the recipe's factors come from.
+        probe: the adaptive stop (``train.probe``): why the run stopped, the best probe (the adapter's step), and
+            the probe's share of the loop's wall time.
         error: why the run failed or was interrupted.
         folder: the run folder the record was read from (not stored in the file).
     """
@@ -124,6 +147,7 @@ class RunRecord(BaseModel):
     final_val_loss: float | None = None
     mixture: dict[str, Any] | None = None
     search: dict[str, Any] | None = None
+    probe: ProbeRecord | None = None
     error: str | None = None
     folder: Path | None = Field(default=None, exclude=True)
 

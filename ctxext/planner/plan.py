@@ -404,6 +404,9 @@ def plan_recipe(
         plan.notes.append(f"Ulysses all-to-all: {gib:.2f} GiB sent per GPU per step (q, k, v, output; all passes)")
     if device.tflops:
         plan.tokens_per_second = utilization * device.tflops * 1e12 * world / plan.flops_per_token
+    probe = probe_note(recipe, shape, setup, plan)
+    if probe:
+        plan.notes.append(probe)
     if device.kind == "cpu":
         plan.notes.append(
             "no GPU: planned against this machine's RAM with fp32 compute (what ctxext trains with on a CPU)"
@@ -413,6 +416,36 @@ def plan_recipe(
             f"the config has a {config.sliding_window}-token sliding window; memory is planned for full attention"
         )
     return plan
+
+
+def probe_note(recipe: Any, shape: ModelShape, setup: Setup, plan: Plan) -> str | None:
+    """What the adaptive stop's probe (``train.probe``) adds: its forward's memory and its share of the compute.
+
+    The probe runs forward passes at the probe length without gradients, one decoder layer's tensors alive at a
+    time: the residual stream and its norm, q / attention output, k / v, and the MLP's gate, up and product, for
+    the sequences of one pass. Its peak is that beside what the step holds outside its activations and loss.
+    """
+    probe, length = recipe.train.probe, recipe.probe_length
+    if probe is None or length is None:
+        return None
+    memory, b = plan.memory, setup.compute_bytes
+    from ctxext.recipe.sections import PROBE_BATCH_TOKENS
+
+    tokens = max(1, PROBE_BATCH_TOKENS // length) * length
+    kv = 2 * shape.kv_heads * shape.head_dim
+    transient = tokens * (4 * shape.hidden + kv + 3 * shape.intermediate) * b
+    peak = memory.peak_phase
+    static = memory.total - memory.group_total("activations", peak) - memory.group_total("loss", peak)
+    passes = -(-probe.trials // probe.keys)
+    forward = 2 * shape.matmul_params() + 2 * shape.layers * length * shape.heads * shape.head_dim
+    probe_flops = passes * length * forward
+    train_flops = probe.interval * plan.tokens_per_step * plan.flops_per_token
+    share = probe_flops / (probe_flops + train_flops) if train_flops else 0.0
+    return (
+        f"train.probe: {passes} forward passes at {length} tokens without gradients every {probe.interval} steps: "
+        f"~{transient / GIB:.2f} GiB of activations (peak ~{(static + transient) / GIB:.2f} GiB beside the step's "
+        f"{memory.total / GIB:.2f} GiB), ~{share:.1%} of the run's compute"
+    )
 
 
 def cpu_runtime_note() -> str:

@@ -13,7 +13,9 @@ Checked here:
   stream without a bf16 run, or an fp32 one that would upcast;
 * **the recipe**: settings that exclude each other (``train.mode`` against ``quantization.mode``: a full fine-tune
   or LoRA on a quantized base, QLoRA on an unquantized one; LoRA settings in a full fine-tune; the ring with PoSE,
-  document masks or short blocks; short blocks without a RoPE method; unpacked examples shorter than a row);
+  document masks or short blocks; short blocks without a RoPE method; unpacked examples shorter than a row); a
+  ``train.probe`` longer than the model is extended to, with no trials, an interval past the step ceiling, or no
+  held-out documents to draw from;
 * **the data sources**: a local corpus that does not exist or is not UTF-8, a built-in read in a field it lacks;
 * **the model's config**, read without weights (local folders and built-ins; a Hub model is not fetched, and these
   checks then wait for training): the model exists and its weight files are readable; its RoPE can be extended as
@@ -116,6 +118,7 @@ def refusals(recipe: Recipe, machine: Machine | None = None) -> Checked:
     checked = Checked()
     levers = _machine_problems(recipe, machine, checked.problems)
     checked.problems += _recipe_problems(recipe)
+    checked.problems += probe_problems(recipe)
     checked.problems += _data_problems(recipe)
     _model_problems(recipe, machine, levers, checked)
     return checked
@@ -216,6 +219,63 @@ def _recipe_problems(recipe: Recipe) -> list[Problem]:
                 "fill a whole block (set data.min_tokens >= train.seq_len or turn packing on)",
             )
         )
+    return problems
+
+
+def probe_problems(recipe: Recipe) -> list[Problem]:
+    """``train.probe`` settings that cannot measure anything: too long, no trials, never reached, nothing held out."""
+    probe, cfg = recipe.train.probe, recipe.train
+    if probe is None:
+        return []
+    problems = []
+    ceiling = recipe.rope.target_length or recipe.seq_len
+    if probe.length is not None and probe.length > ceiling:
+        what = "rope.target_length" if recipe.rope.target_length else "train.seq_len (rope.method is none)"
+        problems.append(
+            (
+                "train.probe.length",
+                f"{probe.length} is longer than the model is extended to ({what}: {ceiling}); probe at most there "
+                "(default: rope.target_length)",
+            )
+        )
+    if probe.trials == 0:
+        problems.append(("train.probe.trials", "0 trials measure nothing; set at least 1 (or train.probe: null)"))
+    if probe.interval > cfg.max_steps:
+        problems.append(
+            (
+                "train.probe.interval",
+                f"{probe.interval} is larger than train.max_steps ({cfg.max_steps}), the step ceiling: the probe "
+                f"would never run; set it to {cfg.max_steps} or less",
+            )
+        )
+    if recipe.data.validation_fraction == 0:
+        problems.append(
+            (
+                "data.validation_fraction",
+                "train.probe draws its documents from the held-out validation split (never the evaluation's data); "
+                "set data.validation_fraction above 0 (e.g. 0.05)",
+            )
+        )
+    return problems + _probe_heldout_problems(recipe)
+
+
+def _probe_heldout_problems(recipe: Recipe) -> list[Problem]:
+    """Training corpora that read the evaluation's held-out files: the probe would stop on the evaluation's data."""
+    from ctxext.scoring.texts import refuse_heldout
+
+    data = recipe.data
+    corpora = [("data.path", data.path)] + [
+        (f"data.mixture[{i}].path", s.path) for i, s in enumerate(data.mixture or []) if s.path
+    ]
+    problems = []
+    for key, path in corpora:
+        # In training plain builtin:stdlib is the training split (the held-out files are evaluation's alone).
+        if path is None or path in ("builtin:stdlib", "builtin:stdlib-train"):
+            continue
+        try:
+            refuse_heldout(path, key, "train.probe's stop", "train on builtin:stdlib (its training split) instead")
+        except InputError as exc:
+            problems.append(_problem(exc))
     return problems
 
 

@@ -134,6 +134,14 @@ class Recipe(Section):
         """The training sequence length (``train.seq_len`` or ``rope.target_length``)."""
         return int(self.train.seq_len or self.rope.target_length)  # type: ignore[arg-type]
 
+    @property
+    def probe_length(self) -> int | None:
+        """The adaptive stop's probe length (``train.probe.length``, else the target), ``None`` without a probe."""
+        probe = self.train.probe
+        if probe is None:
+            return None
+        return int(probe.length or self.rope.target_length or self.seq_len)
+
     def search_folder(self) -> Path | None:
         """Where the ``search:`` section's search is written: ``search.out``, by default ``<output.dir>/search``."""
         if self.search is None:

@@ -368,6 +368,26 @@ FinetuneMode = Literal["qlora", "lora", "full"]
 FINETUNE_MODES: tuple[str, ...] = get_args(FinetuneMode)
 
 
+# Tokens per forward pass of the probe: shorter key sets are batched up to it, a longer one runs alone, so the probe's
+# activations stay within one probe-length sequence's (the training step's memory holds them; ctxext plan counts it).
+PROBE_BATCH_TOKENS = 2048
+
+
+class ProbeSection(Section):
+    """Adaptive stop: a retrieval probe at the target length every ``interval`` steps (docs/training.md)."""
+
+    length: int | None = Field(default=None, gt=0, description="probe tokens (default: rope.target_length)")
+    trials: int = Field(
+        default=64, ge=0, description="key retrievals per probe (at least one; several per input, one pass each)"
+    )
+    keys: int = Field(default=4, gt=0, description="keys hidden in each probe input (one forward scores them all)")
+    interval: int = Field(default=100, gt=0, description="optimizer steps between probes (at most train.max_steps)")
+    goal: float = Field(default=0.9, ge=0, le=1, description="stop once this share of the probe's keys is retrieved")
+    patience: int | None = Field(
+        default=4, gt=0, description="stop after this many probes without a better rate (null: never on a plateau)"
+    )
+
+
 class TrainSection(Section):
     """The optimisation loop."""
 
@@ -412,6 +432,11 @@ class TrainSection(Section):
         default=None, description="PoSE: train positions up to rope.target_length with train.seq_len-token rows"
     )
     memory: MemorySection = Field(default_factory=MemorySection, description="memory levers (docs/planning.md)")
+    probe: ProbeSection | None = Field(
+        default=None,
+        description="adaptive stop: probe retrieval at the target length, keep the best adapter, stop at the goal "
+        "or a plateau (train.max_steps is the ceiling)",
+    )
 
 
 class EvalSection(Section):

@@ -32,6 +32,7 @@ from ctxext.training.folder import METRICS_FILE, RunWriter
 from ctxext.training.launch import Launch
 from ctxext.training.losses import micro_batch_loss
 from ctxext.training.model import TrainingModel
+from ctxext.training.probe import Probe
 from ctxext.training.sequence_parallel import split_rows
 from ctxext.training.steps import micro_batches, peak_mem_mb, short_rows
 from ctxext.training.stop import StopRequest
@@ -75,6 +76,7 @@ class TrainingState:
         last_loss: the latest step's training loss.
         last_val: the latest held-out loss (``None`` before the first validation, or without a held-out split).
         consumed: the training blocks this process read, in order (the rank audit).
+        probe: the adaptive stop (``train.probe``), or ``None``.
     """
 
     recipe: Recipe
@@ -93,6 +95,7 @@ class TrainingState:
     last_loss: float | None = None
     last_val: float | None = None
     consumed: list[int] = field(default_factory=list)
+    probe: Probe | None = None
 
     @property
     def tokens_per_step(self) -> int:
@@ -248,6 +251,10 @@ class TrainingLoop:
         # 20 lines a run (a log is read line by line; metrics.jsonl keeps every step).
         every = max(cfg.log_every, cfg.max_steps // 20)
         shown = progress("train", cfg.max_steps, enabled=main, unit="step", every=every, completed=counters.step)
+        if st.probe is not None:
+            st.probe.state.start_clock()
+            if st.probe.state.stopped:  # resumed from a checkpoint written after the probe stopped the run
+                return
         metrics = open(self.writer.out / METRICS_FILE, "a") if main else nullcontext()  # noqa: SIM115
         with metrics as metrics_file, shown as tracker:
             while counters.step < cfg.max_steps:
@@ -263,8 +270,18 @@ class TrainingLoop:
                 if st.last_val is not None:
                     info += f" val {st.last_val:.4f}"
                 tracker.update(counters.step, info=info)
+                if st.probe is not None and st.probe.due(counters.step) and self._probe(st.probe):
+                    break
                 if cfg.save_every and counters.step % cfg.save_every == 0 and counters.step < cfg.max_steps:
                     st.checkpoints.save(counters.step)
+
+    def _probe(self, probe: Probe) -> bool:
+        """Run the adaptive stop's probe after this step; write its curve; returns whether the run stops here."""
+        stop = probe.run(self.counters.step, self.state.model)
+        probe.state.tick()
+        if self.launch.main:
+            probe.write_curve(self.writer.out, self.counters.step)
+        return stop
 
     def _step(self, batches: Any) -> dict[str, Any]:
         """One optimizer step (``ga`` micro-batches); returns its metrics record."""

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.artifacts.run import read_run
-from ctxext.artifacts.run_record import RunRecord, TopologyRecord
-from ctxext.errors import CtxextError
+from ctxext.artifacts.run_record import ProbeRecord, RunRecord, TopologyRecord
+from ctxext.errors import CtxextError, InputError
 from ctxext.models.sources import resolve_model_path
 from ctxext.models.weights import check_fingerprint, check_weights_readable, fingerprint
 from ctxext.recipe.refusals import check_refusals
@@ -44,6 +44,7 @@ from ctxext.training.folder import (
 )
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop, TrainingState
+from ctxext.training.probe import Probe, ProbeInputs, build_probe_inputs
 from ctxext.training.sequence_parallel import start_sequence_parallel, stop_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 from ctxext.training.stop import StopRequest, stop_on_signals
@@ -137,6 +138,7 @@ def _train(
     previous = check_output_dir(out, recipe_text, resume, search_folder=Path(search["folder"]) if search else None)
     base_fingerprint = _check_base(recipe, previous)
     launch.check_resume(previous)
+    _check_probe_launch(recipe, launch)
 
     set_seed(cfg.seed)
     loaded = build_training_model(
@@ -151,6 +153,8 @@ def _train(
         cfg.context_parallel_size,
     )
     data = _training_data(recipe, loaded, launch)
+    # The probe's key sets: a probe too short for its keys is refused before the run folder exists.
+    probe_inputs = build_probe_inputs(recipe, loaded.tokenizer, data.validation_documents) if cfg.probe else None
 
     # The run folder: created only once the model and the data are known to be usable.
     accelerator.wait_for_everyone()
@@ -163,21 +167,33 @@ def _train(
     writer.start(recipe_text, versions(recipe, command or sys.argv), data.mixture)
     stop.graceful = True  # from here a stop signal ends the run at a step boundary, with a checkpoint
 
-    state = _prepare(recipe, launch, loaded, data, writer, stop, resume)
+    state = _prepare(recipe, launch, loaded, data, writer, stop, resume, probe_inputs)
     loop = TrainingLoop(state)
     loop.run()
 
+    if state.probe is not None:
+        state.probe.state.tick()
+        if state.probe.restore_best(state.model, state.counters.step):
+            state.last_val = None  # the held-out loss of the adapter written: the best probe's
     if state.last_val is None:
         state.last_val = loop.validate()
     return _finish(state, loop)
 
 
 def _prepare(
-    recipe: Recipe, launch: Launch, loaded: Any, data: Any, writer: RunWriter, stop: StopRequest, resume: bool
+    recipe: Recipe,
+    launch: Launch,
+    loaded: Any,
+    data: Any,
+    writer: RunWriter,
+    stop: StopRequest,
+    resume: bool,
+    probe_inputs: ProbeInputs | None = None,
 ) -> TrainingState:
-    """The loop's state: model (with its chunked loss), optimizer and schedule prepared, checkpoints, trackers.
+    """The loop's state: model (with its chunked loss), optimizer and schedule prepared, checkpoints, trackers, probe.
 
-    On resume the last checkpoint is loaded into it (weights, optimizer, schedule, RNG, counters).
+    The adaptive stop's probe runs on ``probe_inputs`` (none: no probe). On resume the last checkpoint is loaded
+    into it (weights, optimizer, schedule, RNG, counters, the probe's state).
     """
     cfg, accelerator, out = recipe.train, launch.accelerator, writer.out
     model = CausalLMWithChunkedLoss(loaded.model, cfg.loss_chunk_size)
@@ -193,6 +209,7 @@ def _prepare(
     checkpoints.register(model, scheduler, counters)
     if cfg.tracker != "none":
         accelerator.init_trackers(out.name or "ctxext", config=flat_config(recipe))
+    probe = _probe(recipe, launch, probe_inputs) if probe_inputs is not None else None
     if resume:
         checkpoints.resume(counters)
     writer.trim_metrics(counters.step)
@@ -210,7 +227,32 @@ def _prepare(
         writer=writer,
         stop=stop,
         counters=counters,
+        probe=probe,
     )
+
+
+def _check_probe_launch(recipe: Recipe, launch: Launch) -> None:
+    """Refuse the adaptive stop under a launch it does not run in, before anything is loaded or written."""
+    from accelerate.utils import DistributedType
+
+    if recipe.train.probe is not None and launch.accelerator.distributed_type == DistributedType.DEEPSPEED:
+        # ZeRO partitions every weight: the probe's copy of the best weights would need DeepSpeed's gather.
+        raise InputError(
+            "train.probe: the adaptive stop does not run under a DeepSpeed engine (ZeRO) yet; launch with DDP or "
+            "FSDP2 (configs/accelerate/), or set train.probe: null"
+        )
+
+
+def _probe(recipe: Recipe, launch: Launch, inputs: ProbeInputs) -> Probe:
+    """The adaptive stop (``train.probe``) on its key sets, its state registered with the checkpoints."""
+    probe = Probe(recipe, inputs, launch)
+    launch.accelerator.register_for_checkpointing(probe.state)
+    launch.accelerator.print(
+        f"probe: {inputs.trials} keys at {inputs.length} tokens every {probe.settings.interval} steps on held-out "
+        f"validation documents (goal {probe.settings.goal:.0%}, patience {probe.settings.patience}, at most "
+        f"{recipe.train.max_steps} steps)"
+    )
+    return probe
 
 
 def _finish(state: TrainingState, loop: TrainingLoop) -> TrainResult:
@@ -225,7 +267,18 @@ def _finish(state: TrainingState, loop: TrainingLoop) -> TrainResult:
     if state.recipe.train.tracker != "none":
         accelerator.end_training()
     val = "none" if state.last_val is None else f"{state.last_val:.4f}"
-    accelerator.print(f"run complete: {out} (train loss {state.last_loss:.4f}, val loss {val})")
+    probe = state.probe
+    if probe is not None:
+        accelerator.print(probe.summary_line(state.counters.step))
+    cost = (
+        ""
+        if probe is None
+        else (
+            f"; stop: {probe.outcome(state.counters.step)} at step {state.counters.step}, adapter of step "
+            f"{probe.state.best_step}, probe {(probe.state.fraction or 0):.1%} of the run time"
+        )
+    )
+    accelerator.print(f"run complete: {out} (train loss {state.last_loss:.4f}, val loss {val}{cost})")
     unwrapped = accelerator.unwrap_model(state.model).peft_model.eval() if state.launch.main else None
     return TrainResult(run_dir=out, model=unwrapped, run=state.writer.run.model_copy())
 
@@ -241,7 +294,14 @@ def _check_base(recipe: Recipe, previous: RunRecord | None) -> str:
 
 
 def _mark_complete(state: TrainingState) -> None:
-    """Record in run.json that the run completed, with its final counters and losses."""
+    """Record in run.json that the run completed, with its final counters and losses (and the probe's curve)."""
+    probe, step = state.probe, state.counters.step
+    if probe is not None:
+        probe.write_curve(state.writer.out, step)
+        note = probe.write_plot(state.writer.out)
+        if note:
+            print(note)
+        state.writer.update(probe=ProbeRecord.model_validate(probe.record(step)))
     state.writer.update(
         status="complete",
         steps=state.counters.step,

@@ -303,6 +303,30 @@ def stop_sequence_parallel(model: Any = None) -> None:
                 module.num_key_value_groups = groups
 
 
+@contextmanager
+def attention_unsplit(model: Any) -> Iterator[None]:
+    """Each process attends on its own inside the block (whole rows: the adaptive stop's probe), split after it.
+
+    Args:
+        model: the model whose attention modules a DeepSpeed split may have changed (``num_key_value_groups``).
+    """
+    if not _CORES:
+        yield
+        return
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    split = {name: ALL_ATTENTION_FUNCTIONS[name] for name in _CORES}
+    groups = {m: m.num_key_value_groups for m in model.modules() if hasattr(m, "num_key_value_groups")}
+    stop_sequence_parallel(model)
+    try:
+        yield
+    finally:
+        for name, attend in split.items():
+            ALL_ATTENTION_FUNCTIONS[name] = attend
+        for module, value in groups.items():
+            module.num_key_value_groups = value
+
+
 def _start_deepspeed(model: Any, attn_implementation: str, core: Callable[..., Any], size: int, rows: int) -> None:
     """Register DeepSpeed's Ulysses attention around ``core`` (its groups: consecutive ranks, as the grid's)."""
     if not torch.cuda.is_available():

@@ -1,0 +1,377 @@
+"""Adaptive stop (``train.probe``): train until a held-out retrieval probe at the target length says it is learned.
+
+Every ``train.probe.interval`` optimizer steps (and at the last one) the run scores key retrieval at the probe
+length, teacher-forced (:func:`ctxext.scoring.answers.score_answer_sets`) on key sets
+(:func:`ctxext.tasks.keyset.make_keyset`: ``keys`` needles per input, one forward scores them all). The key sets are
+built once, from the training data's held-out *validation* documents (never the evaluation's held-out files:
+``ctxext validate`` refuses training corpora that read them) in the key forms training uses
+(:func:`probe_templates`; the evaluation's held-out forms stay unseen), with prompts drawn from ``train.seed``, so
+every probe of a run scores the same trials (the curve compares steps, not prompt draws) and each training seed
+gets fresh ones.
+
+After each probe the main process decides, and every process applies its decision (so all stop at the same step):
+
+* the rate reaches ``goal`` → stop (``goal``);
+* a better rate than every earlier probe → the trainable weights are kept as the best (in memory, and in every
+  checkpoint); otherwise ``patience`` probes without a better rate → stop (``plateau``);
+* ``train.max_steps`` is the ceiling (``ceiling``: the goal was not reached, said in one line).
+
+At the end the best weights are put back, so the adapter written is the best probe's. The state (the curve, the best
+rate, its weights, the probes without improvement, the time spent) is checkpointed with the run, so a resumed run
+stops at the step an uninterrupted one stops at. ``probe.json`` (the curve) and ``probe.png`` are written into the
+run folder; ``run.json``'s ``probe`` says why the run stopped and what the probe cost as a share of the loop's time.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ctxext.atomic import write_json_atomic
+from ctxext.errors import InputError
+from ctxext.recipe.schema import Recipe
+from ctxext.recipe.sections import PROBE_BATCH_TOKENS
+
+PROBE_FILE = "probe.json"
+PROBE_PLOT = "probe.png"
+
+
+@dataclass
+class ProbeInputs:
+    """The probe's key sets: token ids and, for each, the spans of its answers."""
+
+    sequences: list[list[int]]
+    spans: list[list[tuple[int, int]]]
+    length: int
+
+    @property
+    def trials(self) -> int:
+        """Answers scored per probe."""
+        return sum(len(s) for s in self.spans)
+
+
+def build_probe_inputs(recipe: Recipe, tokenizer: Any, documents: Any) -> ProbeInputs:
+    """The probe's key sets, from the held-out validation documents, seeded by ``train.seed``.
+
+    Args:
+        recipe: the recipe (its ``train.probe`` is set).
+        tokenizer: the model's tokenizer.
+        documents: the training data's held-out raw documents (a Dataset with a ``text`` column), or ``None``.
+
+    Raises:
+        InputError: no held-out documents, or a probe too short for its keys.
+    """
+    from ctxext.tasks.base import Haystack
+    from ctxext.tasks.keyset import make_keyset
+
+    probe, length = recipe.train.probe, recipe.probe_length
+    assert probe is not None and length is not None
+    if documents is None or len(documents) == 0:
+        raise InputError(
+            "train.probe: the data has no held-out validation documents to probe on; raise data.validation_fraction"
+        )
+    haystack = Haystack.from_texts(tokenizer, iter(documents["text"]), min_tokens=4 * length, name="validation")
+    templates = probe_templates(recipe)
+    rng = random.Random(f"ctxext-probe-{recipe.train.seed}")
+    sequences, spans = [], []
+    for j in range(math.ceil(probe.trials / probe.keys)):
+        k = min(probe.keys, probe.trials - j * probe.keys)
+        depths = [(i + 0.5) / k for i in range(k)]  # evenly over the input, none at its very edges
+        try:
+            keyset = make_keyset(tokenizer, haystack, length, depths, rng, template=templates[j % len(templates)])
+        except InputError as exc:
+            raise InputError(f"train.probe: {exc}; lower train.probe.keys or raise train.probe.length") from None
+        sequences.append(keyset.ids)
+        spans.append(keyset.spans)
+    return ProbeInputs(sequences, spans, length)
+
+
+def probe_templates(recipe: Recipe) -> list[int]:
+    """The key forms the probe asks in: the mixture's needle templates, else the needle task's training forms.
+
+    The evaluation's held-out forms stay unseen (the probe measures what training teaches, on held-out text).
+    """
+    from ctxext.tasks.registry import get_task
+
+    for source in recipe.data.mixture or []:
+        if source.task == "needle" and source.templates:
+            return list(source.templates)
+    return get_task("needle").training_templates()
+
+
+@dataclass
+class ProbeState:
+    """Where the adaptive stop stands; checkpointed with the run (accelerate's custom state).
+
+    Attributes:
+        readings: one dict per probe (step, rate, correct, n, low, high, nll, seconds), in order.
+        best_rate: the best rate so far, ``None`` before the first probe.
+        best_step: its step.
+        since_best: probes since the best one.
+        stopped: ``goal`` or ``plateau`` once the probe stopped the run.
+        probe_seconds: wall time spent probing.
+        loop_seconds: wall time of the training loop (probes included) up to the last mark.
+        best_weights: the trainable weights at the best probe (CPU tensors by parameter name).
+    """
+
+    readings: list[dict[str, Any]] = field(default_factory=list)
+    best_rate: float | None = None
+    best_step: int | None = None
+    since_best: int = 0
+    stopped: str | None = None
+    probe_seconds: float = 0.0
+    loop_seconds: float = 0.0
+    best_weights: dict[str, torch.Tensor] | None = None
+    _mark: float | None = None
+
+    def start_clock(self) -> None:
+        """Count the loop's time from now (the loop's start, also after a resume)."""
+        self._mark = time.perf_counter()
+
+    def tick(self) -> None:
+        """Add the time since the last mark to :attr:`loop_seconds`."""
+        if self._mark is not None:
+            now = time.perf_counter()
+            self.loop_seconds += now - self._mark
+            self._mark = now
+
+    def state_dict(self) -> dict[str, Any]:
+        """For accelerate's ``save_state``."""
+        self.tick()
+        return {
+            "readings": list(self.readings),
+            "best_rate": self.best_rate,
+            "best_step": self.best_step,
+            "since_best": self.since_best,
+            "stopped": self.stopped,
+            "probe_seconds": self.probe_seconds,
+            "loop_seconds": self.loop_seconds,
+            "best_weights": self.best_weights,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """For accelerate's ``load_state``."""
+        self.readings = list(state["readings"])
+        self.best_rate, self.best_step = state["best_rate"], state["best_step"]
+        self.since_best, self.stopped = int(state["since_best"]), state["stopped"]
+        self.probe_seconds, self.loop_seconds = float(state["probe_seconds"]), float(state["loop_seconds"])
+        self.best_weights = state["best_weights"]
+
+    @property
+    def fraction(self) -> float | None:
+        """The probe's share of the loop's wall time."""
+        return self.probe_seconds / self.loop_seconds if self.loop_seconds > 0 else None
+
+
+def decide(state: ProbeState, reading: dict[str, Any], goal: float, patience: int | None) -> tuple[str | None, bool]:
+    """What a probe's reading means: ``(stop reason or None, whether it is the best so far)``."""
+    improved = state.best_rate is None or reading["rate"] > state.best_rate
+    if reading["rate"] >= goal:
+        return "goal", improved
+    if not improved and patience is not None and state.since_best + 1 >= patience:
+        return "plateau", improved
+    return None, improved
+
+
+class Probe:
+    """The adaptive stop of one run: scores, decides (main process), keeps the best weights.
+
+    Args:
+        recipe: the recipe (``train.probe`` set).
+        inputs: the probe's key sets (:func:`build_probe_inputs`).
+        launch: the job (:class:`ctxext.training.launch.Launch`).
+    """
+
+    def __init__(self, recipe: Recipe, inputs: ProbeInputs, launch: Any):
+        assert recipe.train.probe is not None
+        self.settings = recipe.train.probe
+        self.max_steps = recipe.train.max_steps
+        self.inputs, self.launch = inputs, launch
+        self.state = ProbeState()
+
+    def due(self, step: int) -> bool:
+        """Whether a probe runs after ``step``."""
+        return step % self.settings.interval == 0 or step == self.max_steps
+
+    def run(self, step: int, model: Any) -> bool:
+        """Probe after ``step``; returns whether the run stops here (the same answer on every process)."""
+        acc = self.launch.accelerator
+        t0 = time.perf_counter()
+        correct, n, nll = self._score(acc.unwrap_model(model))
+        seconds = time.perf_counter() - t0
+        from ctxext.scoring.stats import wilson_interval
+
+        low, high = wilson_interval(correct, n)
+        reading: dict[str, Any] = {"step": step, "rate": correct / n, "correct": correct, "n": n}
+        # nll: the answer tokens' mean negative log-likelihood, a curve that moves before the first key is retrieved.
+        reading.update(low=low, high=high, nll=nll, seconds=round(seconds, 3))
+        decision: list[Any] = [reading, *decide(self.state, reading, self.settings.goal, self.settings.patience)]
+        if acc.num_processes > 1:  # the main process decides; every process stops at the same step
+            from accelerate.utils import broadcast_object_list
+
+            broadcast_object_list(decision)
+        reading, stop, improved = decision
+        self.state.readings.append(reading)
+        self.state.probe_seconds += seconds
+        if improved:
+            self.state.best_rate, self.state.best_step, self.state.since_best = reading["rate"], step, 0
+            self.state.best_weights = trainable_copy(acc.unwrap_model(model))
+        else:
+            self.state.since_best += 1
+        self.state.stopped = stop
+        acc.print(self._line(reading, improved))
+        return stop is not None
+
+    def _score(self, unwrapped: Any) -> tuple[int, int, float]:
+        """Correct answers, answers and the answer tokens' mean NLL, over every process (each scores its share)."""
+        from accelerate.utils import DistributedType
+
+        from ctxext.scoring.answers import score_answer_sets
+        from ctxext.training.sequence_parallel import attention_unsplit
+
+        acc = self.launch.accelerator
+        # Every process scores whole key sets on its own (a split's attention is off here), so the shares are over
+        # all processes, not the data-parallel ones.
+        world, rank = acc.num_processes, acc.process_index
+        total = len(self.inputs.sequences)
+        # Every process runs the same number of passes (FSDP's forwards talk to each other): padding re-scores
+        # key set 0 and does not count it.
+        order = list(range(total)) + [-1] * (-total % world)
+        mine = order[rank::world]
+        lm = unwrapped.peft_model
+        was_training = lm.training
+        lm.eval()
+        # FSDP gathers a layer's weights in its forward: the answer-only last layer calls its parts directly.
+        answer_only = acc.distributed_type != DistributedType.FSDP
+        with attention_unsplit(lm):
+            scores = score_answer_sets(
+                lm,
+                [self.inputs.sequences[max(i, 0)] for i in mine],
+                [self.inputs.spans[max(i, 0)] for i in mine],
+                batch_tokens=max(PROBE_BATCH_TOKENS, self.inputs.length),
+                answer_only=answer_only,
+            )
+        lm.train(was_training)
+        counted = [s for i, per in zip(mine, scores, strict=True) if i >= 0 for s in per]
+        sums = [sum(s.correct for s in counted), len(counted), sum(s.nll for s in counted)]
+        local = torch.tensor([*sums, sum(s.n_tokens for s in counted)], device=acc.device, dtype=torch.float64)
+        summed = acc.reduce(local, "sum") if acc.num_processes > 1 else local
+        return int(summed[0]), int(summed[1]), float(summed[2] / summed[3])
+
+    def _line(self, reading: dict[str, Any], improved: bool) -> str:
+        best = "best so far" if improved else f"best {self.state.best_rate:.1%} at step {self.state.best_step}"
+        return (
+            f"probe at step {reading['step']}: {reading['correct']}/{reading['n']} keys retrieved at "
+            f"{self.inputs.length} tokens ({reading['rate']:.1%}, 95 % CI {reading['low']:.0%}–{reading['high']:.0%}; "
+            f"{best}; {reading['seconds']:.1f} s)"
+        )
+
+    def restore_best(self, model: Any, step: int) -> bool:
+        """Put the best probe's weights back (every process); returns whether they differ from the last step's."""
+        if self.state.best_weights is None or self.state.best_step == step:
+            return False
+        load_trainable(self.launch.accelerator.unwrap_model(model), self.state.best_weights)
+        return True
+
+    def outcome(self, step: int) -> str:
+        """Why the run stopped, after the loop: ``goal``, ``plateau`` or ``ceiling``."""
+        return self.state.stopped or "ceiling"
+
+    def summary_line(self, step: int) -> str:
+        """The run's one line on the probe: why it stopped, the best probe, the cost."""
+        s, goal = self.state, self.settings.goal
+        best = f"best {s.best_rate:.1%} at step {s.best_step}" if s.best_rate is not None else "no probe ran"
+        cost = f"probe cost {s.probe_seconds:.1f} s of {s.loop_seconds:.1f} s ({(s.fraction or 0):.1%} of the run)"
+        why = self.outcome(step)
+        if why == "goal":
+            head = f"probe: goal {goal:.0%} reached at step {step} of at most {self.max_steps}"
+        elif why == "plateau":
+            head = (
+                f"probe: stopped on a plateau at step {step} ({self.settings.patience} probes without a better rate; "
+                f"goal {goal:.0%} not reached)"
+            )
+        else:
+            head = f"probe: goal {goal:.0%} NOT reached by train.max_steps ({self.max_steps})"
+        return f"{head}; {best}, the adapter is that step's; {cost}"
+
+    def record(self, step: int) -> dict[str, Any]:
+        """``run.json``'s ``probe``: settings, why it stopped, the best probe and the cost."""
+        s = self.state
+        return {
+            "length": self.inputs.length,
+            "trials": self.inputs.trials,
+            "keys": self.settings.keys,
+            "interval": self.settings.interval,
+            "goal": self.settings.goal,
+            "patience": self.settings.patience,
+            "stopped": self.outcome(step),
+            "stop_step": step,
+            "best_step": s.best_step,
+            "best_rate": s.best_rate,
+            "probes": len(s.readings),
+            "seconds": round(s.probe_seconds, 3),
+            "loop_seconds": round(s.loop_seconds, 3),
+            "fraction": s.fraction,
+        }
+
+    def write_curve(self, out: Path, step: int) -> None:
+        """``probe.json`` (the curve and the record); main process only."""
+        write_json_atomic(out / PROBE_FILE, {**self.record(step), "readings": self.state.readings})
+
+    def write_plot(self, out: Path) -> str | None:
+        """``probe.png`` (rate and its interval by step, the goal); a note instead when matplotlib is missing."""
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            return f"{PROBE_PLOT} not written: matplotlib is not installed (pip install matplotlib)"
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from ctxext.artifacts.figures import save_figure
+
+        r = self.state.readings
+        steps = [x["step"] for x in r]
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.fill_between(steps, [x["low"] for x in r], [x["high"] for x in r], alpha=0.25, label="95 % Wilson")
+        ax.plot(steps, [x["rate"] for x in r], marker="o", label=f"retrieval at {self.inputs.length} tokens")
+        ax.axhline(self.settings.goal, color="grey", linestyle="--", label="goal")
+        if self.state.best_step is not None:
+            ax.axvline(self.state.best_step, color="green", linestyle=":", label="best (the adapter)")
+        ax.set(xlabel="optimizer step", ylabel="keys retrieved", ylim=(0, 1.02))
+        ax.legend(loc="lower right", fontsize=8)
+        save_figure(fig, out, PROBE_PLOT)
+        return None
+
+
+def trainable_copy(unwrapped: Any) -> dict[str, torch.Tensor]:
+    """The trainable weights as CPU tensors by name (a sharded DTensor is gathered whole: all processes call this)."""
+    out = {}
+    for name, param in unwrapped.named_parameters():
+        if param.requires_grad:
+            data = param.detach()
+            if hasattr(data, "full_tensor"):
+                data = data.full_tensor()
+            out[name] = data.to("cpu", copy=True)
+    return out
+
+
+def load_trainable(unwrapped: Any, weights: dict[str, torch.Tensor]) -> None:
+    """Copy :func:`trainable_copy`'s weights back into the model (a sharded DTensor takes its own shard)."""
+    with torch.no_grad():
+        for name, param in unwrapped.named_parameters():
+            if name not in weights:
+                continue
+            value = weights[name].to(param.device, param.dtype)
+            if hasattr(param, "device_mesh"):
+                from torch.distributed.tensor import distribute_tensor
+
+                value = distribute_tensor(value, param.device_mesh, param.placements)
+            param.copy_(value)
