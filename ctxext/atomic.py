@@ -76,7 +76,7 @@ def check_output(out: str | Path, kind: str, overwrite: bool = False, flag: str 
     if str(out) in ("", ".") or _contains_cwd(out):
         raise InputError(
             f"{flag} {out}: is the current folder (or contains it); ctxext writes a new folder there and will not "
-            f"replace the one you are in. Choose a new folder name, e.g. {flag} results/NAME"
+            f"replace the one you are in. Choose a new folder name, e.g. {_given(flag, 'results/NAME')}"
         )
     if out.is_symlink():
         _refuse_link(out, flag)
@@ -94,6 +94,16 @@ def check_output(out: str | Path, kind: str, overwrite: bool = False, flag: str 
     return out
 
 
+def _given(flag: str, value: str) -> str:
+    """How ``value`` is given on the command line: ``--out VALUE``, ``key=VALUE``, or ``VALUE as OUT``.
+
+    A positional argument is named in capitals (``OUT``); a recipe key holds a dot.
+    """
+    if flag.isupper():
+        return f"{value} as {flag}"
+    return f"{flag}={value}" if "." in flag and not flag.startswith("-") else f"{flag} {value}"
+
+
 def _refuse_link(out: Path, flag: str) -> None:
     # A link as the output folder is refused, whatever it points to and whatever the flags: following it would
     # write into (and with --overwrite replace) a folder the user named elsewhere, perhaps not one ctxext wrote;
@@ -107,8 +117,8 @@ def _refuse_link(out: Path, flag: str) -> None:
         )
     # A flag or recipe key the user can change gets the real path; a fixed place (push's RUN/hub) only the removal.
     fix = "Remove the link; ctxext makes a real folder there."
-    if flag.startswith("-") or "." in flag:
-        fix = f"Give the real path ({flag} {shlex.quote(str(out.resolve()))}) or remove the link."
+    if flag.startswith("-") or "." in flag or flag.isupper():
+        fix = f"Give the real path ({_given(flag, shlex.quote(str(out.resolve())))}) or remove the link."
     raise InputError(
         f"{flag} {out}: is a symbolic link to {target}; ctxext does not write through a link, so "
         f"nothing was changed. {fix}"

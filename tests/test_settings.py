@@ -127,19 +127,9 @@ def _declared() -> dict[tuple[str, ...], Declared]:
         # The demo's settings are its recipe file and the demo suite, changed by key=value overrides; its flags say
         # where the files come from, where the output goes and which rows to show.
         ("demo",): Declared(
-            # removed_model: the removed --model, hidden, answers with its replacement (model.path=).
             own=frozenset(
-                {
-                    "overrides",
-                    "out",
-                    "recipe",
-                    "reference",
-                    "quick",
-                    "fresh",
-                    "plain",
-                    "print_recipe_file",
-                    "removed_model",
-                }
+                {"overrides", "out", "recipe", "reference", "quick", "fresh", "plain", "print_recipe_file"}
+                | {"removed_model"}  # hidden: the removed --model answers with its replacement, model.path=
             )
         ),
         ("train",): Declared(
