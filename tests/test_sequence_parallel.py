@@ -302,8 +302,9 @@ def test_plan_offers_the_split_and_re_plans_it():
     assert split["fits"] and split["setup"]["sequence_parallel"] == 2 and split["setup"]["world"] == 2
     assert split["total_gib"] == pytest.approx(offer["total_gib"])
     assert split["longest_seq_len"] > alone["longest_seq_len"] and split["all_to_all_gib_per_step"] > 0
-    bad = runner.invoke(app, [*args, "--sp", "3"], env={"COLUMNS": "300"})
-    assert bad.exit_code == 2 and "train.sequence_parallel_size: 3 must divide" in " ".join(bad.output.split())
+    # More processes than query heads: refused with training's own message (ulysses_plan).
+    bad = runner.invoke(app, [*args, "--sp", "64"], env={"COLUMNS": "300"})
+    assert bad.exit_code == 2 and "train.sequence_parallel_size: 64 exceeds" in " ".join(bad.output.split())
 
 
 # ---- two real processes over gloo ----
