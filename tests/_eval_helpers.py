@@ -46,12 +46,19 @@ def chatml_tokenizer(tokenizer, instruct: bool = True):
     return tok
 
 
-def save_tiny_model(tokenizer, out):
-    """A saved tiny Llama (context 256) for ``tokenizer``, its special-token ids in the config, as a model folder."""
+# SmolLM2's head shape (9 query / 3 key-value heads) at a tiny size.
+GQA = dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3, head_dim=8)
+
+
+def save_tiny_model(tokenizer, out, **config):
+    """A saved tiny Llama (context 256) for ``tokenizer``, its special-token ids in the config, as a model folder.
+
+    ``config`` overrides config fields (e.g. ``tie_word_embeddings=True, **GQA``).
+    """
     from tests.conftest import tiny_model
 
     ids = {k: getattr(tokenizer, k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    tiny_model("llama", vocab_size=len(tokenizer), **ids).save_pretrained(out)
+    tiny_model("llama", vocab_size=len(tokenizer), **ids, **config).save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
 from ctxext.errors import InputError
+from tests._eval_helpers import GQA, save_tiny_model
 
 runner = CliRunner()
-GQA = dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3, head_dim=8)
 
 
 def flat(text: str) -> str:
@@ -30,19 +30,7 @@ def flat(text: str) -> str:
 @pytest.fixture(scope="module")
 def gqa_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     """A saved 9 / 3-head Llama (context 256) with a tokenizer."""
-    out = tmp_path_factory.mktemp("gqa")
-    model = tiny_model(
-        "llama",
-        vocab_size=len(tiny_tokenizer),
-        bos_token_id=tiny_tokenizer.bos_token_id,
-        eos_token_id=tiny_tokenizer.eos_token_id,
-        pad_token_id=tiny_tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-        **GQA,
-    )
-    model.save_pretrained(out)
-    tiny_tokenizer.save_pretrained(out)
-    return out
+    return save_tiny_model(tiny_tokenizer, tmp_path_factory.mktemp("gqa"), tie_word_embeddings=True, **GQA)
 
 
 def test_the_temperature_fold_equals_the_run_time_temperature_on_grouped_heads():

@@ -14,34 +14,21 @@ from pathlib import Path
 import pytest
 import torch
 from _hub_helpers import build_tiny_run, copy_run, write_calibration
-from conftest import tiny_model
 from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
+from tests._eval_helpers import GQA, save_tiny_model
 
 runner = CliRunner()
-GQA = dict(hidden_size=72, intermediate_size=96, num_attention_heads=9, num_key_value_heads=3, head_dim=8)
 EMBED = "base_model.model.model.embed_tokens.weight"
 
 
 @pytest.fixture(scope="module")
 def tied_base(tmp_path_factory, tiny_tokenizer) -> Path:
-    out = tmp_path_factory.mktemp("tied-base")
-    model = tiny_model(
-        "llama",
-        vocab_size=len(tiny_tokenizer),
-        bos_token_id=tiny_tokenizer.bos_token_id,
-        eos_token_id=tiny_tokenizer.eos_token_id,
-        pad_token_id=tiny_tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-        **GQA,
-    )
-    model.save_pretrained(out)
-    tiny_tokenizer.save_pretrained(out)
-    return out
+    return save_tiny_model(tiny_tokenizer, tmp_path_factory.mktemp("tied-base"), tie_word_embeddings=True, **GQA)
 
 
 @pytest.fixture(scope="module")
