@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.plan_accuracy import recipe_for
 from ctxext.models.devices import cpu_device
 from ctxext.planner.band import LIVE_PEAK, RESIDENT_PEAK, band_of
 from ctxext.planner.footprint import PHASES
 from ctxext.planner.plan import plan_recipe
-from ctxext.recipe.schema import parse_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 CELLS = ROOT / "benchmarks" / "results" / "plan_accuracy.json"
@@ -45,35 +45,6 @@ def _bench_config(folder: Path) -> Path:
     return folder
 
 
-def _recipe(model: str, length: int, checkpointing: bool, bench: Path):
-    """The recipe of one cell, as benchmarks/plan_accuracy.py writes it."""
-    if model == "bench":
-        path, lora, chunk = str(bench), {"r": 8, "alpha": 16, "extra_trainable": []}, 1024
-    else:
-        lora = {"r": 16, "alpha": 32, "extra_trainable": ["embed_tokens", "norm"]}
-        path, chunk = "builtin:grown-code-64", 256
-    return parse_recipe(
-        {
-            "model": {"path": path, "attn_implementation": "sdpa"},
-            "rope": {"method": "yarn", "target_length": length},
-            "quantization": {"mode": "nf4", "double_quant": True},
-            "lora": lora,
-            "data": {"path": "builtin:stdlib"},
-            "train": {
-                "seq_len": length,
-                "micro_batch_size": 1,
-                "max_steps": 1,
-                "optimizer": "adamw",
-                "gradient_checkpointing": checkpointing,
-                "loss_chunk_size": chunk,
-                "seed": 0,
-            },
-            "output": {"dir": "unused"},
-        },
-        source="tests/test_plan_band.py",
-    )
-
-
 @pytest.fixture(scope="module")
 def errors(tmp_path_factory):
     """measured / planned − 1 of every stored cell: {"resident": [...], "live": [...]}."""
@@ -83,7 +54,7 @@ def errors(tmp_path_factory):
         if not cell.get("ok"):
             continue
         model, length, ckpt, loss, *mmap = key.split("/")
-        recipe = _recipe(model, int(length), ckpt == "ckpt", bench)
+        recipe = recipe_for(model, int(length), ckpt == "ckpt", str(bench))  # the benchmark's own recipe
         plan = plan_recipe(recipe, cpu_device(), loss=loss, advise_changes=False, search=False)
         if mmap:
             # The step's live memory above the warm-up against the formulas' activations + loss.
