@@ -474,7 +474,7 @@ ROWS = {
         ["merge", "{run}", "--out", "{tmp}/out"], edited_temperature, 2, "edited by hand"
     ),
     "calibration without its adapter digest": Row(
-        ["merge", "{run}", "--out", "{tmp}/out"], record_without_digest, 2, "does not record the adapter weights"
+        ["merge", "{run}", "--out", "{tmp}/out"], record_without_digest, 2, "does not record the weights"
     ),
     # Two writers of one run folder.
     "calibrate while another command writes the run": Row(

@@ -158,7 +158,7 @@ def test_a_calibrated_run_loads_with_its_temperature(tiny_run, tmp_path):
     assert [m.scaling for m in attention_modules(loaded.model)] == pytest.approx([1.25 * 16**-0.5] * 2)
     # A record measured on other adapter weights (the run trained further since) is refused, not applied.
     write_calibration(run, 1.25, adapter="sha256:00")
-    with pytest.raises(InputError, match="other adapter weights.*--overwrite"):
+    with pytest.raises(InputError, match="other weights.*--overwrite"):
         load_model(ModelSpec(str(run)), device="cpu")
     # What the message asks for works: calibrating again does not load the stale record.
     result = runner.invoke(app, ["calibrate", str(run), "--overwrite", "--data", "builtin:stdlib-train", *SMALL])

@@ -2,7 +2,8 @@
 
 Trained in one process, in 2 DDP processes and in 2 FSDP2 processes (``accelerate launch``, gloo), a tiny model
 gives the same losses and weights; the run folder is a complete model that loads, evaluates and exports as a plain
-checkpoint, and ``ctxext merge`` refuses it with the way to use it.
+checkpoint; calibrated, its temperature applies where it loads, and ``ctxext merge`` and ``ctxext push`` publish it
+as a model with the temperature folded in.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from _hub_helpers import write_calibration
 from _train_helpers import accelerate_cmd, run
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
 from ctxext.models.load import load_model
+from ctxext.publish.hub import STAGING_DIR
+from ctxext.models.temperature import CALIBRATION_FILE, adapter_digest
 from ctxext.recipe.schema import load_recipe
 from ctxext.training.run import read_run, train
 
@@ -95,7 +99,7 @@ def test_a_full_fine_tune_is_a_plain_checkpoint_that_evaluates_and_exports(tmp_p
         want = result.model(ids).logits
         got = loaded.model(ids).logits
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    # Evaluated and exported as it is; merge says it is already a model, and how to use it.
+    # Evaluated and exported as it is.
     ppl = runner.invoke(
         app,
         ["eval", "ppl", "--model", str(out), "--lengths", "128,256", "--max-docs", "4", "--data", "builtin:stdlib"]
@@ -105,9 +109,34 @@ def test_a_full_fine_tune_is_a_plain_checkpoint_that_evaluates_and_exports(tmp_p
     assert json.loads((tmp_path / "ppl" / "report.json").read_text())
     exported = runner.invoke(app, ["export", str(out), "--for", "vllm"])
     assert exported.exit_code == 0 and f"vllm serve {out}" in exported.output, exported.output
-    merged = runner.invoke(app, ["merge", str(out), "--out", str(tmp_path / "merged")])
-    assert merged.exit_code == 2 and "already a complete model" in " ".join(merged.output.split()), merged.output
-    assert not (tmp_path / "merged").exists()
+    # Calibrated by the real command (measured on the run's whole weights), then a chosen temperature applies
+    # wherever the run folder loads, and merge folds it into the published model.
+    small = ["--trials", "2", "--window-trials", "1", "--depths", "0,100", "--windows", "4", "--temperatures", "1.3"]
+    calibrate = runner.invoke(app, ["calibrate", str(out), "--data", "builtin:stdlib-train", *small])
+    assert calibrate.exit_code == 0, calibrate.output
+    assert json.loads((out / CALIBRATION_FILE).read_text())["adapter"] == adapter_digest(out)
+    write_calibration(out, 1.3)  # the choice a significant gain would make (four trials cannot make one)
+    hot = load_model(str(out), device="cpu")
+    assert hot.attention_temperature == 1.3
+    with torch.no_grad():
+        calibrated_logits = hot.model(ids).logits
+    assert not torch.allclose(calibrated_logits, want, atol=1e-3)
+    merged = runner.invoke(app, ["merge", str(out), "--out", str(tmp_path / "merged"), "--smoke-length", "512"])
+    assert merged.exit_code == 0, merged.output
+    assert "folded into the query projections" in merged.output
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids).logits, calibrated_logits, rtol=1e-4, atol=1e-4)
+    assert json.loads((tmp_path / "merged" / "ctxext_merge.json").read_text())["run"]["mode"] == "full"
+    # Push publishes the whole model: the run is merged (into RUN/merged) first, as with --merged.
+    push = runner.invoke(app, ["push", str(out), "--repo-id", "me/tiny-full", "--dry-run"])
+    assert push.exit_code == 0, push.output
+    assert "full fine-tune: publishing the whole model" in " ".join(push.output.split())
+    assert (out / "merged" / "model.safetensors").is_file()
+    text = (out / "merged" / STAGING_DIR / "README.md").read_text()
+    assert "a full fine-tune (every weight trained)" in text and "full-fine-tune" in text and "LoRA rank" not in text
 
 
 @pytest.mark.slow

@@ -155,7 +155,7 @@ class _Parts:
 
 def _resolve(spec: ModelSpec, what: str | None) -> _Parts:
     """Resolve a spec to local parts, checking a run's base weights against the ones it was trained on."""
-    from ctxext.artifacts.run import RunRecord, find_adapter_dir, is_run_folder, run_base_model
+    from ctxext.artifacts.run import RunRecord, find_adapter_dir, is_full_run, is_run_folder, run_base_model
     from ctxext.models.sources import resolve_model_path
     from ctxext.models.weights import check_adapter_readable, check_fingerprint, check_weights_readable
 
@@ -175,6 +175,9 @@ def _resolve(spec: ModelSpec, what: str | None) -> _Parts:
             config_from = next((c for c in (Path(adapter), adapter_dir) if (c / "config.json").is_file()), None)
     run_dir = _run_folder_of(adapter, adapter_dir)
     run = RunRecord.read(run_dir) if run_dir is not None else None
+    if adapter is None and is_full_run(spec.ref):
+        # A full fine-tune's run folder is the model itself; it is still a run (its calibration applies).
+        run_dir = Path(spec.ref)
     if base is None and run is not None:
         base = run_base_model(run)
     if base is None:

@@ -160,19 +160,26 @@ def fold_attention_temperature(model: torch.nn.Module, t: float) -> None:
 
 
 def adapter_digest(run_dir: str | Path) -> str:
-    """``sha256:<hex>`` of a run's adapter weights: which weights a calibration was measured on.
+    """``sha256:<hex>`` of a run's trained weights: which weights a calibration was measured on.
+
+    The adapter's weights, or a full fine-tune's whole model (its run folder is the model). The record keeps the
+    key ``adapter`` for both, so records written before full fine-tunes existed still read.
 
     Raises:
-        InputError: the run has no adapter weights.
+        InputError: the run has no trained weights.
     """
     import hashlib
 
-    from ctxext.artifacts.run import find_adapter_dir
+    from ctxext.artifacts.run import find_adapter_dir, is_full_run
+    from ctxext.models.weights import weight_files
 
-    folder = find_adapter_dir(run_dir)
-    files = sorted(folder.glob("adapter_model.*")) if folder is not None else []
+    if is_full_run(run_dir):
+        files = weight_files(run_dir)
+    else:
+        folder = find_adapter_dir(run_dir)
+        files = sorted(folder.glob("adapter_model.*")) if folder is not None else []
     if not files:
-        raise InputError(f"{run_dir}: no adapter weights (adapter_model.safetensors) to calibrate")
+        raise InputError(f"{run_dir}: no trained weights (adapter_model.safetensors or model.safetensors) to calibrate")
     digest = hashlib.sha256()
     for path in files:
         with open(path, "rb") as handle:
@@ -204,10 +211,10 @@ def read_calibration(run_dir: str | Path) -> dict[str, Any] | None:
     # A temperature chosen for other weights is no choice for these: loud, not silently applied. A record that
     # does not say which weights it was measured on cannot be checked, so it counts as stale too.
     if not isinstance(data.get("adapter"), str):
-        raise InputError(f"{path}: does not record the adapter weights it was measured on ('adapter'); {again}")
+        raise InputError(f"{path}: does not record the weights it was measured on ('adapter'); {again}")
     if data["adapter"] != adapter_digest(run_dir):
         raise InputError(
-            f"{path}: measured on other adapter weights than the run's now (it was trained further since); {again}"
+            f"{path}: measured on other weights than the run's now (it was trained further since); {again}"
         )
     problem = _record_problem(data, t)
     if problem:

@@ -172,7 +172,9 @@ def _front_matter(inputs: CardInputs, merged: bool, model_name: str) -> str:
 
     run = inputs.run
     tags = ["context-extension", run.method, "long-context", "rope-scaling", "ctxext"]
-    if not merged:
+    if run.mode == "full":
+        tags.append("full-fine-tune")
+    elif not merged:
         tags += ["lora", "qlora"] if (run.quantization or "").lower() in ("nf4", "int8") else ["lora"]
     base = run.base_model
     results = eval_results(inputs)
@@ -205,6 +207,8 @@ def _summary(inputs: CardInputs, merged: bool) -> list[str]:
         target / original if isinstance(target, int) and isinstance(original, int) and original else None
     )
     kind = "a merged model (LoRA and trained modules folded into the base weights)" if merged else "a LoRA adapter"
+    if run.mode == "full":
+        kind = "a full fine-tune (every weight trained)"
     if run.method == "none" or not target:
         what = f"`{base}` fine-tuned at {run.seq_len} tokens with its RoPE unchanged"
     else:
@@ -258,6 +262,7 @@ def _gguf_row(run: RunRecord) -> list[tuple[str, str]]:
 def _recipe_section(inputs: CardInputs) -> list[str]:
     run, recipe = inputs.run, inputs.recipe
     lora = run.lora.model_dump(exclude_none=True) if run.lora is not None else recipe.get("lora") or {}
+    lora = {} if run.mode == "full" else lora  # a full fine-tune's recipe dump still carries lora's defaults
     train = t if isinstance(t := recipe.get("train"), dict) else {}
     data = d if isinstance(d := recipe.get("data"), dict) else {}
     extra = run.extra_trainable or lora.get("extra_trainable") or []
@@ -266,13 +271,16 @@ def _recipe_section(inputs: CardInputs) -> list[str]:
         ("tokens seen", _tokens(run.tokens_seen)),
         ("sequence length", run.seq_len),
         ("base weights during training", run.quantization),
+        ("training mode", run.mode),
         (
             "LoRA rank / alpha / dropout",
             f"{lora.get('r', '?')} / {lora.get('alpha', lora.get('lora_alpha', '?'))} / "
-            f"{lora.get('dropout', lora.get('lora_dropout', '?'))}",
+            f"{lora.get('dropout', lora.get('lora_dropout', '?'))}"
+            if lora
+            else None,
         ),
-        ("LoRA target modules", ", ".join(lora.get("target_modules") or []) or "-"),
-        ("trained in full", ", ".join(extra) or "-"),
+        ("LoRA target modules", (", ".join(lora.get("target_modules") or []) or "-") if lora else None),
+        ("trained in full", "every weight" if run.mode == "full" else ", ".join(extra) or "-"),
         (
             "learning rate / schedule",
             f"{train.get('learning_rate', '?')} / {train.get('scheduler', '?')}" if train else None,
@@ -341,13 +349,14 @@ def _smoke_section(inputs: CardInputs) -> list[str]:
     n, length = int(smoke.get("sequences") or 1), smoke.get("length")
     short = smoke.get("check_length") or length
     where = f"one random sequence of {length} tokens" + (f" and {n - 1} of {short}" if n > 1 else "")
+    reference = "the trained model" if inputs.run.mode == "full" else "base + adapter"
     lines.append(
         f"After merging, the saved model was reloaded with plain transformers, its RoPE verified, and its logits "
-        f"compared with base + adapter on {where}: "
+        f"compared with {reference} on {where}: "
         f"max |Δlogit| = {smoke.get('max_abs_diff', float('nan')):.3g} (tolerance {smoke.get('tolerance')}, "
         f"{smoke.get('dtype')}). Perplexity on {smoke.get('ppl_tokens')} tokens of standard-library source: "
         f"{fmt(smoke.get('ppl'), 4)} merged vs "
-        f"{fmt(smoke.get('reference_ppl'), 4)} base + adapter."
+        f"{fmt(smoke.get('reference_ppl'), 4)} {reference}."
     )
     if smoke.get("embeddings") == "tied":
         lines += ["", "The input and output embeddings are tied (one matrix), as in the base model."]

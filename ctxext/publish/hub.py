@@ -25,6 +25,7 @@ from ctxext.artifacts.run import (
     Report,
     RunRecord,
     find_reports,
+    is_full_run,
     is_merged_folder,
     is_run_folder,
     load_report,
@@ -184,7 +185,11 @@ def _resolve_source(
     # (folder to publish, the run's record, merged?)
     if is_merged_folder(run_or_dir):
         return run_or_dir, read_merged(run_or_dir).run, True
-    if not is_run_folder(run_or_dir):
+    if is_full_run(run_or_dir) and not merged:
+        # A full fine-tune has no adapter: what it publishes is the model, merged (checked, calibrated) first.
+        log(f"{run_or_dir} is a full fine-tune: publishing the whole model (as with --merged)")
+        merged = True
+    if not is_run_folder(run_or_dir) and not is_full_run(run_or_dir):
         raise InputError(
             f"{run_or_dir} is neither a ctxext run folder (run.json + adapter) nor a folder written by "
             "`ctxext merge` (ctxext_merge.json); pass one of those"

@@ -15,6 +15,11 @@ place; on failure it is deleted and the command exits non-zero.
 A run calibrated by ``ctxext calibrate`` runs base + adapter with its attention temperature, and the merged
 model carries it in its query projections (:func:`ctxext.models.temperature.fold_attention_temperature`),
 so the same logit comparison checks the fold.
+
+A full fine-tune (``train.mode: full``) has no adapter: its run folder is already the whole model. Merging it
+writes that model as a published folder the same way — its calibrated temperature folded in, reloaded, checked
+against the run folder as it loads, with the record ``ctxext push`` and the card read — so every run, whatever
+its mode, ends in the same kind of folder.
 """
 
 from __future__ import annotations
@@ -209,38 +214,35 @@ def merge_run(
     dev = _device(device)  # a device that does not exist is refused before the run is read
     run_dir, out = Path(run_dir), Path(out)
     run = read_run(run_dir, allow_incomplete=allow_incomplete, force_flag=force_flag)
-    if run.mode == "full":
-        # Refused rather than copied: a copy would double the weights on disk and check nothing (there is no
-        # base + adapter to compare it with); the run folder already loads as it is.
-        raise InputError(
-            f"run {run_dir} is a full fine-tune: the run folder is already a complete model (config.json with the "
-            "patched RoPE, model.safetensors, tokenizer), with no adapter to merge. Use it as it is: "
-            f"`ctxext eval ppl --model {run_dir} --out REPORT`, `ctxext export {run_dir} --for vllm`, or "
-            f"AutoModelForCausalLM.from_pretrained('{run_dir}')"
-        )
-    if not (run_dir / "adapter_config.json").is_file():
+    full = run.mode == "full"
+    if not full and not (run_dir / "adapter_config.json").is_file():
         raise InputError(f"run {run_dir} has no adapter_config.json: there is no adapter to merge")
     check_inputs_outside(out, [run_dir])
     check_output(out, MERGED_KIND, overwrite)
     with folder_lock(out):  # one writer per folder, from the first check to the last write
         # The run's reports travel with the merged model for its card: one that does not read fails now, not at push.
         find_reports(run_dir)
-        base_dir = _base_folder(run)
-        check_inputs_outside(out, [base_dir])
-        check_weights_readable(base_dir)
-        check_adapter_readable(run_dir)
-        check_fingerprint(base_dir, run.base_fingerprint, "merge")
-        config, resized = _patched_config(base_dir, run_dir, run)
-        torch_dtype = _dtype(dtype, dev, config)
+        temperature = run_temperature(run_dir)
+        if full:
+            # A full fine-tune's run folder is the model: the merge writes it as a published model (with a
+            # calibrated temperature folded into its weights) and checks the copy like any other merge.
+            model, config, torch_dtype, tokenizer = _full_run(run_dir, dev, dtype, log)
+        else:
+            base_dir = _base_folder(run)
+            check_inputs_outside(out, [base_dir])
+            check_weights_readable(base_dir)
+            check_adapter_readable(run_dir)
+            check_fingerprint(base_dir, run.base_fingerprint, "merge")
+            config, resized = _patched_config(base_dir, run_dir, run)
+            torch_dtype = _dtype(dtype, dev, config)
+            if temperature != 1.0:
+                query_projection(str(config.model_type))  # a type the fold does not know is refused before any load
+            model = _base_with_adapter(base_dir, run_dir, config, resized, dev, torch_dtype, log)
+            if temperature != 1.0:
+                set_attention_temperature(model, temperature)
+            tokenizer = _tokenizer(run_dir, base_dir)
         tol = float(tolerance if tolerance is not None else DEFAULT_TOLERANCE[torch_dtype])
         checks = _checks(run, config, smoke_length, check_length, sequences, positions)
-        temperature = run_temperature(run_dir)
-        if temperature != 1.0:
-            query_projection(str(config.model_type))  # a type the fold does not know is refused before any load
-        model = _base_with_adapter(base_dir, run_dir, config, resized, dev, torch_dtype, log)
-        if temperature != 1.0:
-            set_attention_temperature(model, temperature)
-        tokenizer = _tokenizer(run_dir, base_dir)
         checks.announce(ForwardClock.measure(model, min(256, checks.check_length)), log)
         with progress("merge check", len(checks.forwards()), unit="forward", every=1) as tick:
             probe = Probe.measure(model, tokenizer, checks, dev, log, tick)
@@ -262,6 +264,22 @@ def merge_run(
         return result
 
 
+def _full_run(run_dir: Path, dev: torch.device, dtype: str, log: _Log) -> tuple[Any, Any, torch.dtype, Any]:
+    """A full fine-tune's model (calibrated temperature applied, RoPE verified), its config, dtype and tokenizer."""
+    from ctxext.models.load import ModelSpec, load_model
+    from ctxext.models.sources import config_from_folder
+
+    check_weights_readable(run_dir)
+    config = config_from_folder(run_dir)
+    if run_temperature(run_dir) != 1.0:
+        query_projection(str(config.model_type))  # a type the fold does not know is refused before any load
+    torch_dtype = _dtype(dtype, dev, config)
+    log(f"loading the full fine-tune {run_dir} in {str(torch_dtype).replace('torch.', '')} on {dev}")
+    loaded = load_model(ModelSpec(str(run_dir)), device=dev, dtype=torch_dtype, what="merge")
+    log(f"  RoPE: {loaded.rope_check.summary() if loaded.rope_check else 'not verified'}")
+    return loaded.model, config, torch_dtype, loaded.tokenizer
+
+
 def _checks(
     run: RunRecord, config: Any, smoke_length: int | None, check_length: int | None, sequences: int, positions: int
 ) -> SmokeChecks:
@@ -275,9 +293,11 @@ def _checks(
 def _merged(model: Any, temperature: float, log: _Log) -> tuple[Any, str]:
     """Fold the adapter (and a calibrated temperature) into the weights; say what became of tied embeddings."""
     from ctxext.models.embeddings import embeddings_tied, ties_declared, untie_if_diverged
+    from ctxext.models.load import base_model
 
-    declared = ties_declared(model.get_base_model().config)
-    merged = model.merge_and_unload()
+    plain = not hasattr(model, "merge_and_unload")  # a full fine-tune: the model is already whole
+    declared = ties_declared(base_model(model).config)
+    merged = model if plain else model.merge_and_unload()
     if untie_if_diverged(merged, declared):
         embeddings = "untied"
         log(

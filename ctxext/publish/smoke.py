@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ctxext.errors import CtxextError
+from ctxext.models.load import base_model
 from ctxext.progress import duration
 
 _Log = Callable[[str], None]
@@ -249,18 +250,18 @@ class Probe:
     def measure(
         cls, model: Any, tokenizer: Any, checks: SmokeChecks, dev: torch.device, log: _Log, tick: _Tick
     ) -> Probe:
-        """Run base + adapter on seeded random sequences and on real text."""
+        """Run the run as it loads (base + adapter, or a full fine-tune) on seeded random sequences and real text."""
         gen = torch.Generator().manual_seed(1234)
         vocab = int(model.get_input_embeddings().weight.shape[0])
         inputs = [torch.randint(0, vocab, (1, n), generator=gen) for n in checks.sequence_lengths()]
         where = [_positions(n, checks.positions) for n in checks.sequence_lengths()]
-        log("base + adapter: the reference logits and perplexity")
+        log("the run before the merge: the reference logits and perplexity")
         reference = []
         for ids, at in zip(inputs, where, strict=True):
             reference.append(_logits_at(model, ids.to(dev), at))
             tick()
         text = text_tokens(tokenizer, checks.check_length).to(dev)
-        ref_nll, _ = _nll(model.get_base_model(), text)
+        ref_nll, _ = _nll(base_model(model), text)
         tick()
         return cls(checks, inputs, where, reference, text, ref_nll)
 
@@ -354,7 +355,7 @@ def _log_result(result: SmokeResult, log: _Log) -> None:
     )
     log(
         f"  perplexity @ {result.check_length} ({result.ppl_tokens} tokens of stdlib source): merged "
-        f"{result.ppl:.4g}, base + adapter {result.reference_ppl:.4g}"
+        f"{result.ppl:.4g}, before {result.reference_ppl:.4g}"
     )
     log(
         f"  passkey @ {result.check_length}, depth 50%: key {result.passkey_key}, predicted "
