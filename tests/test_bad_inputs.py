@@ -598,24 +598,64 @@ def test_two_calibrations_of_one_run_at_once(trained_run, tmp_path):
     assert record["attention_temperature"] == 1.0 and not lock.exists()
 
 
+# A suite whose first section is done in a second and whose second takes minutes (16k tokens on the tiny model).
+TWO_SECTIONS = """
+name: stop-test
+allow_beyond_context: true
+perplexity: {data: builtin:stdlib, lengths: [128], max_docs: 4, resamples: 10}
+needle: {haystack: builtin:stdlib, lengths: [16384], depths: [50], trials: 100}
+"""
+
+
+def _terminate_during(cmd: list[str], tmp_path: Path, out: Path, wait_s: float) -> tuple[int, str, float]:
+    """Start ``cmd``, send SIGTERM ``wait_s`` after it takes ``out``'s lock; ``(exit code, output, seconds to exit)``.
+
+    (Progress lines come every 30 s of work without a terminal, so the time since the lock says where it is.)
+    """
+    log = tmp_path / "output.txt"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, env=env(), cwd=tmp_path, stdout=sink, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 120
+        while not lock_path(out).exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert lock_path(out).exists(), log.read_text()
+        time.sleep(wait_s)
+        assert proc.poll() is None, log.read_text()
+        proc.terminate()
+        sent = time.time()
+        proc.wait(timeout=120)
+    text = log.read_text()
+    log.unlink()
+    return proc.returncode, text, time.time() - sent
+
+
 @pytest.mark.slow
 def test_sigterm_stops_an_evaluation_mid_work_and_leaves_nothing_half_written(tmp_path):
-    """SIGTERM during an evaluation's forwards: exit 143 within the running operation, no report, no temporary
-    folder, no lock. A report is written whole or not at all (a partial one would read as a finished result)."""
+    """SIGTERM during an evaluation's first section: exit 143 within the running operation, and nothing written:
+    no report (nothing completed), no temporary folder, no lock."""
     cmd = ctxext_cmd("eval", "ppl", "--model", "builtin:tiny-llama", "--lengths", "16384", "--allow-beyond-context")
     cmd += ["--data", "builtin:stdlib-long", "--out", str(tmp_path / "out")]
-    proc = subprocess.Popen(cmd, env=env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lock = lock_path(tmp_path / "out")
-    deadline = time.time() + 120
-    while not lock.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.2)
-    assert lock.exists(), proc.communicate()
-    time.sleep(8)  # into the model load and the first long forwards
-    assert proc.poll() is None, proc.communicate()
-    proc.terminate()
-    sent = time.time()
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
-    assert time.time() - sent < 60, "SIGTERM waited for the whole evaluation"
+    code, err, waited = _terminate_during(cmd, tmp_path, tmp_path / "out", 8)  # into the long forwards
+    assert code == 143, err
+    assert waited < 60, "SIGTERM waited for the whole evaluation"
     assert "stopped by SIGTERM" in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no report, no .out.tmp-*, no lock
+
+
+@pytest.mark.slow
+def test_sigterm_writes_the_sections_that_completed_marked_incomplete(tmp_path):
+    """SIGTERM in a suite's second section: the first section's results are written whole, as a report that says
+    it is incomplete and what it did not reach; still exit 143, no temporary folder, no lock."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(TWO_SECTIONS)
+    cmd = ctxext_cmd("eval", "run", str(suite), "--model", "builtin:tiny-llama", "--out", str(tmp_path / "out"))
+    # The perplexity section takes about a second, the needle's 100 trials at 16k minutes.
+    code, err, waited = _terminate_during(cmd, tmp_path, tmp_path / "out", 15)
+    assert code == 143 and waited < 60, err
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "suite.yaml"]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["suite"]["interrupted"].startswith("stopped by SIGTERM; not evaluated: needle")
+    (model,) = report["models"]
+    assert model.get("perplexity") and not model.get("needle")
+    assert "**Incomplete: stopped by SIGTERM" in (tmp_path / "out" / "report.md").read_text()

@@ -150,6 +150,12 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
     lines = ["# ctxext evaluation report", ""]
     if report.suite:
         lines += [f"Suite: `{report.suite.get('name')}` ({report.suite.get('path')})", ""]
+        if report.suite.get("interrupted"):
+            lines += [
+                f"**Incomplete: {report.suite['interrupted']}.** What follows is what completed before the stop; "
+                "run the command again (with `--overwrite`) for the whole evaluation.",
+                "",
+            ]
     device = report.environment.get("device", "?")
     lines += [f"Created {report.created} with ctxext {report.ctxext_version} on {device}.", ""]
     lines += ["## Models", "", *models_table(models), *beyond_target_markdown(raw)]

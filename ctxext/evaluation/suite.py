@@ -24,6 +24,7 @@ Example (``eval/tiny-cpu.yaml``)::
 from __future__ import annotations
 
 import gc
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +222,7 @@ def run_suite(
     """
     from ctxext.artifacts.lock import folder_lock
     from ctxext.atomic import check_inputs_outside, check_output
-    from ctxext.evaluation.report import REPORT_KIND, build_report, write_report
+    from ctxext.evaluation.report import REPORT_KIND, write_report
     from ctxext.models.load import load_model
 
     # Before any work: an output that cannot be written must not cost an evaluation.
@@ -242,37 +243,96 @@ def run_suite(
         run_info = SuiteRun(labels, original, context, reference, refs=tuple(str(s.ref) for s in specs), chat=chat)
         for registered, settings in registered_sections:
             registered.begin(settings, run_info)
-        entries = []
-        for i, spec in enumerate(specs):
-            loaded = load_model(spec, device=device)
-            beyond_ok = (
-                allow
-                or bool(beyond_target)
-                or (allow_beyond_for is not None and i in allow_beyond_for)
-                or loaded.context_length < context
-            )
-            entry = _run_tasks(suite, loaded, plan, beyond_ok, show_progress)
-            for registered, _ in registered_sections:
-                registered.annotate(entry[registered.name], spec)
-            entries.append(entry)
-            del loaded
-            gc.collect()
-        for registered, settings in registered_sections:
-            registered.finish(settings, entries)
-        suite_info = {
-            "name": suite.name,
-            "path": suite_path,
-            "reference_context": context,
-            "reference_original_context": original,
-            "beyond_target": beyond_target,
-            "notes": notes,
-            "definition": suite.model_dump(),
-        }
-        report = build_report(
-            entries, data=_data_sources(suite), suite=suite_info, command=command, reference=reference
-        )
+        entries: list[dict[str, Any]] = []
+        current: dict[str, Any] = {}  # the model being evaluated: its sections so far
+        try:
+            for i, spec in enumerate(specs):
+                loaded = load_model(spec, device=device)
+                beyond_ok = (
+                    allow
+                    or bool(beyond_target)
+                    or (allow_beyond_for is not None and i in allow_beyond_for)
+                    or loaded.context_length < context
+                )
+                current = _run_tasks(suite, loaded, plan, beyond_ok, show_progress, spec)
+                entries.append(current)
+                current = {}
+                del loaded
+                gc.collect()
+        except KeyboardInterrupt as stop:
+            # Ctrl-C, or SIGTERM from a scheduler: what is complete is written, marked as such, and the stop goes on.
+            kept, missing = _complete_part(entries, getattr(stop, "entry", current), registered_sections, labels)
+            if kept:
+                sections = [(r, s) for r, s in registered_sections if r.name in kept[0]]
+                interrupted = f"stopped by {stop or 'Ctrl-C'}; not evaluated: {', '.join(missing)}"
+                report = _report(suite, suite_path, sections, kept, plan, notes, beyond_target, context, original,
+                                 command, reference, interrupted)  # fmt: skip
+                write_report(report, out, overwrite=overwrite)
+                print(f"{out}: what completed before the stop ({interrupted})", file=sys.stderr)
+            raise
+        report = _report(suite, suite_path, registered_sections, entries, plan, notes, beyond_target, context,
+                         original, command, reference)  # fmt: skip
         write_report(report, out, overwrite=overwrite)
         return report
+
+
+def _report(
+    suite: Suite,
+    suite_path: str | None,
+    sections: list[tuple[Any, Any]],
+    entries: list[dict[str, Any]],
+    plan: dict[str, Any],
+    notes: list[str],
+    beyond_target: list[int],
+    context: int,
+    original: int,
+    command: str | None,
+    reference: str | None,
+    interrupted: str | None = None,
+) -> dict[str, Any]:
+    """The report of ``entries``: each section's cross-model part (``finish``), the suite's record, the comparisons.
+
+    ``interrupted`` (what stopped the evaluation and what it did not reach) marks a report of what completed.
+    """
+    from ctxext.evaluation.report import build_report
+
+    for registered, settings in sections:
+        registered.finish(settings, entries)
+    suite_info = {
+        "name": suite.name,
+        "path": suite_path,
+        "reference_context": context,
+        "reference_original_context": original,
+        "beyond_target": beyond_target,
+        "notes": notes,
+        "definition": suite.model_dump(),
+        **({"interrupted": interrupted} if interrupted else {}),
+    }
+    labels = {e["name"] for e in entries}
+    reference = reference if reference in labels else None
+    return build_report(entries, data=_data_sources(suite), suite=suite_info, command=command, reference=reference)
+
+
+def _complete_part(
+    entries: list[dict[str, Any]], current: dict[str, Any], sections: list[tuple[Any, Any]], labels: tuple[str, ...]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """What an interrupted evaluation completed: ``(entries to report, what is missing)``.
+
+    The models evaluated whole; when none is, the model in progress with the sections it finished (a model cut
+    short beside whole ones is left out: a comparison needs every section on both sides).
+    """
+    names = [r.name for r, _ in sections]
+    finished = [n for n in names if n in current]
+    if entries:
+        kept = entries
+        missing = []
+    elif finished:
+        kept = [current]
+        missing = [f"{n} ({current['name']})" for n in names if n not in finished]
+    else:
+        return [], []
+    done = {e["name"] for e in kept}
+    return kept, missing + [label for label in labels if label not in done]
 
 
 def _chat_decision(sections: list[tuple[Any, Any]], specs: list[Any], reference: str | None) -> Any:
@@ -349,14 +409,26 @@ def _data_sources(suite: Suite) -> dict[str, Any]:
     return data
 
 
-def _run_tasks(suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool, show: bool) -> dict[str, Any]:
-    from ctxext.evaluation.report import model_entry
+def _run_tasks(
+    suite: Suite, loaded: Any, plan: dict[str, Any], beyond_ok: bool, show: bool, spec: Any
+) -> dict[str, Any]:
+    """One model's entry, section by section; an interruption leaves the finished sections in the entry raised with.
 
-    entry = model_entry(loaded)
+    Raises:
+        KeyboardInterrupt: a stop (its ``entry`` attribute: the sections finished so far).
+    """
+    from ctxext.evaluation.report import model_entry
     from ctxext.evaluation.sections import sections_in
 
-    for registered, settings in sections_in(suite):
-        entry[registered.name] = registered.run(loaded, settings, plan[registered.name], beyond_ok, show)
+    entry = model_entry(loaded)
+    try:
+        for registered, settings in sections_in(suite):
+            part = registered.run(loaded, settings, plan[registered.name], beyond_ok, show)
+            registered.annotate(part, spec)
+            entry[registered.name] = part
+    except KeyboardInterrupt as stop:
+        stop.entry = entry  # type: ignore[attr-defined]
+        raise
     return entry
 
 

@@ -320,6 +320,9 @@ def _eval_section(inputs: CardInputs) -> list[str]:
     for report in inputs.reports:
         if len(inputs.reports) > 1:
             lines += [f"### {report.label}", ""]
+        stopped = (report.data.suite or {}).get("interrupted")
+        if stopped:  # an evaluation cut short wrote what completed; the card must not read as the whole of it
+            lines += [f"**Incomplete evaluation: {stopped}.**", ""]
         # Each section's rows as it rendered them when the report was written (the tables of report.md).
         for part in report.data.card.values():
             lines += part.rows
