@@ -246,10 +246,17 @@ def prepare(name: str, work: Path, store: dict[str, Any], opts: argparse.Namespa
     else:
         method = name.split("-")[0]
         cmd = ["extend", BASE, "--method", method, "--target-length", str(target), "--out", str(out)]
-    if not (out / ("run.json" if name in ("finetuned", "calibrated") else "config.json")).is_file():
-        stage = "train" if name in ("finetuned", "calibrated") else name
+    trains = name in ("finetuned", "calibrated")
+    record = out / "run.json"
+    if trains and (not record.is_file() or json.loads(record.read_text()).get("status") != "complete"):
+        # A run stopped earlier (SIGTERM checkpoints at a step boundary) continues; its steps' own times add up.
+        resumed = record.is_file()
+        _ctxext([*cmd, "--resume"] if resumed else cmd, log)
+        stages["train"] = {**_training_stage(out), "command": "ctxext " + " ".join(cmd), "resumed": resumed}
+        _save(store)
+    elif not trains and not (out / "config.json").is_file():
         seconds = _ctxext(cmd, log)
-        stages[stage] = {"seconds": round(seconds), "command": "ctxext " + " ".join(cmd)}
+        stages[name] = {"seconds": round(seconds), "command": "ctxext " + " ".join(cmd)}
         _save(store)
     if name == "calibrated" and "calibrate" not in stages:
         cal = ["calibrate", str(out), *opts.calibrate_override]
@@ -257,6 +264,22 @@ def prepare(name: str, work: Path, store: dict[str, Any], opts: argparse.Namespa
         stages["calibrate"] = {"seconds": round(seconds), "command": "ctxext " + " ".join(cal)}
         _save(store)
     return str(out)
+
+
+def _training_stage(run: Path) -> dict[str, Any]:
+    """The fine-tune's time from its own step log (so a resumed run counts each step once): steps, seconds of
+    training steps, median tokens/s, peak memory, and the load average at the end."""
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = list({s["step"]: s for s in logged if "tokens_per_sec" in s}.values())  # a step logged twice counts once
+    per_step = [s["tokens_seen"] - (steps[i - 1]["tokens_seen"] if i else 0) for i, s in enumerate(steps)]
+    rates = sorted(s["tokens_per_sec"] for s in steps)
+    return {
+        "steps": len(steps),
+        "seconds": round(sum(n / s["tokens_per_sec"] for n, s in zip(per_step, steps, strict=True))),
+        "tokens_per_sec": round(rates[len(rates) // 2], 1) if rates else None,
+        "peak_mem_mb": round(max((s.get("peak_mem_mb") or 0) for s in steps)),
+        "load_average": round(os.getloadavg()[0], 1),
+    }
 
 
 def _load(name: str, ref: str) -> Any:
@@ -491,7 +514,14 @@ def _comparisons(cells: dict[str, Any]) -> list[str]:
 def _stages(store: dict[str, Any]) -> list[str]:
     lines = ["", "## Stages (wall time, command)", ""]
     for name, stage in store.get("stages", {}).items():
-        lines.append(f"- {name}: {stage['seconds']} s — `{stage['command']}`")
+        extra = ""
+        if stage.get("tokens_per_sec"):
+            resumed = ", resumed" if stage.get("resumed") else ""
+            extra = (
+                f" ({stage['steps']} steps, median {stage['tokens_per_sec']} tokens/s, peak {stage['peak_mem_mb']} MB, "
+                f"load average {stage['load_average']}{resumed})"
+            )
+        lines.append(f"- {name}: {stage['seconds']} s{extra} — `{stage['command']}`")
     return lines
 
 
