@@ -147,6 +147,8 @@ FULL_DISK_CASES = {
     "tasks export": ["tasks", "export", "{disk}/tasks", "--model", "{model}", "--tasks", "passkey", "--lengths", "256",
                      "--trials", "20", "--depths", "50"],
     "push staging": ["push", "{run_on_disk}", "--repo-id", "me/x", "--dry-run"],
+    "calibrate": ["calibrate", "{run_on_disk}", "--data", "{text}", "--temperatures", "1.2", "--trials", "2",
+                  "--window-trials", "1", "--depths", "0,100", "--windows", "2"],
 }  # fmt: skip
 
 
@@ -166,6 +168,12 @@ def test_every_writing_command_on_a_full_disk(case, room, small_disk, tmp_path_f
     filler = _fill(disk, leave=room)
     args = [a.format(**values) for a in FULL_DISK_CASES[case]]
     result = runner.invoke(app, args)
+    if room and case == "calibrate":
+        # calibration.json is a few kB: it fits, written whole, with no temporary file beside it.
+        assert result.exit_code == 0, result.output
+        assert json.loads((values["run_on_disk"] / "calibration.json").read_text())["attention_temperature"] == 1.0
+        assert not [p for p in disk.rglob(".*") if p.name != OUTPUT_MARKER], list(disk.rglob(".*"))
+        return
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     out = Path([a for a in args if a.startswith(str(disk))][-1])

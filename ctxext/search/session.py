@@ -364,8 +364,11 @@ def _open_log(settings: SearchSettings, log_path: Path, header: dict[str, Any]) 
     if settings.resume:
         keep = read_log(log_path)
         tmp = log_path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-        tmp.replace(log_path)
+        try:
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+            tmp.replace(log_path)
+        finally:
+            tmp.unlink(missing_ok=True)  # a full disk's empty temporary file is not left beside the log
         return
     from ctxext.atomic import write_manifest
 
