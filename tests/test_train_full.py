@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
 from ctxext.models.load import load_model
-from ctxext.publish.hub import STAGING_DIR
 from ctxext.models.temperature import CALIBRATION_FILE, adapter_digest
+from ctxext.publish.hub import STAGING_DIR
 from ctxext.recipe.schema import load_recipe
 from ctxext.training.run import read_run, train
 
