@@ -9,7 +9,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -549,14 +550,31 @@ def test_bad_input_row(name, trained_run, tmp_path, monkeypatch):
     assert after == {k: v for k, v in before.items() if not k.endswith(".ctxext-lock")}
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+@contextmanager
+def read_only(folder: Path) -> Iterator[None]:
+    """``folder`` read-only for this process: its mode bits, or for root (whom they do not stop) a read-only bind
+    mount of it onto itself (skipped where mounting is not allowed)."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    done = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"root ignores mode bits and cannot bind-mount here: {done.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True, capture_output=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(folder)], check=False, capture_output=True)
+
+
 def test_calibrate_refuses_a_read_only_run_before_the_work(trained_run, tmp_path):
     run = copy_run(trained_run, tmp_path / "run")
-    run.chmod(0o555)
-    try:
+    with read_only(run):
         result = runner.invoke(app, ["calibrate", str(run), "--data", "builtin:stdlib-train", *SMALL_CALIBRATION])
-    finally:
-        run.chmod(0o755)
     assert result.exit_code == 2 and "cannot write there" in flat(result.output), result.output
     assert not (run / "calibration.json").exists()
 
@@ -659,3 +677,26 @@ def test_sigterm_writes_the_sections_that_completed_marked_incomplete(tmp_path):
     (model,) = report["models"]
     assert model.get("perplexity") and not model.get("needle")
     assert "**Incomplete: stopped by SIGTERM" in (tmp_path / "out" / "report.md").read_text()
+
+
+# Commands that write a new folder inside a read-only one: refused with the folder named, before any work.
+READ_ONLY_OUTPUTS = {
+    "extend": ["extend", "{model}", "-m", "yarn", "-t", "1024", "-o", "{ro}/out"],
+    "eval ppl": ["eval", "ppl", "--model", "{model}", "--lengths", "32", "--out", "{ro}/report", "-q"],
+    "tasks export": ["tasks", "export", "{ro}/tasks", "--model", "{model}", "--tasks", "passkey", "--lengths", "256"],
+    "search": ["search", "{model}", "-t", "512", "--out", "{ro}/searched"],
+}
+
+
+@pytest.mark.parametrize("command", list(READ_ONLY_OUTPUTS))
+def test_an_output_in_a_read_only_folder_is_refused(command, tmp_path, tiny_model_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    args = [a.format(model=tiny_model_dir, ro=ro) for a in READ_ONLY_OUTPUTS[command]]
+    with read_only(ro):
+        result = runner.invoke(app, args)
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 2, result.output
+    assert str(ro) in flat(result.output) and "Traceback" not in result.output, result.output
+    assert list(ro.iterdir()) == []
