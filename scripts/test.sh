@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh) and run the whole test suite offline on the CPU.
+# Set up (scripts/setup.sh) and run the whole test suite offline on the CPU (--quick: the quick tier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,4 +11,10 @@ mypy  # [tool.mypy] in pyproject.toml: the package ships py.typed, so its types 
 # The docs site: every page, link and anchor must resolve. No -q: it hides the warnings strict mode counts.
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict -d "$(mktemp -d)"
 # One worker per core (pytest-xdist): the tests set torch to one thread each, so two cores run two tests.
-python -m pytest -q -p no:cacheprovider -n auto "$@"
+# --quick: the quick tier, every test not marked slow (a few seconds or less each; docs/development.md).
+if [[ "${1:-}" == "--quick" ]]; then
+    shift
+    python -m pytest -q -p no:cacheprovider -n auto -m "not slow" "$@"
+else
+    python -m pytest -q -p no:cacheprovider -n auto "$@"
+fi

@@ -278,10 +278,12 @@ def test_seq_len_warnings(world):
     assert result.exit_code == 0 and "rope.relative_to" in result.output and "lora.target_modules" in result.output
 
 
-def test_shipped_recipes_still_validate():
-    for recipe in sorted((ROOT / "recipes").glob("*.yaml")):
-        result = runner.invoke(app, ["validate", str(recipe)])
-        assert result.exit_code == 0, (recipe, result.output)
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_recipes_still_validate(recipe):
+    # The whole of `ctxext validate` (plan, task previews with the model's tokenizer): 4-10 s per recipe.
+    result = runner.invoke(app, ["validate", str(recipe)])
+    assert result.exit_code == 0, (recipe, result.output)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine where CUDA is absent")
@@ -579,6 +581,7 @@ def test_calibrate_refuses_a_read_only_run_before_the_work(trained_run, tmp_path
     assert not (run / "calibration.json").exists()
 
 
+@pytest.mark.slow
 def test_a_moved_export_reads_its_own_documents(tmp_path, monkeypatch):
     """The task YAML names its data relative to itself: lm-eval loads the moved copy's documents, from anywhere."""
     from lm_eval.tasks import TaskManager, get_task_dict
@@ -597,6 +600,7 @@ def test_a_moved_export_reads_its_own_documents(tmp_path, monkeypatch):
     assert [d["prompt"] for d in loaded] == [d["prompt"] for d in docs]
 
 
+@pytest.mark.slow
 def test_two_calibrations_of_one_run_at_once(trained_run, tmp_path):
     """Two real processes: the second is refused while the first holds the run folder; the first's record stays."""
     run = copy_run(trained_run, tmp_path / "run")

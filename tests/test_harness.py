@@ -55,6 +55,7 @@ def _ctxext_outcomes(model: Path, docs: list[dict], budget: int, until: list[str
     return outcomes
 
 
+@pytest.mark.slow
 def test_lm_eval_scores_exported_prompts_trial_for_trial_as_ctxext(yarn_model, tmp_path):
     export, report_dir = tmp_path / "tasks", tmp_path / "report"
     result = run("tasks", "export", str(export), "--model", str(yarn_model), *SETTINGS)

@@ -101,6 +101,7 @@ def _peak(kind: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_chunked_peak_memory_is_lower():
     # Each variant runs in a fresh process; the rise of its peak resident memory over the inputs is
     # what the loss and its backward allocated at most (the logits are 2048 × 8000 × 4 B = 65 MB).

@@ -194,6 +194,7 @@ def _corpus(tmp_path, n_docs=12):
     return path
 
 
+@pytest.mark.slow
 def test_official_rows_come_from_the_packed_stream_within_one_document(tmp_path, tiny_tokenizer):
     from ctxext.recipe.sections import DataSection
     from ctxext.training.data.corpus import PoseRows, prepare_data, select_documents, tokenize_documents

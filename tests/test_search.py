@@ -222,6 +222,7 @@ def base_inv_freq_of(model) -> np.ndarray:
     return base_inv_freq(read_rope(model.config))
 
 
+@pytest.mark.slow
 def test_report_compares_with_named_methods(tiny_model_dir, tmp_path):
     out = tmp_path / "rep"
     result = run_search(

@@ -36,6 +36,7 @@ def _recipe(tmp_path, **changes) -> tuple:
     return path, tmp_path / "run"
 
 
+@pytest.mark.slow
 def test_train_runs_the_search_first_resumably_and_records_it(tmp_path):
     path, run = _recipe(tmp_path)
     checked = runner.invoke(app, ["validate", str(path)])
