@@ -47,7 +47,8 @@ def merge(
     """Merge a run's LoRA + trained modules into the full-precision base, check it against base + adapter.
 
     One random sequence's logits are compared at the target length, the rest of the check runs at the original
-    window; the command says up front how long it will take.
+    window; the command says up front how long it will take. A full fine-tune (no adapter) is written as a
+    published model the same way, its calibrated temperature folded in and checked against the run folder.
     """
     from ctxext.publish.merge import merge_run
 

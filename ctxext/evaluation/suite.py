@@ -264,7 +264,7 @@ def run_suite(
             kept, missing = _complete_part(entries, getattr(stop, "entry", current), registered_sections, labels)
             if kept:
                 sections = [(r, s) for r, s in registered_sections if r.name in kept[0]]
-                interrupted = f"stopped by {stop or 'Ctrl-C'}; not evaluated: {', '.join(missing)}"
+                interrupted = f"stopped by {str(stop) or 'Ctrl-C'}; not evaluated: {', '.join(missing)}"
                 report = _report(suite, suite_path, sections, kept, plan, notes, beyond_target, context, original,
                                  command, reference, interrupted)  # fmt: skip
                 write_report(report, out, overwrite=overwrite)
