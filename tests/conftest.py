@@ -76,3 +76,13 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     model.save_pretrained(out)
     tiny_tokenizer.save_pretrained(out)
     return out
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests measured slower than the quick tier's limit (``tests/durations.json``) are ``slow`` as well."""
+    from _durations import slow_tests
+
+    measured = slow_tests()
+    for item in items:
+        if item.nodeid in measured:
+            item.add_marker(pytest.mark.slow)
