@@ -38,7 +38,8 @@ def main(report: str) -> None:
             seconds[match.group(3)] += float(match.group(1))
     kept = {test: round(s, 2) for test, s in sorted(seconds.items()) if s >= 0.5}
     DURATIONS.write_text(json.dumps(kept, indent=1, sort_keys=True) + "\n")
-    print(f"{DURATIONS}: {len(kept)} tests of 0.5 s or more, {sum(s >= QUICK_LIMIT for s in kept.values())} of them slow")
+    slow = sum(s >= QUICK_LIMIT for s in kept.values())
+    print(f"{DURATIONS}: {len(kept)} tests of 0.5 s or more, {slow} of them slow")
 
 
 if __name__ == "__main__":

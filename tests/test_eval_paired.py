@@ -135,3 +135,19 @@ def test_one_pass_and_per_length_perplexity_are_paired_sliding_is_not():
     assert [r["model"] for r in comp["perplexity"]] == ["dynamic"]
     assert comp["perplexity"][0]["ratio"] < 1
     assert any("sliding: perplexity not paired" in n for n in comp["notes"])
+
+
+def test_the_sign_flip_test_is_exact_over_few_units():
+    from ctxext.scoring.stats import sign_flip_test
+
+    # Five units all in one direction: of the 32 sign assignments, 2 reach the mean (all + and all −).
+    agree = sign_flip_test([0.11, 0.10, 0.12, 0.11, 0.10])
+    assert agree["p_value"] == pytest.approx(2 / 32) and agree["smallest_p"] == pytest.approx(2 / 32)
+    # A bootstrap's normal approximation would call these five "p ≈ 0"; the exact test cannot go below 1/16.
+    assert sign_flip_test([0.1, -0.1])["p_value"] == 1.0
+    mixed = sign_flip_test([3.0, 1.0, -1.0, 2.0])  # |sum| 5 is reached by ±(3+1+1+2), ±(3+1−1+2), ±(3−1+1+2)
+    assert mixed["p_value"] == pytest.approx(6 / 16)
+    # Many units: a seeded sample of assignments. Mean 0.125 against a null spread of sd ≈ 0.14: p ≈ 0.37.
+    many = sign_flip_test([1.0] * 15 + [-1.0] * 15 + [0.5] * 10, resamples=20_000)
+    assert many["units"] == 40 and 0.3 < many["p_value"] < 0.45
+    assert sign_flip_test([1.0] * 30 + [-1.0] * 5, resamples=20_000)["p_value"] < 0.001
