@@ -50,6 +50,33 @@ def write_recipe(path: Path, output_dir: Path, **sections: dict[str, Any]) -> Pa
     return path
 
 
+# A full fine-tune of the tiny Llama of the fixtures (context 256) at 2x its context; no lora section (it has none).
+FULL_RECIPE: dict[str, Any] = {
+    "model": {"path": "builtin:tiny-llama"},
+    "rope": {"method": "yarn", "target_length": 512},
+    "data": {"path": "builtin:stdlib", "max_documents": 10, "validation_fraction": 0.2, "num_proc": 1},
+    "train": {
+        "mode": "full",
+        "seq_len": 512,
+        "micro_batch_size": 2,
+        "max_steps": 3,
+        "learning_rate": 1e-3,
+        "warmup_steps": 1,
+        "loss_chunk_size": 256,
+        "eval_batches": 1,
+    },
+}
+
+
+def write_full_recipe(tmp_path: Path, name: str, **sections: dict[str, Any]) -> Path:
+    """``tmp_path/NAME.yaml``: :data:`FULL_RECIPE` with section overrides, its output ``tmp_path/NAME``."""
+    data = deep_update(FULL_RECIPE, sections)
+    data["output"] = {"dir": str(tmp_path / name)}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def head_shape_model(folder: Path, heads: int, kv_heads: int, head_dim: int) -> Path:
     """A random tiny Llama (2 layers, hidden = heads × head dim) with the built-in tiny Llama's tokenizer."""
     import torch

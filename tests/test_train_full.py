@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 from _hub_helpers import write_calibration
-from _train_helpers import accelerate_cmd, run
+from _train_helpers import accelerate_cmd, run, write_full_recipe
 from typer.testing import CliRunner
 
 from ctxext.cli.commands import app
@@ -26,32 +26,6 @@ from ctxext.recipe.schema import load_recipe
 from ctxext.training.run import read_run, train
 
 runner = CliRunner()
-
-# The tiny Llama of the fixtures (context 256) at 2x its context; no lora section (a full fine-tune has none).
-FULL_RECIPE = {
-    "model": {"path": "builtin:tiny-llama"},
-    "rope": {"method": "yarn", "target_length": 512},
-    "data": {"path": "builtin:stdlib", "max_documents": 10, "validation_fraction": 0.2, "num_proc": 1},
-    "train": {
-        "mode": "full",
-        "seq_len": 512,
-        "micro_batch_size": 2,
-        "max_steps": 3,
-        "learning_rate": 1e-3,
-        "warmup_steps": 1,
-        "loss_chunk_size": 256,
-        "eval_batches": 1,
-    },
-}
-
-
-def write_full(tmp_path: Path, name: str, **train: object) -> Path:
-    data = json.loads(json.dumps(FULL_RECIPE))
-    data["train"].update(train)
-    data["output"] = {"dir": str(tmp_path / name)}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
 
 
 def losses(run_dir: Path) -> list[float]:
@@ -84,7 +58,7 @@ def test_the_schema_resolves_the_mode_and_the_base_storage_once(tmp_path, given,
 
 @pytest.mark.slow
 def test_a_full_fine_tune_is_a_plain_checkpoint_that_evaluates_and_exports(tmp_path, cache_root):
-    result = train(load_recipe(write_full(tmp_path, "run")))
+    result = train(load_recipe(write_full_recipe(tmp_path, "run")))
     out = tmp_path / "run"
     info = read_run(out)
     assert info.mode == "full" and info.lora is None and info.quantization == "none"
@@ -142,8 +116,8 @@ def test_a_full_fine_tune_is_a_plain_checkpoint_that_evaluates_and_exports(tmp_p
 @pytest.mark.slow
 def test_two_ddp_processes_train_as_one(tmp_path, cache_root):
     # One process with micro-batches of 2 rows, two with 1 row each: the same rows in every step.
-    train(load_recipe(write_full(tmp_path, "one")))
-    cmd = accelerate_cmd(2, "train", str(write_full(tmp_path, "two", micro_batch_size=1)))
+    train(load_recipe(write_full_recipe(tmp_path, "one")))
+    cmd = accelerate_cmd(2, "train", str(write_full_recipe(tmp_path, "two", train={"micro_batch_size": 1})))
     done = run(cmd, timeout=400, ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = read_run(tmp_path / "one"), read_run(tmp_path / "two")
@@ -163,7 +137,7 @@ def test_two_ddp_processes_train_as_one(tmp_path, cache_root):
 @pytest.mark.slow
 def test_an_fsdp_launch_on_the_cpu_is_refused_not_run_as_ddp(tmp_path, cache_root):
     # accelerate shards with FSDP (and DeepSpeed) on GPUs only; on the CPU it would quietly run DDP instead.
-    cmd = accelerate_cmd(2, "train", str(write_full(tmp_path, "two", micro_batch_size=1)))
+    cmd = accelerate_cmd(2, "train", str(write_full_recipe(tmp_path, "two", train={"micro_batch_size": 1})))
     at = cmd.index("--multi_gpu")
     cmd[at : at + 1] = ["--use_fsdp", "--fsdp_version", "2"]
     done = run(cmd, timeout=400, ACCELERATE_USE_CPU="true", CTXEXT_CACHE=str(cache_root))

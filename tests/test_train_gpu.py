@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from _train_helpers import ROOT, accelerate_cmd, free_port, run, write_recipe
+from _train_helpers import ROOT, accelerate_cmd, free_port, run, write_full_recipe, write_recipe
 
 from ctxext.recipe.schema import load_recipe
 from ctxext.training.run import read_run, train
@@ -48,18 +47,7 @@ def test_context_parallel_fsdp2(tmp_path, cache_root):
     assert read_run(tmp_path / "run").status == "complete"
 
 
-def _full_recipe(tmp_path: Path, name: str, micro_batch_size: int) -> Path:
-    data = {
-        "model": {"path": "builtin:tiny-llama", "attn_implementation": "sdpa"},
-        "rope": {"method": "yarn", "target_length": 512},
-        "data": {"path": "builtin:stdlib", "max_documents": 10, "validation_fraction": 0.2, "num_proc": 1},
-        "train": {"mode": "full", "seq_len": 512, "micro_batch_size": micro_batch_size, "max_steps": 3,
-                  "learning_rate": 1e-3, "warmup_steps": 1, "eval_batches": 1},
-        "output": {"dir": str(tmp_path / name)},
-    }  # fmt: skip
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
+SDPA = {"attn_implementation": "sdpa"}
 
 
 @pytest.mark.gpu
@@ -71,9 +59,9 @@ def test_full_fine_tune_sharded_trains_as_one_process(tmp_path, cache_root, engi
     from ctxext.models.load import load_model
 
     gpus = min(2, torch.cuda.device_count())
-    one = train(load_recipe(_full_recipe(tmp_path, "one", 2)))
+    one = train(load_recipe(write_full_recipe(tmp_path, "one", model=SDPA)))
     launcher = Path(sys.executable).with_name("accelerate")
-    recipe = _full_recipe(tmp_path, "sharded", 2 // gpus)
+    recipe = write_full_recipe(tmp_path, "sharded", model=SDPA, train={"micro_batch_size": 2 // gpus})
     cmd = [str(launcher), "launch", "--config_file", str(ROOT / "configs" / "accelerate" / config), "--num_processes",
            str(gpus), "--main_process_port", str(free_port()), "-m", "ctxext", "train", str(recipe)]  # fmt: skip
     done = run(cmd, timeout=600, CTXEXT_CACHE=str(cache_root))
@@ -98,8 +86,6 @@ def test_probe_under_fsdp2_keeps_the_best_sharded_weights(tmp_path, cache_root):
     # FSDP2 shards every weight (DTensors, even on one GPU): the probe gathers the best ones whole and puts each
     # process's shard back. Every probe reads 0 % on the untrained tiny model, so the best is step 1, trained at
     # learning rate 0 (one warmup step): its LoRA B matrices are zero, step 3's are not.
-    import json
-
     from _train_helpers import adapter_tensors
 
     recipe = write_recipe(

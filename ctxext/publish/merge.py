@@ -226,7 +226,7 @@ def merge_run(
         if full:
             # A full fine-tune's run folder is the model: the merge writes it as a published model (with a
             # calibrated temperature folded into its weights) and checks the copy like any other merge.
-            model, config, torch_dtype, tokenizer = _full_run(run_dir, dev, dtype, log)
+            model, config, torch_dtype, tokenizer = _full_run(run_dir, dev, dtype, temperature, log)
         else:
             base_dir = _base_folder(run)
             check_inputs_outside(out, [base_dir])
@@ -264,14 +264,16 @@ def merge_run(
         return result
 
 
-def _full_run(run_dir: Path, dev: torch.device, dtype: str, log: _Log) -> tuple[Any, Any, torch.dtype, Any]:
-    """A full fine-tune's model (calibrated temperature applied, RoPE verified), its config, dtype and tokenizer."""
+def _full_run(
+    run_dir: Path, dev: torch.device, dtype: str, temperature: float, log: _Log
+) -> tuple[Any, Any, torch.dtype, Any]:
+    """A full fine-tune's model, config, dtype and tokenizer (``temperature``: the run's, which the loader applies)."""
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.models.sources import config_from_folder
 
     check_weights_readable(run_dir)
     config = config_from_folder(run_dir)
-    if run_temperature(run_dir) != 1.0:
+    if temperature != 1.0:
         query_projection(str(config.model_type))  # a type the fold does not know is refused before any load
     torch_dtype = _dtype(dtype, dev, config)
     log(f"loading the full fine-tune {run_dir} in {str(torch_dtype).replace('torch.', '')} on {dev}")
