@@ -45,14 +45,14 @@ TOLERANCE = 0.25
 # ring (context parallelism) alone and under FSDP2, ctxext's own Ulysses attention over NCCL, and with 4 GPUs the
 # hybrid of the two. One process per GPU: on fewer than 2 GPUs they cannot run.
 SPLIT_TESTS = [
-    "tests/test_sequence_parallel.py::test_ring_and_hybrid_splits_on_gpus_give_the_one_process_loss_and_gradients",
-    "tests/test_train_gpu.py::test_context_parallel_fsdp2",
+    "tests/unit/training/test_sequence_parallel.py::test_ring_and_hybrid_splits_on_gpus_give_the_one_process_loss_and_gradients",
+    "tests/unit/training/test_train_gpu.py::test_context_parallel_fsdp2",
     # The adaptive stop's best weights under FSDP2's DTensors (gathered whole, each shard put back).
-    "tests/test_train_gpu.py::test_probe_under_fsdp2_keeps_the_best_sharded_weights",
+    "tests/unit/training/test_train_gpu.py::test_probe_under_fsdp2_keeps_the_best_sharded_weights",
 ]
 # A full fine-tune (train.mode: full: fp32 master weights and AdamW states, bf16 compute) launched with the shipped
 # FSDP2 and DeepSpeed ZeRO-3 accelerate configs, against one unsharded process; runs on 1 GPU (one shard) or 2.
-FULL_TESTS = ["tests/test_train_gpu.py::test_full_fine_tune_sharded_trains_as_one_process"]
+FULL_TESTS = ["tests/unit/training/test_train_gpu.py::test_full_fine_tune_sharded_trains_as_one_process"]
 
 
 def save_model(folder: Path, layers: int, device: str = "cuda", shape: dict[str, int] | None = None) -> None:
@@ -231,7 +231,7 @@ def saved_layer_check(folder: Path, full: bool, device_type: str = "cuda") -> di
     QLoRA (nf4, LoRA r=16 everywhere, embeddings and norms trained, bf16 stream) through ctxext's training path, or
     every weight trained in bf16 (a full fine-tune): one forward pass of 4,096 tokens under
     ``torch.autograd.graph.saved_tensors_hooks``, the distinct storages packed inside layer 1 less the parameters
-    and the layer's input (``tests/test_plan_layer.py`` does the same on the CPU).
+    and the layer's input (``tests/unit/planner/test_plan_layer.py`` does the same on the CPU).
     """
     import torch
 

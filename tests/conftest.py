@@ -5,7 +5,6 @@ Nothing is downloaded: tests run with HF_HUB_OFFLINE=1.
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
@@ -17,35 +16,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One thread: on two shared cores a tiny model runs ~100x faster single-threaded than contended.
 torch.set_num_threads(1)
 
-TINY = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rope_theta=10000.0,
-    tie_word_embeddings=False,
-)
-
-
-def tiny_config(kind: str = "llama", **overrides):
-    """A tiny config of a RoPE model family: llama, mistral or qwen2."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
-
-    classes = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config}
-    kwargs = copy.deepcopy(TINY)
-    kwargs.update(overrides)
-    return classes[kind](**kwargs)
-
-
-def tiny_model(kind: str = "llama", seed: int = 0, **overrides):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(kind, **overrides), attn_implementation="sdpa")
-    return model.eval()
+from tests.helpers.tiny import tiny_model  # noqa: E402 — after the environment above
 
 
 @pytest.fixture(scope="session")
@@ -79,10 +50,11 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer) -> Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests measured slower than the quick tier's limit (``tests/durations.json``) are ``slow`` as well."""
-    from _durations import slow_tests
+    """``slow`` as well: every test under ``tests/integration/`` (whole journeys through the command line), and
+    the tests measured slower than the quick tier's limit (``tests/durations.json``)."""
+    from tests.helpers.durations import slow_tests
 
     measured = slow_tests()
     for item in items:
-        if item.nodeid in measured:
+        if item.nodeid in measured or item.nodeid.startswith("tests/integration/"):
             item.add_marker(pytest.mark.slow)

@@ -1,7 +1,7 @@
 """The reference pages of the docs, generated from the code: recipe keys, suite sections, commands.
 
 ``python -m ctxext.cli.reference docs/reference`` writes them; ``--check`` says which page is stale and exits 1
-(``tests/test_docs_reference.py`` runs it, so a new key, section or flag cannot land without its page). Each page
+(``tests/rules/test_docs_reference.py`` runs it, so a new key, section or flag cannot land without its page). Each page
 is made from the one declaration the code itself reads: the recipe schema (:mod:`ctxext.recipe.schema`), the suite
 section registry (:data:`ctxext.evaluation.sections.SECTIONS`), and the typer app with its generated flags.
 """

@@ -115,7 +115,8 @@ def _fold_neox(attention: torch.nn.Module, t: float) -> None:
 
 # model_type -> how the query projection of one attention module is scaled by t. Only types whose query reaches
 # the logits linearly after it: a q-norm (Qwen3, Gemma 3) would undo the factor, a fused projection (Phi-3)
-# needs its own entry. Each entry is tested against the run-time temperature (tests/test_calibration.py).
+# needs its own entry. Each entry is tested against the run-time temperature
+# (tests/unit/calibration/test_calibration.py).
 QUERY_PROJECTIONS: dict[str, Callable[[torch.nn.Module, float], None]] = {
     "llama": _fold_q_proj,
     "mistral": _fold_q_proj,

@@ -2,8 +2,8 @@
 
 A plan is a value with a band: ``[planned × (1 + LOW), planned × (1 + HIGH)]``, where LOW and HIGH are the
 smallest and largest ``measured / planned − 1`` over the cells where ctxext's training step has been measured
-against the plan (``benchmarks/results/plan_accuracy.md``; ``tests/test_plan_band.py`` re-predicts those cells and
-checks that the band still covers them). A recipe *fits* when the band's upper end fits the device's usable
+against the plan (``benchmarks/results/plan_accuracy.md``; ``tests/unit/planner/test_plan_band.py`` re-predicts those
+cells and checks that the band still covers them). A recipe *fits* when the band's upper end fits the device's usable
 memory, and the longest length the plan reports is the longest whose upper end does.
 
 Which cells: on a GPU the caching allocator's peak is the live tensors' peak (the allocator's own waste is the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 # measured / planned − 1 over the cells of benchmarks/results/plan_accuracy.json, re-predicted with the current
 # formulas (`python benchmarks/plan_accuracy.py --report-only`): (lowest, highest, cells).
-# Rounded outward to whole percents; tests/test_plan_band.py checks that they still cover every cell.
+# Rounded outward to whole percents; tests/unit/planner/test_plan_band.py checks that they still cover every cell.
 LIVE_PEAK = (-0.15, 0.04, 12)  # the step's memory above the warm-up, glibc mmap forced (live peak)
 RESIDENT_PEAK = (-0.12, 0.32, 40)  # the process's resident peak (glibc keeps freed heap memory)
 

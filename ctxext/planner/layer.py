@@ -2,8 +2,8 @@
 
 The rules below were read off ``torch.autograd.graph.saved_tensors_hooks`` on one decoder layer of tiny Llama and
 Qwen3 models through ctxext's training path (nf4 + LoRA with and without the bf16 stream, LoRA dropout, norms
-trained or frozen, full fine-tuning in bf16 and fp32, SDPA); ``tests/test_plan_layer.py`` re-measures them and
-asserts byte equality. Per token of a layer (``a`` bytes of the residual stream, widths H, q, kv, I):
+trained or frozen, full fine-tuning in bf16 and fp32, SDPA); ``tests/unit/planner/test_plan_layer.py`` re-measures
+them and asserts byte equality. Per token of a layer (``a`` bytes of the residual stream, widths H, q, kv, I):
 
 * **RMSNorm** keeps an fp32 copy of its input (``x.to(float32)``: the input itself when the stream is fp32,
   then already counted as the layer's checkpoint for the input norm), the reciprocal RMS (4 B per row) and, when

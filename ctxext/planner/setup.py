@@ -220,8 +220,8 @@ BACKWARD = ("backward", "attention backward")
 
 # How each component's size is known (by name prefix; the longest match wins, "counted" otherwise): counted
 # (sizes of known tensors: the config's shapes × dtypes), measured (equal to a measurement: the saved tensors of a
-# layer with autograd's hooks, tests/test_plan_layer.py; full logits' copies), fitted (one constant fitted to CPU
-# measurements) or modelled (from the engines' code or typical values, not measured here).
+# layer with autograd's hooks, tests/unit/planner/test_plan_layer.py; full logits' copies), fitted (one constant
+# fitted to CPU measurements) or modelled (from the engines' code or typical values, not measured here).
 BASIS = {
     "recomputed layer": "measured",
     "all layers' saved tensors": "measured",

@@ -465,7 +465,8 @@ def reference_rope(
     frequencies is caught instead of copied. Where a paper and transformers differ, the formula is transformers'
     convention, the one a user's model runs: the YaRN ramp is linear in the dimension index (as in transformers and
     the YaRN reference code), dynamic NTK uses transformers' ``factor`` form, and Llama 3 follows transformers'
-    formula (the one ``docs/methods.md`` cites). ``tests/test_rope.py`` checks the YaRN paper's invariants separately.
+    formula (the one ``docs/methods.md`` cites). ``tests/unit/rope/test_rope.py`` checks the YaRN paper's invariants
+    separately.
 
     Args:
         params: normalised rope parameters.

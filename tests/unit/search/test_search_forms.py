@@ -1,0 +1,60 @@
+"""The needle objective uses only the forms the base retrieves inside its own window (``ctxext.search.forms``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ctxext.errors import InputError
+from ctxext.models.builtin import GROWN_DIR
+from ctxext.search.forms import FormCheck, check_forms, usable_templates
+from ctxext.search.run import run_search
+from tests.unit.search.test_search import _settings
+
+needs_grown = pytest.mark.skipif(
+    not (GROWN_DIR / "model.safetensors").is_file(), reason="the grown model is not packaged"
+)
+
+
+@needs_grown
+def test_grown_model_keeps_only_the_form_it_was_trained_to_retrieve():
+    from ctxext.models.load import ModelSpec, load_model
+
+    lm = load_model(ModelSpec("builtin:grown-code-64"))
+    checks = check_forms(lm.model, lm.tokenizer, "builtin:stdlib-train", 64, [0, 1, 2, 3], seed=0)
+    by_form = {c.template: c for c in checks}
+    # KEY_xy = … is the form the grown model was pretrained on; config['xy'] and the comment form it never
+    # retrieves; the prose form does not fit in 64 tokens at all.
+    assert by_form[0].kept and by_form[0].accuracy is not None and by_form[0].accuracy >= 0.9
+    assert by_form[0].probes == 32
+    for form in (1, 2):
+        assert not by_form[form].kept and by_form[form].accuracy is not None and by_form[form].accuracy < 0.5
+    assert by_form[3].accuracy is None and not by_form[3].kept
+    assert usable_templates(checks, 64) == [0]
+
+
+def test_no_usable_form_is_a_clear_error():
+    checks = [FormCheck(0, 0.1, 32, False), FormCheck(3, None, 0, False)]
+    with pytest.raises(InputError) as err:
+        usable_templates(checks, 64)
+    text = str(err.value)
+    assert "form 0: 10 %" in text and "form 3: does not fit" in text and "--objective far-ppl" in text
+
+
+def test_search_of_a_model_that_retrieves_nothing_stops_before_searching(tiny_model_dir, tmp_path):
+    out = tmp_path / "s"
+    with pytest.raises(InputError) as err:
+        run_search(_settings(tiny_model_dir, out, min_form_accuracy=50.0), log=lambda _: None)
+    assert "retrieves none of the needle forms" in str(err.value)
+    assert not out.exists()  # checked before the log is opened: nothing written
+
+
+def test_the_kept_forms_are_logged_and_checked_on_resume(tiny_model_dir, tmp_path):
+    out = tmp_path / "r"
+    run_search(_settings(tiny_model_dir, out, generations=0), log=lambda _: None)
+    header = json.loads((out / "search.jsonl").read_text().splitlines()[0])
+    forms = header["objective_set"]["forms"]
+    assert [f["template"] for f in forms] == [0, 1, 2, 3] and all(f["kept"] for f in forms)
+    assert header["objective_set"]["templates"] == [0, 1, 2, 3]
+    assert header["settings"]["min_form_accuracy"] == 0.0

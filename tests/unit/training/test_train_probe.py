@@ -1,0 +1,165 @@
+"""Adaptive stop (``train.probe``): stops at the goal, on a plateau or at the ceiling (saying so), keeps the best
+probe's adapter, survives a kill and resume, and stops at the same step on every process of a job."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import ctxext.training.loop as loop_module
+import ctxext.training.run as train_module
+from ctxext.artifacts.run import read_run
+from ctxext.errors import CtxextError
+from ctxext.recipe.schema import load_recipe
+from ctxext.training.probe import ProbeState, decide
+from ctxext.training.run import train
+from tests.helpers.train import accelerate_cmd, adapter_tensors, head_shape_model, run, write_recipe
+
+
+def _recipe(tmp_path, name, probe, **train):
+    train = {"max_steps": 4, "micro_batch_size": 1, **train, "probe": {"trials": 8, "keys": 4, **probe}}
+    return load_recipe(write_recipe(tmp_path / f"{name}.yaml", tmp_path / name, train=train))
+
+
+def _readings(run_dir):
+    return [(r["step"], r["correct"], r["n"]) for r in json.loads((run_dir / "probe.json").read_text())["readings"]]
+
+
+def test_decide_goal_plateau_and_best():
+    state = ProbeState()
+    assert decide(state, {"rate": 0.5}, goal=0.9, patience=2) == (None, True)
+    state.best_rate, state.since_best = 0.5, 1
+    assert decide(state, {"rate": 0.4}, goal=0.9, patience=2) == ("plateau", False)
+    assert decide(state, {"rate": 0.4}, goal=0.9, patience=None) == (None, False)
+    assert decide(state, {"rate": 0.6}, goal=0.9, patience=2) == (None, True)
+    assert decide(state, {"rate": 0.95}, goal=0.9, patience=2) == ("goal", True)
+
+
+def test_a_run_that_has_learned_stops_at_the_first_probe(tmp_path, capsys):
+    # Goal 0: whatever the first probe reads meets it.
+    result = train_module.train(_recipe(tmp_path, "early", {"interval": 1, "goal": 0.0}))
+    out = capsys.readouterr().out
+    info = read_run(tmp_path / "early")
+    assert info.steps == 1 and info.probe is not None
+    assert info.probe.stopped == "goal" and info.probe.stop_step == 1 and info.probe.best_step == 1
+    assert info.probe.fraction is not None and 0 < info.probe.fraction < 1
+    assert "probe: goal 0% reached at step 1 of at most 4" in out
+    assert "probe" in out.splitlines()[-1] and "of the run time" in out.splitlines()[-1], out
+    curve = json.loads((tmp_path / "early" / "probe.json").read_text())
+    assert [r["step"] for r in curve["readings"]] == [1] and curve["readings"][0]["n"] == 8
+    assert {"rate", "low", "high", "nll", "seconds"} <= set(curve["readings"][0])
+    assert (tmp_path / "early" / "probe.png").stat().st_size > 0
+    assert result.model is not None
+
+
+def test_a_run_that_cannot_stops_at_the_ceiling_with_the_best_adapter(tmp_path, capsys):
+    # An untrained tiny model retrieves nothing: goal 1.0 is never met, no plateau stop (patience null).
+    recipe = _recipe(tmp_path, "ceiling", {"interval": 1, "goal": 1.0, "patience": None}, max_steps=3, save_every=1)
+    recipe.train.keep_checkpoints = 5
+    result = train_module.train(recipe)
+    out = capsys.readouterr().out
+    info = read_run(tmp_path / "ceiling")
+    assert info.steps == 3 and info.probe is not None and info.probe.stopped == "ceiling"
+    assert "probe: goal 100% NOT reached by train.max_steps (3)" in out, out
+    assert [s for s, _, _ in _readings(tmp_path / "ceiling")] == [1, 2, 3]
+    # Every probe reads the same (0 %): the first is the best, and the adapter written is step 1's, not step 3's.
+    best = info.probe.best_step
+    assert best == 1 and "the adapter is that step's" in out
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    ckpt = load_file(str(tmp_path / "ceiling" / "checkpoints" / f"step-{best:07d}" / "model.safetensors"))
+    later = load_file(str(tmp_path / "ceiling" / "checkpoints" / "step-0000002" / "model.safetensors"))
+    params = dict(result.model.named_parameters())
+    trained = [n for n, p in params.items() if p.requires_grad]
+    assert trained
+    assert all(torch.equal(params[n].detach(), ckpt["peft_model." + n]) for n in trained)
+    assert any(not torch.equal(params[n].detach(), later["peft_model." + n]) for n in trained)
+    written = adapter_tensors(tmp_path / "ceiling")
+    expected = get_peft_model_state_dict(result.model)
+    assert set(written) == set(expected)
+    assert all(torch.equal(written[k], expected[k].cpu()) for k in written)
+    # Step 1 trained at learning rate 0 (one warmup step): the best probe's LoRA B matrices are still zero.
+    assert all(not written[k].any() for k in written if "lora_B" in k)
+
+
+def test_a_killed_run_resumes_and_stops_at_the_same_step(tmp_path, monkeypatch):
+    # Every probe reads 0 %: with patience 2 the run stops on a plateau at step 6 (probes at 2, 4, 6), before
+    # max_steps 8. The resumed run can stop there only if the probes before the kill came back with the checkpoint.
+    probe = {"interval": 2, "goal": 1.0, "patience": 2}
+    straight = train_module.train(_recipe(tmp_path, "straight", probe, max_steps=8))
+    assert read_run(tmp_path / "straight").probe.stop_step == 6  # type: ignore[union-attr]
+
+    recipe = _recipe(tmp_path, "killed", probe, max_steps=8, save_every=1)
+    calls = {"n": 0}
+    real = loop_module.build_inputs
+
+    def interrupt_at_step_5(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "build_inputs", interrupt_at_step_5)
+    with pytest.raises(CtxextError):
+        train_module.train(recipe)
+    monkeypatch.setattr(loop_module, "build_inputs", real)
+    assert read_run(tmp_path / "killed", allow_incomplete=True).steps == 4
+    resumed = train_module.train(recipe, resume=True)
+    a, b = read_run(tmp_path / "straight"), read_run(tmp_path / "killed")
+    assert b.steps == a.steps == 6 and b.probe is not None and b.probe.stopped == "plateau"
+    assert _readings(tmp_path / "killed") == _readings(tmp_path / "straight")
+    assert b.probe.best_step == a.probe.best_step  # type: ignore[union-attr]
+    for (name, p), (_, q) in zip(straight.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", [False, True], ids=["ddp", "sequence-split"])
+def test_every_process_stops_at_the_same_step(tmp_path, cache_root, split):
+    # 2 processes, data-parallel or one row split over both (ctxext's Ulysses on a 3-head / 1-kv-head model):
+    # the probe stops the run on a plateau at step 4 of 6, on both processes.
+    sections: dict = {
+        "data": {"max_documents": 20, "validation_fraction": 0.2},
+        "train": {"max_steps": 6, "micro_batch_size": 1, "eval_batches": 1,
+                  "probe": {"trials": 8, "keys": 4, "interval": 2, "goal": 1.0, "patience": 1}},
+    }  # fmt: skip
+    extra = []
+    if split:
+        sections["model"] = {"path": str(head_shape_model(tmp_path / "model", heads=3, kv_heads=1, head_dim=16))}
+        extra = ["train.sequence_parallel_size=2"]
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **sections)
+    done = run(
+        accelerate_cmd(2, "train", str(recipe), *extra),
+        timeout=400,
+        ACCELERATE_USE_CPU="true",
+        CTXEXT_CACHE=str(cache_root),
+        CTXEXT_RANK_AUDIT=str(tmp_path / "ranks"),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = read_run(tmp_path / "run")
+    assert info.steps == 4 and info.probe is not None and info.probe.stopped == "plateau"
+    assert [s for s, _, _ in _readings(tmp_path / "run")] == [2, 4]
+    assert all(n == 8 for _, _, n in _readings(tmp_path / "run"))  # the two processes' shares add up
+    ranks = [json.loads((tmp_path / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    assert len(ranks[0]["blocks"]) == len(ranks[1]["blocks"]) == 4  # 4 steps x 1 row on each
+    assert ranks[0]["trainable_sha256"] == ranks[1]["trainable_sha256"]
+    if split:
+        # Each process scored whole key sets with the split's attention off: the same answer NLL as one process.
+        train(load_recipe(write_recipe(tmp_path / "one.yaml", tmp_path / "one", **sections)))
+        one = json.loads((tmp_path / "one" / "probe.json").read_text())["readings"]
+        two = json.loads((tmp_path / "run" / "probe.json").read_text())["readings"]
+        assert [r["step"] for r in one] == [2, 4]
+        for a, b in zip(one, two, strict=True):
+            assert abs(a["nll"] - b["nll"]) <= 1e-4 * a["nll"], (one, two)
+
+
+def test_a_probe_too_short_for_its_keys_is_refused_before_the_run_folder(tmp_path):
+    from ctxext.errors import InputError
+
+    recipe = _recipe(tmp_path, "short", {"length": 64, "keys": 8, "interval": 1})
+    with pytest.raises(InputError, match=r"train\.probe: a key set of 8 needles needs at least \d+ tokens"):
+        train_module.train(recipe)
+    assert not (tmp_path / "short" / "run.json").exists()
