@@ -27,8 +27,11 @@ from ctxext.artifacts.report import EvalReport, read_report
 from ctxext.artifacts.run_record import MERGE_FILE, RUN_FILE, MergedRecord, RunRecord
 from ctxext.errors import InputError
 
+METRICS_FILE = "metrics.jsonl"  # one JSON object per logged step, written by training's loop
+
 __all__ = [
     "MERGE_FILE",
+    "METRICS_FILE",
     "RUN_FILE",
     "IncompleteRunError",
     "MergedRecord",
@@ -45,6 +48,7 @@ __all__ = [
     "read_run",
     "resume_command",
     "run_base_model",
+    "training_seconds",
 ]
 
 
@@ -58,6 +62,31 @@ def resume_command(run_dir: str | Path) -> str:
 
     run_dir = Path(run_dir)
     return f"ctxext train {shlex.quote(str(run_dir / 'recipe.yaml'))} {shlex.quote(f'output.dir={run_dir}')} --resume"
+
+
+def training_seconds(run_dir: str | Path) -> float | None:
+    """The seconds a run's optimizer steps took, from its step log (``metrics.jsonl``; a resumed run's steps once).
+
+    Each step's tokens over its tokens per second, summed: the time spent training, without the validation,
+    probe and checkpoint pauses between steps.
+
+    Returns:
+        The seconds, or ``None`` when the run logged no timed step (no log, or an unreadable one).
+    """
+    import json
+
+    path = Path(run_dir) / METRICS_FILE
+    try:
+        logged = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return None
+    steps = {s["step"]: s for s in logged if isinstance(s, dict) and s.get("tokens_per_sec") and "step" in s}
+    seconds, seen = 0.0, 0
+    for step in sorted(steps):  # a step logged twice (a resume from an earlier checkpoint) counts once
+        tokens = steps[step].get("tokens_seen", 0)
+        seconds += max(tokens - seen, 0) / steps[step]["tokens_per_sec"]
+        seen = tokens
+    return seconds or None
 
 
 def read_run(run_dir: str | Path, allow_incomplete: bool = False, force_flag: str | None = "--force") -> RunRecord:

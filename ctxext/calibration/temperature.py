@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ctxext.calibration.settings import CalibrationSettings
 from ctxext.errors import InputError
 from ctxext.models.temperature import CALIBRATION_FILE, adapter_digest, set_attention_temperature
+from ctxext.recipe.calibration import CalibrationSettings
 
 _Log = Callable[[str], None]
 # Given the run's tokenizer: the held-out texts and the words that name them in the record.
@@ -77,7 +77,8 @@ def calibrate_run(
     device: str | None = None,
     overwrite: bool = False,
     log: _Log = print,
-) -> dict[str, Any]:
+    budget: tuple[float, str] | None = None,
+) -> dict[str, Any] | None:
     """Measure each candidate temperature on held-out text and record the choice in ``RUN/calibration.json``.
 
     Args:
@@ -88,9 +89,12 @@ def calibrate_run(
         device: ``cpu`` / ``cuda`` (default: cuda when available).
         overwrite: replace an earlier ``calibration.json``.
         log: where progress lines go.
+        budget: the most seconds the measurements may take and the words that say where that limit comes from
+            (``ctxext train``'s ``calibrate.when: auto``); an estimate above it measures nothing and writes nothing.
 
     Returns:
-        The record written (``attention_temperature``, the measurements per candidate, the reason).
+        The record written (``attention_temperature``, the measurements per candidate, the reason), or ``None``
+        when the estimate is over ``budget``.
 
     Raises:
         InputError: not a finished run, an earlier calibration without ``overwrite``, a run without a target
@@ -114,7 +118,9 @@ def calibrate_run(
     with folder_lock(run_dir, flag="RUN"):
         if out.exists() and not overwrite:  # another calibrate finished while this one started
             raise InputError(f"{out}: the run is calibrated already; pass --overwrite to measure and choose again")
-        record = _measure_and_choose(run_dir, settings, held_out, device, target, window, log)
+        record = _measure_and_choose(run_dir, settings, held_out, device, target, window, log, budget)
+        if record is None:
+            return None
         record["seconds"] = round(time.time() - started, 1)
         write_json_atomic(out, record)
     log(f"chose attention temperature {record['attention_temperature']:g}: {record['reason']}")
@@ -129,18 +135,29 @@ def _measure_and_choose(
     target: int,
     window: int,
     log: _Log,
-) -> dict[str, Any]:
-    """Measure every candidate on the same material and choose; the record without its timing."""
+    budget: tuple[float, str] | None = None,
+) -> dict[str, Any] | None:
+    """Measure every candidate on the same material and choose.
+
+    Returns:
+        The record without its timing, or ``None`` when the estimate is over ``budget`` (nothing measured).
+    """
     from ctxext.models.load import ModelSpec, load_model
+    from ctxext.progress import duration
     from ctxext.scoring.windows import doc_nll
 
     loaded = load_model(ModelSpec(str(run_dir)), device=device, calibrated=False)
-    material = _material(loaded.tokenizer, held_out, settings, target, window)
-    log(
-        f"calibrating {run_dir}: {len(settings.temperatures)} temperatures × ({len(material.far)} needle trials at "
-        f"{target} tokens + {len(material.near)} at {window} + {len(material.windows)} windows of {window}), "
-        f"held-out text: {material.source}; {_estimate(loaded.model, material, settings, target, window)}"
+    seconds, estimate = _estimate(loaded.model, settings, target, window)
+    n_far, n_near = len(settings.depths) * settings.trials, len(settings.depths) * settings.window_trials
+    work = (
+        f"{len(settings.temperatures)} temperatures × ({n_far} needle trials at {target} tokens + {n_near} at {window} "
+        f"+ {settings.windows} windows of {window})"
     )
+    if budget is not None and seconds > budget[0]:  # decided before any held-out text is read
+        log(f"not calibrating {run_dir}: {work} would take about {duration(seconds)}, more than {budget[1]}")
+        return None
+    material = _material(loaded.tokenizer, held_out, settings, target, window)
+    log(f"calibrating {run_dir}: {work}, held-out text: {material.source}; {estimate}")
     measured = []
     for t in settings.temperatures:
         set_attention_temperature(loaded.model, t)
@@ -201,20 +218,26 @@ def _material(tokenizer: Any, held_out: HeldOut, settings: CalibrationSettings, 
     return _Material(samples(target, settings.trials), samples(window, settings.window_trials), windows, source)
 
 
-def _estimate(model: Any, material: _Material, settings: CalibrationSettings, target: int, window: int) -> str:
-    """About how long the measurements take, from one short forward (and the flags that change it)."""
+def _estimate(model: Any, settings: CalibrationSettings, target: int, window: int) -> tuple[float, str]:
+    """About how long the measurements take, from one short forward.
+
+    Returns:
+        The seconds, and a line with them and the flags that change them.
+    """
     from ctxext.models.cost import ForwardClock
     from ctxext.progress import duration
 
     clock = ForwardClock.measure(model, min(256, window))
+    trials = len(settings.depths) * settings.trials
+    window_trials = len(settings.depths) * settings.window_trials
     one = (
-        len(material.far) * clock.seconds_at(target, 8)
-        + len(material.near) * clock.seconds_at(window, 8)
-        + len(material.windows) * clock.seconds_at(window, window)
+        trials * clock.seconds_at(target, 8)
+        + window_trials * clock.seconds_at(window, 8)
+        + settings.windows * clock.seconds_at(window, window)
     )
-    return (
-        f"about {duration(len(settings.temperatures) * one)} ({clock.note()}; --trials, --depths, --temperatures "
-        "and --windows change it)"
+    seconds = len(settings.temperatures) * one
+    return seconds, (
+        f"about {duration(seconds)} ({clock.note()}; --trials, --depths, --temperatures and --windows change it)"
     )
 
 

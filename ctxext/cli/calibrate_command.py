@@ -27,16 +27,17 @@ def calibrate(
 
     Writes RUN/calibration.json; loading the run (eval, merge, export) applies the choice, and the merged
     model carries it in its weights. The settings (--temperatures, --trials …) are generated from their
-    declaration (ctxext/calibration/settings.py); docs/training.md says when it helps.
+    declaration (ctxext/recipe/calibration.py); docs/training.md says when it helps.
     """
-    from ctxext.calibration.settings import CalibrationSettings
     from ctxext.calibration.temperature import calibrate_run
+    from ctxext.recipe.calibration import CalibrationSettings
     from ctxext.recipe.flags import build_settings
 
     settings = build_settings(CalibrationSettings, dict(ctx.meta.get(SETTINGS, {})))
     record = calibrate_run(
         run, settings, held_out_source(run, data), device=device, overwrite=overwrite, log=print_line
     )
+    assert record is not None  # no budget: it always measures
     console.print(
         f"[green]✓[/] {plain(run)}/calibration.json: attention temperature {record['attention_temperature']:g} "
         f"({record['seconds']:.0f} s)"

@@ -63,7 +63,7 @@ app.add_typer(eval_app, name="eval")
 app.command(
     "calibrate",
     cls=settings_command(
-        "ctxext.calibration.settings:CalibrationSettings", panel="Calibration settings (what is measured)"
+        "ctxext.recipe.calibration:CalibrationSettings", panel="Calibration settings (what is measured)"
     ),
 )(calibrate_command.calibrate)
 app.add_typer(tasks_app, name="tasks")

@@ -11,7 +11,8 @@ measures at 4×: it retrieves a key/value needle, and picks the asked key among 
    stays closer to itself inside its window),
 3. fine-tunes the ``llama3``-extended model with nf4 QLoRA (``ctxext train``) on a training mixture: training-split
    source files, synthetic key/value retrieval tasks on them (``ctxext.tasks``) and short blocks at the
-   original window (``--plain``: source files only, the comparison),
+   original window (``--plain``: source files only, the comparison), then calibrates its attention temperature
+   when that costs little (the recipe's ``calibrate:``, as ``ctxext train`` does),
 4. evaluates all four on held-out files with the same suite (``resources/demo-suite.yaml``): perplexity by
    length and position bucket, the context-use curve, and in-domain needle retrieval by depth
    (``KEY_xy = 68310`` hidden in code, retrieved after ``assert KEY_xy ==``),
@@ -315,6 +316,10 @@ def _finetune(run: DemoRun, console: Console) -> None:
     what = "plain code" if run.kind == "plain" else "code + retrieval tasks + short blocks"
     console.print(f"[cyan]2/3[/] fine-tuning with nf4 QLoRA on {what}: {run.recipe.train.max_steps} steps")
     run_training(run.recipe, command=["ctxext", "demo"])
+    if run.recipe.calibrate.when != "never":  # as `ctxext train` does with the recipe's calibrate: section
+        from ctxext.cli.train_commands import calibrate_after_training
+
+        calibrate_after_training(run.run_dir, run.recipe.calibrate)
 
 
 def _cached_run(run: DemoRun) -> bool:

@@ -1,4 +1,4 @@
-"""``ctxext validate`` and ``ctxext train``: check a recipe, then fine-tune it (and chain its eval and push)."""
+"""``ctxext validate`` and ``ctxext train``: check a recipe, then fine-tune it (then calibrate, evaluate, push)."""
 
 from __future__ import annotations
 
@@ -112,12 +112,17 @@ def train(
     result = run_training(
         parsed, resume=resume, command=list(sys.argv), search=searched.record if searched is not None else None
     )
-    if result.model is not None:  # the main process: evaluate, then publish, as the recipe asks
+    if result.model is not None:  # the main process: calibrate, evaluate, then publish, as the recipe asks
         _after_training(result.run_dir, parsed)
 
 
 def _after_training(run_dir: Path, recipe: Any) -> None:
-    """The recipe's eval suite, then its Hub push: the CLI chains these workflows, training does not."""
+    """The run's calibration, the recipe's eval suite, then its Hub push: the CLI chains them, training does not.
+
+    Calibrating first lets the suite (and the card) read the run as it will be loaded.
+    """
+    if recipe.calibrate.when != "never":
+        calibrate_after_training(run_dir, recipe.calibrate)
     if recipe.eval.suite:
         from ctxext.evaluation.suite import run_suite_for_run
 
@@ -126,6 +131,46 @@ def _after_training(run_dir: Path, recipe: Any) -> None:
         from ctxext.publish.hub import push_run
 
         push_run(run_dir, recipe.hub)
+
+
+def calibrate_after_training(run_dir: Path, section: Any) -> dict[str, Any] | None:
+    """``ctxext calibrate RUN`` as the recipe's ``calibrate:`` asks, on the run's validation documents.
+
+    With ``when: auto`` it runs only when its estimate is within ``max_share`` percent of the time the run's steps
+    took, and a problem with the held-out text (too little of it) is a note: the training is done and kept either
+    way, and the line names the command that calibrates later. ``when: always`` calibrates whatever it costs and
+    fails on such a problem.
+
+    Returns:
+        The calibration record, or ``None`` when nothing was calibrated.
+    """
+    from ctxext.artifacts.run import training_seconds
+    from ctxext.calibration.temperature import calibrate_run
+    from ctxext.cli.calibrate_command import held_out_source
+    from ctxext.errors import InputError
+    from ctxext.progress import duration
+    from ctxext.recipe.calibration import CalibrationSettings
+
+    settings = CalibrationSettings.model_validate(section.model_dump(exclude={"when", "max_share"}))
+    later = f"`ctxext calibrate {shlex.quote(str(run_dir))}` calibrates it"
+    budget = None
+    if section.when == "auto":
+        seconds = training_seconds(run_dir) or 0.0
+        share = f"{section.max_share:g} % of the {duration(seconds)} the training steps took"
+        budget = (seconds * section.max_share / 100, f"{share} (calibrate.max_share; {later})")
+    try:
+        record = calibrate_run(run_dir, settings, held_out_source(run_dir, None), log=print_line, budget=budget)
+    except InputError as exc:
+        if section.when == "always":
+            raise
+        err_console.print(f"note: not calibrated: {plain(exc)} ({plain(later)} once that is fixed)", soft_wrap=True)
+        return None
+    if record is not None:
+        console.print(
+            f"[green]✓[/] {plain(run_dir)}/calibration.json: attention temperature "
+            f"{record['attention_temperature']:g} ({record['seconds']:.0f} s)"
+        )
+    return record
 
 
 def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from ctxext.errors import InputError
+from ctxext.recipe.calibration import CalibrateSection
 from ctxext.recipe.memory import MemorySection
 from ctxext.recipe.parallel import sequence_parallel_refusal
 from ctxext.recipe.sections import (
@@ -53,6 +54,7 @@ class Recipe(Section):
     lora: LoraSection = Field(default_factory=LoraSection)
     data: DataSection
     train: TrainSection = Field(default_factory=TrainSection)
+    calibrate: CalibrateSection = Field(default_factory=CalibrateSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     hub: HubSection = Field(default_factory=HubSection)
     output: OutputSection = Field(default_factory=OutputSection)

@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.artifacts.lock import LOCK_SUFFIX, folder_lock
-from ctxext.artifacts.run import RUN_FILE, read_run, resume_command
+from ctxext.artifacts.run import METRICS_FILE, RUN_FILE, read_run, resume_command
 from ctxext.artifacts.run_record import LoraRecord, RunRecord
 from ctxext.atomic import check_output, write_json_atomic
 from ctxext.errors import InputError, is_disk_full
 from ctxext.recipe.schema import Recipe
 
-METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS = "checkpoints"
 RECIPE_FILE = "recipe.yaml"
 

@@ -28,6 +28,9 @@ BASE_RECIPE: dict[str, Any] = {
         "warmup_steps": 1,
         "loss_chunk_size": 256,
     },
+    # The tests that calibrate do it with `ctxext calibrate`; the default (calibrate after training when it is
+    # cheap) is tested on its own (tests/unit/calibration/test_calibration.py), so no run here depends on timing.
+    "calibrate": {"when": "never"},
 }
 
 

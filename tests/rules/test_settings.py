@@ -22,12 +22,12 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from ctxext.calibration.settings import CalibrationSettings
 from ctxext.cli.commands import app
 from ctxext.evaluation.sections.grids.settings import NeedleSettings, PasskeySettings
 from ctxext.evaluation.sections.perplexity.settings import PerplexitySettings
 from ctxext.evaluation.sections.qa.settings import QASettings
 from ctxext.recipe.budget import parse_budget
+from ctxext.recipe.calibration import CalibrationSettings
 from ctxext.recipe.flags import build_settings, field_help, flag_name
 from ctxext.recipe.search import SearchOptions
 from ctxext.recipe.sections import SearchSection

@@ -245,3 +245,56 @@ def test_calibrate_reads_the_runs_own_validation_documents_by_default(tiny_run, 
     result = runner.invoke(app, ["calibrate", str(run), "--overwrite", *SMALL])
     assert result.exit_code == 2 and "recipe.yaml" in flat(result) and "--data" in flat(result)
     assert (run / CALIBRATION_FILE).read_bytes() == before
+
+
+SMALL_SECTION = {"trials": 2, "window_trials": 1, "depths": [0.0, 100.0], "windows": 8}
+
+
+def test_training_calibrates_by_default_when_it_is_cheap_and_says_so_when_it_is_not(tiny_run, tmp_path, capsys):
+    from ctxext.artifacts.run import training_seconds
+    from ctxext.cli.train_commands import calibrate_after_training
+    from ctxext.recipe.calibration import CalibrateSection
+
+    assert CalibrateSection().when == "auto" and CalibrateSection().max_share == 10.0  # the recipe's default
+    run = copy_run(tiny_run, tmp_path / "run")
+    trained = training_seconds(run)
+    assert trained and trained > 0
+    # Over its share of the training time: nothing measured, nothing written, the command to run it named.
+    assert calibrate_after_training(run, CalibrateSection(max_share=1e-9, **SMALL_SECTION)) is None
+    said = " ".join(capsys.readouterr().out.split())
+    assert "not calibrating" in said and "calibrate.max_share" in said and f"ctxext calibrate {run}" in said
+    assert not (run / CALIBRATION_FILE).exists()
+    # Within it: calibrated on the run's validation documents, as `ctxext calibrate RUN` does.
+    record = calibrate_after_training(run, CalibrateSection(max_share=1e9, **SMALL_SECTION))
+    assert record is not None and json.loads((run / CALIBRATION_FILE).read_text()) == record
+    assert record["held_out"] == "the run's validation documents"
+    # A problem after training is a note under auto (the run is kept), an error when calibration is required.
+    before = (run / CALIBRATION_FILE).read_bytes()
+    assert calibrate_after_training(run, CalibrateSection(max_share=1e9, **SMALL_SECTION)) is None
+    assert "note: not calibrated" in capsys.readouterr().err
+    with pytest.raises(InputError, match="--overwrite"):
+        calibrate_after_training(run, CalibrateSection(when="always", **SMALL_SECTION))
+    assert (run / CALIBRATION_FILE).read_bytes() == before
+
+
+def test_ctxext_train_calibrates_the_run_before_its_eval_suite(tiny_model_dir, tmp_path):
+    from tests.helpers.train import write_recipe
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("name: s\nallow_beyond_context: true\nperplexity: {lengths: [256], max_docs: 3, resamples: 50}\n")
+    recipe = write_recipe(
+        tmp_path / "recipe.yaml",
+        tmp_path / "run",
+        model={"path": str(tiny_model_dir)},
+        train={"max_steps": 2},
+        calibrate={"when": "always", "temperatures": [1.5], **SMALL_SECTION},
+        eval={"suite": str(suite)},
+    )
+    result = runner.invoke(app, ["train", str(recipe)], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "run" / CALIBRATION_FILE).read_text())
+    assert [c["attention_temperature"] for c in record["candidates"]] == [1.0, 1.5]
+    assert "calibration.json: attention temperature 1" in flat(result)
+    # The suite ran after it, on the run as it now loads (a run never calibrated reports no temperature).
+    report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
+    assert report["models"][0]["model"]["attention_temperature"] == record["attention_temperature"]

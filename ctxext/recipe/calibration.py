@@ -1,11 +1,14 @@
-"""What ``ctxext calibrate`` measures and how it chooses: declared once, its flags generated from it.
+"""What ``ctxext calibrate`` measures and how it chooses: declared once, its flags and recipe keys generated from it.
 
-Torch-free, so building the command's flags imports nothing heavy (docs/settings.md).
+:class:`CalibrationSettings` is the declaration ``ctxext calibrate``'s flags come from; :class:`CalibrateSection`
+(the recipe's ``calibrate:`` keys) adds only *whether* ``ctxext train`` calibrates the run it has trained. Torch-free,
+so building the command's flags imports nothing heavy (docs/settings.md).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -54,3 +57,30 @@ class CalibrationSettings(BaseModel):
     @classmethod
     def _percent(cls, value: list[float]) -> list[float]:
         return check_depths(value)
+
+
+# Calibration after training by default when it is cheap: the share of the training loop's time it may take.
+DEFAULT_MAX_SHARE = 10.0
+
+
+class CalibrateSection(CalibrationSettings):
+    """The recipe's ``calibrate:``: whether ``ctxext train`` calibrates the run's attention temperature at the end.
+
+    ``auto`` (the default) calibrates when the measurement is estimated (from one timed forward) to take at most
+    ``max_share`` percent of the training loop's time, and otherwise says so and names ``ctxext calibrate RUN``;
+    the choice stays 1.0 unless a temperature is significantly better (docs/training.md), so a run that gains
+    nothing is left as trained.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    when: Literal["auto", "always", "never"] = Field(
+        default="auto",
+        description="auto: calibrate after training when it costs at most max_share of the training time; "
+        "always; never (calibrate later with `ctxext calibrate RUN`)",
+    )
+    max_share: float = Field(
+        default=DEFAULT_MAX_SHARE,
+        gt=0,
+        description="with when: auto, the most calibration may cost, percent of the training loop's time",
+    )
