@@ -3,7 +3,7 @@
 A fine-tune extended to several times its window can be less sharp far into the target than it should be:
 on the grown Mistral every miss left at the target sat right before the question and was a miscopied digit
 token, and multiplying the attention logits by 1.2 after the fine-tune recovered most of them; training
-with a temperature does not keep it, the fine-tune settles back (docs/training.md). The gain is not
+with a temperature does not keep it, the fine-tune settles back (docs/results-training.md). The gain is not
 universal and it costs perplexity where the context is short, so it is *measured per run*, not assumed:
 
 1. For each candidate ``t``, on the same trials and windows: key retrieval (teacher-forced needle trials)

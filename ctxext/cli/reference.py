@@ -1,14 +1,18 @@
-"""The reference pages of the docs, generated from the code: recipe keys, suite sections, commands.
+"""The reference pages of the docs, generated from the code: recipe keys, suite sections, commands, Python API.
 
 ``python -m ctxext.cli.reference docs/reference`` writes them; ``--check`` says which page is stale and exits 1
-(``tests/rules/test_docs_reference.py`` runs it, so a new key, section or flag cannot land without its page). Each page
-is made from the one declaration the code itself reads: the recipe schema (:mod:`ctxext.recipe.schema`), the suite
-section registry (:data:`ctxext.evaluation.sections.SECTIONS`), and the typer app with its generated flags.
+(``tests/rules/test_docs_reference.py`` runs it, so a new key, section, flag or exported name cannot land without
+its page). Each page is made from the one declaration the code itself reads: the recipe schema
+(:mod:`ctxext.recipe.schema`), the suite section registry (:data:`ctxext.evaluation.sections.SECTIONS`), the typer
+app with its generated flags, and the names ``ctxext`` exports (``ctxext._LAZY``) with their signatures and
+docstrings.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -150,7 +154,227 @@ def cli_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-PAGES = {"recipe.md": recipe_page, "suite.md": suite_page, "cli.md": cli_page}
+# The concepts of the Python API, in the order of the journey: the second part of each exported name's module
+# (``ctxext.rope.runtime`` → ``rope``). A concept not listed here follows them, titled by its package's docstring.
+API_CONCEPTS = {
+    "rope": "RoPE: read, plan, patch and verify",
+    "models": "Models: extend a folder, load a run",
+    "recipe": "Recipes",
+    "search": "Factor search",
+    "training": "Training",
+    "evaluation": "Evaluation",
+    "tasks": "Synthetic tasks",
+    "publish": "Publishing",
+    "artifacts": "Run records",
+}
+# Docstring blocks the API page keeps (Google style); the others (notes, examples) stay in the code.
+_DOC_BLOCKS = ("Args", "Returns", "Yields", "Raises", "Attributes", "Class attributes")
+_ROLE = re.compile(r":(?:func|class|data|mod|meth|attr|exc|obj):`(~?)([^`]+)`")
+
+
+def _markdown(text: str) -> str:
+    """Docstring text as markdown: reST roles and double backticks as code, ``<`` and ``*`` escaped outside code."""
+    text = _ROLE.sub(lambda m: f"``{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}``", text)
+    text = text.replace("``", "`")
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # even parts are outside code spans
+        parts[i] = parts[i].replace("<", "&lt;").replace("*", "\\*")
+    return "`".join(parts)
+
+
+def _parse_docstring(text: str) -> tuple[str, dict[str, list[tuple[str, str]] | str]]:
+    """A Google-style docstring's summary and its kept blocks, indentation stripped.
+
+    Args:
+        text: the docstring, as written.
+
+    Returns:
+        ``(summary, blocks)``: the first paragraph on one line, and per kept block title either its text (Returns,
+        Yields) or its ``(name, description)`` items (Args, Raises, attributes), continuation lines joined.
+    """
+    lines = inspect.cleandoc(text).splitlines() if text.strip() else []
+    summary = " ".join(line.strip() for line in lines[: (lines + [""]).index("")] if line.strip())
+    bodies: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lines:
+        if not line.startswith(" ") and line.rstrip().endswith(":") and line.strip()[:-1] in _DOC_BLOCKS:
+            current = bodies.setdefault(line.strip()[:-1], [])
+        elif line.strip() and not line.startswith(" "):
+            current = None  # an unindented line ends a block
+        elif current is not None and line.strip():
+            current.append(line)
+    blocks: dict[str, list[tuple[str, str]] | str] = {}
+    for title, body in bodies.items():
+        if title in ("Returns", "Yields"):
+            blocks[title] = " ".join(b.strip() for b in body)
+            continue
+        indent = min(len(b) - len(b.lstrip()) for b in body)
+        items: list[list[str]] = []
+        for b in body:
+            if len(b) - len(b.lstrip()) == indent or not items:
+                items.append([b.strip()])
+            else:
+                items[-1].append(b.strip())
+        pairs = [" ".join(item).partition(":") for item in items]
+        blocks[title] = [(head.strip(), rest.strip()) for head, _, rest in pairs]
+    return summary, blocks
+
+
+def _docstring(text: str, skip: frozenset[str] = frozenset()) -> list[str]:
+    """The summary and the Args / Returns / Raises (and attributes) blocks of a docstring, as markdown lines."""
+    summary, blocks = _parse_docstring(text)
+    out = [_markdown(summary)] if summary else []
+    for title in _DOC_BLOCKS:
+        block = blocks.get(title)
+        if block is None or title in skip:
+            continue
+        if isinstance(block, str):
+            out += ["", f"**{title}:** {_markdown(block)}"]
+        else:
+            out += ["", f"**{title}:**", ""]
+            out += [f"- `{head}`: {_markdown(rest)}" if rest else f"- {_markdown(head)}" for head, rest in block]
+    return out
+
+
+def _annotation(annotation: Any) -> str:
+    if isinstance(annotation, str):
+        return annotation
+    return inspect.formatannotation(annotation).replace("typing.", "")
+
+
+def _value(value: Any) -> str:
+    """A default's repr without memory addresses."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _signature(name: str, obj: Any) -> str:
+    """``name(param: type = default, …) -> return``, annotations as written; one parameter a line when long."""
+    signature = inspect.signature(obj)
+    parameters = list(signature.parameters.values())
+    kinds = [p.kind for p in parameters]
+    bare_star = inspect.Parameter.VAR_POSITIONAL not in kinds  # keyword-only parameters after a bare `*`
+    params: list[str] = []
+    for i, param in enumerate(parameters):
+        if param.kind is param.KEYWORD_ONLY and param.KEYWORD_ONLY not in kinds[:i] and bare_star:
+            params.append("*")
+        prefix = "*" if param.kind is param.VAR_POSITIONAL else "**" if param.kind is param.VAR_KEYWORD else ""
+        text = prefix + param.name
+        if param.annotation is not param.empty:
+            text += f": {_annotation(param.annotation)}"
+        if param.default is not param.empty:
+            text += (" = " if param.annotation is not param.empty else "=") + _value(param.default)
+        params.append(text)
+        if param.kind is param.POSITIONAL_ONLY and param.POSITIONAL_ONLY not in kinds[i + 1 :]:
+            params.append("/")
+    returns = ""
+    if signature.return_annotation is not signature.empty and not inspect.isclass(obj):  # a class: its constructor
+        returns = f" -> {_annotation(signature.return_annotation)}"
+    one_line = f"{name}({', '.join(params)}){returns}"
+    if len(one_line) <= 100:
+        return one_line
+    return f"{name}(\n" + "".join(f"    {p},\n" for p in params) + f"){returns}"
+
+
+def _annotated_in(obj: Any, module: str) -> tuple[str, str] | None:
+    """``(module, annotation)`` of the module under ``module``'s package that declares ``obj`` with an annotation."""
+    package = module.rsplit(".", 1)[0] if module.count(".") > 1 else module
+    for mod_name in sorted(m for m in sys.modules if m == package or m.startswith(package + ".")):
+        mod = sys.modules[mod_name]
+        for attr, annotation in (getattr(mod, "__annotations__", None) or {}).items():
+            if getattr(mod, attr, None) is obj:
+                return mod_name, _annotation(annotation)
+    return None
+
+
+def _section_doc(annotation: Any) -> str:
+    """The first line of the docstring of a pydantic section type (``X`` or ``X | None``), else empty."""
+    options = [a for a in getattr(annotation, "__args__", (annotation,)) if a is not type(None)]
+    section = options[0] if len(options) == 1 else None
+    if isinstance(section, type) and issubclass(section, BaseModel) and section.__doc__:
+        return section.__doc__.strip().splitlines()[0]
+    return ""
+
+
+def _api_entry(name: str, module: str) -> tuple[str, str, list[str]]:
+    """One exported name: its kind, its summary, and its section (heading, import and signature, docstring)."""
+    import importlib
+
+    obj = getattr(importlib.import_module(module), name)
+    defined, doc = getattr(obj, "__module__", module), obj.__doc__ or ""
+    if inspect.isclass(obj) and issubclass(obj, BaseModel):
+        kind, code = "pydantic model", f"class {name}(**fields)"
+    elif inspect.isclass(obj):
+        kind = "exception" if issubclass(obj, BaseException) else "class"
+        code = "class " + _signature(name, obj)
+    elif callable(obj):
+        kind, code = "function", _signature(name, obj)
+    else:  # a constant: its annotation where it is declared, and that module's summary
+        defined, annotation = _annotated_in(obj, module) or (module, type(obj).__name__)
+        kind, code = "constant", f"{name}: {annotation}"
+        doc = (sys.modules[defined].__doc__ or "").split("\n\n")[0]
+    bases = [f"`{b.__name__}`" for b in obj.__bases__ if b is not object] if inspect.isclass(obj) else []
+    lines = ["", f"### `{name}`", "", "```python", f"from ctxext import {name}", "", code, "```", ""]
+    lines += [f"{kind.capitalize()}, defined in `{defined}`" + (f"; subclass of {', '.join(bases)}." if bases else ".")]
+    lines.append("")
+    if kind == "pydantic model":
+        lines += _docstring(doc, skip=frozenset({"Attributes"}))
+        attributes = _parse_docstring(doc)[1].get("Attributes") or []
+        meanings = dict(attributes) if isinstance(attributes, list) else {}
+        rows = [
+            [
+                f"`{key}`",
+                _cell(_type_name(info.annotation)),
+                _cell(_default(info)),
+                _cell(info.description or _markdown(meanings.get(key) or _section_doc(info.annotation))),
+            ]
+            for key, info in obj.model_fields.items()
+        ]
+        lines += ["", *_table(["field", "type", "default", "meaning"], rows)]
+    else:
+        lines += _docstring(doc)
+    if kind == "constant" and isinstance(obj, dict):  # a registry: the entries ctxext itself registers
+        package = module.rsplit(".", 1)[0]
+        keys = sorted(k for k, v in obj.items() if type(v).__module__.startswith(package))
+        lines += ["", "Built-in entries: " + ", ".join(f"`{k}`" for k in keys) + "."]
+    return kind, _markdown(_parse_docstring(doc)[0]), lines
+
+
+def api_page() -> str:
+    """The Python API: every name ``ctxext`` exports, by concept, with its import, signature and docstring."""
+    import importlib
+
+    import ctxext
+
+    groups: dict[str, list[str]] = {}
+    for name, module in ctxext._LAZY.items():
+        groups.setdefault(module.split(".")[1], []).append(name)
+    order = [c for c in API_CONCEPTS if c in groups] + sorted(c for c in groups if c not in API_CONCEPTS)
+    lines = [
+        "# Python API",
+        "",
+        GENERATED,
+        "",
+        "The names `ctxext` exports for notebooks and scripts, by concept. `import ctxext` stays light: each name "
+        "imports its module (and torch) on first use. Each entry gives its import line, its signature (annotations "
+        "as written in the code) and its docstring's summary with its arguments, return value and exceptions; a "
+        "pydantic model lists its fields. The same work from the shell: [Commands](cli.md); recipe keys: "
+        "[Recipe keys](recipe.md).",
+    ]
+    index: list[list[str]] = []
+    body: list[str] = []
+    for concept in order:
+        package = importlib.import_module(f"ctxext.{concept}")
+        title = API_CONCEPTS.get(concept) or _cell((package.__doc__ or concept).strip().splitlines()[0])
+        body += ["", f"## {title} (`ctxext.{concept}`)"]
+        for name in sorted(groups[concept], key=str.lower):
+            kind, summary, entry = _api_entry(name, ctxext._LAZY[name])
+            index.append([f"[`{name}`](#{name.lower()})", f"`{concept}`", kind, _cell(summary)])
+            body += entry
+    lines += ["", *_table(["name", "concept", "kind", "summary"], index), *body]
+    return "\n".join(lines) + "\n"
+
+
+PAGES = {"recipe.md": recipe_page, "suite.md": suite_page, "cli.md": cli_page, "api.md": api_page}
 
 
 def main(argv: list[str] | None = None) -> int:

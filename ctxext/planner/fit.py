@@ -30,7 +30,7 @@ CUDA_FRAGMENTATION_EXPANDABLE = 0.03
 # activations (all layers' saved tensors) even with checkpointing. Tensors of 32 MiB or more (glibc's dynamic
 # threshold never rises above DEFAULT_MMAP_THRESHOLD_MAX, 32 MiB on 64-bit) are mapped on their own and returned
 # when freed unless the heap has grown: see footprint.heap_layer_bytes. A hidden-2048 model at 8k tokens keeps
-# almost nothing back, the same model at 2k tokens keeps its whole forward pass. docs/planning.md compares the
+# almost nothing back, the same model at 2k tokens keeps its whole forward pass. docs/results-planning.md compares the
 # activation formulas with runs where mmap is forced (the live peak) and this term with glibc's real retention.
 CPU_RUNTIME = 553 * 2**20
 MMAP_THRESHOLD_MAX = 32 * 2**20

@@ -1,7 +1,7 @@
 """Training memory of one process, by component, from a model's config and a training setup (no weights).
 
 The formulas follow what ctxext's training path does (``ctxext/training/model.py``, ``ctxext/training/run.py``,
-``ctxext/training/losses.py``), written out per component in ``docs/planning.md``:
+``ctxext/training/losses.py``), written out per component in ``docs/memory-model.md``:
 
 * the model state (frozen base, adapters or every weight trained, gradients, optimizer): :mod:`.state`;
 * what one decoder layer saves for its backward pass, tensor by tensor, measured with autograd's saved-tensor
@@ -126,7 +126,7 @@ def activations(shape: ModelShape, s: Setup, fp: Footprint) -> None:
     a = s.residual  # the residual stream's dtype
     # Backward of one layer beyond its saved tensors: the residual-stream gradient it receives. The gradients it
     # forms inside the layer (the MLP's intermediates included) replace saved tensors of the same size, which
-    # autograd frees once their node has run: the forced-mmap runs (live peaks, docs/planning.md) measured no
+    # autograd frees once their node has run: the forced-mmap runs (live peaks, docs/results-planning.md) measured no
     # more than that, and the earlier 2·t·H + 3·t·I working set put every checkpointed live peak 15–45 % high.
     working = a * t * shape.hidden
     per_tok = f"{t:,} tokens × {a} B"

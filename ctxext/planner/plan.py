@@ -4,7 +4,8 @@ Config-only: the model's ``config.json`` is read (``transformers.AutoConfig``; a
 built-in model, or, offline, a bundled copy of a few published configs), never its weights. The per-process
 memory comes from :mod:`ctxext.planner.footprint`; this module adds the runtime overheads of the device, searches for
 the longest fitting ``seq_len``, re-plans each piece of advice, and estimates throughput from the device's
-bf16 FLOP/s at a stated utilisation. The formulas and their checks are in ``docs/planning.md``.
+bf16 FLOP/s at a stated utilisation. The formulas are in ``docs/memory-model.md``, their checks against measured
+steps and published figures in ``docs/results-planning.md``.
 """
 
 from __future__ import annotations
@@ -456,7 +457,7 @@ def cpu_runtime_note() -> str:
         "step, less the model's predicted weights and trainable state) and malloc retention = one forward pass "
         "of saved activations, without tensors of 32 MiB or more once the residual stream's are (a structural "
         "term with coefficient 1, chosen after forced-mmap runs showed that glibc keeps freed heap memory; the "
-        "second table compares the activation formulas with the live peak; see docs/planning.md)."
+        "second table compares the activation formulas with the live peak; see docs/results-planning.md)."
     )
 
 

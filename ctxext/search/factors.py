@@ -5,7 +5,7 @@ frequencies: ``inv_freq_i = b^(−2i/d) / λ_i``. Every named method is such a v
 ``λ_i = inv_freq_orig_i / inv_freq_method_i`` with the method's frequencies taken from ctxext's
 independent reference (:func:`ctxext.rope.scaling_types.reference_rope`), so a seed reproduces its method's
 frequencies exactly (PI: ``λ_i = s``; NTK: ``λ_i = α^(2i/(d−2))``; YaRN / llama3: a ramp from 1 to
-``s``). Attention scaling is not part of a factor vector: see ``docs/search.md``.
+``s``). Attention scaling is not part of a factor vector: see ``docs/search-method.md``.
 
 Index ``i = 0`` is the highest frequency. LongRoPE's constraint, kept by every operator of the search,
 is that factors never decrease from high to low frequency (``λ_i ≤ λ_{i+1}``).

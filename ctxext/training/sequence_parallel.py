@@ -6,7 +6,7 @@ rotates its own ``T/N`` tokens, an all-to-all swaps the sequence split for a hea
 attends over the whole sequence with ``heads/N`` heads), and a second all-to-all swaps back. Everything outside
 attention (MLP, norms, the loss) sees only ``T/N`` tokens. ctxext uses it directly under its own accelerate loop
 (DDP), not through accelerate's ``ParallelismConfig(sp_backend="deepspeed")``, which shards only prepared
-DataLoaders inside the DeepSpeed engine; ``docs/sequence-parallel.md`` says why.
+DataLoaders inside the DeepSpeed engine; ``docs/sequence-split.md`` says why.
 
 Which engine splits the heads is decided in one place, :func:`ctxext.recipe.parallel.ulysses_plan` (torch-free, so
 ``ctxext validate`` applies it too), from the head counts alone: DeepSpeed's

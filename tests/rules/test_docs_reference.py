@@ -16,3 +16,16 @@ def test_a_stale_page_is_named(tmp_path, capsys):
     assert main([str(tmp_path), "--check"]) == 1
     assert f"stale reference pages: {tmp_path / 'recipe.md'}" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(PAGES)
+
+
+def test_the_api_page_lists_every_exported_name_and_each_imports():
+    import re
+
+    import ctxext
+
+    page = (ROOT / "docs" / "reference" / "api.md").read_text()
+    listed = re.findall(r"^### `([^`]+)`$", page, flags=re.M)
+    assert sorted(listed) == sorted(ctxext._LAZY), "docs/reference/api.md and ctxext._LAZY differ"
+    for name in listed:
+        assert f"from ctxext import {name}\n" in page
+        assert getattr(ctxext, name) is not None, name

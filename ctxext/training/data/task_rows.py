@@ -6,7 +6,7 @@ distance (:mod:`ctxext.tasks.distance`: in positions, PoSE included) is drawn fi
 position of its needle, uniformly over what the span leaves after that distance; the sample is built to
 realise both. An evaluation at the target puts the needle at every depth of a full-length sample, so its
 depth 100 is a near needle after a long prefix, which samples only as long as their distance needs
-(``packed``, the default) never train; training it measured no better (``docs/training.md``).
+(``packed``, the default) never train; training it measured no better (``docs/results-training.md``).
 
 * without PoSE the span is the longest sample (``max_length``, at most ``train.seq_len``) and both are token
   counts: a sample holds its prefix (none under ``packed``), needle, distance and question (at least
