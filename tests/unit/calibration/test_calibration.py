@@ -250,6 +250,7 @@ def test_calibrate_reads_the_runs_own_validation_documents_by_default(tiny_run, 
 SMALL_SECTION = {"trials": 2, "window_trials": 1, "depths": [0.0, 100.0], "windows": 8}
 
 
+@pytest.mark.slow
 def test_training_calibrates_by_default_when_it_is_cheap_and_says_so_when_it_is_not(tiny_run, tmp_path, capsys):
     from ctxext.artifacts.run import training_seconds
     from ctxext.cli.train_commands import calibrate_after_training
@@ -277,6 +278,7 @@ def test_training_calibrates_by_default_when_it_is_cheap_and_says_so_when_it_is_
     assert (run / CALIBRATION_FILE).read_bytes() == before
 
 
+@pytest.mark.slow
 def test_ctxext_train_calibrates_the_run_before_its_eval_suite(tiny_model_dir, tmp_path):
     from tests.helpers.train import write_recipe
 
@@ -294,7 +296,6 @@ def test_ctxext_train_calibrates_the_run_before_its_eval_suite(tiny_model_dir, t
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "run" / CALIBRATION_FILE).read_text())
     assert [c["attention_temperature"] for c in record["candidates"]] == [1.0, 1.5]
-    assert "calibration.json: attention temperature 1" in flat(result)
     # The suite ran after it, on the run as it now loads (a run never calibrated reports no temperature).
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
     assert report["models"][0]["model"]["attention_temperature"] == record["attention_temperature"]
