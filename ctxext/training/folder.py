@@ -22,7 +22,7 @@ from ctxext.artifacts.run import METRICS_FILE, RUN_FILE, read_run, resume_comman
 from ctxext.artifacts.run_record import LoraRecord, RunRecord
 from ctxext.atomic import check_output, write_json_atomic
 from ctxext.errors import InputError, is_disk_full
-from ctxext.recipe.schema import Recipe
+from ctxext.recipe.schema import Recipe, RecipeError, dump_recipe, parse_recipe
 
 CHECKPOINTS = "checkpoints"
 RECIPE_FILE = "recipe.yaml"
@@ -117,16 +117,33 @@ def run_folder_lock(out: Path, launch: Any) -> Iterator[None]:
 
 
 def recipe_diffs(saved: str, new: str) -> list[str]:
-    """``key: old → new`` for every recipe setting that changed (sorted), the run folder's place excepted."""
+    """``key: old → new`` for every recipe setting that changed (sorted), the run folder's place excepted.
+
+    The saved recipe is read through the current schema first, so a key added since the run was written (a new
+    section, a new setting) counts as its default, not as a change: a run resumes after an upgrade.
+    """
     import yaml
 
-    old_keys, new_keys = flat_keys(yaml.safe_load(saved)), flat_keys(yaml.safe_load(new))
+    old_keys, new_keys = flat_keys(_with_defaults(yaml.safe_load(saved))), flat_keys(yaml.safe_load(new))
     return sorted(
         f"{k}: {old_keys.get(k)!r} → {new_keys.get(k)!r}"
         for k in set(old_keys) | set(new_keys)
         # A run folder may be moved: its new place is not a change of recipe.
         if old_keys.get(k) != new_keys.get(k) and k != "output.dir"
     )
+
+
+def _with_defaults(data: Any) -> Any:
+    """A saved recipe with the current schema's defaults for the keys it predates.
+
+    One that no longer parses is kept as written: then every difference shows.
+    """
+    import yaml
+
+    try:
+        return yaml.safe_load(dump_recipe(parse_recipe(data)))
+    except RecipeError:
+        return data
 
 
 def flat_keys(data: Any) -> dict[str, Any]:
