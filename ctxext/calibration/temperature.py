@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from ctxext.errors import InputError
-from ctxext.models.temperature import CALIBRATION_FILE, adapter_digest, set_attention_temperature
+from ctxext.models.temperature import CALIBRATION_FILE, adapter_digest, set_attention_temperature, weights_stat
 from ctxext.recipe.calibration import CalibrationSettings
 
 _Log = Callable[[str], None]
@@ -180,6 +180,7 @@ def _measure_and_choose(
         "original_length": window,
         "held_out": material.source,
         "adapter": adapter_digest(run_dir),
+        "weights_stat": weights_stat(run_dir),
         "settings": settings.model_dump(),
         "candidates": rows,
     }

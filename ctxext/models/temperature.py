@@ -160,6 +160,25 @@ def fold_attention_temperature(model: torch.nn.Module, t: float) -> None:
         fold(attention, t)
 
 
+def _trained_weight_files(run_dir: str | Path) -> list[Path]:
+    """The files of a run's trained weights: the adapter's, or a full fine-tune's whole model.
+
+    Raises:
+        InputError: the run has no trained weights.
+    """
+    from ctxext.artifacts.run import find_adapter_dir, is_full_run
+    from ctxext.models.weights import weight_files
+
+    if is_full_run(run_dir):
+        files = weight_files(run_dir)
+    else:
+        folder = find_adapter_dir(run_dir)
+        files = sorted(folder.glob("adapter_model.*")) if folder is not None else []
+    if not files:
+        raise InputError(f"{run_dir}: no trained weights (adapter_model.safetensors or model.safetensors) to calibrate")
+    return files
+
+
 def adapter_digest(run_dir: str | Path) -> str:
     """``sha256:<hex>`` of a run's trained weights: which weights a calibration was measured on.
 
@@ -171,22 +190,25 @@ def adapter_digest(run_dir: str | Path) -> str:
     """
     import hashlib
 
-    from ctxext.artifacts.run import find_adapter_dir, is_full_run
-    from ctxext.models.weights import weight_files
-
-    if is_full_run(run_dir):
-        files = weight_files(run_dir)
-    else:
-        folder = find_adapter_dir(run_dir)
-        files = sorted(folder.glob("adapter_model.*")) if folder is not None else []
-    if not files:
-        raise InputError(f"{run_dir}: no trained weights (adapter_model.safetensors or model.safetensors) to calibrate")
     digest = hashlib.sha256()
-    for path in files:
+    for path in _trained_weight_files(run_dir):
         with open(path, "rb") as handle:
             while chunk := handle.read(1 << 24):
                 digest.update(chunk)
     return "sha256:" + digest.hexdigest()
+
+
+def weights_stat(run_dir: str | Path) -> list[list[Any]]:
+    """``[name, size, mtime_ns]`` of each trained-weight file: what the record's digest was computed from.
+
+    A load compares these first and hashes only when they differ: a full fine-tune's weights are the whole
+    model (16 GB for an 8B model, half a minute to hash), read at every load of a calibrated run otherwise.
+    Training further rewrites the files (new times), so it is still caught.
+
+    Raises:
+        InputError: the run has no trained weights.
+    """
+    return [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in _trained_weight_files(run_dir)]
 
 
 def read_calibration(run_dir: str | Path) -> dict[str, Any] | None:
@@ -213,7 +235,8 @@ def read_calibration(run_dir: str | Path) -> dict[str, Any] | None:
     # does not say which weights it was measured on cannot be checked, so it counts as stale too.
     if not isinstance(data.get("adapter"), str):
         raise InputError(f"{path}: does not record the weights it was measured on ('adapter'); {again}")
-    if data["adapter"] != adapter_digest(run_dir):
+    # The same files as measured (names, sizes, times) are the same weights; otherwise hash them to be sure.
+    if data.get("weights_stat") != weights_stat(run_dir) and data["adapter"] != adapter_digest(run_dir):
         raise InputError(
             f"{path}: measured on other weights than the run's now (it was trained further since); {again}"
         )

@@ -299,3 +299,30 @@ def test_ctxext_train_calibrates_the_run_before_its_eval_suite(tiny_model_dir, t
     # The suite ran after it, on the run as it now loads (a run never calibrated reports no temperature).
     report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
     assert report["models"][0]["model"]["attention_temperature"] == record["attention_temperature"]
+
+
+@pytest.mark.slow
+def test_loading_a_calibrated_run_hashes_its_weights_only_when_their_files_changed(tiny_run, tmp_path, monkeypatch):
+    import os
+
+    import ctxext.models.temperature as temperature
+
+    run = copy_run(tiny_run, tmp_path / "run")
+    result = runner.invoke(app, ["calibrate", str(run), "--temperatures", "1.2", *SMALL])
+    assert result.exit_code == 0, result.output
+    weights = run / "adapter_model.safetensors"
+    real_digest = temperature.adapter_digest
+
+    def no_hashing(run_dir):
+        raise AssertionError("hashed the weights although their files are as measured")
+
+    monkeypatch.setattr(temperature, "adapter_digest", no_hashing)
+    assert read_calibration(run) is not None  # names, sizes and times as recorded: no read of the weights
+    # Touched (a copy, a restore): hashed, and the same bytes are the same weights.
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    monkeypatch.setattr(temperature, "adapter_digest", real_digest)
+    assert read_calibration(run) is not None
+    # Trained further (other bytes): refused as stale.
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    with pytest.raises(InputError, match="trained further"):
+        read_calibration(run)
