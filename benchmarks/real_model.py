@@ -447,7 +447,7 @@ def _paired(a: dict[str, Any], b: dict[str, Any]) -> str:
         flip = sign_flip_test((sa - sb) / counts)
         out += (
             f"; ppl ratio {r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}] (exact sign-flip p = "
-            f"{flip['p_value']:.2g}, smallest possible {flip['smallest_p']:.2g}; bootstrap p = {r['p_value']:.2g})"
+            f"{flip['p_value']:.2g}, smallest possible {flip['smallest_p']:.2g}; bootstrap p = {r['p_bootstrap']:.2g})"
         )
     return out
 

@@ -15,6 +15,9 @@ import numpy as np
 
 CONFIDENCE = 0.95
 DEFAULT_RESAMPLES = 1000
+# Up to this many units (documents) a paired comparison's p is the exact sign-flip test's: a bootstrap's normal
+# approximation over a handful of documents reports p-values no such sample can support (1e-200 from 5).
+EXACT_UNITS = 16
 
 
 def _weights(n_docs: int, resamples: int, seed: int) -> np.ndarray:
@@ -176,7 +179,7 @@ def paired_ppl_ratio(
     counts: np.ndarray,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
-) -> dict[str, float | int]:
+) -> dict[str, Any]:
     """Paired bootstrap of the perplexity ratio ``ppl(a) / ppl(b)`` on the same tokens of the same documents.
 
     Documents are resampled jointly for both scorings (the same multinomial weights), so the document-to-
@@ -191,8 +194,8 @@ def paired_ppl_ratio(
         seed: RNG seed.
 
     Returns:
-        ``ratio``, ``ci_low``, ``ci_high`` (95 %), ``p_value`` (two-sided, of ratio = 1, from the bootstrap
-        standard error of the log ratio) and ``documents``.
+        ``ratio``, ``ci_low``, ``ci_high`` (95 %), ``p_value`` (two-sided, of ratio = 1: see :func:`paired_p`),
+        ``p_method``, ``p_bootstrap`` and ``documents``.
     """
     a = np.asarray(a_sums, dtype=np.float64)
     b = np.asarray(b_sums, dtype=np.float64)
@@ -200,13 +203,13 @@ def paired_ppl_ratio(
     if len(a) != len(b) or len(a) != len(counts):
         raise ValueError("paired scorings need the same documents in the same order")
     diff = float((a.sum() - b.sum()) / counts.sum())
-    out: dict[str, float | int] = {"ratio": math.exp(diff), "documents": int(len(a))}
+    out: dict[str, Any] = {"ratio": math.exp(diff), "documents": int(len(a))}
     if len(a) < 2:
         out.update({"ci_low": math.nan, "ci_high": math.nan, "p_value": math.nan})
         return out
     stats = _bootstrap_means(a - b, counts, resamples, seed)
     low, high, p = _interval_and_p(stats, diff)
-    out.update({"ci_low": math.exp(low), "ci_high": math.exp(high), "p_value": p})
+    out.update({"ci_low": math.exp(low), "ci_high": math.exp(high), **paired_p(a - b, p)})
     return out
 
 
@@ -216,7 +219,7 @@ def paired_doc_ppl_ratio(
     counts: np.ndarray,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
-) -> dict[str, float | int]:
+) -> dict[str, Any]:
     """Paired bootstrap of the ratio of two :func:`doc_ppl_entry` aggregates on the same tokens of the same documents.
 
     ``Σ n_d ppl_d(a) / Σ n_d ppl_d(b)``, documents resampled jointly; the interval and the p-value come from
@@ -230,7 +233,8 @@ def paired_doc_ppl_ratio(
         seed: RNG seed.
 
     Returns:
-        ``ratio``, ``ci_low``, ``ci_high`` (95 %), ``p_value`` (two-sided, of ratio = 1) and ``documents``.
+        ``ratio``, ``ci_low``, ``ci_high`` (95 %), ``p_value`` (two-sided, of ratio = 1: see :func:`paired_p`),
+        ``p_method``, ``p_bootstrap`` and ``documents``.
     """
     counts = np.asarray(counts, dtype=np.float64)
     a = counts * np.exp(np.asarray(a_sums, dtype=np.float64) / counts)
@@ -238,14 +242,35 @@ def paired_doc_ppl_ratio(
     if len(a) != len(b) or len(a) != len(counts):
         raise ValueError("paired scorings need the same documents in the same order")
     point = float(math.log(a.sum() / b.sum()))
-    out: dict[str, float | int] = {"ratio": math.exp(point), "documents": int(len(a))}
+    out: dict[str, Any] = {"ratio": math.exp(point), "documents": int(len(a))}
     if len(a) < 2:
         out.update({"ci_low": math.nan, "ci_high": math.nan, "p_value": math.nan})
         return out
     w = _weights(len(a), resamples, seed)
     low, high, p = _interval_and_p(np.log(w @ a) - np.log(w @ b), point)
-    out.update({"ci_low": math.exp(low), "ci_high": math.exp(high), "p_value": p})
+    out.update({"ci_low": math.exp(low), "ci_high": math.exp(high), **paired_p(a - b, p)})
     return out
+
+
+def paired_p(differences: np.ndarray, bootstrap_p: float) -> dict[str, float | str]:
+    """The p-value a paired comparison reports, by how many units (documents) it rests on.
+
+    Up to :data:`EXACT_UNITS` units, the exact sign-flip test over the per-unit differences
+    (:func:`sign_flip_test`): it needs no approximation, and it cannot show a p below ``2 / 2^n``, which is all
+    that n documents can say. Beyond, the bootstrap's (normal approximation from its standard error), which keeps
+    large differences visible after a Holm adjustment over many comparisons.
+
+    Args:
+        differences: one paired difference per unit, whose sum is the compared quantity's numerator.
+        bootstrap_p: the bootstrap's two-sided p of the same comparison.
+
+    Returns:
+        ``p_value``, ``p_method`` (``sign-flip`` or ``bootstrap``) and ``p_bootstrap``.
+    """
+    if len(differences) <= EXACT_UNITS:
+        exact = sign_flip_test(differences)["p_value"]
+        return {"p_value": exact, "p_method": "sign-flip", "p_bootstrap": bootstrap_p}
+    return {"p_value": bootstrap_p, "p_method": "bootstrap", "p_bootstrap": bootstrap_p}
 
 
 def _interval_and_p(stats: np.ndarray, point: float) -> tuple[float, float, float]:
@@ -264,7 +289,7 @@ def _interval_and_p(stats: np.ndarray, point: float) -> tuple[float, float, floa
 
 def paired_mean_difference(
     a: np.ndarray, b: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
-) -> dict[str, float | int]:
+) -> dict[str, Any]:
     """Paired bootstrap of ``mean(a − b)`` over units (documents) measured for both models.
 
     Args:
@@ -274,15 +299,16 @@ def paired_mean_difference(
         seed: RNG seed.
 
     Returns:
-        ``difference``, ``ci_low``, ``ci_high`` (95 %), ``p_value`` and ``documents``.
+        ``difference``, ``ci_low``, ``ci_high`` (95 %), ``p_value`` (see :func:`paired_p`), ``p_method``,
+        ``p_bootstrap`` and ``documents``.
     """
     diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    out: dict[str, float | int] = {"difference": float(diff.mean()), "documents": int(len(diff))}
+    out: dict[str, Any] = {"difference": float(diff.mean()), "documents": int(len(diff))}
     if len(diff) < 2:
         out.update({"ci_low": math.nan, "ci_high": math.nan, "p_value": math.nan})
         return out
     low, high, p = _interval_and_p(_bootstrap_means(diff, np.ones(len(diff)), resamples, seed), float(diff.mean()))
-    out.update({"ci_low": low, "ci_high": high, "p_value": p})
+    out.update({"ci_low": low, "ci_high": high, **paired_p(diff, p)})
     return out
 
 

@@ -151,3 +151,22 @@ def test_the_sign_flip_test_is_exact_over_few_units():
     many = sign_flip_test([1.0] * 15 + [-1.0] * 15 + [0.5] * 10, resamples=20_000)
     assert many["units"] == 40 and 0.3 < many["p_value"] < 0.45
     assert sign_flip_test([1.0] * 30 + [-1.0] * 5, resamples=20_000)["p_value"] < 0.001
+
+
+def test_a_paired_ratio_over_few_documents_reports_the_exact_sign_flip_p():
+    # Five documents, model b worse on every one by a consistent 0.1 nats/token: the bootstrap's normal
+    # approximation calls that certain; five documents cannot show p below 2 / 2^5.
+    counts = np.full(5, 1000.0)
+    a = np.linspace(2.0, 3.0, 5) * counts
+    b = a + 0.1 * counts + np.arange(5.0)
+    few = paired_ppl_ratio(b, a, counts)
+    assert few["p_method"] == "sign-flip" and few["p_value"] == pytest.approx(2 / 2**5)
+    assert few["p_bootstrap"] < 1e-10  # what was reported before, and is still kept
+    # Beyond EXACT_UNITS documents the bootstrap's p is the one reported.
+    from ctxext.scoring.stats import EXACT_UNITS
+
+    n = EXACT_UNITS + 4
+    counts = np.full(n, 1000.0)
+    a = np.linspace(2.0, 3.0, n) * counts
+    many = paired_ppl_ratio(a + 0.1 * counts + np.arange(float(n)), a, counts)
+    assert many["p_method"] == "bootstrap" and many["p_value"] == many["p_bootstrap"] < 1e-10

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ctxext.scoring.stats import paired_ppl_ratio
+from ctxext.scoring.stats import EXACT_UNITS, paired_ppl_ratio
 
 
 def _pair(a: dict[str, Any], a_keys: list[str], b: dict[str, Any], b_keys: list[str]) -> list[tuple[int, int]]:
@@ -92,7 +92,9 @@ def ratio_markdown(rows: list[dict[str, Any]], reference: str) -> list[str]:
             "### Perplexity ratio by length",
             "",
             f"ppl(model) / ppl({reference}) on the same tokens of the same documents, with a 95 % paired bootstrap "
-            "interval (documents resampled jointly); ** the interval excludes 1.",
+            "interval (documents resampled jointly); ** the interval excludes 1. p: of a ratio of 1, the exact "
+            f"sign-flip test over the documents up to {EXACT_UNITS} of them (no p below 2 / 2^docs), the bootstrap's "
+            "beyond.",
             "",
         ]
         cells = [
