@@ -21,10 +21,10 @@ from tests.helpers.evaluation import (
 
 
 def _eager(tokenizer, method=None):
-    from tests.helpers.tiny import tiny_config
     from transformers import AutoModelForCausalLM
 
     from ctxext.rope.runtime import patch_model
+    from tests.helpers.tiny import tiny_config
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(

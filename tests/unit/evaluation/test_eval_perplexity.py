@@ -188,9 +188,8 @@ def test_common_document_set_and_minimum(tiny_tokenizer, texts):
 def test_longrope_scores_each_length_in_its_own_pass(tiny_tokenizer, texts):
     # head_dim 16 -> 8 rotary frequency pairs; long factors interpolate, short factors keep.
     opts = {"short_factor": [1.0] * 8, "long_factor": [1.0 + i for i in range(8)]}
-    from tests.helpers.tiny import tiny_model
-
     from ctxext.rope.runtime import patch_model
+    from tests.helpers.tiny import tiny_model
 
     def fresh():
         m = tiny_model("llama", seed=0, vocab_size=len(tiny_tokenizer))

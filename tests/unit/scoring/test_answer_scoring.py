@@ -7,12 +7,12 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.helpers.tiny import tiny_model
 
 from ctxext.errors import InputError
 from ctxext.models.builtin import GROWN_DIR
 from ctxext.rope.runtime import patch_model, reset_dynamic_rope
 from ctxext.scoring.answers import answer_only_last_layer, score_answers
+from tests.helpers.tiny import tiny_model
 
 
 def _greedy(model, prompt: list[int], n: int) -> list[int]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import random
 
 import pytest
-from tests.helpers.tiny import tiny_model
 
 from ctxext.errors import InputError
 from ctxext.scoring.answers import score_answer_sets, score_answers
 from ctxext.scoring.stats import cluster_rate, paired_cluster_difference, wilson_interval
 from ctxext.tasks import Haystack
 from ctxext.tasks.keyset import make_json_keyset, make_keyset
+from tests.helpers.tiny import tiny_model
 
 
 def _haystack(tokenizer) -> Haystack:

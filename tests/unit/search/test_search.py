@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from tests.helpers.tiny import tiny_config, tiny_model
 from transformers import AutoModelForCausalLM, GPT2Config
 from typer.testing import CliRunner
 
@@ -20,6 +19,7 @@ from ctxext.rope.scaling_types import reference_rope
 from ctxext.search.evolution import Evolution, EvolutionSettings
 from ctxext.search.factors import base_inv_freq, is_monotone, method_factors, seeds
 from ctxext.search.run import SearchSettings, run_search
+from tests.helpers.tiny import tiny_config, tiny_model
 
 runner = CliRunner()
 TARGET = 512  # the tiny model's context is 256: 2×
