@@ -24,6 +24,7 @@ architectures run the whole layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,6 +189,7 @@ def score_answers(
     batch_tokens: int | None = None,
     show_progress: bool = False,
     answer_only: bool = True,
+    on_batch: Callable[[int], None] | None = None,
 ) -> list[AnswerScore]:
     """Score answers teacher-forced: one causal forward pass per batch of equal-length sequences.
 
@@ -199,6 +201,7 @@ def score_answers(
         show_progress: draw a progress bar.
         answer_only: run the final decoder layer at answer positions only where the architecture allows
             (:func:`answer_only_last_layer`; the same scores, less work); False runs it everywhere.
+        on_batch: called with the number of sequences each forward pass scored (a caller's own progress).
 
     Returns:
         One :class:`AnswerScore` per sequence, in order.
@@ -215,6 +218,7 @@ def score_answers(
         batch_tokens=batch_tokens,
         show_progress=show_progress,
         answer_only=answer_only,
+        on_batch=on_batch,
     )
     return [s[0] for s in scored]
 
@@ -228,6 +232,7 @@ def score_answer_sets(
     batch_tokens: int | None = None,
     show_progress: bool = False,
     answer_only: bool = True,
+    on_batch: Callable[[int], None] | None = None,
 ) -> list[list[AnswerScore]]:
     """Score several answers per sequence teacher-forced, one forward pass for all of them.
 
@@ -242,6 +247,7 @@ def score_answer_sets(
         batch_tokens: tokens per forward pass (default 2048 on the CPU, 131072 on a GPU).
         show_progress: draw a progress bar.
         answer_only: see :func:`score_answers`.
+        on_batch: see :func:`score_answers`.
 
     Returns:
         For each sequence, one :class:`AnswerScore` per span, in order.
@@ -298,5 +304,7 @@ def score_answer_sets(
                     out[i] = scores
                 del hidden, logits
                 advance(len(batch))
+                if on_batch is not None:
+                    on_batch(len(batch))
     reset_dynamic_rope(model)
     return [s for s in out if s is not None]

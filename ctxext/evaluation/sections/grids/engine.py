@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -265,7 +265,12 @@ def _needle_default(name: str) -> Any:
     return NeedleSettings.model_fields[name].get_default(call_default_factory=True)
 
 
-def _score_generate(loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings) -> list[dict[str, Any]]:
+def _score_generate(
+    loaded: LoadedModel,
+    samples: list[TaskSample],
+    settings: GridSettings,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
     from ctxext.scoring.string_match import postprocess_prediction, sample_metric
 
     # Prompts of one length run batched (answers of different token lengths give different prompt lengths).
@@ -286,13 +291,23 @@ def _score_generate(loaded: LoadedModel, samples: list[TaskSample], settings: Gr
                 text = loaded.tokenizer.decode(gen, skip_special_tokens=True)
                 match = sample_metric(task.metric)(postprocess_prediction(text), task.references(sample))
                 out[i] = {"correct": gen[: len(want)] == want, "output": text, "string_match": match}
+            if on_batch is not None:
+                on_batch(len(batch))
     return [o for o in out if o is not None]
 
 
-def score_trials(loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings) -> list[dict[str, Any]]:
-    """Each trial's result: ``correct`` (the primary outcome) and what each scoring that ran measured."""
-    tf = _score_teacher_forced(loaded, samples, settings) if settings.teacher_forced else None
-    gen = _score_generate(loaded, samples, settings) if settings.generates else None
+def score_trials(
+    loaded: LoadedModel,
+    samples: list[TaskSample],
+    settings: GridSettings,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Each trial's result: ``correct`` (the primary outcome) and what each scoring that ran measured.
+
+    ``on_batch`` is told how many trials each forward pass (or generation batch) scored, once per scoring.
+    """
+    tf = _score_teacher_forced(loaded, samples, settings, on_batch) if settings.teacher_forced else None
+    gen = _score_generate(loaded, samples, settings, on_batch) if settings.generates else None
     out = []
     for i in range(len(samples)):
         row: dict[str, Any] = {}
@@ -305,12 +320,16 @@ def score_trials(loaded: LoadedModel, samples: list[TaskSample], settings: GridS
 
 
 def _score_teacher_forced(
-    loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings
+    loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings, on_batch: Callable[[int], None] | None
 ) -> list[dict[str, Any]]:
     from ctxext.scoring.answers import score_answers
 
     scores = score_answers(
-        loaded.model, [s.ids for s in samples], [s.answer_span for s in samples], batch_tokens=settings.batch_tokens
+        loaded.model,
+        [s.ids for s in samples],
+        [s.answer_span for s in samples],
+        batch_tokens=settings.batch_tokens,
+        on_batch=on_batch,
     )
     return [{"correct": sc.correct, "answer_nll": round(sc.nll, 4)} for sc in scores]
 
@@ -351,7 +370,9 @@ def evaluate_task_grid(
     chat, chat_reason = model_chat(loaded, settings.chat_template, settings.chat_decision)
     metric = get_task(task).metric
     cells: list[dict[str, Any]] = []
-    total = len(lengths) * len(settings.depths) * settings.trials
+    # Counted per forward pass (once per scoring that runs), so a length of long trials shows progress too.
+    scorings = int(settings.teacher_forced) + int(settings.generates)
+    total = len(lengths) * len(settings.depths) * settings.trials * scorings
     with progress(f"{label or task} {loaded.name}", total, enabled=show_progress) as advance:
         for L in lengths:
             # Every sample of a length is built first, so the scorer batches across depths too.
@@ -374,13 +395,12 @@ def evaluate_task_grid(
                 for d in settings.depths
             ]
             flat = [s for _, samples in built for s in samples]
-            results = score_trials(loaded, flat, settings)
+            results = score_trials(loaded, flat, settings, advance)
             at = 0
             for depth, samples in built:
                 res = results[at : at + len(samples)]
                 at += len(samples)
                 cells.append(_cell(L, depth, samples, res, L in beyond, metric))
-                advance(len(samples))
     return {
         "task": label or task,
         "registry_task": task,
