@@ -265,6 +265,9 @@ def _needle_default(name: str) -> Any:
     return NeedleSettings.model_fields[name].get_default(call_default_factory=True)
 
 
+_OnBatch = Callable[[int], None] | None  # told how many trials each forward pass scored
+
+
 def _score_generate(
     loaded: LoadedModel,
     samples: list[TaskSample],
@@ -297,10 +300,7 @@ def _score_generate(
 
 
 def score_trials(
-    loaded: LoadedModel,
-    samples: list[TaskSample],
-    settings: GridSettings,
-    on_batch: Callable[[int], None] | None = None,
+    loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings, on_batch: _OnBatch = None
 ) -> list[dict[str, Any]]:
     """Each trial's result: ``correct`` (the primary outcome) and what each scoring that ran measured.
 
@@ -320,17 +320,12 @@ def score_trials(
 
 
 def _score_teacher_forced(
-    loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings, on_batch: Callable[[int], None] | None
+    loaded: LoadedModel, samples: list[TaskSample], settings: GridSettings, on_batch: _OnBatch
 ) -> list[dict[str, Any]]:
     from ctxext.scoring.answers import score_answers
 
-    scores = score_answers(
-        loaded.model,
-        [s.ids for s in samples],
-        [s.answer_span for s in samples],
-        batch_tokens=settings.batch_tokens,
-        on_batch=on_batch,
-    )
+    ids, spans = [s.ids for s in samples], [s.answer_span for s in samples]
+    scores = score_answers(loaded.model, ids, spans, batch_tokens=settings.batch_tokens, on_batch=on_batch)
     return [{"correct": sc.correct, "answer_nll": round(sc.nll, 4)} for sc in scores]
 
 
