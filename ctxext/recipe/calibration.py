@@ -82,5 +82,5 @@ class CalibrateSection(CalibrationSettings):
     max_share: float = Field(
         default=DEFAULT_MAX_SHARE,
         gt=0,
-        description="with when: auto, the most calibration may cost, percent of the training loop's time",
+        description="with when: auto, the most calibration may cost, percent of the time the training steps took",
     )
