@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import sysconfig
 from pathlib import Path
 
@@ -32,6 +33,9 @@ def grown(cache_root):
 
     from ctxext.models.sources import resolve_model_path
 
+    # The session's cache, whatever a test before this module pointed CTXEXT_CACHE at (the real checkpoint's tests
+    # use a cache of their own; a run where they came first once resolved this model there).
+    os.environ["CTXEXT_CACHE"] = str(cache_root)
     folder = resolve_model_path("builtin:grown-code-64")
     assert str(folder).startswith(str(cache_root))
     torch.manual_seed(0)
