@@ -269,13 +269,14 @@ def prepare(name: str, work: Path, store: dict[str, Any], opts: argparse.Namespa
 def _training_stage(run: Path) -> dict[str, Any]:
     """The fine-tune's time from its own step log (so a resumed run counts each step once): steps, seconds of
     training steps, median tokens/s, peak memory, and the load average at the end."""
-    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    from ctxext.artifacts.run import METRICS_FILE, training_seconds
+
+    logged = [json.loads(line) for line in (run / METRICS_FILE).read_text().splitlines()]
     steps = list({s["step"]: s for s in logged if "tokens_per_sec" in s}.values())  # a step logged twice counts once
-    per_step = [s["tokens_seen"] - (steps[i - 1]["tokens_seen"] if i else 0) for i, s in enumerate(steps)]
     rates = sorted(s["tokens_per_sec"] for s in steps)
     return {
         "steps": len(steps),
-        "seconds": round(sum(n / s["tokens_per_sec"] for n, s in zip(per_step, steps, strict=True))),
+        "seconds": round(training_seconds(run) or 0),
         "tokens_per_sec": round(rates[len(rates) // 2], 1) if rates else None,
         "peak_mem_mb": round(max((s.get("peak_mem_mb") or 0) for s in steps)),
         "load_average": round(os.getloadavg()[0], 1),
