@@ -52,7 +52,7 @@ def demo_recipe(
     task_weight: float | None = None,
     multikey_share: float = 0.0,
 ) -> Any:
-    """The demo's fine-tune (``ctxext/resources/recipes/demo.yaml``) with a benchmark arm's settings as overrides.
+    """The demo's fine-tune (``recipes/default.yaml``) with a benchmark arm's settings as overrides.
 
     Args:
         run_dir: the run's ``output.dir``.

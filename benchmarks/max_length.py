@@ -47,7 +47,7 @@ def _version(package: str) -> str:
 def _recipe(length: int, out: str, chunk: int):
     from ctxext.recipe.schema import parse_recipe
 
-    # The same recipe shape as `ctxext demo` (ctxext/resources/recipes/demo.yaml), at the tested length.
+    # The same recipe shape as `ctxext demo` (recipes/default.yaml), at the tested length.
     return parse_recipe(
         {
             "model": {"path": MODEL},

@@ -5,7 +5,7 @@ torch, datasets, the tokenized data), which does not depend on the row length. S
 peak RSS (``VmHWM``, what ``metrics.jsonl`` reports as ``peak_mem_mb``) this benchmark reports the
 **training memory**: the highest resident set sampled (every 5 ms) while the training loop runs, minus
 the resident set when the loop starts (model loaded, data prepared, optimizer built). Both arms train the
-demo's ×F mixture recipe (``ctxext/resources/recipes/demo.yaml`` through ``benchmarks._common.demo_recipe``) for
+demo's ×F mixture recipe (``recipes/default.yaml`` through ``benchmarks._common.demo_recipe``) for
 a few steps, each in its own fresh process, one after the other in the same run:
 
 * ``full`` — rows of the target length (``rope.target_length``);

@@ -19,7 +19,7 @@ measures at 4×: it retrieves a key/value needle, and picks the asked key among 
 
 then prints the comparison table and where the report and plots are. Every step is a public ctxext
 API, the same a user calls; the demo only chains them. The fine-tune is an ordinary recipe file
-(``resources/recipes/demo.yaml``: ``ctxext demo --print-recipe``), read by the recipe loader with the
+(``recipes/default.yaml``: ``ctxext demo --print-recipe``), read by the recipe loader with the
 command line's ``key=value`` overrides; a key of the suite (``needle.trials=10``) overrides the suite.
 ``--quick`` and ``--plain`` are sets of such overrides (:data:`QUICK`, :data:`PLAIN`). Results are cached
 per step in the output folder, so a second run only re-prints (``--fresh`` recomputes); a cache made with
@@ -46,7 +46,7 @@ from ctxext.cli.console import err_console, friendly_errors, plain
 from ctxext.errors import InputError
 from ctxext.resources import RESOURCES
 
-RECIPE = RESOURCES / "recipes" / "demo.yaml"
+RECIPE = RESOURCES / "recipes" / "default.yaml"
 SUITE = RESOURCES / "demo-suite.yaml"
 
 # --quick (CI): every stage, far less work. The user's key=value overrides come after these, and win.

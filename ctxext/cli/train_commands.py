@@ -59,7 +59,7 @@ def validate(
             f"[green]✓[/] {plain(path)}: {plain(recipe.model.path)}, {recipe.rope.method} → "
             f"{recipe.rope.target_length}, seq_len {recipe.seq_len}, {recipe.train.max_steps} steps"
         )
-        for note in notes:
+        for note in [*recipe.window_lines, *notes]:
             console.print(f"  {note}", soft_wrap=True, markup=False, highlight=False)
         for warning in warnings:
             err_console.print(f"  [yellow]warning:[/] {plain(warning)}", soft_wrap=True)
@@ -91,6 +91,9 @@ def train(
     # nothing (train.seq_len within the original window).
     for warning in check_recipe(parsed, str(recipe)):
         err_console.print(f"[yellow]warning:[/] {plain(warning)}", soft_wrap=True)
+    if os.environ.get("RANK", "0") == "0":  # what a multiple of the model's window came to, said once
+        for line in parsed.window_lines:
+            print_line(line)
     # A split this launch cannot make is refused before a weight is read (the launcher's WORLD_SIZE;
     # start_accelerator checks again against the processes accelerate sees).
     from ctxext.recipe.parallel import check_split_launch

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_validator
 
 from ctxext.errors import InputError
 from ctxext.recipe.calibration import CalibrateSection
@@ -32,6 +32,7 @@ from ctxext.recipe.sections import (
     TrainSection,
     pose_refusal,
 )
+from ctxext.recipe.window import resolve_window_multiples
 from ctxext.rope.methods import declared_options
 
 
@@ -59,6 +60,13 @@ class Recipe(Section):
     hub: HubSection = Field(default_factory=HubSection)
     output: OutputSection = Field(default_factory=OutputSection)
     search: SearchSection | None = None
+    # What the lengths given as multiples of the model's window came to (`rope.target_length: 4x ... = 256`).
+    _window_lines: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def window_lines(self) -> list[str]:
+        """One line per length the recipe gave as a multiple of the model's window, and what it came to."""
+        return list(self._window_lines)
 
     @model_validator(mode="after")
     def _cross(self) -> Recipe:
@@ -249,10 +257,18 @@ def parse_recipe(data: dict[str, Any], source: str = "recipe") -> Recipe:
     """
     if not isinstance(data, dict):
         raise RecipeError(source, [("(recipe)", "a recipe must be a YAML mapping of sections")])
+    window_problems, window_lines = resolve_window_multiples(Recipe, data)
     try:
-        return Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(source, _format_errors(exc)) from None
+        # A multiple that could not be resolved fails the int check too: its own message says why, once.
+        named = {key for key, _ in window_problems}
+        problems = window_problems + [p for p in _format_errors(exc) if p[0] not in named]
+        raise RecipeError(source, problems) from None
+    if window_problems:
+        raise RecipeError(source, window_problems)
+    recipe._window_lines = window_lines
+    return recipe
 
 
 def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:

@@ -15,6 +15,7 @@ from pydantic_core import InitErrorDetails
 from ctxext.recipe.memory import MemorySection
 from ctxext.recipe.parallel import LENGTH_DEPENDENT_METHODS
 from ctxext.recipe.search import SearchOptions
+from ctxext.recipe.window import window_field
 from ctxext.rope.methods import METHODS, declared_options
 from ctxext.rope.plan import MAX_TARGET_LENGTH
 
@@ -76,7 +77,7 @@ class RopeSection(Section):
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     method: str = Field(description="one of: none, " + ", ".join(METHODS))
-    target_length: int | None = Field(default=None, gt=0, le=MAX_TARGET_LENGTH)
+    target_length: int | None = window_field("tokens after extension", default=None, gt=0, le=MAX_TARGET_LENGTH)
     relative_to: Literal["original", "current"] | None = Field(
         default=None,
         description="for an already-extended model: replace its extension (original) or stack on it (current)",
@@ -232,17 +233,17 @@ class MixtureSource(Section):
         "those it holds out for evaluation)",
     )
     distractors: int | None = Field(default=None, ge=0, description="task: distractor keys (tasks that take them)")
-    min_length: int | None = Field(
+    min_length: int | None = window_field(
+        "task: shortest sample (null: seq_len); without PoSE a sample is as long as its needle distance needs, at "
+        "least this",
         default=None,
         gt=0,
-        description="task: shortest sample (null: seq_len); without PoSE a sample is as long as its needle distance "
-        "needs, at least this",
     )
-    max_length: int | None = Field(
+    max_length: int | None = window_field(
+        "task: longest sample (null: train.seq_len; without PoSE also the distance span); the last sample of a row "
+        "takes what the others cannot",
         default=None,
         gt=0,
-        description="task: longest sample (null: train.seq_len; without PoSE also the distance span); the last "
-        "sample of a row takes what the others cannot",
     )
     answer_only: bool = Field(default=False, description="task: loss only on the answer tokens (default: all tokens)")
     haystack: str | None = Field(
@@ -376,7 +377,7 @@ PROBE_BATCH_TOKENS = 2048
 class ProbeSection(Section):
     """Adaptive stop: a retrieval probe at the target length every ``interval`` steps (docs/training.md)."""
 
-    length: int | None = Field(default=None, gt=0, description="probe tokens (default: rope.target_length)")
+    length: int | None = window_field("probe tokens (default: rope.target_length)", default=None, gt=0)
     trials: int = Field(
         default=64, ge=0, description="key retrievals per probe (at least one; several per input, one pass each)"
     )
@@ -397,7 +398,7 @@ class TrainSection(Section):
         "full: every weight (fp32 master copies and AdamW states, bf16 compute on GPU; FSDP2 or ZeRO-3 across "
         "GPUs), saved as a complete model. Not given: lora when quantization.mode is none",
     )
-    seq_len: int | None = Field(default=None, gt=0, description="defaults to rope.target_length")
+    seq_len: int | None = window_field("training row tokens (default: rope.target_length)", default=None, gt=0)
     micro_batch_size: int = Field(default=1, gt=0)
     gradient_accumulation_steps: int = Field(default=1, gt=0)
     max_steps: int = Field(default=100, gt=0)
