@@ -1,0 +1,141 @@
+"""Read a base's transfer runs against issue 37's relative target, pooled over seeds, with paired tests.
+
+    python -m experiments.transfer.read runs/transfer/grown-code-64 [--arm default] [--page FILE.md]
+
+The target (relative to the base): at 4× its window, at every depth, retrieval ≥ the lower of 90 % and the base's
+own in-window accuracy at that depth minus 3 points; in-window retrieval no more than 3 points below the base;
+in-window perplexity no more than 3 % above it. The reading: each depth's trials of every seed pooled (≥ 300 with
+3 seeds of 100); a depth passes when the pooled rate meets its target and the Wilson 95 % lower bound is within 5
+points of it. Every seed's prompts are fresh (seeded by the training seed), so pooled trials are distinct prompts
+and the Wilson interval applies as it stands (no prompt is re-scored across seeds: no cluster bootstrap needed).
+Paired tests: the arm against the ``llama3`` training-free start on the same prompts (exact McNemar per depth, Holm
+over the depths), and the in-window perplexity ratio against the base over the documents (the seeds' mean NLL per
+document; 95 % paired bootstrap).
+"""
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+DEPTHS = [0, 25, 50, 75, 100]
+GOAL, SLACK_IN_WINDOW, SLACK_BOUND, PPL_SLACK = 0.90, 0.03, 0.05, 1.03
+
+
+def load(folder: Path, model: str) -> list[dict[str, Any]]:
+    """Every seed's evaluation of ``model``, by seed."""
+    files = sorted(folder.glob(f"eval-{model}-s*.json"), key=lambda p: int(p.stem.rsplit("-s", 1)[1]))
+    return [json.loads(p.read_text()) for p in files]
+
+
+def pooled(evals: list[dict[str, Any]], length: int, depth: int) -> list[int]:
+    """The cell's outcomes, every seed's in seed order (paired across models of the same seeds)."""
+    return [o for e in evals for o in e["needle"][f"{length}/{depth}"]]
+
+
+def target_for(base_rate: float) -> float:
+    """The relative target at one depth."""
+    return min(GOAL, base_rate - SLACK_IN_WINDOW)
+
+
+def verdict(outcomes: list[int], target: float) -> tuple[bool, float, float]:
+    """``(passes, rate, Wilson lower bound)`` of pooled outcomes against a depth's target."""
+    from ctxext.scoring.stats import wilson_interval
+
+    rate = sum(outcomes) / len(outcomes)
+    low = wilson_interval(sum(outcomes), len(outcomes))[0]
+    return rate >= target and low >= target - SLACK_BOUND, rate, low
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}"
+
+
+def read(folder: Path, arm: str) -> list[str]:
+    """The base's reading as markdown lines."""
+    import numpy as np
+
+    from ctxext.scoring.stats import holm, mcnemar_exact, paired_ppl_ratio, wilson_interval
+
+    info = json.loads((folder / f"{arm}.json").read_text())
+    window, target = info["window"], info["target"]
+    base, start, tuned = load(folder, "base"), load(folder, "llama3"), load(folder, arm)
+    seeds = [e["seed"] for e in tuned]
+    if not tuned or [e["seed"] for e in base] != seeds or [e["seed"] for e in start] != seeds:
+        raise SystemExit(f"{folder}: the base, llama3 and {arm} evaluations cover different seeds; run it again")
+    lines = [
+        f"### {folder.name}: arm `{arm}` ({' '.join(info['sets']) or 'the default recipe unchanged'}), "
+        f"{window} → {target} tokens, seeds {', '.join(map(str, seeds))}",
+        "",
+        "| depth | base in-window | target | arm at target [Wilson 95 %] | passes | llama3 start at target | "
+        "arm vs start (McNemar +/−) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    every, p_values, rows = True, [], []
+    for depth in DEPTHS:
+        b = pooled(base, window, depth)
+        goal = target_for(sum(b) / len(b))
+        t = pooled(tuned, target, depth)
+        ok, rate, low = verdict(t, goal)
+        s = pooled(start, target, depth)
+        mc = mcnemar_exact([bool(x) for x in t], [bool(x) for x in s])
+        p_values.append(mc["p_value"])
+        every &= ok
+        rows.append((depth, b, goal, t, low, ok, s, mc))
+    for (depth, b, goal, t, low, ok, s, mc), p in zip(rows, holm(p_values), strict=True):
+        high = wilson_interval(sum(t), len(t))[1]
+        lines.append(
+            f"| {depth} % | {_pct(sum(b) / len(b))} (n={len(b)}) | {_pct(goal)} | {_pct(sum(t) / len(t))} "
+            f"[{_pct(low)}, {_pct(high)}] (n={len(t)}) | {'✓' if ok else '✗'} | {_pct(sum(s) / len(s))} | "
+            f"+{mc['only_a']}/−{mc['only_b']}, Holm p = {p:.2g} |"
+        )
+    b_in = [o for d in DEPTHS for o in pooled(base, window, d)]
+    t_in = [o for d in DEPTHS for o in pooled(tuned, window, d)]
+    mc_in = mcnemar_exact([bool(x) for x in t_in], [bool(x) for x in b_in])
+    in_ok = sum(t_in) / len(t_in) >= sum(b_in) / len(b_in) - SLACK_IN_WINDOW
+    tuned_nll = np.mean([e["doc_nll"] for e in tuned], axis=0)
+    base_nll = np.array(base[0]["doc_nll"])
+    counts = np.full(len(base_nll), float(base[0]["tokens_per_doc"]))
+    ratio = paired_ppl_ratio(tuned_nll, base_nll, counts, resamples=2000, seed=0)
+    ppl_ok = ratio["ratio"] <= PPL_SLACK
+    lines += [
+        "",
+        f"- In-window retrieval ({window} tokens, all depths): arm {_pct(sum(t_in) / len(t_in))} %, base "
+        f"{_pct(sum(b_in) / len(b_in))} % (n={len(b_in)}; McNemar +{mc_in['only_a']}/−{mc_in['only_b']}, "
+        f"p = {mc_in['p_value']:.2g}): {'✓' if in_ok else '✗'} (at most 3 points below)",
+        f"- In-window perplexity, arm / base: {ratio['ratio']:.3f} [{ratio['ci_low']:.3f}, {ratio['ci_high']:.3f}] "
+        f"over {len(base_nll)} documents: {'✓' if ppl_ok else '✗'} (at most 1.03)",
+    ]
+    for e in tuned:
+        record = json.loads((Path(e["ref"]) / "run.json").read_text())
+        probe = record.get("probe") or {}
+        why = probe.get("stopped") or f"train.max_steps ({record.get('steps')} steps, no probe)"
+        lines.append(
+            f"- seed {e['seed']}: stopped at step {probe.get('stop_step', record.get('steps'))}: {why}; attention "
+            f"temperature {e.get('attention_temperature') or 1.0}"
+        )
+    met = every and in_ok and ppl_ok
+    lines += ["", f"**{'Meets' if met else 'Does not meet'} the relative target** at 4× ({target} tokens).", ""]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print (or write) the reading of each folder."""
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("folders", nargs="+", help="runs/transfer/NAME folders (experiments.transfer.run)")
+    parser.add_argument("--arm", default="default", help="the arm to read")
+    parser.add_argument("--page", default=None, help="write the reading to this markdown file too")
+    args = parser.parse_args(argv)
+    lines = [line for folder in args.folders for line in read(Path(folder), args.arm)]
+    print("\n".join(lines))
+    if args.page:
+        Path(args.page).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
