@@ -78,6 +78,7 @@ class DemoRun:
         reference: the training-free reference row shown beside the fine-tune's own method.
         original: the base model's window.
         warnings: what ``ctxext validate`` would warn about the recipe.
+        plan_command: the ``ctxext plan`` command of this recipe (for a fine-tune that will not fit).
     """
 
     recipe: Any
@@ -87,6 +88,7 @@ class DemoRun:
     reference: str
     original: int
     warnings: tuple[str, ...] = ()
+    plan_command: str = "ctxext plan RECIPE.yaml"
 
     @property
     def target(self) -> int:
@@ -208,7 +210,8 @@ def resolve_demo(
     suite, _ = load_suite(SUITE, suite_overrides)
     config, _ = load_config(recipe.model.path, recipe.model.revision)
     original = read_rope(config, original_length=recipe.model.original_length).original_length
-    return DemoRun(recipe, suite, out, plain, reference, original, warnings)
+    plan_command = shlex.join(["ctxext", "plan", str(recipe_file), *recipe_overrides])
+    return DemoRun(recipe, suite, out, plain, reference, original, warnings, plan_command)
 
 
 def print_recipe(recipe_file: Path = RECIPE) -> None:
@@ -267,9 +270,12 @@ def run_demo(run: DemoRun, fresh: bool = False, console: Console | None = None) 
     console = console or Console()
     for warning in run.warnings:
         err_console.print(f"[yellow]warning:[/] {plain(warning)}", soft_wrap=True)
+    cached = False
     if not fresh:  # a cache of another recipe or suite is refused before anything is written
-        _cached_run(run)
+        cached = _cached_run(run)
         _cached_report(run)
+    if not cached:
+        _refuse_what_will_not_fit(run)
     prepare_demo_folder(run.out, fresh)
     started = time.time()
     model, method = run.recipe.model.path, run.recipe.rope.method
@@ -284,6 +290,23 @@ def run_demo(run: DemoRun, fresh: bool = False, console: Console | None = None) 
         console.print(f"plot:   {png}", markup=False, highlight=False)
     console.print(f"[dim]{time.time() - started:.0f} s[/]")
     return report
+
+
+def _refuse_what_will_not_fit(run: DemoRun) -> None:
+    """Refuse, before anything is written, a fine-tune the memory plan says this machine cannot hold.
+
+    With ``model.path`` any base runs the default recipe at 4× its window: a large one needs memory levers
+    (or a GPU) that the demo's small base does not. ``ctxext train`` warns and starts; the demo refuses, since
+    a demo that swaps for hours is worse than one line naming the overrides that fit.
+    """
+    from ctxext.cli.train_commands import memory_problem
+
+    try:
+        problem = memory_problem(run.recipe, run.plan_command)
+    except InputError:
+        return  # a run that cannot be planned is not refused on a guess (ctxext train warns the same way)
+    if problem:
+        raise InputError(f"the demo's fine-tune: {problem} Add the overrides to `ctxext demo` (nothing was written).")
 
 
 def _extend(run: DemoRun, console: Console) -> list[str]:

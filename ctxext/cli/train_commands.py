@@ -176,28 +176,43 @@ def calibrate_after_training(run_dir: Path, section: Any) -> dict[str, Any] | No
     return record
 
 
+def memory_problem(recipe: Any, command: str) -> str | None:
+    """What the plan says when ``recipe`` will not fit this machine (``None`` when it fits).
+
+    The message names the overrides that would make it fit and ``command`` (``ctxext plan RECIPE.yaml``), which
+    shows the breakdown.
+
+    Raises:
+        InputError: the run could not be planned (the caller decides whether that matters).
+    """
+    from ctxext.planner.plan import plan_on_this_machine
+
+    result = plan_on_this_machine(recipe)
+    if result.fits:
+        return None
+    needed, have = result.memory.total / 2**30, result.device.memory / 2**30
+    first = next((a for a in result.advice if a.fits), None)
+    hint = f" Re-planned to fit: {first.summary} ({' '.join(first.overrides) or first.launch})." if first else ""
+    device = result.device.name if "GiB" in result.device.name else f"{result.device.name} ({have:.1f} GiB)"
+    return (
+        f"the plan predicts {needed:.1f} GiB per process on {device}: this run will probably run out of memory."
+        f"{hint} The breakdown: `{command} --cpu` (or --gpu NAME)."
+    )
+
+
 def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
     """Plan the recipe on this machine before training; warn (or, strict, refuse) when it will not fit."""
     from ctxext.errors import InputError
-    from ctxext.planner.plan import plan_on_this_machine
 
     main_process = os.environ.get("RANK", "0") == "0"
     try:
-        result = plan_on_this_machine(recipe)
+        message = memory_problem(recipe, f"ctxext plan {shlex.quote(str(path))}")
     except InputError as exc:
         if main_process:
             err_console.print(f"[yellow]warning:[/] could not plan the memory of this run: {plain(exc)}")
         return
-    if result.fits:
+    if message is None:
         return
-    needed, have = result.memory.total / 2**30, result.device.memory / 2**30
-    first = next((a for a in result.advice if a.fits), None)
-    hint = f" Re-planned to fit: {first.summary} ({' '.join(first.overrides) or first.launch})." if first else ""
-    message = (
-        f"the plan predicts {needed:.1f} GiB per process on {result.device.name} ({have:.1f} GiB): this run will "
-        f"probably run out of memory.{hint} The breakdown: `ctxext plan {shlex.quote(str(path))} --cpu` "
-        "(or --gpu NAME)."
-    )
     if strict:
         raise InputError(message + " (--strict: not started)")
     if main_process:

@@ -47,12 +47,13 @@ def _advice_candidates(setup: Setup, device: Device, gpus: int) -> list[tuple[st
             )
         )
     if setup.micro_batch > 1:
+        accumulation = setup.accumulation * setup.micro_batch
         out.append(
             (
                 "micro-batch of 1 (raise gradient accumulation to keep the batch)",
-                ["train.micro_batch_size=1", f"train.gradient_accumulation_steps=<×{setup.micro_batch}>"],
+                ["train.micro_batch_size=1", f"train.gradient_accumulation_steps={accumulation}"],
                 "",
-                rep(setup, micro_batch=1),
+                rep(setup, micro_batch=1, accumulation=accumulation),
             )
         )
     if setup.loss == "full":

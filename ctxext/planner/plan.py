@@ -249,6 +249,7 @@ def setup_for(
     return Setup(
         seq_len=recipe.seq_len,
         micro_batch=train.micro_batch_size,
+        accumulation=train.gradient_accumulation_steps,
         quantization=recipe.quantization.mode,
         double_quant=recipe.quantization.double_quant,
         compute_bytes=compute_bytes,

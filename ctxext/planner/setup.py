@@ -122,6 +122,7 @@ class Setup:
     Attributes:
         seq_len: tokens per sequence.
         micro_batch: sequences per forward pass.
+        accumulation: micro-batches per optimizer step (memory does not depend on it; advice keeps the batch).
         quantization: ``nf4``, ``int8`` or ``none``.
         double_quant: nf4 quantization constants quantized too.
         compute_bytes: bytes per element of the compute dtype (2: bf16 on GPU, 4: fp32 on CPU).
@@ -152,6 +153,7 @@ class Setup:
 
     seq_len: int
     micro_batch: int = 1
+    accumulation: int = 1
     quantization: str = "nf4"
     double_quant: bool = True
     compute_bytes: int = 2

@@ -123,3 +123,14 @@ def test_bad_input_exits_2_naming_it_and_writes_nothing(tmp_path, cache_root, ar
     result = CliRunner().invoke(app, ["demo", "--quick", "--out", str(tmp_path / "demo"), *args])
     assert result.exit_code == 2 and named in _flat(result), result.output
     assert "Traceback" not in result.output and list(tmp_path.iterdir()) == []
+
+
+def test_a_fine_tune_that_will_not_fit_is_refused_before_anything_is_written(tmp_path, cache_root):
+    out = tmp_path / "demo"
+    result = CliRunner().invoke(app, ["demo", "--out", str(out), "train.micro_batch_size=20000"])
+    text = _flat(result)
+    assert result.exit_code == 2, result.output
+    assert "will probably run out of memory" in text and "train.micro_batch_size=1" in text
+    assert "train.gradient_accumulation_steps=20000" in text  # the batch kept, as a value the user can paste
+    assert "ctxext plan" in text and "Traceback" not in text
+    assert not out.exists()
