@@ -266,6 +266,35 @@ def prepare(name: str, work: Path, store: dict[str, Any], opts: argparse.Namespa
     return str(out)
 
 
+# Rows whose training speed the page reports (the fine-tune itself trains 4,096-token rows).
+THROUGHPUT_ROWS = (2048, 4096)
+
+
+def throughput(work: Path, store: dict[str, Any], opts: argparse.Namespace) -> None:
+    """Training tokens/s and peak memory at each of :data:`THROUGHPUT_ROWS`: 4 steps of one row each of the
+    fine-tune's recipe (the first step's warm-up is in the median's tail), stored as stages."""
+    import shutil
+
+    stages = store.setdefault("stages", {})
+    for rows in THROUGHPUT_ROWS:
+        name = f"throughput-{rows}"
+        if name in stages:
+            continue
+        out = work / name
+        if out.exists():
+            shutil.rmtree(out)  # an earlier attempt of ours, stopped before it was stored
+        cmd = [
+            "train", opts.recipe, f"model.path={BASE}", f"rope.target_length={TARGET}", f"train.seq_len={rows}",
+            "train.max_steps=4", "train.warmup_steps=1", "train.gradient_accumulation_steps=1",
+            "train.eval_every=null", "train.save_every=null", "calibrate.when=never", "data.max_documents=40",
+            f"output.dir={out}",
+        ]  # fmt: skip
+        print(f"{name}: 4 steps of one {rows}-token row", flush=True)
+        _ctxext(cmd, work / "commands.log")
+        stages[name] = {**_training_stage(out), "command": "ctxext " + " ".join(cmd)}
+        _save(store)
+
+
 def _training_stage(run: Path) -> dict[str, Any]:
     """The fine-tune's time from its own step log (so a resumed run counts each step once): steps, seconds of
     training steps, median tokens/s, peak memory, and the load average at the end."""
@@ -337,6 +366,8 @@ def run(opts: argparse.Namespace) -> None:
         for c in todo:
             print(f"  {c.key}: {c.forwards()} forward(s)")
         return
+    if not opts.only or "throughput" in opts.only:
+        throughput(work, store, opts)
     inputs: dict[tuple[int, str], list[Any]] = {}
     loaded = {"base": base}
     for cell in todo:
@@ -559,7 +590,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", default="runs/real_model", help="folder for the variants' models and runs")
     parser.add_argument("--keys", type=int, default=4, help="needles per long input (depths spread 0–100 %%)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs")
-    parser.add_argument("--only", nargs="*", default=[], help="measure only variants starting with these names")
+    parser.add_argument(
+        "--only", nargs="*", default=[], help="measure only variants starting with these names (throughput: the rows)"
+    )
     parser.add_argument("--max-length", type=int, default=0, help="measure only cells up to this many tokens")
     parser.add_argument("--recipe", default="recipes/smollm2-32k.yaml", help="the fine-tune's recipe")
     parser.add_argument("--train-override", nargs="*", default=[], help="key=value overrides for the fine-tune")
