@@ -28,6 +28,8 @@ Usage::
         --out ctxext/resources/grown-mistral-128
     python -m benchmarks.grow_base --arch gpt_neox --rotary-pct 0.25 --intermediate 1024 \
         --out ctxext/resources/grown-neox-64
+    # tied embeddings (one matrix is the input embedding and the output head, as SmolLM2's):
+    python -m benchmarks.grow_base --arch qwen2 --heads 4 --kv-heads 2 --window 96 --tie-embeddings --out DIR
     # builtin:grown-code-64-mk: two further stages on windows with 2-4 keys, asking for one, with an extra
     # loss on the asked key's answer (without it, 3,600 steps of such windows never taught key selection):
     python -m benchmarks.grow_base --init-from ctxext/resources/grown-code-64 --out /tmp/grow-mka --skip-measure \
@@ -433,6 +435,9 @@ def parse(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
         if isinstance(default, tuple):
             kind = type(default[0])
             parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, nargs="+", default=None)
+        elif isinstance(default, bool):  # --tie-embeddings / --no-tie-embeddings (bool("False") would be True)
+            flag = f"--{f.name.replace('_', '-')}"
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         else:
             parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(default), default=None)
     args = parser.parse_args(argv)

@@ -25,10 +25,11 @@ class Shape(Protocol):
     kv_heads: int
     rotary_pct: float
     rope_theta: float
+    tie_embeddings: bool
 
 
 def _common(s: Shape, tokenizer: Any, **rope: Any) -> dict[str, Any]:
-    """The config keys every shape shares: sizes, window, RoPE base, special tokens, untied head."""
+    """The config keys every shape shares: sizes, window, RoPE base, special tokens, the head tied or not."""
     return {
         "vocab_size": len(tokenizer),
         "hidden_size": s.hidden,
@@ -40,7 +41,7 @@ def _common(s: Shape, tokenizer: Any, **rope: Any) -> dict[str, Any]:
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": s.tie_embeddings,
     }
 
 

@@ -27,6 +27,8 @@ class GrowSettings:
             (``llama``, ``qwen2``, ``mistral``; ``gpt_neox`` has one key/value head per head).
         rotary_pct: share of each head's dimensions that rotate (below 1 only for ``gpt_neox``).
         rope_theta: RoPE base.
+        tie_embeddings: the output head is the input embedding matrix (``tie_word_embeddings``, as SmolLM2 and
+            Qwen2-0.5B): one matrix learns both roles.
         needle_share: share of windows with one key/value needle and its query.
         repeat_share: share of windows that repeat a span of themselves.
         multikey_share: share of windows with several needles of distinct names, asking for one.
@@ -66,6 +68,7 @@ class GrowSettings:
     kv_heads: int = 0
     rotary_pct: float = 1.0
     rope_theta: float = 10000.0
+    tie_embeddings: bool = False
     # Training mixture: the rest of the sequences are plain code.
     needle_share: float = 0.30
     repeat_share: float = 0.10

@@ -159,6 +159,18 @@ def test_qwen2_gqa_base_with_a_128_token_window(few_files, tmp_path, cache_root)
     assert sum(c["trials"] for c in model["needle"]["cells"]) == 10
 
 
+def test_a_tied_base_saves_one_matrix_that_is_both_embedding_and_head(few_files, tmp_path):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    base = _grow("qwen2", few_files, tmp_path, heads=4, kv_heads=2, window=96, tie_embeddings=True)
+    assert json.loads((base / "config.json").read_text())["tie_word_embeddings"] is True
+    with safe_open(base / "model.safetensors", "pt") as weights:
+        assert not any(k.startswith("lm_head") for k in weights.keys())
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
 def test_mistral_gqa_base_keeps_its_tokenizer(few_files, tmp_path, cache_root):
     # Mistral's tokenizer entry honours tokenizer_config.json (Qwen2's does not): the grown tokenizer loads as
     # trained, so the model reads the needle's key with the ids it was trained on (_grow checks the count).
