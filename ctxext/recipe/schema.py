@@ -19,6 +19,7 @@ from ctxext.recipe.calibration import CalibrateSection
 from ctxext.recipe.memory import MemorySection
 from ctxext.recipe.parallel import sequence_parallel_refusal
 from ctxext.recipe.sections import (
+    RUN_KEEPING,
     DataSection,
     EvalSection,
     HubSection,
@@ -304,6 +305,20 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
         raise RecipeError(str(path), [("(recipe)", "a recipe must be a YAML mapping of sections")])
     apply_overrides(data, overrides or [])
     return parse_recipe(data, str(path))
+
+
+def run_keeping_keys() -> frozenset[str]:
+    """The ``section.key`` settings that only keep a run (checkpoints, logs): ``--resume`` may change them."""
+    keys = set()
+    for section, info in Recipe.model_fields.items():
+        model = info.annotation
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            continue
+        for name, field in model.model_fields.items():
+            extra = field.json_schema_extra
+            if isinstance(extra, dict) and extra.get(RUN_KEEPING):
+                keys.add(f"{section}.{name}")
+    return frozenset(keys)
 
 
 def dump_recipe(recipe: Recipe) -> str:

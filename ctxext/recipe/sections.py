@@ -22,6 +22,16 @@ from ctxext.rope.plan import MAX_TARGET_LENGTH
 # A Hub repository id: namespace/name, each of letters, digits, '-', '_', '.'.
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
 
+# The json_schema_extra key of a setting that decides only how a run is kept (its checkpoints, logs, tracker),
+# never what it learns: a resumed run may change it (e.g. add checkpoints to a long run that saves none).
+RUN_KEEPING = "run_keeping"
+
+
+def keeping_field(description: str = "", **kwargs: Any) -> Any:
+    """A pydantic ``Field`` for a setting that ``ctxext train --resume`` may change (see :data:`RUN_KEEPING`)."""
+    text = f"{description} (may change on --resume)" if description else "may change on --resume"
+    return Field(description=text, json_schema_extra={RUN_KEEPING: True}, **kwargs)
+
 
 def repo_id_problem(repo_id: str | None) -> str | None:
     """What is wrong with a Hub repository id, or ``None`` when it is valid (``USER/NAME``)."""
@@ -411,12 +421,14 @@ class TrainSection(Section):
     seed: int = 42
     gradient_checkpointing: bool = True
     loss_chunk_size: int = Field(default=1024, gt=0, description="tokens per chunk of the chunked cross-entropy")
-    log_every: int = Field(default=1, gt=0)
+    log_every: int = keeping_field("steps between metrics lines", default=1, gt=0)
     eval_every: int | None = Field(default=None, gt=0)
     eval_batches: int = Field(default=4, gt=0)
-    save_every: int | None = Field(default=None, gt=0)
-    keep_checkpoints: int = Field(default=2, gt=0, description="how many of the latest checkpoints to keep")
-    tracker: Literal["none", "tensorboard", "wandb"] = "none"
+    save_every: int | None = keeping_field(
+        "steps between checkpoints (none: at the end and on a stop signal)", default=None, gt=0
+    )
+    keep_checkpoints: int = keeping_field("how many of the latest checkpoints to keep", default=2, gt=0)
+    tracker: Literal["none", "tensorboard", "wandb"] = keeping_field("where metrics are also logged", default="none")
     context_parallel_size: int = Field(
         default=1,
         gt=0,

@@ -22,7 +22,7 @@ from ctxext.artifacts.run import METRICS_FILE, RUN_FILE, read_run, resume_comman
 from ctxext.artifacts.run_record import LoraRecord, RunRecord
 from ctxext.atomic import check_output, write_json_atomic
 from ctxext.errors import InputError, is_disk_full
-from ctxext.recipe.schema import Recipe, RecipeError, dump_recipe, parse_recipe
+from ctxext.recipe.schema import Recipe, RecipeError, dump_recipe, parse_recipe, run_keeping_keys
 
 CHECKPOINTS = "checkpoints"
 RECIPE_FILE = "recipe.yaml"
@@ -117,19 +117,22 @@ def run_folder_lock(out: Path, launch: Any) -> Iterator[None]:
 
 
 def recipe_diffs(saved: str, new: str) -> list[str]:
-    """``key: old → new`` for every recipe setting that changed (sorted), the run folder's place excepted.
+    """``key: old → new`` for every recipe setting that changed what the run learns (sorted).
 
     The saved recipe is read through the current schema first, so a key added since the run was written (a new
-    section, a new setting) counts as its default, not as a change: a run resumes after an upgrade.
+    section, a new setting) counts as its default, not as a change: a run resumes after an upgrade. The run
+    folder's place and the settings that only keep the run (:func:`~ctxext.recipe.schema.run_keeping_keys`:
+    checkpoints, logs) are not changes: a long run started without ``train.save_every`` can resume with it.
     """
     import yaml
 
     old_keys, new_keys = flat_keys(_with_defaults(yaml.safe_load(saved))), flat_keys(yaml.safe_load(new))
+    # A run folder may be moved: its new place is not a change of recipe.
+    exempt = run_keeping_keys() | {"output.dir"}
     return sorted(
         f"{k}: {old_keys.get(k)!r} → {new_keys.get(k)!r}"
         for k in set(old_keys) | set(new_keys)
-        # A run folder may be moved: its new place is not a change of recipe.
-        if old_keys.get(k) != new_keys.get(k) and k != "output.dir"
+        if old_keys.get(k) != new_keys.get(k) and k not in exempt
     )
 
 

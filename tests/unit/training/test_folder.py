@@ -28,3 +28,13 @@ def test_a_saved_recipe_the_schema_no_longer_reads_is_compared_as_written():
     current = yaml.safe_load(dump_recipe(parse_recipe(RECIPE)))
     written = {**current, "train": {**current["train"], "retired_key": 1}}
     assert "train.retired_key: 1 → None" in recipe_diffs(yaml.safe_dump(written), yaml.safe_dump(current))
+
+
+def test_settings_that_only_keep_the_run_may_change_on_resume():
+    current = dump_recipe(parse_recipe(RECIPE))
+    # A long run started without checkpoints resumes with them (and with another log cadence or tracker).
+    kept = {"save_every": 5, "keep_checkpoints": 3, "log_every": 10, "tracker": "tensorboard"}
+    assert recipe_diffs(current, dump_recipe(parse_recipe({**RECIPE, "train": kept}))) == []
+    # What the run learns still has to match, also beside a keeping change.
+    learns = dump_recipe(parse_recipe({**RECIPE, "train": {"save_every": 5, "learning_rate": 1e-4}}))
+    assert recipe_diffs(current, learns) == ["train.learning_rate: 0.0002 → 0.0001"]
