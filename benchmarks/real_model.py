@@ -13,8 +13,10 @@ and a question and answer per needle after it (:mod:`ctxext.tasks.keyset`). One 
 * every needle's teacher-forced retrieval: correct iff greedy decoding writes the key.
 
 A key-value lookup task beyond the needle (a JSON-like object of random keys, several lookups per input) runs at
-8k and at 32k. All variants see the same inputs (paired). Intervals are 95 %: perplexity bootstrapped over
-documents, retrieval by a cluster bootstrap over inputs (the keys of one input share it), next to each cell's n.
+8k and at 32k; ``--only tasks`` probes which tasks beyond the needle the base can do inside its window at all
+(2,048 tokens, a few samples each: the lookup is not one of them). All variants see the same inputs (paired).
+Intervals are 95 %: perplexity bootstrapped over documents, retrieval by a cluster bootstrap over inputs (the keys
+of one input share it), next to each cell's n.
 
 A forward pass of this model at 32k takes ~6 minutes on two quiet cores: the run is sized to a few hours, says
 its estimate before it starts, writes each cell to ``real_model.json`` as it completes, and a rerun skips the
@@ -60,6 +62,10 @@ BUCKETS = 8
 INPUTS = {8192: 5, 16384: 4, 32768: 3}
 KV_INPUTS = {8192: 2, 32768: 1}
 MID = TARGET // 2  # the middle length: variants extended to it, and the LongRoPE search's target
+# Tasks beyond the needle, probed inside the base's window: the key-value rows need a task this model can do there
+# (json_kv is not one: 11 of 120 lookups at 2,048 tokens over five templates, with and without the chat template).
+PROBE_TASKS = ("json_kv", "icl", "variable_tracking", "doc_qa", "copy_span")
+PROBE_LENGTH = 2048
 DEVICE = "cpu"
 
 
@@ -298,6 +304,53 @@ def throughput(work: Path, store: dict[str, Any], opts: argparse.Namespace) -> N
         _save(store)
 
 
+def task_probe(model: Any, store: dict[str, Any], opts: argparse.Namespace) -> None:
+    """Which tasks beyond the needle the base can do inside its window: ``--probe-samples`` samples of each of
+    :data:`PROBE_TASKS` at :data:`PROBE_LENGTH` tokens (held-out template, the model's chat template, depths spread
+    0–100 %), teacher-forced, stored as stages ``in-window TASK``."""
+    import torch
+
+    from ctxext.errors import InputError
+    from ctxext.evaluation.settings import decide_chat
+    from ctxext.scoring.nll import token_scores
+    from ctxext.tasks import Haystack
+    from ctxext.tasks.chat import chat_wrap
+    from ctxext.tasks.registry import get_task
+
+    stages = store.setdefault("stages", {})
+    tokenizer, n = model.tokenizer, opts.probe_samples
+    chat = chat_wrap(tokenizer, decided=decide_chat(BASE))
+    hay = Haystack.from_texts(tokenizer, [(DOCS_DIR / DOCS[0]).read_text(errors="replace")], 4 * PROBE_LENGTH)
+    for name in PROBE_TASKS:
+        key = f"in-window {name}"
+        if key in stages and stages[key].get("samples") == n:
+            continue
+        task = get_task(name)
+        template = task.heldout[0] if task.heldout else 0
+        started, correct, problem = time.time(), 0, None
+        for i in range(n):
+            rng = random.Random(f"{opts.seed}-probe-{name}-{i}")
+            try:
+                sample = task.generate(tokenizer, hay, PROBE_LENGTH, (i + 0.5) / n, rng, template=template, chat=chat)
+            except InputError as exc:  # a task that cannot take a chat template, say
+                problem = str(exc)
+                break
+            with torch.no_grad():
+                _, hits = token_scores(model.model, torch.tensor([sample.ids]))
+            start, end = sample.answer_span
+            correct += bool(hits[0][start - 1 : end - 1].all())
+        stages[key] = {
+            "seconds": round(time.time() - started),
+            "correct": None if problem else correct,
+            "samples": n,
+            "template": template,
+            "problem": problem,
+            "command": f"python -m benchmarks.real_model --only tasks --probe-samples {n}",
+        }
+        print(f"{key}: " + (problem or f"{correct}/{n}"), flush=True)
+        _save(store)
+
+
 def _training_stage(run: Path) -> dict[str, Any]:
     """The fine-tune's time from its own step log (so a resumed run counts each step once): steps, seconds of
     training steps, median tokens/s, peak memory, and the load average at the end."""
@@ -371,6 +424,8 @@ def run(opts: argparse.Namespace) -> None:
         return
     if not opts.only or "throughput" in opts.only:
         throughput(work, store, opts)
+    if not opts.only or "tasks" in opts.only:
+        task_probe(base, store, opts)
     inputs: dict[tuple[int, str], list[Any]] = {}
     loaded = {"base": base}
     for cell in todo:
@@ -528,9 +583,27 @@ def render(store: dict[str, Any]) -> None:
                 f"| {c.variant} | {c.length} | {_rate(got) if got else 'not yet measured'} | "
                 f"{_by_depth(got) if got else ''} |"
             )
-    lines += _comparisons(cells) + _stages(store)
+    lines += _probe_lines(store) + _comparisons(cells) + _stages(store)
     PAGE.write_text("\n".join(lines) + "\n")
     print(f"wrote {PAGE}")
+
+
+def _probe_lines(store: dict[str, Any]) -> list[str]:
+    from ctxext.scoring.stats import wilson_interval
+
+    probes = {k.removeprefix("in-window "): v for k, v in store.get("stages", {}).items() if k.startswith("in-window ")}
+    if not probes:
+        return []
+    title = f"## Tasks beyond the needle inside the base's window ({PROBE_LENGTH:,} tokens, teacher-forced)"
+    lines = ["", title, ""]
+    for name, got in probes.items():
+        if got["correct"] is None:
+            lines.append(f"- {name}: not measured ({got['problem']})")
+            continue
+        low, high = wilson_interval(got["correct"], got["samples"])
+        lines.append(f"- {name} (template {got['template']}): {got['correct']}/{got['samples']} "
+                     f"[{100 * low:.0f}, {100 * high:.0f}] %")  # fmt: skip
+    return lines
 
 
 def _comparisons(cells: dict[str, Any]) -> list[str]:
@@ -594,9 +667,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keys", type=int, default=4, help="needles per long input (depths spread 0–100 %%)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the inputs")
     parser.add_argument(
-        "--only", nargs="*", default=[], help="measure only variants starting with these names (throughput: the rows)"
+        "--only",
+        nargs="*",
+        default=[],
+        help="measure only variants starting with these names (throughput: the rows; tasks: the in-window probe)",
     )
     parser.add_argument("--max-length", type=int, default=0, help="measure only cells up to this many tokens")
+    parser.add_argument("--probe-samples", type=int, default=12, help="samples per task of the in-window task probe")
     parser.add_argument("--recipe", default="recipes/smollm2-32k.yaml", help="the fine-tune's recipe")
     parser.add_argument("--train-override", nargs="*", default=[], help="key=value overrides for the fine-tune")
     parser.add_argument("--calibrate-override", nargs="*", default=[], help="flags for ctxext calibrate")
