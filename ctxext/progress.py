@@ -35,6 +35,8 @@ class Tracker:
         self.info = ""
         self._start = self._last_line = time.monotonic()
         self._last_at = 0.0
+        # Units done before this process started (a resumed run): the ETA's rate counts only the units done here.
+        self._initial = 0.0
         self._bar: Any = None
         self._task: Any = None
         self.lines = 0
@@ -68,8 +70,9 @@ class Tracker:
         if self.info:
             text += f" · {self.info}"
         text += f" · {duration(elapsed)} elapsed"
-        if 0 < share < 1:
-            text += f", ETA {duration(elapsed * (1 - share) / share)}"
+        done_here = self.completed - self._initial
+        if 0 < share < 1 and done_here > 0:
+            text += f", ETA {duration(elapsed * (self.total - self.completed) / done_here)}"
         print(text, file=sys.stderr, flush=True)
 
 
@@ -99,7 +102,7 @@ def progress(
         A :class:`Tracker`.
     """
     tracker = Tracker(description, total, unit, every, interval_s)
-    tracker.completed = tracker._last_at = completed
+    tracker.completed = tracker._last_at = tracker._initial = completed
     if not enabled:
         tracker.interval_s, tracker.every = float("inf"), None
         yield tracker

@@ -42,3 +42,14 @@ def test_disabled_prints_nothing_and_a_resumed_count_starts_where_it_was(capsys)
         tracker.update(7)
         tracker.update(10)
     assert capsys.readouterr().err.splitlines()[0].startswith("train: step 10/10")
+
+
+def test_a_resumed_runs_eta_counts_only_the_units_done_since_it_resumed(capsys):
+    # 90 of 100 steps were done before this process; one step here takes ~1 s, so ~9 s are left. Counting the 90
+    # as done in this process's time would say 0 s.
+    with progress("train", 100, unit="step", every=1, completed=90) as tracker:
+        time.sleep(1.0)
+        tracker.update(91)
+    eta = capsys.readouterr().err.split("ETA ")[1].strip()
+    minutes, _, seconds = eta.rstrip("s").rpartition("m")
+    assert 60 * int(minutes or 0) + int(seconds) >= 8, eta
