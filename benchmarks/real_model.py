@@ -308,11 +308,9 @@ def task_probe(model: Any, store: dict[str, Any], opts: argparse.Namespace) -> N
     """Which tasks beyond the needle the base can do inside its window: ``--probe-samples`` samples of each of
     :data:`PROBE_TASKS` at :data:`PROBE_LENGTH` tokens (held-out template, the model's chat template, depths spread
     0–100 %), teacher-forced, stored as stages ``in-window TASK``."""
-    import torch
-
     from ctxext.errors import InputError
     from ctxext.evaluation.settings import decide_chat
-    from ctxext.scoring.nll import token_scores
+    from ctxext.scoring.answers import score_answers
     from ctxext.tasks import Haystack
     from ctxext.tasks.chat import chat_wrap
     from ctxext.tasks.registry import get_task
@@ -335,10 +333,7 @@ def task_probe(model: Any, store: dict[str, Any], opts: argparse.Namespace) -> N
             except InputError as exc:  # a task that cannot take a chat template, say
                 problem = str(exc)
                 break
-            with torch.no_grad():
-                _, hits = token_scores(model.model, torch.tensor([sample.ids]))
-            start, end = sample.answer_span
-            correct += bool(hits[0][start - 1 : end - 1].all())
+            correct += score_answers(model.model, [sample.ids], [sample.answer_span])[0].correct
         stages[key] = {
             "seconds": round(time.time() - started),
             "correct": None if problem else correct,
