@@ -33,7 +33,7 @@ from ctxext.recipe.sections import (
     TrainSection,
     pose_refusal,
 )
-from ctxext.recipe.window import resolve_window_multiples
+from ctxext.recipe.window import marked_keys, resolve_window_multiples
 from ctxext.rope.methods import declared_options
 
 
@@ -309,16 +309,7 @@ def load_recipe(path: str | Path, overrides: list[str] | None = None) -> Recipe:
 
 def run_keeping_keys() -> frozenset[str]:
     """The ``section.key`` settings that only keep a run (checkpoints, logs): ``--resume`` may change them."""
-    keys = set()
-    for section, info in Recipe.model_fields.items():
-        model = info.annotation
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            continue
-        for name, field in model.model_fields.items():
-            extra = field.json_schema_extra
-            if isinstance(extra, dict) and extra.get(RUN_KEEPING):
-                keys.add(f"{section}.{name}")
-    return frozenset(keys)
+    return frozenset(marked_keys(Recipe, RUN_KEEPING))
 
 
 def dump_recipe(recipe: Recipe) -> str:

@@ -77,16 +77,21 @@ def window_keys(model: type[BaseModel], data: Any, prefix: str = "") -> Iterator
 
 def declared_window_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     """The dotted keys that accept a multiple (a list's items as ``*``), for the docs and tests."""
+    return marked_keys(model, MARK, prefix)
+
+
+def marked_keys(model: type[BaseModel], mark: str, prefix: str = "") -> list[str]:
+    """The dotted keys of the fields whose ``json_schema_extra`` carries ``mark`` (a list's items as ``*``)."""
     keys = []
     for name, info in model.model_fields.items():
         extra = info.json_schema_extra
-        if isinstance(extra, dict) and extra.get(MARK):
+        if isinstance(extra, dict) and extra.get(mark):
             keys.append(f"{prefix}{name}")
             continue
         sub = _model_in(info.annotation)
         if sub is not None:
             star = ".*" if typing.get_origin(info.annotation) is list or "list[" in str(info.annotation) else ""
-            keys += declared_window_keys(sub, f"{prefix}{name}{star}.")
+            keys += marked_keys(sub, mark, f"{prefix}{name}{star}.")
     return keys
 
 
