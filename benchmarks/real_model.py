@@ -64,7 +64,11 @@ KV_INPUTS = {8192: 2, 32768: 1}
 MID = TARGET // 2  # the middle length: variants extended to it, and the LongRoPE search's target
 # Tasks beyond the needle, probed inside the base's window: the key-value rows need a task this model can do there
 # (json_kv is not one: 11 of 120 lookups at 2,048 tokens over five templates, with and without the chat template).
-PROBE_TASKS = ("json_kv", "icl", "variable_tracking", "doc_qa", "copy_span")
+# A spec is a task name and its options (``json_kv:hex=8``): the defaults, and the easier forms a small model may
+# manage (shorter values to copy, fewer distractors).
+PROBE_TASKS = (
+    "json_kv", "json_kv:hex=8", "multikey", "icl", "variable_tracking", "doc_qa", "doc_qa:docs=2", "copy_span",
+)  # fmt: skip
 PROBE_LENGTH = 2048
 DEVICE = "cpu"
 
@@ -304,10 +308,22 @@ def throughput(work: Path, store: dict[str, Any], opts: argparse.Namespace) -> N
         _save(store)
 
 
+def probe_spec(spec: str) -> tuple[str, dict[str, int]]:
+    """A probe's task name and options from its spec (``json_kv:hex=8,...``)."""
+    name, _, rest = spec.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        option, _, value = item.partition("=")
+        if not value.isdigit():
+            raise SystemExit(f"--probe-tasks {spec}: write options as NAME=INTEGER (e.g. json_kv:hex=8)")
+        options[option] = int(value)
+    return name, options
+
+
 def task_probe(model: Any, store: dict[str, Any], opts: argparse.Namespace) -> None:
     """Which tasks beyond the needle the base can do inside its window: ``--probe-samples`` samples of each of
-    :data:`PROBE_TASKS` at :data:`PROBE_LENGTH` tokens (held-out template, the model's chat template, depths spread
-    0–100 %), teacher-forced, stored as stages ``in-window TASK``."""
+    ``--probe-tasks`` (default :data:`PROBE_TASKS`) at :data:`PROBE_LENGTH` tokens (held-out template, the model's
+    chat template, depths spread 0–100 %), teacher-forced, stored as stages ``in-window SPEC``."""
     from ctxext.errors import InputError
     from ctxext.evaluation.settings import decide_chat
     from ctxext.scoring.answers import score_answers
@@ -319,28 +335,35 @@ def task_probe(model: Any, store: dict[str, Any], opts: argparse.Namespace) -> N
     tokenizer, n = model.tokenizer, opts.probe_samples
     chat = chat_wrap(tokenizer, decided=decide_chat(BASE))
     hay = Haystack.from_texts(tokenizer, [(DOCS_DIR / DOCS[0]).read_text(errors="replace")], 4 * PROBE_LENGTH)
-    for name in PROBE_TASKS:
-        key = f"in-window {name}"
+    for spec in opts.probe_tasks:
+        name, options = probe_spec(spec)
+        key = f"in-window {spec}"
         if key in stages and stages[key].get("samples") == n:
             continue
         task = get_task(name)
+        task.resolve_options(options)  # an unknown option is refused before any forward
         template = task.heldout[0] if task.heldout else 0
-        started, correct, problem = time.time(), 0, None
+        started, correct, nats, problem = time.time(), 0, 0.0, None
         for i in range(n):
-            rng = random.Random(f"{opts.seed}-probe-{name}-{i}")
+            rng = random.Random(f"{opts.seed}-probe-{spec}-{i}")
             try:
-                sample = task.generate(tokenizer, hay, PROBE_LENGTH, (i + 0.5) / n, rng, template=template, chat=chat)
+                sample = task.generate(
+                    tokenizer, hay, PROBE_LENGTH, (i + 0.5) / n, rng, template=template, chat=chat, **options
+                )
             except InputError as exc:  # a task that cannot take a chat template, say
                 problem = str(exc)
                 break
-            correct += score_answers(model.model, [sample.ids], [sample.answer_span])[0].correct
+            scored = score_answers(model.model, [sample.ids], [sample.answer_span])[0]
+            correct, nats = correct + scored.correct, nats + scored.nll / max(1, scored.n_tokens)
         stages[key] = {
             "seconds": round(time.time() - started),
             "correct": None if problem else correct,
             "samples": n,
+            # How near the misses came: the answer tokens' mean NLL (nats per token, averaged over samples).
+            "answer_nll": None if problem else round(nats / n, 3),
             "template": template,
             "problem": problem,
-            "command": f"python -m benchmarks.real_model --only tasks --probe-samples {n}",
+            "command": f"python -m benchmarks.real_model --only tasks --probe-samples {n} --probe-tasks {spec}",
         }
         print(f"{key}: " + (problem or f"{correct}/{n}"), flush=True)
         _save(store)
@@ -380,9 +403,21 @@ def _read() -> dict[str, Any]:
 
 
 def _save(store: dict[str, Any]) -> None:
-    tmp = JSON_FILE.with_suffix(".tmp")
-    tmp.write_text(json.dumps(store, indent=1) + "\n")
-    tmp.replace(JSON_FILE)
+    """Write the store, keeping the cells and stages another run of this script stored meanwhile.
+
+    Two runs may share the file (``--only tasks`` beside a fine-tune of hours): each adds its own keys and none
+    removes another's, so a save merges with what is on disk, under a lock, instead of writing its own copy over it.
+    """
+    import fcntl
+
+    with open(Path(tempfile.gettempdir()) / f"ctxext-bench-{JSON_FILE.stem}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        disk = _read()
+        for part in ("cells", "stages"):
+            store[part] = {**disk.get(part, {}), **store.get(part, {})}
+        tmp = JSON_FILE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(store, indent=1) + "\n")
+        tmp.replace(JSON_FILE)
 
 
 def estimate(cells: list[Cell], seconds_2k: float) -> float:
@@ -596,8 +631,9 @@ def _probe_lines(store: dict[str, Any]) -> list[str]:
             lines.append(f"- {name}: not measured ({got['problem']})")
             continue
         low, high = wilson_interval(got["correct"], got["samples"])
+        nll = f", answer NLL {got['answer_nll']:.2f} nats/token" if got.get("answer_nll") is not None else ""
         lines.append(f"- {name} (template {got['template']}): {got['correct']}/{got['samples']} "
-                     f"[{100 * low:.0f}, {100 * high:.0f}] %")  # fmt: skip
+                     f"[{100 * low:.0f}, {100 * high:.0f}] %{nll}")  # fmt: skip
     return lines
 
 
@@ -669,6 +705,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--max-length", type=int, default=0, help="measure only cells up to this many tokens")
     parser.add_argument("--probe-samples", type=int, default=12, help="samples per task of the in-window task probe")
+    parser.add_argument(
+        "--probe-tasks", nargs="+", default=list(PROBE_TASKS), help="the probe's tasks, NAME[:OPTION=N,...] each"
+    )
     parser.add_argument("--recipe", default="recipes/smollm2-32k.yaml", help="the fine-tune's recipe")
     parser.add_argument("--train-override", nargs="*", default=[], help="key=value overrides for the fine-tune")
     parser.add_argument("--calibrate-override", nargs="*", default=[], help="flags for ctxext calibrate")
