@@ -414,7 +414,11 @@ def _save(store: dict[str, Any]) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         disk = _read()
         for part in ("cells", "stages"):
-            store[part] = {**disk.get(part, {}), **store.get(part, {})}
+            # In place: callers hold these dicts (``stages = store.setdefault(...)``) across saves.
+            mine = store.setdefault(part, {})
+            merged = {**disk.get(part, {}), **mine}
+            mine.clear()
+            mine.update(merged)
         tmp = JSON_FILE.with_suffix(".tmp")
         tmp.write_text(json.dumps(store, indent=1) + "\n")
         tmp.replace(JSON_FILE)
