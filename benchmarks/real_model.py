@@ -410,6 +410,8 @@ def _save(store: dict[str, Any]) -> None:
     """
     import fcntl
 
+    from ctxext.atomic import write_json_atomic
+
     with open(Path(tempfile.gettempdir()) / f"ctxext-bench-{JSON_FILE.stem}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         disk = _read()
@@ -419,9 +421,7 @@ def _save(store: dict[str, Any]) -> None:
             merged = {**disk.get(part, {}), **mine}
             mine.clear()
             mine.update(merged)
-        tmp = JSON_FILE.with_suffix(".tmp")
-        tmp.write_text(json.dumps(store, indent=1) + "\n")
-        tmp.replace(JSON_FILE)
+        write_json_atomic(JSON_FILE, store)
 
 
 def estimate(cells: list[Cell], seconds_2k: float) -> float:
