@@ -12,9 +12,10 @@ and a question and answer per needle after it (:mod:`ctxext.tasks.keyset`). One 
 * perplexity by position of the manual's own tokens (the needles and the questions left out), and
 * every needle's teacher-forced retrieval: correct iff greedy decoding writes the key.
 
-A key-value lookup task beyond the needle (a JSON-like object of random keys, several lookups per input) runs at
-8k and at 32k; ``--only tasks`` probes which tasks beyond the needle the base can do inside its window at all
-(2,048 tokens, a few samples each: the lookup is not one of them). All variants see the same inputs (paired).
+The needles of an input have distinct names: RULER's multi-key needle task, every key asked. ``--only tasks``
+probes which tasks beyond the needle the base can do inside its window at all (2,048 tokens, a few samples each):
+none of those tried does measurably better than guessing, so the key-value lookup (a JSON-like object of random
+keys) was measured on the training-free variants only. All variants see the same inputs (paired).
 Intervals are 95 %: perplexity bootstrapped over documents, retrieval by a cluster bootstrap over inputs (the keys
 of one input share it), next to each cell's n.
 
@@ -114,10 +115,11 @@ def plan_cells() -> list[Cell]:
         if name in ("finetuned", "calibrated"):
             # The half-way length first: its paired test costs a third of the target's.
             cells += [*inside, Cell(name, MID), Cell(name, target)]
-            cells += [Cell(name, ORIGINAL, "kv"), Cell(name, TARGET, "kv")]
             continue
         cells += inside + [Cell(name, target)]
         if name in (f"yarn-{TARGET // 1024}k", f"llama3-{TARGET // 1024}k"):
+            # Measured before the in-window task probe showed that this model cannot do the lookup even inside its
+            # window (0/8 at 2,048 tokens): kept on the page as measured, not run on the trained variants.
             cells.append(Cell(name, TARGET, "kv"))
     return cells
 
@@ -608,8 +610,22 @@ def render(store: dict[str, Any]) -> None:
             lines.append(f"| {c.variant} | {c.length} | not yet measured | | | |")
             continue
         lines.append(f"| {c.variant} | {c.length} | {_rate(got)} | {_by_depth(got)} | {_ppl(got)} | {_wall(got)} |")
-    lines += ["", "## Key-value lookup (a JSON-like object of random keys, 11 lookups per input)", ""]
-    lines += ["| variant | length | correct % [95 %] | by depth 0 → 100 % |", "| --- | --- | --- | --- |"]
+    lines += [
+        "",
+        "The retrieval rows are RULER's multi-key needle task (MK-NIAH) with every key asked: the needles of an "
+        "input have distinct names, so each question has the input's other needles as distractors.",
+        "",
+        "## Key-value lookup (a JSON-like object of random keys, 11 lookups per input)",
+        "",
+        "HELMET's json_kv: measured on the training-free variants before the in-window task probe (below) showed "
+        "that this model cannot do it even inside its own window (json_kv, with 8-hex-digit values too), so these "
+        "rows measure nothing and the trained variants skip them. Of the probe's tasks beyond the needle (all "
+        "but multikey, a needle task), none does measurably better than guessing in the window (icl: one label "
+        "of 6); the multi-key retrieval above is the task of the table.",
+        "",
+        "| variant | length | correct % [95 %] | by depth 0 → 100 % |",
+        "| --- | --- | --- | --- |",
+    ]
     for c in plan_cells():
         if c.kind == "kv":
             got = cells.get(c.key)
