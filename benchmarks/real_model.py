@@ -129,18 +129,12 @@ def plan_cells() -> list[Cell]:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _depths(keys: int, index: int, count: int) -> list[float]:
-    # Evenly over 0–100 %, shifted from input to input so that the inputs together cover every depth band.
-    shift = (index + 0.5) / count
-    return [(k + shift) / keys for k in range(keys)]
-
-
 def build_inputs(tokenizer: Any, length: int, kind: str, keys: int, seed: int) -> list[Any]:
     """The key sets of one length (the same for every variant: seeded by the length and the input)."""
     from ctxext.evaluation.settings import decide_chat
     from ctxext.tasks import Haystack
     from ctxext.tasks.chat import chat_wrap
-    from ctxext.tasks.keyset import make_json_keyset, make_keyset
+    from ctxext.tasks.keyset import make_json_keyset, make_keyset, spread_depths
 
     # What `ctxext eval` does by default (--chat-template auto): this instruct model gets its chat template, each
     # question in a user turn and its answer prefix opening the assistant turn.
@@ -159,7 +153,7 @@ def build_inputs(tokenizer: Any, length: int, kind: str, keys: int, seed: int) -
         text = (DOCS_DIR / DOCS[i % len(DOCS)]).read_text(errors="replace")
         hay = Haystack.from_texts(tokenizer, [text], length * (lap + 1))
         rng = random.Random(f"{seed}-keys-{length}-{i}")
-        depths = _depths(keys, i, INPUTS[length])
+        depths = spread_depths(keys, i, INPUTS[length])
         # The needle form no training row uses, the manual's text in order: the truncated-document protocol.
         ks = make_keyset(tokenizer, hay, length, depths, rng, template=TEMPLATE, offset=lap * length, chat=chat)
         out.append(ks)

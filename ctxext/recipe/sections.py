@@ -391,7 +391,12 @@ class ProbeSection(Section):
     trials: int = Field(
         default=64, ge=0, description="key retrievals per probe (at least one; several per input, one pass each)"
     )
-    keys: int = Field(default=4, gt=0, description="keys hidden in each probe input (one forward scores them all)")
+    keys: int = Field(
+        default=1,
+        gt=0,
+        description="keys hidden in each probe input (one forward scores them all; more than one is a multi-key "
+        "lookup, which a base that retrieves one needle may not do: raise it only for a model that does)",
+    )
     interval: int = Field(default=100, gt=0, description="optimizer steps between probes (at most train.max_steps)")
     goal: float = Field(default=0.9, ge=0, le=1, description="stop once this share of the probe's keys is retrieved")
     patience: int | None = Field(

@@ -56,6 +56,16 @@ class KeySet:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
+def spread_depths(keys: int, index: int, count: int) -> list[float]:
+    """The needle depths (0–1) of input ``index`` of ``count``, ``keys`` needles in each.
+
+    Evenly over the input, shifted from input to input so that the inputs together cover every depth: with one key
+    each, the ``count`` inputs' needles stand evenly from 0 to 1, none at the very edges.
+    """
+    shift = (index + 0.5) / count
+    return [(k + shift) / keys for k in range(keys)]
+
+
 def make_keyset(
     tokenizer: Any,
     haystack: Haystack,

@@ -44,11 +44,12 @@ PROBE_PLOT = "probe.png"
 
 @dataclass
 class ProbeInputs:
-    """The probe's key sets: token ids and, for each, the spans of its answers."""
+    """The probe's key sets: token ids and, for each, the spans of its answers and their needles' depths (0–1)."""
 
     sequences: list[list[int]]
     spans: list[list[tuple[int, int]]]
     length: int
+    depths: list[list[float]] = field(default_factory=list)
 
     @property
     def trials(self) -> int:
@@ -68,7 +69,7 @@ def build_probe_inputs(recipe: Recipe, tokenizer: Any, documents: Any) -> ProbeI
         InputError: no held-out documents, or a probe too short for its keys.
     """
     from ctxext.tasks.base import Haystack
-    from ctxext.tasks.keyset import make_keyset
+    from ctxext.tasks.keyset import make_keyset, spread_depths
 
     probe, length = recipe.train.probe, recipe.probe_length
     assert probe is not None and length is not None
@@ -79,17 +80,21 @@ def build_probe_inputs(recipe: Recipe, tokenizer: Any, documents: Any) -> ProbeI
     haystack = Haystack.from_texts(tokenizer, iter(documents["text"]), min_tokens=4 * length, name="validation")
     templates = probe_templates(recipe)
     rng = random.Random(f"ctxext-probe-{recipe.train.seed}")
-    sequences, spans = [], []
-    for j in range(math.ceil(probe.trials / probe.keys)):
+    sequences, spans, depth_lists = [], [], []
+    inputs = math.ceil(probe.trials / probe.keys)
+    for j in range(inputs):
         k = min(probe.keys, probe.trials - j * probe.keys)
-        depths = [(i + 0.5) / k for i in range(k)]  # evenly over the input, none at its very edges
+        # Shifted from input to input: with one key per input, every input's needle at the same depth would probe
+        # one depth only, where the target asks for every depth.
+        depths = spread_depths(k, j, inputs)
         try:
             keyset = make_keyset(tokenizer, haystack, length, depths, rng, template=templates[j % len(templates)])
         except InputError as exc:
             raise InputError(f"train.probe: {exc}; lower train.probe.keys or raise train.probe.length") from None
         sequences.append(keyset.ids)
         spans.append(keyset.spans)
-    return ProbeInputs(sequences, spans, length)
+        depth_lists.append(keyset.depths)
+    return ProbeInputs(sequences, spans, length, depth_lists)
 
 
 def probe_templates(recipe: Recipe) -> list[int]:

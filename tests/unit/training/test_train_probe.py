@@ -163,3 +163,23 @@ def test_a_probe_too_short_for_its_keys_is_refused_before_the_run_folder(tmp_pat
     with pytest.raises(InputError, match=r"train\.probe: a key set of 8 needles needs at least \d+ tokens"):
         train_module.train(recipe)
     assert not (tmp_path / "short" / "run.json").exists()
+
+
+def test_one_key_per_input_probes_every_depth(tmp_path):
+    # The default probe is one key per input (a multi-key input is a lookup among distractors, which a base that
+    # retrieves a single needle may not do); its inputs together must cover 0–100 %, not one depth.
+    from transformers import AutoTokenizer
+
+    from ctxext.models.sources import resolve_model_path
+    from ctxext.training.probe import build_probe_inputs
+
+    recipe = _recipe(tmp_path, "depths", {"keys": 1, "interval": 1})
+    from ctxext.recipe.sections import ProbeSection
+
+    assert ProbeSection().keys == 1
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(recipe.model.path)))
+    docs = {"text": ["def f(x):\n    return x + 1\n" * 40] * 4}
+    inputs = build_probe_inputs(recipe, tokenizer, docs)
+    depths = sorted(d for ds in inputs.depths for d in ds)
+    assert inputs.trials == 8 and len(inputs.sequences) == 8
+    assert depths == pytest.approx([(j + 0.5) / 8 for j in range(8)])
