@@ -56,6 +56,8 @@ DOCS_DIR = Path("/usr/share/vim/vim90/doc")
 # Single long manuals (each longer than 32k tokens of this tokenizer), in the order inputs take them.
 DOCS = ("builtin.txt", "options.txt", "syntax.txt", "eval.txt", "pi_netrw.txt")
 RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = "recipes/smollm2-32k.yaml"  # the fine-tune's, relative to the repository
 JSON_FILE = RESULTS / "real_model.json"
 PAGE = RESULTS / "real_model.md"
 BUCKETS = 8
@@ -100,7 +102,10 @@ def variants() -> dict[str, int | None]:
             out[f"{method}-{target // 1024}k"] = target
     out[f"longrope-{MID // 1024}k"] = MID
     out["finetuned"] = TARGET
-    out["calibrated"] = TARGET
+    if DEVICE != "cpu":
+        # `ctxext calibrate` at the target with trials that could detect a temperature's effect costs far more than
+        # the fine-tune on a CPU (`ctxext train` says its estimate when it skips the calibration): the GPU check's.
+        out["calibrated"] = TARGET
     return out
 
 
@@ -435,7 +440,13 @@ def run(opts: argparse.Namespace) -> None:
     from ctxext.models.cost import ForwardClock
 
     store = _read()
-    store["settings"] = {"keys_per_input": opts.keys, "inputs": INPUTS, "kv_inputs": KV_INPUTS, "seed": opts.seed}
+    import yaml
+
+    method = yaml.safe_load(Path(opts.recipe).read_text())["rope"]["method"]
+    store["settings"] = {
+        "keys_per_input": opts.keys, "inputs": INPUTS, "kv_inputs": KV_INPUTS, "seed": opts.seed,
+        "recipe_method": method,
+    }  # fmt: skip
     todo = [c for c in plan_cells() if c.key not in store["cells"]]
     if opts.only:
         todo = [c for c in todo if any(c.variant.startswith(o) for o in opts.only)]
@@ -604,6 +615,14 @@ def render(store: dict[str, Any]) -> None:
             lines.append(f"| {c.variant} | {c.length} | not yet measured | | | |")
             continue
         lines.append(f"| {c.variant} | {c.length} | {_rate(got)} | {_by_depth(got)} | {_ppl(got)} | {_wall(got)} |")
+    if "calibrated" not in variants():
+        lines += [
+            "",
+            "No calibrated variant on a CPU: `ctxext calibrate` at the target with trials that could detect a "
+            "temperature's effect would take far longer than the fine-tune here (`ctxext train` prints its "
+            "estimate when it skips the calibration, in `commands.log`); the GPU check (`scripts/gpu-check.sh`) "
+            "measures it.",
+        ]
     lines += [
         "",
         "The retrieval rows are RULER's multi-key needle task (MK-NIAH) with every key asked: the needles of an "
@@ -627,7 +646,7 @@ def render(store: dict[str, Any]) -> None:
                 f"| {c.variant} | {c.length} | {_rate(got) if got else 'not yet measured'} | "
                 f"{_by_depth(got) if got else ''} |"
             )
-    lines += _probe_lines(store) + _comparisons(cells) + _stages(store)
+    lines += _probe_lines(store) + _comparisons(store) + _stages(store)
     PAGE.write_text("\n".join(lines) + "\n")
     print(f"wrote {PAGE}")
 
@@ -651,7 +670,16 @@ def _probe_lines(store: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _comparisons(cells: dict[str, Any]) -> list[str]:
+def _recipe_method(store: dict[str, Any]) -> str:
+    # The fine-tune's extension method (its training-free start): as stored by the run, else the default recipe's.
+    import yaml
+
+    stored = store.get("settings", {}).get("recipe_method")
+    return stored or yaml.safe_load((ROOT / RECIPE).read_text())["rope"]["method"]
+
+
+def _comparisons(store: dict[str, Any]) -> list[str]:
+    cells = store["cells"]
     lines = ["", "## Paired comparisons", ""]
     for length in (MID, TARGET):
         free = [f"{m}-{length // 1024}k@{length}:keys" for m in METHODS] + (
@@ -668,6 +696,13 @@ def _comparisons(cells: dict[str, Any]) -> list[str]:
         cal = f"calibrated@{length}:keys"
         if cal in cells:
             lines.append(f"- {length} tokens, calibrated vs fine-tuned: {_paired(cells[cal], cells[tuned])}")
+    # What training added to its own training-free start (the recipe's method at the target, untrained).
+    start = f"{_recipe_method(store)}-{TARGET // 1024}k"
+    for length in (ORIGINAL, TARGET):
+        tuned, untrained = f"finetuned@{length}:keys", f"{start}@{length}:keys"
+        if tuned in cells and untrained in cells:
+            lines.append(f"- {length} tokens, fine-tuned vs its training-free start ({start}): "
+                         f"{_paired(cells[tuned], cells[untrained])}")  # fmt: skip
     base = cells.get(f"base@{ORIGINAL}:keys")
     for name in [v for v in variants() if v != "base"]:
         key = f"{name}@{ORIGINAL}:keys"
@@ -722,7 +757,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--probe-tasks", nargs="+", default=list(PROBE_TASKS), help="the probe's tasks, NAME[:OPTION=N,...] each"
     )
-    parser.add_argument("--recipe", default="recipes/smollm2-32k.yaml", help="the fine-tune's recipe")
+    parser.add_argument("--recipe", default=RECIPE, help="the fine-tune's recipe")
     parser.add_argument("--train-override", nargs="*", default=[], help="key=value overrides for the fine-tune")
     parser.add_argument("--calibrate-override", nargs="*", default=[], help="flags for ctxext calibrate")
     parser.add_argument("--search-budget", default="40m", help="time budget of the LongRoPE search at 16k")
