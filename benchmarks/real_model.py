@@ -440,12 +440,9 @@ def run(opts: argparse.Namespace) -> None:
     from ctxext.models.cost import ForwardClock
 
     store = _read()
-    import yaml
-
-    method = yaml.safe_load(Path(opts.recipe).read_text())["rope"]["method"]
     store["settings"] = {
         "keys_per_input": opts.keys, "inputs": INPUTS, "kv_inputs": KV_INPUTS, "seed": opts.seed,
-        "recipe_method": method,
+        "recipe_method": _recipe_method(Path(opts.recipe)),
     }  # fmt: skip
     todo = [c for c in plan_cells() if c.key not in store["cells"]]
     if opts.only:
@@ -670,12 +667,11 @@ def _probe_lines(store: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _recipe_method(store: dict[str, Any]) -> str:
-    # The fine-tune's extension method (its training-free start): as stored by the run, else the default recipe's.
+def _recipe_method(recipe: Path) -> str:
+    # The fine-tune's extension method: its training-free start.
     import yaml
 
-    stored = store.get("settings", {}).get("recipe_method")
-    return stored or yaml.safe_load((ROOT / RECIPE).read_text())["rope"]["method"]
+    return str(yaml.safe_load(recipe.read_text())["rope"]["method"])
 
 
 def _comparisons(store: dict[str, Any]) -> list[str]:
@@ -697,7 +693,9 @@ def _comparisons(store: dict[str, Any]) -> list[str]:
         if cal in cells:
             lines.append(f"- {length} tokens, calibrated vs fine-tuned: {_paired(cells[cal], cells[tuned])}")
     # What training added to its own training-free start (the recipe's method at the target, untrained).
-    start = f"{_recipe_method(store)}-{TARGET // 1024}k"
+    # As the run stored it; a store written before runs recorded it: the default recipe's.
+    method = store.get("settings", {}).get("recipe_method") or _recipe_method(ROOT / RECIPE)
+    start = f"{method}-{TARGET // 1024}k"
     for length in (ORIGINAL, TARGET):
         tuned, untrained = f"finetuned@{length}:keys", f"{start}@{length}:keys"
         if tuned in cells and untrained in cells:
