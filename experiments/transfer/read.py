@@ -1,6 +1,7 @@
 """Read a base's transfer runs against issue 37's relative target, pooled over seeds, with paired tests.
 
     python -m experiments.transfer.read runs/transfer/grown-code-64 [--arm default] [--page FILE.md]
+    python -m experiments.transfer.read runs/transfer/* --arm probe --against default --page PAGE.md
 
 The target (relative to the base): at 4× its window, at every depth, retrieval ≥ the lower of 90 % and the base's
 own in-window accuracy at that depth minus 3 points; in-window retrieval no more than 3 points below the base;
@@ -10,7 +11,10 @@ points of it. Every seed's prompts are fresh (seeded by the training seed), so p
 and the Wilson interval applies as it stands (no prompt is re-scored across seeds: no cluster bootstrap needed).
 Paired tests: the arm against the ``llama3`` training-free start on the same prompts (exact McNemar per depth, Holm
 over the depths), and the in-window perplexity ratio against the base over the documents (the seeds' mean NLL per
-document; 95 % paired bootstrap).
+document; 95 % paired bootstrap). ``--against ARM`` adds the arm against another arm of the same seeds at the
+target (exact McNemar per depth on the same prompts, Holm over the depths). Per seed: the step it stopped at and
+why, the probe's curve, and the training steps' time (the sum over steps of tokens / tokens per second from the
+run's ``metrics.jsonl``: compute, without evaluations or probes) and the probes' time.
 """
 
 import argparse
@@ -51,7 +55,72 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}"
 
 
-def read(folder: Path, arm: str) -> list[str]:
+def steps_seconds(run_dir: Path) -> float:
+    """The training steps' compute time: the sum of each step's tokens over its tokens per second.
+
+    A resumed run logs the steps after its checkpoint again; each logged step counts (it was computed).
+    """
+    seconds, seen_at = 0.0, {0: 0}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row.get("tokens_per_sec"):
+            step, seen = row["step"], row["tokens_seen"]
+            tokens = seen - seen_at.get(step - 1, seen - seen / step)
+            seconds += tokens / row["tokens_per_sec"]
+            seen_at[step] = seen
+    return seconds
+
+
+def seed_line(e: dict[str, Any]) -> str:
+    """One seed's run: where and why it stopped, its probe curve, its time."""
+    run_dir = Path(e["ref"])
+    record = json.loads((run_dir / "run.json").read_text())
+    probe = record.get("probe") or {}
+    why = probe.get("stopped") or f"train.max_steps ({record.get('steps')} steps, no probe)"
+    line = f"- seed {e['seed']}: stopped at step {probe.get('stop_step', record.get('steps'))}: {why}"
+    probe_file = run_dir / "probe.json"
+    if probe_file.is_file():
+        readings = json.loads(probe_file.read_text())["readings"]
+        curve = " → ".join(_pct(r["rate"]) for r in readings)
+        line += (
+            f"; probe at {probe['length']} tokens every {probe['interval']} steps ({probe['trials']} trials): "
+            f"{curve} %, best step {probe['best_step']} ({_pct(probe['best_rate'])} %)"
+        )
+    line += f"; training steps {steps_seconds(run_dir) / 60:.0f} min"
+    if probe:
+        line += f", probes {probe['seconds'] / 60:.1f} min"
+    return line + f"; attention temperature {e.get('attention_temperature') or 1.0}"
+
+
+def against_lines(folder: Path, arm: str, other: str, tuned: list[dict[str, Any]], target: int) -> list[str]:
+    """The arm against another arm on the same seeds' prompts at the target, per depth."""
+    from ctxext.scoring.stats import holm, mcnemar_exact
+
+    by_seed = {e["seed"]: e for e in load(folder, other)}
+    shared = [e for e in tuned if e["seed"] in by_seed]
+    if not shared:
+        return [f"- against `{other}`: no evaluation of the same seeds yet"]
+    theirs = [by_seed[e["seed"]] for e in shared]
+    tests = [
+        mcnemar_exact([bool(x) for x in pooled(shared, target, d)], [bool(x) for x in pooled(theirs, target, d)])
+        for d in DEPTHS
+    ]
+    cells = [
+        f"{d} % {_pct(sum(pooled(theirs, target, d)) / len(pooled(theirs, target, d)))} "
+        f"(+{t['only_a']}/−{t['only_b']}, p = {p:.2g})"
+        for d, t, p in zip(DEPTHS, tests, holm([t["p_value"] for t in tests]), strict=True)
+    ]
+    mine_all = [bool(x) for d in DEPTHS for x in pooled(shared, target, d)]
+    both = mcnemar_exact(mine_all, [bool(x) for d in DEPTHS for x in pooled(theirs, target, d)])
+    seeds = ", ".join(str(e["seed"]) for e in shared)
+    return [
+        f"- against `{other}` at {target} tokens (seeds {seeds}; `{other}`'s rate, this arm's +/− trials, Holm p): "
+        + "; ".join(cells)
+        + f"; all depths +{both['only_a']}/−{both['only_b']}, p = {both['p_value']:.2g}"
+    ]
+
+
+def read(folder: Path, arm: str, against: str | None = None) -> list[str]:
     """The base's reading as markdown lines."""
     import numpy as np
 
@@ -106,14 +175,9 @@ def read(folder: Path, arm: str) -> list[str]:
         f"- In-window perplexity, arm / base: {ratio['ratio']:.3f} [{ratio['ci_low']:.3f}, {ratio['ci_high']:.3f}] "
         f"over {len(base_nll)} documents: {'✓' if ppl_ok else '✗'} (at most 1.03)",
     ]
-    for e in tuned:
-        record = json.loads((Path(e["ref"]) / "run.json").read_text())
-        probe = record.get("probe") or {}
-        why = probe.get("stopped") or f"train.max_steps ({record.get('steps')} steps, no probe)"
-        lines.append(
-            f"- seed {e['seed']}: stopped at step {probe.get('stop_step', record.get('steps'))}: {why}; attention "
-            f"temperature {e.get('attention_temperature') or 1.0}"
-        )
+    lines += [seed_line(e) for e in tuned]
+    if against:
+        lines += against_lines(folder, arm, against, tuned, target)
     met = every and in_ok and ppl_ok
     lines += ["", f"**{'Meets' if met else 'Does not meet'} the relative target** at 4× ({target} tokens).", ""]
     return lines
@@ -129,12 +193,25 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("folders", nargs="+", help="runs/transfer/NAME folders (experiments.transfer.run)")
     parser.add_argument("--arm", default="default", help="the arm to read")
+    parser.add_argument("--against", default=None, help="another arm to pair this one with (same seeds)")
     parser.add_argument("--page", default=None, help="write the reading to this markdown file too")
     args = parser.parse_args(argv)
-    lines = [line for folder in args.folders for line in read(Path(folder), args.arm)]
+    lines = [line for folder in args.folders for line in read(Path(folder), args.arm, args.against)]
     print("\n".join(lines))
     if args.page:
-        Path(args.page).write_text("\n".join(lines) + "\n")
+        import datetime
+        import sys
+
+        command = " ".join(["python -m experiments.transfer.read", *(sys.argv[1:] if argv is None else argv)])
+        head = [
+            f"# Transfer of the default recipe: arm `{args.arm}` against issue 37's relative target",
+            "",
+            f"Written by `{command}` on {datetime.date.today()} from the runs of `python -m experiments.transfer.run`"
+            " (its docstring: seeds, prompts, evaluation). The target and the reading: the docstring of"
+            " `experiments/transfer/read.py`. Machine: the shared 2-core x86_64 CPU, one thread per run.",
+            "",
+        ]
+        Path(args.page).write_text("\n".join(head + lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -231,6 +231,17 @@ def test_the_transfer_reading_is_issue_37s_relative_target() -> None:
     assert run.base_name("builtin:grown-code-64") == "grown-code-64"
 
 
+def test_the_transfer_reading_times_the_training_steps(tmp_path) -> None:
+    read = importlib.import_module("experiments.transfer.read")
+    rows = [
+        {"step": 1, "tokens_seen": 2048, "tokens_per_sec": 1024.0},
+        {"step": 2, "tokens_seen": 4096, "tokens_per_sec": 512.0},
+        {"step": 2, "tokens_seen": 4096, "val_loss": 2.0},  # an evaluation line: no step time
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert read.steps_seconds(tmp_path) == 6.0
+
+
 # ---- result pages
 
 CURRENT = [p for p in PAGES if p.parent.name == "results"]
