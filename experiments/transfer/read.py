@@ -195,11 +195,17 @@ def main(argv: list[str] | None = None) -> None:
         prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("folders", nargs="+", help="runs/transfer/NAME folders (experiments.transfer.run)")
-    parser.add_argument("--arm", default="default", help="the arm to read")
+    parser.add_argument("--arm", nargs="+", default=["default"], help="the arms to read, each in turn")
     parser.add_argument("--against", default=None, help="another arm to pair this one with (same seeds)")
     parser.add_argument("--page", default=None, help="write the reading to this markdown file too")
     args = parser.parse_args(argv)
-    lines = [line for folder in args.folders for line in read(Path(folder), args.arm, args.against)]
+    lines = [
+        line
+        for folder in args.folders
+        for arm in args.arm
+        if (Path(folder) / f"{arm}.json").is_file()
+        for line in read(Path(folder), arm, args.against if args.against != arm else None)
+    ]
     print("\n".join(lines))
     if args.page:
         import datetime
@@ -207,7 +213,8 @@ def main(argv: list[str] | None = None) -> None:
 
         command = " ".join(["python -m experiments.transfer.read", *(sys.argv[1:] if argv is None else argv)])
         head = [
-            f"# Transfer of the default recipe: arm `{args.arm}` against issue 37's relative target",
+            f"# Transfer of the default recipe: arms {', '.join(f'`{a}`' for a in args.arm)} against issue 37's "
+            "relative target",
             "",
             f"Written by `{command}` on {datetime.date.today()} from the runs of `python -m experiments.transfer.run`"
             " (its docstring: seeds, prompts, evaluation). The target and the reading: the docstring of"
