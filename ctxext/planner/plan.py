@@ -22,6 +22,7 @@ from ctxext.planner.band import Band, band_of
 from ctxext.planner.fit import CPU_RUNTIME, device_footprint, longest_fit, usable
 from ctxext.planner.footprint import Footprint, ModelShape, Setup
 from ctxext.planner.levers import lever_effects, lever_fields
+from ctxext.planner.setup import shape_names
 from ctxext.recipe.sections import FINETUNE_MODES
 from ctxext.resources import RESOURCES
 
@@ -243,6 +244,7 @@ def setup_for(
     attention = recipe.model.attn_implementation
     if attention == "auto":
         attention = "sdpa"  # flash-attn when installed: the same (linear) memory order
+    targets, extras = shape_names(list(recipe.lora.target_modules), list(recipe.lora.extra_trainable))
     levers = lever_fields(recipe, device.kind, compute_bytes)
     if full:
         levers["lora_dropout"] = 0.0
@@ -254,8 +256,8 @@ def setup_for(
         double_quant=recipe.quantization.double_quant,
         compute_bytes=compute_bytes,
         lora_r=recipe.lora.r,
-        lora_targets=() if full else tuple(recipe.lora.target_modules),
-        extra_trainable=() if full else tuple(recipe.lora.extra_trainable),
+        lora_targets=() if full else targets,
+        extra_trainable=() if full else extras,
         optimizer=optimizer,
         checkpointing=train.gradient_checkpointing,
         attention=attention,

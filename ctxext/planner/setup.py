@@ -10,9 +10,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ctxext.errors import InputError
+from ctxext.recipe.sections import ALL_LINEAR, INPUT_EMBEDDINGS
 
 GIB = 2**30
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def shape_names(targets: list[str], extras: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ``lora`` section's names in the planner's Llama-shaped model.
+
+    ``all-linear`` is its seven projections, ``embeddings`` its ``embed_tokens``
+    (:func:`ctxext.recipe.refusals.resolve_lora_names` does the same on a real model).
+
+    Args:
+        targets: ``lora.target_modules``.
+        extras: ``lora.extra_trainable``.
+
+    Returns:
+        ``(lora_targets, extra_trainable)`` of a :class:`Setup`.
+    """
+    lora = [n for t in targets for n in (PROJECTIONS if t == ALL_LINEAR else (t,))]
+    extra = ["embed_tokens" if x == INPUT_EMBEDDINGS else x for x in extras]
+    return tuple(dict.fromkeys(lora)), tuple(dict.fromkeys(extra))
 
 
 # Decoders whose attention normalises q and k per head (an RMSNorm over head_dim before RoPE): model_type.

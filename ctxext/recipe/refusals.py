@@ -434,9 +434,8 @@ def _plan_problems(recipe: Recipe, config: Any, checked: Checked) -> None:
         )
 
 
-# Module names of architectures that do not use the Llama names of the ``lora`` defaults: model_type ->
-# (target_modules, extra_trainable), proposed when the recipe's names match nothing. Qwen2 and Mistral use
-# the Llama names.
+# Module names of architectures that do not use the Llama names: model_type -> (target_modules, extra_trainable),
+# proposed when a recipe's Llama names match nothing (the defaults, all-linear and embeddings, fit every one).
 LORA_NAMES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gpt_neox": (("query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"), ("embed_in", "norm")),
 }
@@ -458,6 +457,46 @@ def _structure_problems(recipe: Recipe, config: Any, levers: Levers | None) -> l
         if tiled:
             problems.append(("train.memory.tiled_mlp", tiled))
     return problems
+
+
+def _leaf_of(model: Any, module: Any) -> str | None:
+    # The last part of the path of ``module`` inside ``model`` (``None``: not one of its modules).
+    return next((name.rsplit(".", 1)[-1] for name, m in model.named_modules() if name and m is module), None)
+
+
+def resolve_lora_names(model: Any, targets: list[str], extras: list[str]) -> tuple[list[str], list[str]]:
+    """The ``lora`` section's module names with ``all-linear`` and ``embeddings`` replaced by the model's own.
+
+    ``all-linear`` is the leaf name of every linear layer but the output head (quantized linear layers are
+    ``torch.nn.Linear`` too), as peft's own ``all-linear`` chooses; ``embeddings`` the input embedding's leaf name.
+    Other names are kept as given, in order, without repeats; a name that finds nothing stays, to match nothing.
+
+    Args:
+        model: the base causal LM (a meta model will do).
+        targets: ``lora.target_modules``.
+        extras: ``lora.extra_trainable``.
+
+    Returns:
+        ``(target_modules, extra_trainable)`` as peft is given them.
+    """
+    import torch
+
+    from ctxext.recipe.sections import ALL_LINEAR, INPUT_EMBEDDINGS
+
+    def expand(names: list[str], symbol: str, found: list[str]) -> list[str]:
+        out = [n for name in names for n in ((found or [name]) if name == symbol else [name])]
+        return list(dict.fromkeys(out))
+
+    linear: list[str] = []
+    if ALL_LINEAR in targets:
+        head = _leaf_of(model, model.get_output_embeddings()) if hasattr(model, "get_output_embeddings") else None
+        leaves = (n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+        linear = sorted({leaf for leaf in leaves if leaf != head})
+    embedding: list[str] = []
+    if INPUT_EMBEDDINGS in extras and hasattr(model, "get_input_embeddings"):
+        leaf = _leaf_of(model, model.get_input_embeddings())
+        embedding = [leaf] if leaf else []
+    return expand(targets, ALL_LINEAR, linear), expand(extras, INPUT_EMBEDDINGS, embedding)
 
 
 def matched_modules(model: Any, suffixes: list[str]) -> list[str]:
@@ -485,7 +524,8 @@ def lora_module_problems(model: Any, lora: Any) -> list[Problem]:
 
     problems = []
     names = [n for n, _ in model.named_modules()]
-    missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    targets, extras = resolve_lora_names(model, list(lora.target_modules), list(lora.extra_trainable))
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
         leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         problems.append(
@@ -495,8 +535,8 @@ def lora_module_problems(model: Any, lora: Any) -> list[Problem]:
                 f"{', '.join(leaves)}{_known_names(model, 'target_modules')}",
             )
         )
-    extra = matched_modules(model, list(lora.extra_trainable))
-    unmatched = [s for s in lora.extra_trainable if not any(n.endswith(s) for n in extra)]
+    extra = matched_modules(model, extras)
+    unmatched = [s for s in extras if not any(n.endswith(s) for n in extra)]
     if unmatched:
         problems.append(
             (

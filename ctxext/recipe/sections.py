@@ -192,6 +192,12 @@ class QuantizationSection(Section):
     )
 
 
+# Names in the lora section that stand for a model's own module names, resolved against the model
+# (ctxext.recipe.refusals.resolve_lora_names), so that one recipe fits Llama, Mistral, Qwen2 and GPT-NeoX alike.
+ALL_LINEAR = "all-linear"
+INPUT_EMBEDDINGS = "embeddings"
+
+
 class LoraSection(Section):
     """LoRA adapters and the modules trained in full beside them."""
 
@@ -199,11 +205,14 @@ class LoraSection(Section):
     alpha: float = Field(default=32, gt=0)
     dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        default_factory=lambda: [ALL_LINEAR],
+        description=f"module names that get adapters; {ALL_LINEAR}: every linear layer but the output head (Llama's "
+        "q/k/v/o and gate/up/down projections, GPT-NeoX's query_key_value, dense, dense_h_to_4h, dense_4h_to_h)",
     )
     extra_trainable: list[str] = Field(
-        default_factory=lambda: ["embed_tokens", "norm"],
-        description="module name suffixes trained in full (LongLoRA: embeddings and norms)",
+        default_factory=lambda: [INPUT_EMBEDDINGS, "norm"],
+        description=f"module name suffixes trained in full (LongLoRA: embeddings and norms); {INPUT_EMBEDDINGS}: "
+        "the model's input embedding, whatever its name (embed_tokens, embed_in, wte)",
     )
 
     @model_validator(mode="after")

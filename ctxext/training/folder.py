@@ -185,6 +185,18 @@ def versions(recipe: Recipe, command: list[str]) -> dict[str, Any]:
     }
 
 
+def adapter_targets(model: Any, given: list[str]) -> list[str]:
+    """The adapter's target modules by the model's own names (``all-linear`` resolved), as peft holds them.
+
+    Args:
+        model: the peft model (anything else: ``given`` is returned).
+        given: the recipe's ``lora.target_modules``.
+    """
+    config = (getattr(model, "peft_config", None) or {}).get("default")
+    names = getattr(config, "target_modules", None)
+    return sorted(names) if names and not isinstance(names, str) else list(given)
+
+
 def run_record(
     recipe: Recipe, loaded: Any, num_processes: int, base_fingerprint: str, previous: RunRecord | None
 ) -> RunRecord:
@@ -218,7 +230,7 @@ def run_record(
             r=recipe.lora.r,
             alpha=recipe.lora.alpha,
             dropout=recipe.lora.dropout,
-            target_modules=list(recipe.lora.target_modules),
+            target_modules=adapter_targets(loaded.model, recipe.lora.target_modules),
         ),
         extra_trainable=loaded.extra_trainable,
         trainable_params=loaded.trainable_params,

@@ -42,7 +42,8 @@ OOM_ADVICE = (
     "(`ctxext plan` ranks what each buys). Lower, in this order: "
     "train.micro_batch_size (raise train.gradient_accumulation_steps to keep the batch), train.seq_len, "
     "train.loss_chunk_size, lora.r; keep train.gradient_checkpointing=true and quantization.mode=nf4; drop "
-    "embed_tokens from lora.extra_trainable; or spread the sequence over GPUs: train.sequence_parallel_size "
+    "the embeddings (embeddings or embed_tokens) from lora.extra_trainable; or spread the sequence over GPUs: "
+    "train.sequence_parallel_size "
     "(DeepSpeed Ulysses, docs/sequence-parallel.md) or FSDP2 and train.context_parallel_size "
     "(configs/accelerate/fsdp2.yaml)."
 )

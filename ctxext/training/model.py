@@ -29,7 +29,7 @@ from ctxext.errors import InputError
 from ctxext.models.build import attention_for, compute_dtype_for, load_weights
 from ctxext.models.embeddings import embeddings_tied
 from ctxext.models.sources import resolve_model_path
-from ctxext.recipe.refusals import lora_module_problems, matched_modules
+from ctxext.recipe.refusals import lora_module_problems, matched_modules, resolve_lora_names
 from ctxext.rope.runtime import patch_model, verify_model_rope
 from ctxext.rope.types import RopePlan
 
@@ -140,7 +140,8 @@ def add_lora(
     problems = lora_module_problems(model, lora)
     if problems:
         raise InputError(f"{problems[0][0]}: {problems[0][1]}")
-    extra = matched_modules(model, list(lora.extra_trainable))
+    targets, extras = resolve_lora_names(model, list(lora.target_modules), list(lora.extra_trainable))
+    extra = matched_modules(model, extras)
     # A tied base trains its shared embedding as one matrix (peft wraps lm_head with the same copy): no silent untie
     # at merge, and no peft warning about tying for the user to decode.
     tie = embeddings_tied(model) and model.get_input_embeddings() in [model.get_submodule(n) for n in extra]
@@ -153,8 +154,8 @@ def add_lora(
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        modules_to_save=list(lora.extra_trainable) or None,
+        target_modules=targets,
+        modules_to_save=extras or None,
         bias="none",
         task_type="CAUSAL_LM",
         ensure_weight_tying=tie,

@@ -34,7 +34,7 @@ def test_defaults_and_seq_len_from_target():
     recipe = parse_recipe(MINIMAL)
     assert recipe.seq_len == 1024
     assert recipe.quantization.mode == "nf4"
-    assert "embed_tokens" in recipe.lora.extra_trainable
+    assert recipe.lora.target_modules == ["all-linear"] and recipe.lora.extra_trainable == ["embeddings", "norm"]
     assert yaml.safe_load(dump_recipe(recipe))["rope"]["target_length"] == 1024
 
 
