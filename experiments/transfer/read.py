@@ -11,10 +11,10 @@ points of it. Every seed's prompts are fresh (seeded by the training seed), so p
 and the Wilson interval applies as it stands (no prompt is re-scored across seeds: no cluster bootstrap needed).
 Paired tests: the arm against the ``llama3`` training-free start on the same prompts (exact McNemar per depth, Holm
 over the depths), and the in-window perplexity ratio against the base over the documents (the seeds' mean NLL per
-document; 95 % paired bootstrap). ``--against ARM`` adds the arm against another arm of the same seeds at the
-target (exact McNemar per depth on the same prompts, Holm over the depths). Per seed: the step it stopped at and
-why, the probe's curve, and the training steps' time (the sum over steps of tokens / tokens per second from the
-run's ``metrics.jsonl``: compute, without evaluations or probes) and the probes' time.
+document; 95 % paired bootstrap). ``--against ARM ...`` adds each arm against the other arms named, on the seeds
+they share, at the target (exact McNemar per depth on the same prompts, Holm over the depths). Per seed: the step
+it stopped at and why, the probe's curve, and the training steps' time (the sum over steps of tokens / tokens per
+second from the run's ``metrics.jsonl``: compute, without evaluations or probes) and the probes' time.
 """
 
 import argparse
@@ -120,7 +120,7 @@ def against_lines(folder: Path, arm: str, other: str, tuned: list[dict[str, Any]
     ]
 
 
-def read(folder: Path, arm: str, against: str | None = None) -> list[str]:
+def read(folder: Path, arm: str, against: list[str] | None = None) -> list[str]:
     """The base's reading as markdown lines."""
     import numpy as np
 
@@ -179,8 +179,9 @@ def read(folder: Path, arm: str, against: str | None = None) -> list[str]:
         f"over {len(base_nll)} documents: {'✓' if ppl_ok else '✗'} (at most 1.03)",
     ]
     lines += [seed_line(e) for e in tuned]
-    if against:
-        lines += against_lines(folder, arm, against, tuned, target)
+    for other in against or []:
+        if other != arm and (folder / f"{other}.json").is_file():
+            lines += against_lines(folder, arm, other, tuned, target)
     met = every and in_ok and ppl_ok
     lines += ["", f"**{'Meets' if met else 'Does not meet'} the relative target** at 4× ({target} tokens).", ""]
     return lines
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("folders", nargs="+", help="runs/transfer/NAME folders (experiments.transfer.run)")
     parser.add_argument("--arm", nargs="+", default=["default"], help="the arms to read, each in turn")
-    parser.add_argument("--against", default=None, help="another arm to pair this one with (same seeds)")
+    parser.add_argument("--against", nargs="+", default=[], help="arms to pair each arm with (same seeds)")
     parser.add_argument("--page", default=None, help="write the reading to this markdown file too")
     args = parser.parse_args(argv)
     lines = [
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         for folder in args.folders
         for arm in args.arm
         if (Path(folder) / f"{arm}.json").is_file()
-        for line in read(Path(folder), arm, args.against if args.against != arm else None)
+        for line in read(Path(folder), arm, args.against)
     ]
     print("\n".join(lines))
     if args.page:
