@@ -59,8 +59,8 @@ def demo_recipe(
         overrides: further ``key=value`` (applied last).
         original: the model's window (the needle rows' shortest length).
         factor: ``rope.target_length`` is ``original × factor``.
-        steps: optimizer steps; warmup, eval and save cadence scale with them (steps/20, /4, /2) as in the
-            demo's recipe (240 steps: 12, 60, 120).
+        steps: a fixed number of optimizer steps, without the recipe's adaptive stop (``train.probe``); warmup,
+            eval and save cadence scale with them (steps/20, /4, /2). ``None``: the recipe's probe and ceiling.
         plain: the demo's ``--plain`` (training-split code alone).
         pose_factor: PoSE rows of ``pose_factor × original`` tokens (2 chunks).
         task_weight: share of task rows (default: the recipe's); ``multikey_share`` of them are multi-key rows
@@ -80,6 +80,7 @@ def demo_recipe(
     if steps is not None:
         given += [f"train.max_steps={steps}", f"train.warmup_steps={max(1, steps // 20)}"]
         given += [f"train.eval_every={max(5, steps // 4)}", f"train.save_every={max(1, steps // 2)}"]
+        given.append("train.probe=null")  # an arm of fixed length: its step count is what it measures
     if plain:
         given += list(PLAIN)
     else:
