@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
             f"# Transfer of the default recipe: arms {', '.join(f'`{a}`' for a in args.arm)} against issue 37's "
             "relative target",
             "",
-            f"Written by `{command}` on {datetime.date.today()} from the runs of `python -m experiments.transfer.run`"
+            f"Command: `{command}`, on {datetime.date.today()}, from the runs of `python -m experiments.transfer.run`"
             " (its docstring: seeds, prompts, evaluation). The target and the reading: the docstring of"
             " `experiments/transfer/read.py`. Machine: the shared 2-core x86_64 CPU, one thread per run.",
             "",
