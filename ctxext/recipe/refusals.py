@@ -459,6 +459,13 @@ def _structure_problems(recipe: Recipe, config: Any, levers: Levers | None) -> l
     return problems
 
 
+def _linear_leaves(model: Any) -> set[str]:
+    # The last part of every linear layer's path (quantized linear layers are ``torch.nn.Linear`` too).
+    import torch
+
+    return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
 def _leaf_of(model: Any, module: Any) -> str | None:
     # The last part of the path of ``module`` inside ``model`` (``None``: not one of its modules).
     return next((name.rsplit(".", 1)[-1] for name, m in model.named_modules() if name and m is module), None)
@@ -467,8 +474,8 @@ def _leaf_of(model: Any, module: Any) -> str | None:
 def resolve_lora_names(model: Any, targets: list[str], extras: list[str]) -> tuple[list[str], list[str]]:
     """The ``lora`` section's module names with ``all-linear`` and ``embeddings`` replaced by the model's own.
 
-    ``all-linear`` is the leaf name of every linear layer but the output head (quantized linear layers are
-    ``torch.nn.Linear`` too), as peft's own ``all-linear`` chooses; ``embeddings`` the input embedding's leaf name.
+    ``all-linear`` is the leaf name of every linear layer but the output head, as peft's own ``all-linear``
+    chooses; ``embeddings`` the input embedding's leaf name.
     Other names are kept as given, in order, without repeats; a name that finds nothing stays, to match nothing.
 
     Args:
@@ -479,8 +486,6 @@ def resolve_lora_names(model: Any, targets: list[str], extras: list[str]) -> tup
     Returns:
         ``(target_modules, extra_trainable)`` as peft is given them.
     """
-    import torch
-
     from ctxext.recipe.sections import ALL_LINEAR, INPUT_EMBEDDINGS
 
     def expand(names: list[str], symbol: str, found: list[str]) -> list[str]:
@@ -490,8 +495,7 @@ def resolve_lora_names(model: Any, targets: list[str], extras: list[str]) -> tup
     linear: list[str] = []
     if ALL_LINEAR in targets:
         head = _leaf_of(model, model.get_output_embeddings()) if hasattr(model, "get_output_embeddings") else None
-        leaves = (n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
-        linear = sorted({leaf for leaf in leaves if leaf != head})
+        linear = sorted(_linear_leaves(model) - {head})
     embedding: list[str] = []
     if INPUT_EMBEDDINGS in extras and hasattr(model, "get_input_embeddings"):
         leaf = _leaf_of(model, model.get_input_embeddings())
@@ -520,14 +524,12 @@ def lora_module_problems(model: Any, lora: Any) -> list[Problem]:
         model: the base causal LM (only its module names, types and config's ``model_type`` are read).
         lora: the recipe's ``lora`` section.
     """
-    import torch
-
     problems = []
     names = [n for n, _ in model.named_modules()]
     targets, extras = resolve_lora_names(model, list(lora.target_modules), list(lora.extra_trainable))
     missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:
-        leaves = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        leaves = sorted(_linear_leaves(model))
         problems.append(
             (
                 "lora.target_modules",

@@ -101,17 +101,16 @@ def against_lines(folder: Path, arm: str, other: str, tuned: list[dict[str, Any]
     if not shared:
         return [f"- against `{other}`: no evaluation of the same seeds yet"]
     theirs = [by_seed[e["seed"]] for e in shared]
-    tests = [
-        mcnemar_exact([bool(x) for x in pooled(shared, target, d)], [bool(x) for x in pooled(theirs, target, d)])
-        for d in DEPTHS
+    # Per depth, this arm's and the other's outcomes on the same prompts.
+    pairs = [
+        ([bool(x) for x in pooled(shared, target, d)], [bool(x) for x in pooled(theirs, target, d)]) for d in DEPTHS
     ]
+    tests = [mcnemar_exact(mine, other_s) for mine, other_s in pairs]
     cells = [
-        f"{d} % {_pct(sum(pooled(theirs, target, d)) / len(pooled(theirs, target, d)))} "
-        f"(+{t['only_a']}/−{t['only_b']}, p = {p:.2g})"
-        for d, t, p in zip(DEPTHS, tests, holm([t["p_value"] for t in tests]), strict=True)
+        f"{d} % {_pct(sum(other_s) / len(other_s))} (+{t['only_a']}/−{t['only_b']}, p = {p:.2g})"
+        for d, (_, other_s), t, p in zip(DEPTHS, pairs, tests, holm([t["p_value"] for t in tests]), strict=True)
     ]
-    mine_all = [bool(x) for d in DEPTHS for x in pooled(shared, target, d)]
-    both = mcnemar_exact(mine_all, [bool(x) for d in DEPTHS for x in pooled(theirs, target, d)])
+    both = mcnemar_exact([x for mine, _ in pairs for x in mine], [x for _, other_s in pairs for x in other_s])
     seeds = ", ".join(str(e["seed"]) for e in shared)
     return [
         f"- against `{other}` at {target} tokens (seeds {seeds}; `{other}`'s rate, this arm's +/− trials, Holm p): "
