@@ -201,16 +201,19 @@ def test_neox_partial_rotary_base(few_files, tmp_path, cache_root):
 
     state = read_rope(AutoConfig.from_pretrained(base))
     assert (state.head_dim, state.rotary_dim) == (16, 8)
-    # The recipe defaults name Llama modules: refused before loading, with NeoX's names as the fix.
+    # The recipe defaults (all-linear, embeddings) resolve to NeoX's own module names; Llama's names are refused
+    # before loading, with NeoX's names as the fix.
     recipe = str(_write_recipe(base, tmp_path, 256))
-    result = run("validate", recipe)
+    assert run("validate", recipe).exit_code == 0
+    llama = ["lora.target_modules=[q_proj,k_proj,v_proj,o_proj]", "lora.extra_trainable=[embed_tokens,norm]"]
+    result = run("validate", recipe, "--set", *llama)
     assert result.exit_code == 2
     for fix in NEOX_LORA:
         assert f"for gpt_neox set {fix}" in " ".join(result.output.split())
     # The memory planner models Llama-style layers: it refuses rather than plan NeoX's wrongly.
     result = run("plan", recipe, *NEOX_LORA, "--cpu")
     assert result.exit_code == 2 and "this gpt_neox config has a fused query_key_value" in result.output
-    model = _extend_train_needle(base, tmp_path, 256, *NEOX_LORA)
+    model = _extend_train_needle(base, tmp_path, 256)  # the defaults, unchanged
     assert model["rope"]["rotary_dim"] == 8 and model["rope"]["parameters"]["partial_rotary_factor"] == 0.5
     assert sum(c["trials"] for c in model["needle"]["cells"]) == 10
 
