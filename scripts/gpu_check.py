@@ -238,6 +238,7 @@ def saved_layer_check(folder: Path, full: bool, device_type: str = "cuda") -> di
     from ctxext.models.build import load_weights
     from ctxext.models.sources import config_from_folder
     from ctxext.planner.footprint import ModelShape, Setup, layer_bytes
+    from ctxext.planner.setup import shape_names
     from ctxext.recipe.memory import Levers
     from ctxext.recipe.sections import LoraSection
     from ctxext.training.model import add_lora
@@ -281,8 +282,8 @@ def saved_layer_check(folder: Path, full: bool, device_type: str = "cuda") -> di
         quantization="none" if full else "nf4",
         residual_bytes=2,
         finetune="full" if full else "lora",
-        lora_targets=() if full else tuple(lora.target_modules),
-        extra_trainable=() if full else tuple(lora.extra_trainable),
+        lora_targets=() if full else shape_names(lora.target_modules, lora.extra_trainable)[0],
+        extra_trainable=() if full else shape_names(lora.target_modules, lora.extra_trainable)[1],
         cuda=device_type == "cuda",
     )
     return {
