@@ -7,7 +7,9 @@ built once, from the training data's held-out *validation* documents (never the 
 ``ctxext validate`` refuses training corpora that read them) in the key forms training uses
 (:func:`probe_templates`; the evaluation's held-out forms stay unseen), with prompts drawn from ``train.seed``, so
 every probe of a run scores the same trials (the curve compares steps, not prompt draws) and each training seed
-gets fresh ones.
+gets fresh ones. Each reading also counts the keys by form, and the probe's line shows them: a probe that plateaus
+may be one form the run does not learn (GPT-NeoX's grown base learns form 2 to ~30 % even inside its window), not
+the length.
 
 After each probe the main process decides, and every process applies its decision (so all stop at the same step):
 
@@ -44,12 +46,13 @@ PROBE_PLOT = "probe.png"
 
 @dataclass
 class ProbeInputs:
-    """The probe's key sets: token ids and, for each, the spans of its answers and their needles' depths (0–1)."""
+    """The probe's key sets: token ids and, for each, its answers' spans, needle depths (0–1) and key form."""
 
     sequences: list[list[int]]
     spans: list[list[tuple[int, int]]]
     length: int
     depths: list[list[float]] = field(default_factory=list)
+    forms: list[int] = field(default_factory=list)
 
     @property
     def trials(self) -> int:
@@ -80,21 +83,22 @@ def build_probe_inputs(recipe: Recipe, tokenizer: Any, documents: Any) -> ProbeI
     haystack = Haystack.from_texts(tokenizer, iter(documents["text"]), min_tokens=4 * length, name="validation")
     templates = probe_templates(recipe)
     rng = random.Random(f"ctxext-probe-{recipe.train.seed}")
-    sequences, spans, depth_lists = [], [], []
+    sequences, spans, depth_lists, forms = [], [], [], []
     inputs = math.ceil(probe.trials / probe.keys)
     for j in range(inputs):
         k = min(probe.keys, probe.trials - j * probe.keys)
         # Shifted from input to input: with one key per input, every input's needle at the same depth would probe
         # one depth only, where the target asks for every depth.
         depths = spread_depths(k, j, inputs)
+        forms.append(templates[j % len(templates)])
         try:
-            keyset = make_keyset(tokenizer, haystack, length, depths, rng, template=templates[j % len(templates)])
+            keyset = make_keyset(tokenizer, haystack, length, depths, rng, template=forms[-1])
         except InputError as exc:
             raise InputError(f"train.probe: {exc}; lower train.probe.keys or raise train.probe.length") from None
         sequences.append(keyset.ids)
         spans.append(keyset.spans)
         depth_lists.append(keyset.depths)
-    return ProbeInputs(sequences, spans, length, depth_lists)
+    return ProbeInputs(sequences, spans, length, depth_lists, forms)
 
 
 def probe_templates(recipe: Recipe) -> list[int]:
@@ -115,7 +119,7 @@ class ProbeState:
     """Where the adaptive stop stands; checkpointed with the run (accelerate's custom state).
 
     Attributes:
-        readings: one dict per probe (step, rate, correct, n, low, high, nll, seconds), in order.
+        readings: one dict per probe (step, rate, correct, n, by_form, low, high, nll, seconds), in order.
         best_rate: the best rate so far, ``None`` before the first probe.
         best_step: its step.
         since_best: probes since the best one.
@@ -208,12 +212,12 @@ class Probe:
         """Probe after ``step``; returns whether the run stops here (the same answer on every process)."""
         acc = self.launch.accelerator
         t0 = time.perf_counter()
-        correct, n, nll = self._score(acc.unwrap_model(model))
+        correct, n, nll, by_form = self._score(acc.unwrap_model(model))
         seconds = time.perf_counter() - t0
         from ctxext.scoring.stats import wilson_interval
 
         low, high = wilson_interval(correct, n)
-        reading: dict[str, Any] = {"step": step, "rate": correct / n, "correct": correct, "n": n}
+        reading: dict[str, Any] = {"step": step, "rate": correct / n, "correct": correct, "n": n, "by_form": by_form}
         # nll: the answer tokens' mean negative log-likelihood, a curve that moves before the first key is retrieved.
         reading.update(low=low, high=high, nll=nll, seconds=round(seconds, 3))
         decision: list[Any] = [reading, *decide(self.state, reading, self.settings.goal, self.settings.patience)]
@@ -233,8 +237,11 @@ class Probe:
         acc.print(self._line(reading, improved))
         return stop is not None
 
-    def _score(self, unwrapped: Any) -> tuple[int, int, float]:
-        """Correct answers, answers and the answer tokens' mean NLL, over every process (each scores its share)."""
+    def _score(self, unwrapped: Any) -> tuple[int, int, float, dict[str, list[int]]]:
+        """Correct answers, answers, the answer tokens' mean NLL and ``[correct, answers]`` by key form.
+
+        Over every process: each scores its share.
+        """
         from accelerate.utils import DistributedType
 
         from ctxext.scoring.answers import score_answer_sets
@@ -263,18 +270,29 @@ class Probe:
                 answer_only=answer_only,
             )
         lm.train(was_training)
-        counted = [s for i, per in zip(mine, scores, strict=True) if i >= 0 for s in per]
+        kept = [(i, per) for i, per in zip(mine, scores, strict=True) if i >= 0]
+        counted = [s for _, per in kept for s in per]
         sums = [sum(s.correct for s in counted), len(counted), sum(s.nll for s in counted)]
-        local = torch.tensor([*sums, sum(s.n_tokens for s in counted)], device=acc.device, dtype=torch.float64)
+        sums.append(sum(s.n_tokens for s in counted))
+        # By key form, in one order on every process (all hold the same inputs), so one reduce sums them all: a
+        # probe that plateaus may be one form the run does not learn, not the length.
+        forms = sorted(set(self.inputs.forms))
+        for form in forms:
+            mine_f = [s for i, per in kept if self.inputs.forms[i] == form for s in per]
+            sums += [sum(s.correct for s in mine_f), len(mine_f)]
+        local = torch.tensor(sums, device=acc.device, dtype=torch.float64)
         summed = acc.reduce(local, "sum") if acc.num_processes > 1 else local
-        return int(summed[0]), int(summed[1]), float(summed[2] / summed[3])
+        by_form = {str(f): [int(summed[4 + 2 * k]), int(summed[5 + 2 * k])] for k, f in enumerate(forms)}
+        return int(summed[0]), int(summed[1]), float(summed[2] / summed[3]), by_form
 
     def _line(self, reading: dict[str, Any], improved: bool) -> str:
         best = "best so far" if improved else f"best {self.state.best_rate:.1%} at step {self.state.best_step}"
+        forms = reading.get("by_form") or {}
+        by_form = "; by key form " + ", ".join(f"{f}: {c}/{n}" for f, (c, n) in forms.items()) if len(forms) > 1 else ""
         return (
             f"probe at step {reading['step']}: {reading['correct']}/{reading['n']} keys retrieved at "
             f"{self.inputs.length} tokens ({reading['rate']:.1%}, 95 % CI {reading['low']:.0%}–{reading['high']:.0%}; "
-            f"{best}; {reading['seconds']:.1f} s)"
+            f"{best}; {reading['seconds']:.1f} s{by_form})"
         )
 
     def restore_best(self, model: Any, step: int) -> bool:

@@ -50,6 +50,11 @@ def test_a_run_that_has_learned_stops_at_the_first_probe(tmp_path, capsys):
     curve = json.loads((tmp_path / "early" / "probe.json").read_text())
     assert [r["step"] for r in curve["readings"]] == [1] and curve["readings"][0]["n"] == 8
     assert {"rate", "low", "high", "nll", "seconds"} <= set(curve["readings"][0])
+    # The keys by form add up to the probe's (its forms are the mixture's needle templates).
+    by_form = curve["readings"][0]["by_form"]
+    assert len(by_form) > 1 and sum(n for _, n in by_form.values()) == 8
+    assert sum(c for c, _ in by_form.values()) == curve["readings"][0]["correct"]
+    assert "by key form " in out
     assert (tmp_path / "early" / "probe.png").stat().st_size > 0
     assert result.model is not None
 
@@ -143,6 +148,8 @@ def test_every_process_stops_at_the_same_step(tmp_path, cache_root, split):
     assert info.steps == 4 and info.probe is not None and info.probe.stopped == "plateau"
     assert [s for s, _, _ in _readings(tmp_path / "run")] == [2, 4]
     assert all(n == 8 for _, _, n in _readings(tmp_path / "run"))  # the two processes' shares add up
+    for reading in json.loads((tmp_path / "run" / "probe.json").read_text())["readings"]:
+        assert sum(n for _, n in reading["by_form"].values()) == 8  # and so do their counts by form
     ranks = [json.loads((tmp_path / "ranks" / f"rank-{r}.json").read_text()) for r in (0, 1)]
     assert len(ranks[0]["blocks"]) == len(ranks[1]["blocks"]) == 4  # 4 steps x 1 row on each
     assert ranks[0]["trainable_sha256"] == ranks[1]["trainable_sha256"]
@@ -171,7 +178,7 @@ def test_one_key_per_input_probes_every_depth(tmp_path):
     from transformers import AutoTokenizer
 
     from ctxext.models.sources import resolve_model_path
-    from ctxext.training.probe import build_probe_inputs
+    from ctxext.training.probe import build_probe_inputs, probe_templates
 
     recipe = _recipe(tmp_path, "depths", {"keys": 1, "interval": 1})
     from ctxext.recipe.sections import ProbeSection
@@ -180,6 +187,8 @@ def test_one_key_per_input_probes_every_depth(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(recipe.model.path)))
     docs = {"text": ["def f(x):\n    return x + 1\n" * 40] * 4}
     inputs = build_probe_inputs(recipe, tokenizer, docs)
+    forms = probe_templates(recipe)
+    assert inputs.forms == [forms[j % len(forms)] for j in range(8)]  # the forms take turns over the inputs
     depths = sorted(d for ds in inputs.depths for d in ds)
     assert inputs.trials == 8 and len(inputs.sequences) == 8
     assert depths == pytest.approx([(j + 0.5) / 8 for j in range(8)])
