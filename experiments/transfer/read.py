@@ -86,6 +86,9 @@ def seed_line(e: dict[str, Any]) -> str:
             f"; probe at {probe['length']} tokens every {probe['interval']} steps ({probe['trials']} trials): "
             f"{curve} %, best step {probe['best_step']} ({_pct(probe['best_rate'])} %)"
         )
+        forms = next((r.get("by_form") for r in readings if r["step"] == probe["best_step"]), None) or {}
+        if len(forms) > 1:  # runs since the probe counts keys by form
+            line += " by key form " + ", ".join(f"{f}: {_pct(c / n)} %" for f, (c, n) in forms.items())
     line += f"; training steps {steps_seconds(run_dir) / 60:.0f} min"
     if probe:
         line += f", probes {probe['seconds'] / 60:.1f} min"

@@ -7,11 +7,14 @@
 Per seed ``S``: ``ctxext train recipes/default.yaml model.path=BASE train.seed=S`` (the default recipe, its lengths
 multiples of the base's window; ``--set`` overrides make another arm), resumed where a run stopped. Once per base:
 the ``llama3`` training-free start (``ctxext extend``) at the recipe's target. Then, per seed, teacher-forced needle
-retrieval (form 0, the demo's) at depths 0/25/50/75/100 % inside the window (the base, the start, the arm) and at
-the target (the start, the arm), ``--trials`` per cell, on prompts seeded by the training seed: each seed's prompts
-are fresh, and every model of one seed sees the same ones (paired). And the per-document NLL of 32 held-out
-documents' first window of tokens (the in-window perplexity against the base). One JSON file per (model, seed) in
-``WORK/NAME``; a rerun skips what is there. Training runs as ``ctxext train`` does (its calibration, by its rule).
+retrieval (form 0, the demo's: the only key form the grown bases retrieve in their window, so the only one the
+relative target can be read on; the recipe trains on it too, with other names, keys and documents) at depths
+0/25/50/75/100 % inside the window (the base, the start, the arm) and at the target (the start, the arm),
+``--trials`` per cell, on prompts seeded by the training seed: each seed's prompts are fresh, and every model of one
+seed sees the same ones (paired). And the per-document NLL of 32 held-out documents' first window of tokens (the
+in-window perplexity against the base). One JSON file per (model, seed) in ``WORK/NAME``; a rerun skips what is
+there. Training runs as ``ctxext train`` does (its calibration, by its rule). ``experiments.transfer.forms``
+measures the other forms.
 """
 
 import argparse
@@ -70,12 +73,14 @@ def train_seed(base: str, arm: str, sets: list[str], seed: int, folder: Path) ->
     return run_dir
 
 
-def needle_outcomes(loaded: Any, lengths: list[int], seed: int, trials: int, hay: Any) -> dict[str, list[int]]:
-    """Per ``"length/depth"`` cell, the trials' outcomes (1 correct), on the seed's prompts."""
+def needle_outcomes(
+    loaded: Any, lengths: list[int], seed: int, trials: int, hay: Any, form: int = 0
+) -> dict[str, list[int]]:
+    """Per ``"length/depth"`` cell, the trials' outcomes (1 correct), on the seed's prompts, in key form ``form``."""
     from ctxext.evaluation.sections.grids.engine import GridSettings, evaluate_task_grid
 
     grid = GridSettings(lengths=lengths, depths=DEPTHS, trials=trials, seed=prompt_seed(seed))
-    g = evaluate_task_grid(loaded, grid, "needle", hay, template=0, show_progress=False)
+    g = evaluate_task_grid(loaded, grid, "needle", hay, template=form, show_progress=False)
     return {f"{c['length']}/{round(c['depth'])}": [int(o) for o in c["outcomes"]] for c in g["cells"]}
 
 
