@@ -9,7 +9,8 @@ the only form the grown bases retrieve in their window. A probe that plateaus ma
 learn, not the length; and a method that loses the window before any training shows here too. Per model and form:
 teacher-forced retrieval by depth at the window and at ``--factor`` × the window (the base only at its window),
 ``--trials`` per cell on one prompt seed (every model sees the same prompts), a Wilson 95 % interval over all
-depths. The starts are ``ctxext extend BASE --method M`` copies in ``WORK/forms/BASE-M`` (reused when there); the
+depths, and each model paired against ``--against`` (the default recipe's ``llama3``) on the same prompts (exact
+McNemar). The starts are ``ctxext extend BASE --method M`` copies in ``WORK/forms/BASE-M`` (reused when there); the
 results are kept in ``WORK/forms/BASE.json``, so a rerun measures only what is new.
 """
 
@@ -70,6 +71,37 @@ def measure(models: dict[str, str], lengths: dict[str, list[int]], forms: list[i
     return results
 
 
+def paired_lines(results: dict, models: dict[str, str], lengths: dict[str, list[int]], opts: Any) -> list[str]:
+    """Each model against ``--against`` on the same prompts, per form and length (exact McNemar over all depths)."""
+    from ctxext.scoring.stats import mcnemar_exact
+
+    ref = opts.against
+    if ref not in models:
+        return []
+    lines = [
+        "",
+        f"Paired against `{ref}` on the same prompts (all depths; +/−: keys only one of the two retrieves):",
+        "",
+    ]
+    for label in models:
+        if label in ("base", ref):
+            continue
+        for form in opts.forms:
+            mine, theirs = (results[f"{m}|{form}|{opts.trials}|{opts.seed}"] for m in (label, ref))
+            if mine is None or theirs is None:
+                continue
+            cells = []
+            for n in lengths[label]:
+                a, b = ([bool(x) for d in DEPTHS for x in out[f"{n}/{d}"]] for out in (mine, theirs))
+                if a == b:
+                    continue
+                t = mcnemar_exact(a, b)
+                cells.append(f"{n} tokens +{t['only_a']}/−{t['only_b']}, p = {t['p_value']:.2g}")
+            if cells:
+                lines.append(f"- `{label}`, form {form}: " + "; ".join(cells))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     """Build the starts, measure every (model, form) not yet measured, print (and write) the table."""
     from ctxext.cli.quiet import quiet_third_party
@@ -87,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--factor", type=int, default=4, help="the target, in windows")
     parser.add_argument("--trials", type=int, default=60, help="trials per (length, depth) cell")
     parser.add_argument("--seed", type=int, default=7, help="the prompts' seed (experiments.transfer.run's scheme)")
+    parser.add_argument("--against", default="llama3", help="the model the others are paired against")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--work", default="runs/transfer", help="the starts' and results' parent folder")
     parser.add_argument("--page", default=None, help="write the table to this markdown file too")
@@ -118,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
             out = results[f"{label}|{form}|{args.trials}|{args.seed}"]
             cells = [_cell(out, n) for n in lengths[label]] + ([""] if label == "base" else [])
             lines.append(f"| {label} | {form} | {' | '.join(cells)} |")
+    lines += paired_lines(results, models, lengths, args)
     print("\n".join(lines))
     if args.page:
         command = " ".join(["python -m experiments.transfer.forms", *(sys.argv[1:] if argv is None else argv)])
