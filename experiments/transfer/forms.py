@@ -154,11 +154,14 @@ def main(argv: list[str] | None = None) -> None:
     lines += paired_lines(results, models, lengths, args)
     print("\n".join(lines))
     if args.page:
+        import datetime
+
         command = " ".join(["python -m experiments.transfer.forms", *(sys.argv[1:] if argv is None else argv)])
         head = [
             f"# {name}: needle retrieval by key form",
             "",
-            f"Command: `{command}` ({args.trials} trials per cell, prompt seed {args.seed}; the docstring of "
+            f"Command: `{command}`, on {datetime.date.today()} ({args.trials} trials per cell, prompt seed "
+            f"{args.seed}; one thread of the shared 2-core CPU; the docstring of "
             "`experiments/transfer/forms.py` says what is measured). Forms: 0 `KEY_{name} = {key}`, 1 "
             "`config['{name}'] = {key}`, 2 `# The secret number of {name} is {key}.`, 4 `{name}_id = {key}` "
             "(`ctxext/tasks/needle.py`; the default recipe trains on 0-2).",

@@ -11,6 +11,7 @@ resolve.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
 import json
@@ -240,6 +241,20 @@ def test_the_transfer_reading_times_the_training_steps(tmp_path) -> None:
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert read.steps_seconds(tmp_path) == 6.0
+
+
+def test_the_forms_reading_pairs_models_on_the_same_prompts() -> None:
+    forms = importlib.import_module("experiments.transfer.forms")
+    depths = forms.DEPTHS
+    # Form 0 at 64 tokens: the start retrieves every key, the other model the first half of each depth's.
+    start = {f"64/{d}": [1, 1, 1, 1] for d in depths}
+    other = {f"64/{d}": [1, 1, 0, 0] for d in depths}
+    assert forms._cell(other, 64) == "50 · 50 · 50 · 50 · 50 (50 [30, 70])"
+    assert forms._cell(None, 64) == "does not fit"
+    results = {"llama3|0|4|7": start, "yarn|0|4|7": other, "llama3|2|4|7": None, "yarn|2|4|7": None}
+    opts = argparse.Namespace(against="llama3", forms=[0, 2], trials=4, seed=7)
+    lines = forms.paired_lines(results, {"base": "b", "llama3": "l", "yarn": "y"}, {"yarn": [64], "llama3": [64]}, opts)
+    assert lines[-1] == "- `yarn`, form 0: 64 tokens +0/−10, p = 0.002"  # a form that does not fit is left out
 
 
 # ---- result pages
