@@ -77,7 +77,14 @@ class SearchSession:
         if settings.resume:
             check_resume(records[0], header_settings, fingerprint, log_path)
         logged = [r for r in records if r.get("type") == "candidate"]
-        forms = _needle_forms(settings, switch, tokenizer, state, log)
+        from ctxext.models.cost import ForwardClock
+
+        # What the search will cost, said before any of it runs (a real model at 8k+ takes hours on a CPU).
+        switch.restore()
+        clock = ForwardClock.measure(switch.model, min(256, state.original_length))
+        # A resumed search checks the forms with as many probes as it logged (the clock may say otherwise today).
+        logged_probes = max((f["probes"] for f in records[0].get("objective_set", {}).get("forms", [])), default=0)
+        forms = _needle_forms(settings, switch, tokenizer, state, log, clock, logged_probes)
         share = settings.min_form_accuracy_fraction
         templates = None if forms is None else usable_templates(forms, state.original_length, share)
         objective = build_objective(
@@ -103,6 +110,7 @@ class SearchSession:
             step=settings.step,
             seed=settings.seed,
         )
+        _announce_candidates(settings, objective, evo_settings.expected_evaluations(len(seeds)), clock, log)
         attention_range = None if limit is None else (limit.low, limit.high)
         evolution = Evolution(evo_settings, lower=1.0, upper=upper, attention=attention_range)
         header = {
@@ -290,22 +298,59 @@ class SearchSession:
         )
 
 
-def _needle_forms(settings: SearchSettings, switch: Any, tokenizer: Any, state: Any, log: Callable) -> Any:
-    """For a needle objective: each training form probed inside the window with the base (None for far-ppl)."""
+# The share of --budget the form check may take: it decides which forms the search asks, not the factors.
+FORM_CHECK_SHARE = 0.25
+
+
+def form_check_probes(settings: SearchSettings, forms: int, window: int, clock: Any) -> tuple[int, float]:
+    """Probes per depth of the form check and its estimated seconds.
+
+    :data:`~ctxext.search.forms.PROBES_PER_DEPTH`, fewer (at least one) where that would take more than
+    :data:`FORM_CHECK_SHARE` of the budget.
+    """
+    from ctxext.search.forms import PROBES_PER_DEPTH
+    from ctxext.search.objective import SEARCH_DEPTHS
+
+    one = clock.seconds_at(window, 8) * forms * len(SEARCH_DEPTHS)  # one probe per depth of every form
+    per_depth = max(1, min(PROBES_PER_DEPTH, int(FORM_CHECK_SHARE * settings.budget_seconds / one)))
+    return per_depth, per_depth * one
+
+
+def _needle_forms(
+    settings: SearchSettings, switch: Any, tokenizer: Any, state: Any, log: Callable, clock: Any, logged: int = 0
+) -> Any:
+    """For a needle objective: each training form probed inside the window with the base (None for far-ppl).
+
+    ``logged``: the probes per form of a resumed search's check (0: a new search sizes its check to the budget).
+    """
     if settings.objective == "far-ppl":
         return None
-    from ctxext.search.forms import check_forms, summarize
+    from ctxext.progress import duration
+    from ctxext.search.forms import PROBES_PER_DEPTH, check_forms, summarize
+    from ctxext.search.objective import SEARCH_DEPTHS
     from ctxext.tasks import get_task
 
     switch.restore()
     templates = get_task("needle").training_templates()
+    window = state.original_length
+    per_depth, seconds = form_check_probes(settings, len(templates), window, clock)
+    if logged:
+        seconds, per_depth = seconds / per_depth * (logged // len(SEARCH_DEPTHS)), logged // len(SEARCH_DEPTHS)
+    fewer = ""
+    if per_depth < PROBES_PER_DEPTH:
+        fewer = f" (not {PROBES_PER_DEPTH}: the check keeps to a quarter of --budget {settings.budget})"
+    log(
+        f"checking which needle forms the base retrieves inside its {window:,}-token window: {len(templates)} forms "
+        f"× {len(SEARCH_DEPTHS)} depths × {per_depth} probe(s){fewer}, about {duration(seconds)} ({clock.note()})"
+    )
     checks = check_forms(
         switch.model,
         tokenizer,
         settings.data,
-        state.original_length,
+        window,
         templates,
         settings.seed,
+        per_depth=per_depth,
         min_accuracy=settings.min_form_accuracy_fraction,
     )
     log(
@@ -313,6 +358,21 @@ def _needle_forms(settings: SearchSettings, switch: Any, tokenizer: Any, state: 
         f"the search uses {', '.join(str(c.template) for c in checks if c.kept) or 'none'}"
     )
     return checks
+
+
+def _announce_candidates(settings: SearchSettings, objective: Any, total: int, clock: Any, log: Callable) -> None:
+    """One line: what a candidate costs, how many the search runs, and whether the budget allows even one."""
+    from ctxext.progress import duration
+
+    n, length, budget = len(objective.sequences), settings.target_length, settings.budget_seconds
+    each = n * clock.seconds_at(length, 8)
+    line = (
+        f"each candidate scores {n} sequence(s) of {length:,} tokens, about {duration(each)}; {total} candidates "
+        f"(about {duration(total * each)}) or as many as --budget {settings.budget} allows"
+    )
+    if each > budget:
+        line += ": not even one, raise --budget"
+    log(line)
 
 
 def _attention_limit(

@@ -58,3 +58,38 @@ def test_the_kept_forms_are_logged_and_checked_on_resume(tiny_model_dir, tmp_pat
     assert [f["template"] for f in forms] == [0, 1, 2, 3] and all(f["kept"] for f in forms)
     assert header["objective_set"]["templates"] == [0, 1, 2, 3]
     assert header["settings"]["min_form_accuracy"] == 0.0
+
+
+class _Clock:
+    """A forward clock that says every forward takes ``seconds`` (whatever its length)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def seconds_at(self, length: int, logits: int = 1) -> float:
+        return self.seconds
+
+    def note(self) -> str:
+        return "test clock"
+
+
+def test_the_form_check_keeps_to_a_quarter_of_the_budget(tmp_path):
+    from ctxext.search.session import form_check_probes
+
+    # 4 forms × 8 depths × 10 s = 320 s per probe per depth: a 10 h budget affords the full 4, 1 h two, 1 min one.
+    for budget, probes in (("10h", 4), ("1h", 2), ("60s", 1)):
+        settings = _settings(tmp_path, tmp_path / "s", budget=budget)
+        assert form_check_probes(settings, 4, 8192, _Clock(10.0)) == (probes, probes * 320.0)
+
+
+def test_the_search_says_up_front_what_it_runs_and_how_long(tiny_model_dir, tmp_path):
+    lines: list[str] = []
+    out = tmp_path / "r"
+    run_search(_settings(tiny_model_dir, out, generations=0), log=lines.append)
+    check = next(line for line in lines if line.startswith("checking which needle forms"))
+    assert "4 forms × 8 depths × 4 probe(s), about" in check and "-token forward took" in check
+    plan = next(line for line in lines if line.startswith("each candidate scores"))
+    assert "8 sequence(s) of" in plan and "or as many as --budget 10m allows" in plan, plan
+    # A resumed search checks the forms with the probes it logged, whatever the clock says now.
+    header = json.loads((out / "search.jsonl").read_text().splitlines()[0])
+    assert {f["probes"] for f in header["objective_set"]["forms"] if f["accuracy"] is not None} == {32}
