@@ -621,6 +621,14 @@ def render(store: dict[str, Any]) -> None:
             "estimate when it skips the calibration, in `commands.log`); the GPU check (`scripts/gpu-check.sh`) "
             "measures it.",
         ]
+    if any(c.variant.startswith("longrope") and c.key not in cells for c in plan_cells()):
+        lines += [
+            "",
+            "LongRoPE is not measured yet on this CPU: its search (`ctxext search`, as in `commands.log`) first checks "
+            "which needle forms the base retrieves in its window (32 to 128 forwards of 8,192 tokens), then scores "
+            "each of at least 6 candidates on 8 sequences of 16,384 tokens: hours here, which the search states "
+            "when it starts. The GPU check (`scripts/gpu-check.sh`) runs it.",
+        ]
     lines += [
         "",
         "The retrieval rows are RULER's multi-key needle task (MK-NIAH) with every key asked: the needles of an "
