@@ -77,14 +77,7 @@ class SearchSession:
         if settings.resume:
             check_resume(records[0], header_settings, fingerprint, log_path)
         logged = [r for r in records if r.get("type") == "candidate"]
-        from ctxext.models.cost import ForwardClock
-
-        # What the search will cost, said before any of it runs (a real model at 8k+ takes hours on a CPU).
-        switch.restore()
-        clock = ForwardClock.measure(switch.model, min(256, state.original_length))
-        # A resumed search checks the forms with as many probes as it logged (the clock may say otherwise today).
-        logged_probes = max((f["probes"] for f in records[0].get("objective_set", {}).get("forms", [])), default=0)
-        forms = _needle_forms(settings, switch, tokenizer, state, log, clock, logged_probes)
+        forms, clock = _needle_forms(settings, switch, tokenizer, state, log, records[0])
         share = settings.min_form_accuracy_fraction
         templates = None if forms is None else usable_templates(forms, state.original_length, share)
         objective = build_objective(
@@ -317,23 +310,29 @@ def form_check_probes(settings: SearchSettings, forms: int, window: int, clock: 
 
 
 def _needle_forms(
-    settings: SearchSettings, switch: Any, tokenizer: Any, state: Any, log: Callable, clock: Any, logged: int = 0
-) -> Any:
-    """For a needle objective: each training form probed inside the window with the base (None for far-ppl).
+    settings: SearchSettings, switch: Any, tokenizer: Any, state: Any, log: Callable, header: dict[str, Any]
+) -> tuple[Any, Any]:
+    """Each training form probed inside the window with the base (None for far-ppl), and the base's forward clock.
 
-    ``logged``: the probes per form of a resumed search's check (0: a new search sizes its check to the budget).
+    The clock (one short forward timed on the base) lets the search say what it costs before it runs: a real model
+    at 8k tokens and more takes hours on a CPU. ``header``: a resumed search's log header, whose form check's probe
+    count is used again (the clock may say otherwise today; the kept forms must not change).
     """
+    from ctxext.models.cost import ForwardClock
+
+    switch.restore()
+    clock = ForwardClock.measure(switch.model, min(256, state.original_length))
     if settings.objective == "far-ppl":
-        return None
+        return None, clock
     from ctxext.progress import duration
     from ctxext.search.forms import PROBES_PER_DEPTH, check_forms, summarize
     from ctxext.search.objective import SEARCH_DEPTHS
     from ctxext.tasks import get_task
 
-    switch.restore()
     templates = get_task("needle").training_templates()
     window = state.original_length
     per_depth, seconds = form_check_probes(settings, len(templates), window, clock)
+    logged = max((f["probes"] for f in header.get("objective_set", {}).get("forms", [])), default=0)
     if logged:
         seconds, per_depth = seconds / per_depth * (logged // len(SEARCH_DEPTHS)), logged // len(SEARCH_DEPTHS)
     fewer = ""
@@ -357,7 +356,7 @@ def _needle_forms(
         f"needle forms retrieved by the base inside its {state.original_length}-token window ({summarize(checks)}); "
         f"the search uses {', '.join(str(c.template) for c in checks if c.kept) or 'none'}"
     )
-    return checks
+    return checks, clock
 
 
 def _announce_candidates(settings: SearchSettings, objective: Any, total: int, clock: Any, log: Callable) -> None:
