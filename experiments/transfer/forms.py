@@ -24,6 +24,11 @@ from typing import Any
 from experiments.transfer.run import DEPTHS, base_name, needle_outcomes
 
 
+def _key(label: str, form: int, opts: Any) -> str:
+    """A (model, form)'s entry in the store: its prompts and lengths are the trials, seed and factor's."""
+    return f"{label}|{form}|{opts.trials}|{opts.seed}|{opts.factor}x"
+
+
 def _cell(outcomes: dict[str, list[int]] | None, length: int) -> str:
     """One length's retrieval: by depth, then all depths with the Wilson interval."""
     from ctxext.scoring.stats import wilson_interval
@@ -50,7 +55,7 @@ def measure(models: dict[str, str], lengths: dict[str, list[int]], forms: list[i
     results: dict[str, Any] = json.loads(store.read_text()) if store.is_file() else {}
     hay = None
     for label, ref in models.items():
-        todo = [f for f in forms if f"{label}|{f}|{opts.trials}|{opts.seed}" not in results]
+        todo = [f for f in forms if _key(label, f, opts) not in results]
         if not todo:
             continue
         torch.set_num_threads(opts.threads)
@@ -65,7 +70,7 @@ def measure(models: dict[str, str], lengths: dict[str, list[int]], forms: list[i
                 )
             except InputError:  # the form's prompt is longer than the window
                 out = None
-            results[f"{label}|{form}|{opts.trials}|{opts.seed}"] = out
+            results[_key(label, form, opts)] = out
             store.write_text(json.dumps(results) + "\n")
             print(f"  {label} form {form}: " + " | ".join(_cell(out, n) for n in lengths[label]), flush=True)
     return results
@@ -87,7 +92,7 @@ def paired_lines(results: dict, models: dict[str, str], lengths: dict[str, list[
         if label in ("base", ref):
             continue
         for form in opts.forms:
-            mine, theirs = (results[f"{m}|{form}|{opts.trials}|{opts.seed}"] for m in (label, ref))
+            mine, theirs = (results[_key(m, form, opts)] for m in (label, ref))
             if mine is None or theirs is None:
                 continue
             cells = []
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     for label in models:
         for form in args.forms:
-            out = results[f"{label}|{form}|{args.trials}|{args.seed}"]
+            out = results[_key(label, form, args)]
             cells = [_cell(out, n) for n in lengths[label]] + ([""] if label == "base" else [])
             lines.append(f"| {label} | {form} | {' | '.join(cells)} |")
     lines += paired_lines(results, models, lengths, args)

@@ -251,8 +251,8 @@ def test_the_forms_reading_pairs_models_on_the_same_prompts() -> None:
     other = {f"64/{d}": [1, 1, 0, 0] for d in depths}
     assert forms._cell(other, 64) == "50 · 50 · 50 · 50 · 50 (50 [30, 70])"
     assert forms._cell(None, 64) == "does not fit"
-    results = {"llama3|0|4|7": start, "yarn|0|4|7": other, "llama3|2|4|7": None, "yarn|2|4|7": None}
-    opts = argparse.Namespace(against="llama3", forms=[0, 2], trials=4, seed=7)
+    results = {"llama3|0|4|7|4x": start, "yarn|0|4|7|4x": other, "llama3|2|4|7|4x": None, "yarn|2|4|7|4x": None}
+    opts = argparse.Namespace(against="llama3", forms=[0, 2], trials=4, seed=7, factor=4)
     lines = forms.paired_lines(results, {"base": "b", "llama3": "l", "yarn": "y"}, {"yarn": [64], "llama3": [64]}, opts)
     assert lines[-1] == "- `yarn`, form 0: 64 tokens +0/−10, p = 0.002"  # a form that does not fit is left out
 
