@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from experiments.transfer.read import write_page
 from experiments.transfer.run import DEPTHS, base_name, needle_outcomes
 
 
@@ -52,13 +53,13 @@ def measure(models: dict[str, str], lengths: dict[str, list[int]], forms: list[i
     from ctxext.scoring.texts import iter_texts
     from ctxext.tasks import Haystack
 
+    torch.set_num_threads(opts.threads)
     results: dict[str, Any] = json.loads(store.read_text()) if store.is_file() else {}
     hay = None
     for label, ref in models.items():
         todo = [f for f in forms if _key(label, f, opts) not in results]
         if not todo:
             continue
-        torch.set_num_threads(opts.threads)
         if hay is None:
             tokenizer = AutoTokenizer.from_pretrained(models[next(iter(models))])
             hay = Haystack.from_texts(tokenizer, iter_texts("builtin:stdlib"), 200_000, "builtin:stdlib")
@@ -159,20 +160,13 @@ def main(argv: list[str] | None = None) -> None:
     lines += paired_lines(results, models, lengths, args)
     print("\n".join(lines))
     if args.page:
-        import datetime
-
-        command = " ".join(["python -m experiments.transfer.forms", *(sys.argv[1:] if argv is None else argv)])
-        head = [
-            f"# {name}: needle retrieval by key form",
-            "",
-            f"Command: `{command}`, on {datetime.date.today()} ({args.trials} trials per cell, prompt seed "
-            f"{args.seed}; one thread of the shared 2-core CPU; the docstring of "
-            "`experiments/transfer/forms.py` says what is measured). Forms: 0 `KEY_{name} = {key}`, 1 "
+        about = (
+            f" ({args.trials} trials per cell, prompt seed {args.seed}; one thread of the shared 2-core CPU; the "
+            "docstring of `experiments/transfer/forms.py` says what is measured). Forms: 0 `KEY_{name} = {key}`, 1 "
             "`config['{name}'] = {key}`, 2 `# The secret number of {name} is {key}.`, 4 `{name}_id = {key}` "
-            "(`ctxext/tasks/needle.py`; the default recipe trains on 0-2).",
-            "",
-        ]
-        Path(args.page).write_text("\n".join(head + lines) + "\n")
+            "(`ctxext/tasks/needle.py`; the default recipe trains on 0-2)."
+        )
+        write_page(Path(args.page), f"{name}: needle retrieval by key form", __spec__.name, argv, about, lines)
 
 
 if __name__ == "__main__":

@@ -189,6 +189,17 @@ def read(folder: Path, arm: str, against: list[str] | None = None) -> list[str]:
     return lines
 
 
+def write_page(path: Path, title: str, module: str, argv: list[str] | None, about: str, lines: list[str]) -> None:
+    """A result page: its title, the command that wrote it (``python -m MODULE`` and its arguments) with the date
+    and ``about`` after them, then ``lines``."""
+    import datetime
+    import sys
+
+    command = " ".join([f"python -m {module}", *(sys.argv[1:] if argv is None else argv)])
+    head = [f"# {title}", "", f"Command: `{command}`, on {datetime.date.today()}{about}", ""]
+    path.write_text("\n".join(head + lines) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Print (or write) the reading of each folder."""
     from ctxext.cli.quiet import quiet_third_party
@@ -211,20 +222,13 @@ def main(argv: list[str] | None = None) -> None:
     ]
     print("\n".join(lines))
     if args.page:
-        import datetime
-        import sys
-
-        command = " ".join(["python -m experiments.transfer.read", *(sys.argv[1:] if argv is None else argv)])
-        head = [
-            f"# Transfer of the default recipe: arms {', '.join(f'`{a}`' for a in args.arm)} against issue 37's "
-            "relative target",
-            "",
-            f"Command: `{command}`, on {datetime.date.today()}, from the runs of `python -m experiments.transfer.run`"
-            " (its docstring: seeds, prompts, evaluation). The target and the reading: the docstring of"
-            " `experiments/transfer/read.py`. Machine: the shared 2-core x86_64 CPU, one thread per run.",
-            "",
-        ]
-        Path(args.page).write_text("\n".join(head + lines) + "\n")
+        title = f"Transfer of the default recipe: arms {', '.join(f'`{a}`' for a in args.arm)} against issue 37's "
+        about = (
+            ", from the runs of `python -m experiments.transfer.run` (its docstring: seeds, prompts, evaluation). The "
+            "target and the reading: the docstring of `experiments/transfer/read.py`. Machine: the shared 2-core "
+            "x86_64 CPU, one thread per run."
+        )
+        write_page(Path(args.page), title + "relative target", __spec__.name, argv, about, lines)
 
 
 if __name__ == "__main__":
