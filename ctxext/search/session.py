@@ -332,7 +332,7 @@ def _needle_forms(
     templates = get_task("needle").training_templates()
     window = state.original_length
     per_depth, seconds = form_check_probes(settings, len(templates), window, clock)
-    logged = max((f["probes"] for f in header.get("objective_set", {}).get("forms", [])), default=0)
+    logged = max((f.get("planned") or f["probes"] for f in header.get("objective_set", {}).get("forms", [])), default=0)
     if logged:
         seconds, per_depth = seconds / per_depth * (logged // len(SEARCH_DEPTHS)), logged // len(SEARCH_DEPTHS)
     fewer = ""

@@ -27,19 +27,56 @@ def test_grown_model_keeps_only_the_form_it_was_trained_to_retrieve():
     # KEY_xy = … is the form the grown model was pretrained on; config['xy'] and the comment form it never
     # retrieves; the prose form does not fit in 64 tokens at all.
     assert by_form[0].kept and by_form[0].accuracy is not None and by_form[0].accuracy >= 0.9
-    assert by_form[0].probes == 32
+    # Each check ends once its decision is certain: 16 of 32 retrieved keeps form 0; 17 misses drop a form.
+    assert by_form[0].planned == 32 and 16 <= by_form[0].probes < 32
     for form in (1, 2):
         assert not by_form[form].kept and by_form[form].accuracy is not None and by_form[form].accuracy < 0.5
+        assert 17 <= by_form[form].probes < 32
     assert by_form[3].accuracy is None and not by_form[3].kept
     assert usable_templates(checks, 64) == [0]
 
 
 def test_no_usable_form_is_a_clear_error():
-    checks = [FormCheck(0, 0.1, 32, False), FormCheck(3, None, 0, False)]
+    checks = [FormCheck(0, 0.1, 20, False, 32), FormCheck(3, None, 0, False, 32)]
     with pytest.raises(InputError) as err:
         usable_templates(checks, 64)
     text = str(err.value)
-    assert "form 0: 10 %" in text and "form 3: does not fit" in text and "--objective far-ppl" in text
+    assert "form 0: 10 % of the first 20 probes" in text and "form 3: does not fit" in text
+    assert "--objective far-ppl" in text
+
+
+class _Scripted:
+    """Stands in for ``score_answers``: the probes' outcomes in the order they are scored."""
+
+    def __init__(self, outcomes: list[bool]):
+        self.outcomes, self.calls = list(outcomes), 0
+
+    def __call__(self, model, sequences, spans):
+        from ctxext.scoring.answers import AnswerScore
+
+        self.calls += 1
+        return [AnswerScore(correct=self.outcomes.pop(0), nll=0.0, n_tokens=1)]
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "kept", "scored"),
+    [
+        ([True] * 8, True, 4),  # 4 of 8 retrieved: kept whatever the rest say
+        ([False] * 8, False, 5),  # 5 misses: 3 left cannot make 4
+        ([True, False] * 4, True, 7),  # the 4th hit comes with the 7th probe
+        ([False, True] * 4, True, 8),  # undecided until the last
+    ],
+)
+def test_a_form_check_stops_once_its_decision_is_certain(monkeypatch, outcomes, kept, scored):
+    import ctxext.scoring.answers as answers
+    from ctxext.search.forms import _score_until_decided
+    from ctxext.search.objective import ObjectiveSet
+
+    scripted = _Scripted(outcomes)
+    monkeypatch.setattr(answers, "score_answers", scripted)
+    probes = ObjectiveSet("needle", 4, [[0]] * 8, [(0, 1)] * 8)
+    correct, done = _score_until_decided(None, probes, per_depth=1, min_accuracy=0.5)
+    assert (correct >= 4, done, scripted.calls) == (kept, scored, scored)
 
 
 def test_search_of_a_model_that_retrieves_nothing_stops_before_searching(tiny_model_dir, tmp_path):
@@ -92,4 +129,4 @@ def test_the_search_says_up_front_what_it_runs_and_how_long(tiny_model_dir, tmp_
     assert "8 sequence(s) of" in plan and "or as many as --budget 10m allows" in plan, plan
     # A resumed search checks the forms with the probes it logged, whatever the clock says now.
     header = json.loads((out / "search.jsonl").read_text().splitlines()[0])
-    assert {f["probes"] for f in header["objective_set"]["forms"] if f["accuracy"] is not None} == {32}
+    assert {f["planned"] for f in header["objective_set"]["forms"] if f["accuracy"] is not None} == {32}
