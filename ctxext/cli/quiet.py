@@ -37,6 +37,9 @@ _MESSAGES = {
     # DeepSpeed (installed for sequence parallelism) says this on every CPU run, when accelerate or transformers
     # look for it, even when nothing uses it.
     "DeepSpeed": ("Setting accelerator to CPU",),
+    # kernels (bitsandbytes' optional CPU kernel, looked up on every nf4 load) says this whenever the Hub is offline,
+    # as ctxext's tests and offline users run; the kernel then is not used (the gemm note above), results the same.
+    "kernels._internals.hf_hub": ("Skipping publisher trust check",),
 }
 
 # (message regex, category): deprecations inside other libraries that the user cannot act on.

@@ -59,6 +59,7 @@ def test_two_process_ddp_shards_batches_and_ends_identical(tmp_path, cache_root)
         "train: step 3/3 (100 %)",
     ], log
     assert "is_gradient_checkpointing" not in log and "gemm_4bit_forward" not in log and "Map" not in log, log
+    assert "publisher trust check" not in log, log
     info = read_run(tmp_path / "run")
     assert info.num_processes == 2
     # Global batch: 2 processes x micro-batch 2 x 512 tokens per step.
