@@ -2,6 +2,8 @@
 
     python -m experiments.transfer.read runs/transfer/grown-code-64 [--arm default] [--page FILE.md]
     python -m experiments.transfer.read runs/transfer/* --arm probe --against default --page PAGE.md
+    python -m experiments.transfer.read runs/transfer/NAME --arm probe --archive experiments/results/transfer-runs
+    python -m experiments.transfer.read experiments/results/transfer-runs/NAME --arm probe   # the same reading
 
 The target (relative to the base): at 4× its window, at every depth, retrieval ≥ the lower of 90 % and the base's
 own in-window accuracy at that depth minus 3 points; in-window retrieval no more than 3 points below the base;
@@ -15,6 +17,9 @@ document; 95 % paired bootstrap). ``--against ARM ...`` adds each arm against th
 they share, at the target (exact McNemar per depth on the same prompts, Holm over the depths). Per seed: the step
 it stopped at and why, the probe's curve, and the training steps' time (the sum over steps of tokens / tokens per
 second from the run's ``metrics.jsonl``: compute, without evaluations or probes) and the probes' time.
+``--archive DIR`` copies what the reading needs into ``DIR/NAME`` (the evaluations, each fine-tuned seed's with its
+run's summary: a few KB per seed), which reads as the folder does once the run folders (hundreds of MB, on a
+machine that may be replaced) are gone.
 """
 
 import argparse
@@ -71,16 +76,31 @@ def steps_seconds(run_dir: Path) -> float:
     return seconds
 
 
-def seed_line(e: dict[str, Any]) -> str:
-    """One seed's run: where and why it stopped, its probe curve, its time."""
+def run_summary(e: dict[str, Any]) -> dict[str, Any]:
+    """What the reading needs of a fine-tuned seed's run folder: its record's probe and steps, the probe's readings
+    and the training steps' time (an archived evaluation carries it: :func:`archive`)."""
+    if "run" in e:
+        return e["run"]
     run_dir = Path(e["ref"])
     record = json.loads((run_dir / "run.json").read_text())
-    probe = record.get("probe") or {}
-    why = probe.get("stopped") or f"train.max_steps ({record.get('steps')} steps, no probe)"
-    line = f"- seed {e['seed']}: stopped at step {probe.get('stop_step', record.get('steps'))}: {why}"
     probe_file = run_dir / "probe.json"
-    if probe_file.is_file():
-        readings = json.loads(probe_file.read_text())["readings"]
+    readings = json.loads(probe_file.read_text())["readings"] if probe_file.is_file() else None
+    return {
+        "probe": record.get("probe") or {},
+        "steps": record.get("steps"),
+        "readings": readings,
+        "steps_seconds": steps_seconds(run_dir),
+    }
+
+
+def seed_line(e: dict[str, Any]) -> str:
+    """One seed's run: where and why it stopped, its probe curve, its time."""
+    run = run_summary(e)
+    probe = run["probe"]
+    why = probe.get("stopped") or f"train.max_steps ({run['steps']} steps, no probe)"
+    line = f"- seed {e['seed']}: stopped at step {probe.get('stop_step', run['steps'])}: {why}"
+    readings = run["readings"]
+    if readings is not None:
         curve = " → ".join(_pct(r["rate"]) for r in readings)
         line += (
             f"; probe at {probe['length']} tokens every {probe['interval']} steps ({probe['trials']} trials): "
@@ -89,7 +109,7 @@ def seed_line(e: dict[str, Any]) -> str:
         forms = next((r.get("by_form") for r in readings if r["step"] == probe["best_step"]), None) or {}
         if len(forms) > 1:  # runs since the probe counts keys by form
             line += " by key form " + ", ".join(f"{f}: {_pct(c / n)} %" for f, (c, n) in forms.items())
-    line += f"; training steps {steps_seconds(run_dir) / 60:.0f} min"
+    line += f"; training steps {run['steps_seconds'] / 60:.0f} min"
     if probe:
         line += f", probes {probe['seconds'] / 60:.1f} min"
     return line + f"; attention temperature {e.get('attention_temperature') or 1.0}"
@@ -189,6 +209,24 @@ def read(folder: Path, arm: str, against: list[str] | None = None) -> list[str]:
     return lines
 
 
+def archive(folder: Path, arms: list[str], into: Path) -> Path:
+    """Copy what the reading of ``arms`` needs into ``into/NAME``: the arms' settings and every evaluation of them,
+    the base and the start, each fine-tuned seed's with its run's summary (:func:`run_summary`), a few KB per seed.
+    The copy reads as the folder does (``read into/NAME``) once the run folders, hundreds of MB, are gone."""
+    dest = into / folder.name
+    dest.mkdir(parents=True, exist_ok=True)
+    for arm in arms:
+        if (folder / f"{arm}.json").is_file():
+            (dest / f"{arm}.json").write_text((folder / f"{arm}.json").read_text())
+    for model in {"base", "llama3", *arms}:
+        for e in load(folder, model):
+            if model not in ("base", "llama3"):
+                e = {**e, "run": run_summary(e)}
+            # One line, as experiments.transfer.run writes them: the outcome lists stay a few KB.
+            (dest / f"eval-{model}-s{e['seed']}.json").write_text(json.dumps(e) + "\n")
+    return dest
+
+
 def write_page(path: Path, title: str, module: str, argv: list[str] | None, about: str, lines: list[str]) -> None:
     """A result page: its title, the command that wrote it (``python -m MODULE`` and its arguments) with the date
     and ``about`` after them, then ``lines``."""
@@ -212,6 +250,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--arm", nargs="+", default=["default"], help="the arms to read, each in turn")
     parser.add_argument("--against", nargs="+", default=[], help="arms to pair each arm with (same seeds)")
     parser.add_argument("--page", default=None, help="write the reading to this markdown file too")
+    parser.add_argument(
+        "--archive",
+        default=None,
+        help="also copy what the reading needs (a few KB per seed) into ARCHIVE/NAME, readable as the folder is",
+    )
     args = parser.parse_args(argv)
     lines = [
         line
@@ -221,6 +264,8 @@ def main(argv: list[str] | None = None) -> None:
         for line in read(Path(folder), arm, args.against)
     ]
     print("\n".join(lines))
+    for folder in args.folders if args.archive else []:
+        print(f"archived: {archive(Path(folder), args.arm, Path(args.archive))}")
     if args.page:
         title = f"Transfer of the default recipe: arms {', '.join(f'`{a}`' for a in args.arm)} against issue 37's "
         about = (

@@ -16,6 +16,7 @@ import ast
 import importlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -241,6 +242,52 @@ def test_the_transfer_reading_times_the_training_steps(tmp_path) -> None:
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert read.steps_seconds(tmp_path) == 6.0
+
+
+RESULTS = ROOT / "experiments" / "results"
+
+
+def _transfer_folder(folder: Path) -> None:
+    """A transfer folder as experiments.transfer.run leaves it: one seed of the base, the start and arm ``a``."""
+    run_dir = folder / "a-s0"
+    run_dir.mkdir(parents=True)
+    (folder / "a.json").write_text(json.dumps({"arm": "a", "sets": [], "target": 16, "window": 4}))
+    probe = {"stopped": "goal", "stop_step": 8, "length": 16, "interval": 4, "trials": 2, "best_step": 8}
+    probe |= {"best_rate": 1.0, "seconds": 6.0}
+    (run_dir / "run.json").write_text(json.dumps({"probe": probe, "steps": 8}))
+    readings = [{"step": 4, "rate": 0.5}, {"step": 8, "rate": 1.0, "by_form": {"0": [1, 1], "1": [1, 1]}}]
+    (run_dir / "probe.json").write_text(json.dumps({"readings": readings}))
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "tokens_seen": 60, "tokens_per_sec": 1.0}) + "\n")
+    for model, hits in (("base", 1), ("llama3", 0), ("a", 1)):
+        cells = {f"{n}/{d}": [hits, 1] for n in (4, 16) for d in (0, 25, 50, 75, 100)}
+        e = {"model": model, "ref": str(run_dir), "seed": 0, "needle": cells, "doc_nll": [1.0, 2.0]}
+        (folder / f"eval-{model}-s0.json").write_text(json.dumps(e | {"tokens_per_doc": 4}))
+
+
+def test_an_archived_transfer_folder_reads_as_the_folder_did(tmp_path) -> None:
+    read = importlib.import_module("experiments.transfer.read")
+    _transfer_folder(tmp_path / "runs" / "base-x")
+    lines = read.read(tmp_path / "runs" / "base-x", "a")
+    copy = read.archive(tmp_path / "runs" / "base-x", ["a"], tmp_path / "kept")
+    shutil.rmtree(tmp_path / "runs")  # the run folders are gone: the copy alone gives the same reading
+    assert read.read(copy, "a") == lines
+    seed = next(line for line in lines if line.startswith("- seed 0"))
+    assert seed.startswith("- seed 0: stopped at step 8: goal; probe at 16 tokens every 4 steps (2 trials): 50 → 100 %")
+    assert "training steps 1 min, probes 0.1 min" in seed
+    assert sum(f.stat().st_size for f in copy.iterdir()) < 5000
+
+
+@pytest.mark.parametrize("page", sorted(RESULTS.glob("transfer-*.md")), ids=lambda p: p.name)
+def test_a_transfer_page_is_what_its_archive_reads(page: Path) -> None:
+    # A page written from an archive (experiments/results/transfer-runs/) must be what that archive reads today.
+    read = importlib.import_module("experiments.transfer.read")
+    command = re.search(r"`python -m experiments\.transfer\.read (.+?) --arm (.+?) --page", page.read_text())
+    assert command, f"{page.name}: no `python -m experiments.transfer.read ... --arm ... --page` command"
+    folders, (arms, _, against) = command.group(1).split(), command.group(2).partition(" --against ")
+    assert all(f.startswith("experiments/results/transfer-runs/") for f in folders), f"{page.name}: not archived"
+    lines = [line for f in folders for arm in arms.split() for line in read.read(ROOT / f, arm, against.split())]
+    body = page.read_text().split("\n")[4:]
+    assert body[: len(lines)] == lines, f"{page.name} differs from its archive's reading: rewrite it with its command"
 
 
 def test_the_forms_reading_pairs_models_on_the_same_prompts() -> None:
