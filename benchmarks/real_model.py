@@ -272,6 +272,9 @@ def prepare(name: str, work: Path, store: dict[str, Any], opts: argparse.Namespa
     elif not trains and not (out / "config.json").is_file():
         seconds = _ctxext(cmd, log)
         stages[name] = {"seconds": round(seconds), "command": "ctxext " + " ".join(cmd)}
+        if name.startswith("longrope"):  # what the budget bought: the page sets it beside the paper's search
+            found = json.loads((out / "search.json").read_text())
+            stages[name] |= {k: found[k] for k in ("evaluations", "ended", "score", "best_seed")}
         _save(store)
     if name == "calibrated" and "calibrate" not in stages:
         cal = ["calibrate", str(out), *opts.calibrate_override]
@@ -727,6 +730,13 @@ def _stages(store: dict[str, Any]) -> list[str]:
             extra = (
                 f" ({stage['steps']} steps, median {stage['tokens_per_sec']} tokens/s, peak {stage['peak_mem_mb']} MB, "
                 f"load average {stage['load_average']}{resumed})"
+            )
+        if stage.get("evaluations"):
+            seed = stage["best_seed"]
+            extra = (
+                f" ({stage['evaluations']} candidates scored before its {stage['ended']} ran out; objective "
+                f"{stage['score']:.4f}, its best seed ({seed['name']}) {seed['score']:.4f}; LongRoPE's own search "
+                "evolves 64 candidates over 40 generations)"
             )
         lines.append(f"- {name}: {stage['seconds']} s{extra} — `{stage['command']}`")
     return lines
