@@ -65,8 +65,11 @@ def plain(value: object) -> str:
 
 
 def print_line(line: str) -> None:
-    """A progress or log line from a workflow, printed as it is (no markup, no highlighting)."""
-    console.print(line, markup=False, highlight=False)
+    """A progress or log line from a workflow, printed as it is: no markup, no highlighting, unwrapped.
+
+    In a log file (80 columns to rich) a wrapped line would break the numbers and commands in it, and a grep for it.
+    """
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _print_error(exc: BaseException) -> None:

@@ -45,3 +45,14 @@ def test_paths_and_messages_with_brackets_are_printed_whole(tmp_path, tiny_model
     err = runner.invoke(app, ["inspect", str(tmp_path / "[exp]" / "[/b]"), "--config-only"])
     assert err.exit_code == 2 and "Traceback" not in err.output
     assert solid(f"{tmp_path}/[exp]/[/b]") in solid(err.output), err.output
+
+
+def test_a_workflow_line_is_not_wrapped_in_a_log_file(monkeypatch):
+    # Written to a file, rich would wrap at 80 columns: a long progress line (numbers, a command) must stay one line.
+    import ctxext.cli.console as cli_console
+
+    out = io.StringIO()
+    monkeypatch.setattr(cli_console, "console", Console(file=out, width=80))
+    line = "checking which needle forms the base retrieves inside its 8,192-token window: " + "x " * 40
+    cli_console.print_line(line)
+    assert out.getvalue() == line + "\n"
