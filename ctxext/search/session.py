@@ -340,7 +340,8 @@ def _needle_forms(
         fewer = f" (not {PROBES_PER_DEPTH}: the check keeps to a quarter of --budget {settings.budget})"
     log(
         f"checking which needle forms the base retrieves inside its {window:,}-token window: {len(templates)} forms "
-        f"× {len(SEARCH_DEPTHS)} depths × {per_depth} probe(s){fewer}, about {duration(seconds)} ({clock.note()})"
+        f"× {len(SEARCH_DEPTHS)} depths × {per_depth} probe(s){fewer}, at most about {duration(seconds)} (a form's "
+        f"check ends once its answer is certain; {clock.note()})"
     )
     checks = check_forms(
         switch.model,

@@ -124,7 +124,7 @@ def test_the_search_says_up_front_what_it_runs_and_how_long(tiny_model_dir, tmp_
     out = tmp_path / "r"
     run_search(_settings(tiny_model_dir, out, generations=0), log=lines.append)
     check = next(line for line in lines if line.startswith("checking which needle forms"))
-    assert "4 forms × 8 depths × 4 probe(s), about" in check and "-token forward took" in check
+    assert "4 forms × 8 depths × 4 probe(s), at most about" in check and "-token forward took" in check
     plan = next(line for line in lines if line.startswith("each candidate scores"))
     assert "8 sequence(s) of" in plan and "or as many as --budget 10m allows" in plan, plan
     # A resumed search checks the forms with the probes it logged, whatever the clock says now.
