@@ -18,6 +18,10 @@ from rich.console import Console
 
 console = Console()
 err_console = Console(stderr=True)
+# Written to a file or a pipe (a log; rich then assumes 80 columns), a message stays one line: a wrapped one breaks
+# the numbers, paths and commands in it, and a grep for it. Tables keep their width; a terminal wraps as usual.
+for _console in (console, err_console):
+    _console.soft_wrap = not _console.is_terminal
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -65,10 +69,7 @@ def plain(value: object) -> str:
 
 
 def print_line(line: str) -> None:
-    """A progress or log line from a workflow, printed as it is: no markup, no highlighting, unwrapped.
-
-    In a log file (80 columns to rich) a wrapped line would break the numbers and commands in it, and a grep for it.
-    """
+    """A progress or log line from a workflow, printed as it is: no markup, no highlighting, unwrapped."""
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 

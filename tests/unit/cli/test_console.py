@@ -56,3 +56,5 @@ def test_a_workflow_line_is_not_wrapped_in_a_log_file(monkeypatch):
     line = "checking which needle forms the base retrieves inside its 8,192-token window: " + "x " * 40
     cli_console.print_line(line)
     assert out.getvalue() == line + "\n"
+    # Every message of the shared consoles, not only workflow lines, when they do not write to a terminal.
+    assert cli_console.err_console.soft_wrap == (not cli_console.err_console.is_terminal)
