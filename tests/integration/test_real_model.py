@@ -162,3 +162,47 @@ def _recipe(tmp_path: Path) -> Path:
             "eval_batches": 1,
         },
     )
+
+
+def _formula_inv_freq(method: str, rope: dict, dim: int, original: int) -> torch.Tensor:
+    """The method's frequencies written out from its paper (PI, YaRN, Meta's Llama 3.1), not from ctxext or
+    transformers, with the hyperparameters the written config holds (the papers' defaults where it has none)."""
+    import math
+
+    theta, factor = rope["rope_theta"], rope["factor"]
+    base = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    if method == "linear":  # position interpolation: every position divided by the factor
+        return base / factor
+    wavelength = 2 * math.pi / base
+    if method == "llama3":
+        low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+        smooth = ((original / wavelength - low) / (high - low)).clamp(0, 1)
+        scaled = torch.where(wavelength > original / low, base / factor, base)
+        blend = (1 - smooth) * base / factor + smooth * base
+        return torch.where((wavelength >= original / high) & (wavelength <= original / low), blend, scaled)
+    # YaRN: dimensions that turn fewer than beta_slow times in the window interpolated, more than beta_fast
+    # extrapolated, a linear ramp between (its correction range floored and ceiled, as the authors' code does).
+    def turns_dim(turns: float) -> float:
+        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo = max(math.floor(turns_dim(rope.get("beta_fast", 32.0))), 0)
+    hi = min(math.ceil(turns_dim(rope.get("beta_slow", 1.0))), dim - 1)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - lo) / max(hi - lo, 1e-3)).clamp(0, 1)
+    return base / factor * ramp + base * (1 - ramp)
+
+
+def test_extending_to_32k_writes_the_papers_frequencies(real, tmp_path):
+    # At the real target (8,192 → 32,768): each folder, loaded by plain transformers, rotates by the formula's
+    # frequencies to 1e-5 (relative).
+    from transformers import AutoConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    for method in ("yarn", "llama3", "linear"):
+        out = tmp_path / method
+        _ok(["extend", REF, "-m", method, "-t", "32768", "--out", str(out)])
+        config = AutoConfig.from_pretrained(out)
+        rope = config.rope_parameters
+        assert rope["rope_type"] == method and rope["factor"] == 4.0
+        runtime = LlamaRotaryEmbedding(config).inv_freq.double()
+        expected = _formula_inv_freq(method, rope, config.head_dim, 8192)
+        torch.testing.assert_close(runtime, expected, rtol=1e-5, atol=0)
