@@ -180,6 +180,7 @@ def _formula_inv_freq(method: str, rope: dict, dim: int, original: int) -> torch
         scaled = torch.where(wavelength > original / low, base / factor, base)
         blend = (1 - smooth) * base / factor + smooth * base
         return torch.where((wavelength >= original / high) & (wavelength <= original / low), blend, scaled)
+
     # YaRN: dimensions that turn fewer than beta_slow times in the window interpolated, more than beta_fast
     # extrapolated, a linear ramp between (its correction range floored and ceiled, as the authors' code does).
     def turns_dim(turns: float) -> float:
