@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     print("\n".join(lines))
     for folder in args.folders if args.archive else []:
-        print(f"archived: {archive(Path(folder), args.arm, Path(args.archive))}")
+        print(f"archived: {archive(Path(folder), [*args.arm, *args.against], Path(args.archive))}")
     if args.page:
         title = f"Transfer of the default recipe: arms {', '.join(f'`{a}`' for a in args.arm)} against issue 37's "
         about = (
