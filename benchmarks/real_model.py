@@ -514,14 +514,19 @@ def _rate(cell: dict[str, Any]) -> str:
     return f"{100 * r['rate']:.0f}{ci} (n={r['trials']}, {r['clusters']} inputs)"
 
 
-def _ppl(cell: dict[str, Any], bucket: int | None = None) -> str:
+def _ppl_entry(cell: dict[str, Any], bucket: int | None = None) -> dict[str, Any]:
+    # The cell's perplexity (over its inputs, or one position bucket of them) with its bootstrap interval.
     import numpy as np
 
     from ctxext.scoring.stats import ppl_entry
 
     sums = np.array([sum(e["nll_sums"]) if bucket is None else e["nll_sums"][bucket] for e in cell["inputs"]])
     counts = np.array([sum(e["counts"]) if bucket is None else e["counts"][bucket] for e in cell["inputs"]])
-    e = ppl_entry(sums, counts)
+    return ppl_entry(sums, counts)
+
+
+def _ppl(cell: dict[str, Any], bucket: int | None = None) -> str:
+    e = _ppl_entry(cell, bucket)
     return f"{e['ppl']:.2f} [{e['ci_low']:.2f}, {e['ci_high']:.2f}]"
 
 
@@ -694,7 +699,7 @@ def _gain(tuned: dict[str, Any], best: dict[str, Any], name: str, length: int) -
     cb, _, _ = _retrieval(best)
     diff = paired_cluster_difference(ca, cb, clusters)
     said = "more" if diff["ci_low"] > 0 else "less" if diff["ci_high"] < 0 else "its interval reaches no difference"
-    mine, theirs = float(_ppl(tuned).split(" ")[0]), float(_ppl(best).split(" ")[0])
+    mine, theirs = _ppl_entry(tuned)["ppl"], _ppl_entry(best)["ppl"]
     return (
         f"at {length:,} tokens it retrieves {100 * sum(ca) / len(ca):.0f} % of keys, {name} "
         f"{100 * sum(cb) / len(cb):.0f} % ({said}), at perplexity {mine:.2f} vs {theirs:.2f} "
