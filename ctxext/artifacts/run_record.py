@@ -65,6 +65,9 @@ class ProbeRecord(BaseModel):
     interval: int
     goal: float
     patience: int | None = None
+    # The key forms asked in, and (train.probe.forms: window) what the base retrieved inside its window.
+    forms: list[int] = Field(default_factory=list)
+    window_forms: list[dict[str, Any]] | None = None
     stopped: Literal["goal", "plateau", "ceiling"]
     stop_step: int
     best_step: int | None = None

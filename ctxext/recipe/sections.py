@@ -411,6 +411,12 @@ class ProbeSection(Section):
     patience: int | None = Field(
         default=4, gt=0, description="stop after this many probes without a better rate (null: never on a plateau)"
     )
+    forms: Literal["window", "trained"] = Field(
+        default="window",
+        description="window: ask only in the training key forms the base retrieves inside its own window (checked "
+        "before training, as ctxext search checks them; the skill a longer window must keep); trained: in every "
+        "training form, also those the fine-tune has to teach from nothing",
+    )
 
 
 class TrainSection(Section):

@@ -74,6 +74,44 @@ def rebuild_rotary(model: torch.nn.Module) -> int:
     return rebuilt
 
 
+_MISSING = object()
+# The config fields a RoPE setting lives in (ctxext's own record of an extension included).
+_ROPE_FIELDS = ("rope_parameters", "max_position_embeddings", "original_max_position_embeddings", "ctxext")
+
+
+class RopeSnapshot:
+    """A loaded model's RoPE setting (its config's RoPE fields), to put back later.
+
+    ``ctxext search`` switches one model between candidates and back to the base; the adaptive stop scores the
+    base's own window with the model it trains (extended) set back to its original RoPE for a moment.
+
+    Args:
+        model: the model whose current setting is kept.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        text = text_config(model.config)
+        # The sentinel itself, not a deep copy of it (a copy of an object() is another object: a missing field
+        # would come back as that object).
+        self._saved = {name: _copied(getattr(text, name, _MISSING)) for name in _ROPE_FIELDS}
+
+    def apply(self, model: torch.nn.Module) -> None:
+        """Set ``model`` to the kept setting: its config's fields and its rotary modules (rebuilt and verified)."""
+        text = text_config(model.config)
+        for name, value in self._saved.items():
+            if value is _MISSING:
+                if hasattr(text, name):
+                    delattr(text, name)
+            else:
+                setattr(text, name, copy.deepcopy(value))
+        rebuild_rotary(model)
+        verify_model_rope(model)
+
+
+def _copied(value: Any) -> Any:
+    return value if value is _MISSING else copy.deepcopy(value)
+
+
 def reset_dynamic_rope(model: torch.nn.Module) -> None:
     """Return length-dependent rotary modules to their short-sequence state.
 

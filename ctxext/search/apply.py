@@ -8,22 +8,18 @@ frequencies against ctxext's reference, so every scored candidate runs with exac
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
 import torch
 
-from ctxext.rope.read import read_rope, text_config
-from ctxext.rope.runtime import patch_model, rebuild_rotary, verify_model_rope
+from ctxext.rope.read import read_rope
+from ctxext.rope.runtime import RopeSnapshot, patch_model
 from ctxext.rope.types import RopePlan
 
 # The searched model keeps the original behaviour inside the original window: short factors of 1 and
 # no attention scaling (transformers applies ``attention_factor`` at every length, short ones included).
 SEARCH_ATTENTION_FACTOR = 1.0
-
-_MISSING = object()
-_FIELDS = ("rope_parameters", "max_position_embeddings", "original_max_position_embeddings", "ctxext")
 
 
 def resolve_attention_factor(value: str | float, scale: float, original_length: int) -> float:
@@ -68,21 +64,12 @@ class RopeSwitch:
     def __init__(self, model: torch.nn.Module, original_length: int | None = None):
         self.model = model
         self.original_length = original_length
-        text = text_config(model.config)
-        self._saved = {name: copy.deepcopy(getattr(text, name, _MISSING)) for name in _FIELDS}
+        self._original = RopeSnapshot(model)
         self.state = read_rope(model.config, original_length=original_length)
 
     def restore(self) -> None:
         """Put the original RoPE back (config fields and rotary modules)."""
-        text = text_config(self.model.config)
-        for name, value in self._saved.items():
-            if value is _MISSING:
-                if hasattr(text, name):
-                    delattr(text, name)
-            else:
-                setattr(text, name, copy.deepcopy(value))
-        rebuild_rotary(self.model)
-        verify_model_rope(self.model)
+        self._original.apply(self.model)
 
     def use(self, method: str, target_length: int, options: dict[str, Any] | None = None) -> RopePlan:
         """Extend the model with a named method (or ``longrope`` factors), from its original config.

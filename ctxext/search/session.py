@@ -66,8 +66,9 @@ class SearchSession:
     ) -> SearchSession:
         """Build the fitness set, the seeds and the evolution; open (or check and reopen) the log."""
         from ctxext.search.factors import seeds as make_seeds
-        from ctxext.search.forms import describe, usable_templates
+        from ctxext.search.forms import usable_templates
         from ctxext.search.objective import build_objective
+        from ctxext.tasks.forms import describe
 
         # The clocks start here: the attention-factor scan (when searched) counts as search time.
         start_wall, start_cpu = time.perf_counter(), time.process_time()
@@ -298,11 +299,11 @@ FORM_CHECK_SHARE = 0.25
 def form_check_probes(settings: SearchSettings, forms: int, window: int, clock: Any) -> tuple[int, float]:
     """Probes per depth of the form check and its estimated seconds.
 
-    :data:`~ctxext.search.forms.PROBES_PER_DEPTH`, fewer (at least one) where that would take more than
+    :data:`~ctxext.tasks.forms.PROBES_PER_DEPTH`, fewer (at least one) where that would take more than
     :data:`FORM_CHECK_SHARE` of the budget.
     """
-    from ctxext.search.forms import PROBES_PER_DEPTH
     from ctxext.search.objective import SEARCH_DEPTHS
+    from ctxext.tasks.forms import PROBES_PER_DEPTH
 
     one = clock.seconds_at(window, 8) * forms * len(SEARCH_DEPTHS)  # one probe per depth of every form
     per_depth = max(1, min(PROBES_PER_DEPTH, int(FORM_CHECK_SHARE * settings.budget_seconds / one)))
@@ -325,9 +326,10 @@ def _needle_forms(
     if settings.objective == "far-ppl":
         return None, clock
     from ctxext.progress import duration
-    from ctxext.search.forms import PROBES_PER_DEPTH, check_forms, summarize
+    from ctxext.search.forms import check_forms
     from ctxext.search.objective import SEARCH_DEPTHS
     from ctxext.tasks import get_task
+    from ctxext.tasks.forms import PROBES_PER_DEPTH, summarize
 
     templates = get_task("needle").training_templates()
     window = state.original_length

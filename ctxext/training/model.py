@@ -30,7 +30,7 @@ from ctxext.models.build import attention_for, compute_dtype_for, load_weights
 from ctxext.models.embeddings import embeddings_tied
 from ctxext.models.sources import resolve_model_path
 from ctxext.recipe.refusals import lora_module_problems, matched_modules, resolve_lora_names
-from ctxext.rope.runtime import patch_model, verify_model_rope
+from ctxext.rope.runtime import RopeSnapshot, patch_model, verify_model_rope
 from ctxext.rope.types import RopePlan
 
 
@@ -49,6 +49,8 @@ class TrainingModel:
         trainable_params: number of trainable parameters.
         total_params: number of parameters (quantized ones counted as stored).
         levers: the memory levers used (``train.memory``, resolved: :class:`ctxext.recipe.memory.Levers`).
+        original_rope: the base's RoPE setting before the extension (the adaptive stop checks the base's window
+            with it); ``None`` when nothing was extended.
     """
 
     model: Any
@@ -61,6 +63,7 @@ class TrainingModel:
     trainable_params: int = 0
     total_params: int = 0
     levers: dict[str, Any] = field(default_factory=dict)
+    original_rope: RopeSnapshot | None = None
 
 
 def load_base(
@@ -231,8 +234,9 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
         trust_remote_code=recipe.model.trust_remote_code,
         sharded=sharded,
     )
-    plan = None
+    plan = original = None
     if recipe.rope.method != "none":
+        original = RopeSnapshot(model)
         plan = patch_model(
             model,
             recipe.rope.method,
@@ -262,4 +266,5 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
         trainable_params=trainable,
         total_params=total,
         levers=levers.record(),
+        original_rope=original,
     )

@@ -7,9 +7,14 @@ built once, from the training data's held-out *validation* documents (never the 
 ``ctxext validate`` refuses training corpora that read them) in the key forms training uses
 (:func:`probe_templates`; the evaluation's held-out forms stay unseen), with prompts drawn from ``train.seed``, so
 every probe of a run scores the same trials (the curve compares steps, not prompt draws) and each training seed
-gets fresh ones. Each reading also counts the keys by form, and the probe's line shows them: a probe that plateaus
-may be one form the run does not learn (the default recipe's run on the grown GPT-NeoX base retrieves form 2 27 % of
-the time, inside its window too), not the length.
+gets fresh ones. Each reading also counts the keys by form, and the probe's line shows them.
+
+Which forms (``train.probe.forms``): by default only those the base retrieves inside its own window, checked before
+the first step with the model set back to its original RoPE (:func:`check_window_forms`, the check ``ctxext search``
+makes, :mod:`ctxext.tasks.forms`). The skill a longer window must keep is the base's; a form the base never
+retrieves is one the fine-tune teaches from nothing, and on the grown Mistral and GPT-NeoX bases such a form (the
+comment form, 0 % in their windows) stayed at 27–53 % while the base's form was retrieved 97–100 % at 4×: a goal
+over every form was out of reach and the run went on to ``train.max_steps``. ``trained`` asks in every form.
 
 After each probe the main process decides, and every process applies its decision (so all stop at the same step):
 
@@ -53,35 +58,91 @@ class ProbeInputs:
     length: int
     depths: list[list[float]] = field(default_factory=list)
     forms: list[int] = field(default_factory=list)
+    window_forms: list[dict[str, Any]] | None = None
+    window: int | None = None
+    window_seconds: float = 0.0
 
     @property
     def trials(self) -> int:
         """Answers scored per probe."""
         return sum(len(s) for s in self.spans)
 
+    def forms_line(self) -> str | None:
+        """What the in-window check found and which forms the probe asks in (None without the check)."""
+        from ctxext.tasks.forms import FormCheck, kept_templates, summarize
 
-def build_probe_inputs(recipe: Recipe, tokenizer: Any, documents: Any) -> ProbeInputs:
+        if self.window_forms is None:
+            return None
+        checks = [FormCheck(**c) for c in self.window_forms]
+        kept = kept_templates(checks)
+        asked = ", ".join(str(f) for f in kept or [c.template for c in checks])
+        why = "" if kept else " (none is retrieved there: the probe asks in every training form)"
+        return (
+            f"probe: key forms the base retrieves inside its {self.window}-token window: {summarize(checks)} "
+            f"({self.window_seconds:.1f} s); the probe asks in form(s) {asked}{why}"
+        )
+
+
+def probe_inputs_for(recipe: Recipe, loaded: Any, documents: Any, accelerator: Any) -> ProbeInputs:
+    """The probe's key sets in the forms it asks in: with ``train.probe.forms: window``, the base's in-window ones.
+
+    A base that retrieves none of the training forms in its window is asked in all of them (what ``trained`` does).
+    """
+    from ctxext.tasks.forms import describe, kept_templates
+
+    t0 = time.perf_counter()
+    checks = check_window_forms(recipe, loaded, documents, accelerator)
+    seconds = time.perf_counter() - t0
+    templates = kept_templates(checks) if checks else None
+    inputs = build_probe_inputs(recipe, loaded.tokenizer, documents, templates=templates)
+    if checks is not None:
+        inputs.window_forms, inputs.window_seconds = describe(checks), seconds
+        inputs.window = original_window(loaded)
+    return inputs
+
+
+def original_window(loaded: Any) -> int:
+    """The base's own window: what the extension's plan is relative to (the config's, when nothing was extended)."""
+    from ctxext.rope.read import read_rope
+
+    return loaded.plan.original_length if loaded.plan is not None else read_rope(loaded.model.config).original_length
+
+
+def _validation_haystack(tokenizer: Any, documents: Any, length: int) -> Any:
+    """The probe's filler: the training data's held-out validation documents.
+
+    Raises:
+        InputError: there are none.
+    """
+    from ctxext.tasks.base import Haystack
+
+    if documents is None or len(documents) == 0:
+        raise InputError(
+            "train.probe: the data has no held-out validation documents to probe on; raise data.validation_fraction"
+        )
+    return Haystack.from_texts(tokenizer, iter(documents["text"]), min_tokens=4 * length, name="validation")
+
+
+def build_probe_inputs(
+    recipe: Recipe, tokenizer: Any, documents: Any, templates: list[int] | None = None
+) -> ProbeInputs:
     """The probe's key sets, from the held-out validation documents, seeded by ``train.seed``.
 
     Args:
         recipe: the recipe (its ``train.probe`` is set).
         tokenizer: the model's tokenizer.
         documents: the training data's held-out raw documents (a Dataset with a ``text`` column), or ``None``.
+        templates: the key forms to ask in (default: every training form, :func:`probe_templates`).
 
     Raises:
         InputError: no held-out documents, or a probe too short for its keys.
     """
-    from ctxext.tasks.base import Haystack
     from ctxext.tasks.keyset import make_keyset, spread_depths
 
     probe, length = recipe.train.probe, recipe.probe_length
     assert probe is not None and length is not None
-    if documents is None or len(documents) == 0:
-        raise InputError(
-            "train.probe: the data has no held-out validation documents to probe on; raise data.validation_fraction"
-        )
-    haystack = Haystack.from_texts(tokenizer, iter(documents["text"]), min_tokens=4 * length, name="validation")
-    templates = probe_templates(recipe)
+    haystack = _validation_haystack(tokenizer, documents, length)
+    templates = templates or probe_templates(recipe)
     rng = random.Random(f"ctxext-probe-{recipe.train.seed}")
     sequences, spans, depth_lists, forms = [], [], [], []
     inputs = math.ceil(probe.trials / probe.keys)
@@ -112,6 +173,72 @@ def probe_templates(recipe: Recipe) -> list[int]:
         if source.task == "needle" and source.templates:
             return list(source.templates)
     return get_task("needle").training_templates()
+
+
+def check_window_forms(recipe: Recipe, loaded: Any, documents: Any, accelerator: Any) -> list[Any] | None:
+    """Which training key forms the base retrieves inside its own window (``train.probe.forms: window``).
+
+    The model the run trains, before any step (its adapters add nothing yet), set back to its original RoPE for
+    the check (:class:`ctxext.rope.runtime.RopeSnapshot`): the base's own skill. Each form is asked in key sets of
+    one key at the window's length, from the held-out validation documents (seeded by ``train.seed``, apart from
+    the probe's), until its decision is certain (:mod:`ctxext.tasks.forms`). The main process's decision is every
+    process's.
+
+    Args:
+        recipe: the recipe (its ``train.probe`` is set).
+        loaded: the :class:`ctxext.training.model.TrainingModel`.
+        documents: the held-out validation documents.
+        accelerator: the run's accelerator.
+
+    Returns:
+        One :class:`ctxext.tasks.forms.FormCheck` per training form; ``None`` with ``train.probe.forms: trained``.
+    """
+    from accelerate.utils import DistributedType
+
+    from ctxext.rope.runtime import RopeSnapshot
+    from ctxext.tasks.forms import PROBES_PER_DEPTH, FormCheck, check_form
+    from ctxext.tasks.keyset import make_keyset, spread_depths
+    from ctxext.training.sequence_parallel import attention_unsplit
+
+    probe = recipe.train.probe
+    if probe is None or probe.forms == "trained":
+        return None
+    model, window = loaded.model, original_window(loaded)
+    haystack = _validation_haystack(loaded.tokenizer, documents, window)
+    depths = [spread_depths(1, d, 8)[0] for d in range(8)]
+    answer_only = accelerator.distributed_type != DistributedType.FSDP
+    checks: list[Any] = []
+    extended = RopeSnapshot(model)
+    was_training = model.training
+    model.eval()
+    try:
+        if loaded.original_rope is not None:
+            loaded.original_rope.apply(model)
+        with attention_unsplit(model):
+            for template in probe_templates(recipe):
+                rng = random.Random(f"ctxext-probe-window-{recipe.train.seed}-{template}")
+                try:
+                    # Depth-major, as the check scores them: a depth's probes together.
+                    sets = [
+                        make_keyset(loaded.tokenizer, haystack, window, [depth], rng, template=template)
+                        for depth in depths
+                        for _ in range(PROBES_PER_DEPTH)
+                    ]
+                except InputError:  # the form's key and question do not fit in the window
+                    checks.append(FormCheck(template, None, 0, False, PROBES_PER_DEPTH * len(depths)))
+                    continue
+                seqs, spans = [k.ids for k in sets], [k.spans[0] for k in sets]
+                checks.append(check_form(model, template, seqs, spans, PROBES_PER_DEPTH, answer_only=answer_only))
+    finally:
+        extended.apply(model)
+        model.train(was_training)
+    if accelerator.num_processes > 1:  # one decision for every process
+        from accelerate.utils import broadcast_object_list
+
+        decided = [checks]
+        broadcast_object_list(decided)
+        checks = decided[0]
+    return checks
 
 
 @dataclass
@@ -333,6 +460,8 @@ class Probe:
             "interval": self.settings.interval,
             "goal": self.settings.goal,
             "patience": self.settings.patience,
+            "forms": sorted(set(self.inputs.forms)),
+            "window_forms": self.inputs.window_forms,
             "stopped": self.outcome(step),
             "stop_step": step,
             "best_step": s.best_step,

@@ -44,7 +44,7 @@ from ctxext.training.folder import (
 )
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop, TrainingState
-from ctxext.training.probe import Probe, ProbeInputs, build_probe_inputs
+from ctxext.training.probe import Probe, ProbeInputs, probe_inputs_for
 from ctxext.training.sequence_parallel import start_sequence_parallel, stop_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 from ctxext.training.stop import StopRequest, stop_on_signals
@@ -154,7 +154,7 @@ def _train(
     )
     data = _training_data(recipe, loaded, launch)
     # The probe's key sets: a probe too short for its keys is refused before the run folder exists.
-    probe_inputs = build_probe_inputs(recipe, loaded.tokenizer, data.validation_documents) if cfg.probe else None
+    probe_inputs = probe_inputs_for(recipe, loaded, data.validation_documents, accelerator) if cfg.probe else None
 
     # The run folder: created only once the model and the data are known to be usable.
     accelerator.wait_for_everyone()
@@ -247,6 +247,9 @@ def _probe(recipe: Recipe, launch: Launch, inputs: ProbeInputs) -> Probe:
     """The adaptive stop (``train.probe``) on its key sets, its state registered with the checkpoints."""
     probe = Probe(recipe, inputs, launch)
     launch.accelerator.register_for_checkpointing(probe.state)
+    forms = inputs.forms_line()
+    if forms:
+        launch.accelerator.print(forms)
     launch.accelerator.print(
         f"probe: {inputs.trials} keys at {inputs.length} tokens every {probe.settings.interval} steps on held-out "
         f"validation documents (goal {probe.settings.goal:.0%}, patience {probe.settings.patience}, at most "

@@ -389,3 +389,26 @@ def test_other_families_partial_rotary_and_already_longrope(family, extra):
     assert plan.factor == N / before.original_length
     with torch.no_grad():
         assert torch.isfinite(model(torch.randint(0, 512, (1, N))).logits).all()
+
+
+def test_a_snapshot_puts_the_original_rope_back_and_the_extension_again():
+    # The adaptive stop checks the base's window on the extended model it trains: back and forth, exactly.
+    from ctxext.rope.runtime import RopeSnapshot
+
+    model = tiny_model()
+    config = model.config
+    assert not hasattr(config, "original_max_position_embeddings")
+    original = RopeSnapshot(model)
+    inv = [m.inv_freq.clone() for m in model.modules() if hasattr(m, "inv_freq")]
+    patch_model(model, "yarn", 4 * config.max_position_embeddings)
+    extended, yarn_inv = RopeSnapshot(model), [m.inv_freq.clone() for m in model.modules() if hasattr(m, "inv_freq")]
+    original.apply(model)
+    # A field the base did not have is gone again (not set to a stand-in object).
+    assert not hasattr(config, "original_max_position_embeddings")
+    assert read_rope(config).parameters.get("rope_type", "default") == "default"
+    back = [m.inv_freq for m in model.modules() if hasattr(m, "inv_freq")]
+    assert all(torch.equal(a, b) for a, b in zip(inv, back, strict=True))
+    extended.apply(model)
+    assert read_rope(config).parameters["rope_type"] == "yarn"
+    now = [m.inv_freq for m in model.modules() if hasattr(m, "inv_freq")]
+    assert all(torch.equal(a, b) for a, b in zip(yarn_inv, now, strict=True))

@@ -8,8 +8,9 @@ import pytest
 
 from ctxext.errors import InputError
 from ctxext.models.builtin import GROWN_DIR
-from ctxext.search.forms import FormCheck, check_forms, usable_templates
+from ctxext.search.forms import check_forms, usable_templates
 from ctxext.search.run import run_search
+from ctxext.tasks.forms import FormCheck
 from tests.unit.search.test_search import _settings
 
 needs_grown = pytest.mark.skipif(
@@ -51,7 +52,7 @@ class _Scripted:
     def __init__(self, outcomes: list[bool]):
         self.outcomes, self.calls = list(outcomes), 0
 
-    def __call__(self, model, sequences, spans):
+    def __call__(self, model, sequences, spans, answer_only=True):
         from ctxext.scoring.answers import AnswerScore
 
         self.calls += 1
@@ -69,13 +70,11 @@ class _Scripted:
 )
 def test_a_form_check_stops_once_its_decision_is_certain(monkeypatch, outcomes, kept, scored):
     import ctxext.scoring.answers as answers
-    from ctxext.search.forms import _score_until_decided
-    from ctxext.search.objective import ObjectiveSet
+    from ctxext.tasks.forms import _score_until_decided
 
     scripted = _Scripted(outcomes)
     monkeypatch.setattr(answers, "score_answers", scripted)
-    probes = ObjectiveSet("needle", 4, [[0]] * 8, [(0, 1)] * 8)
-    correct, done = _score_until_decided(None, probes, per_depth=1, min_accuracy=0.5)
+    correct, done = _score_until_decided(None, [[0]] * 8, [(0, 1)] * 8, per_depth=1, min_accuracy=0.5)
     assert (correct >= 4, done, scripted.calls) == (kept, scored, scored)
 
 

@@ -12,10 +12,11 @@ import ctxext.training.loop as loop_module
 import ctxext.training.run as train_module
 from ctxext.artifacts.run import read_run
 from ctxext.errors import CtxextError
+from ctxext.models.builtin import GROWN_DIR
 from ctxext.recipe.schema import load_recipe
 from ctxext.training.probe import ProbeState, decide
 from ctxext.training.run import train
-from tests.helpers.train import accelerate_cmd, adapter_tensors, head_shape_model, run, write_recipe
+from tests.helpers.train import ROOT, accelerate_cmd, adapter_tensors, head_shape_model, run, write_recipe
 
 
 def _recipe(tmp_path, name, probe, **train):
@@ -55,6 +56,9 @@ def test_a_run_that_has_learned_stops_at_the_first_probe(tmp_path, capsys):
     assert len(by_form) > 1 and sum(n for _, n in by_form.values()) == 8
     assert sum(c for c, _ in by_form.values()) == curve["readings"][0]["correct"]
     assert "by key form " in out
+    # The tiny model retrieves no key form inside its window: the probe asks in every training form, and says so.
+    assert "the probe asks in form(s) 0, 1, 2, 3 (none is retrieved there" in out, out
+    assert info.probe.window_forms is not None and not any(c["kept"] for c in info.probe.window_forms)
     assert (tmp_path / "early" / "probe.png").stat().st_size > 0
     assert result.model is not None
 
@@ -192,3 +196,44 @@ def test_one_key_per_input_probes_every_depth(tmp_path):
     depths = sorted(d for ds in inputs.depths for d in ds)
     assert inputs.trials == 8 and len(inputs.sequences) == 8
     assert depths == pytest.approx([(j + 0.5) / 8 for j in range(8)])
+
+
+needs_grown = pytest.mark.skipif(
+    not (GROWN_DIR / "model.safetensors").is_file(), reason="the grown model is not packaged"
+)
+
+
+@needs_grown
+def test_the_probe_asks_in_the_forms_the_base_retrieves_in_its_window_and_keeps_the_extension():
+    # The grown base retrieves form 0 (KEY_xy = …) in its 64-token window and never forms 1-2: the default recipe's
+    # probe asks in form 0 only. The check runs the base's own RoPE and hands the model back extended.
+    from itertools import islice
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+    from datasets import Dataset
+
+    from ctxext.rope.runtime import rotary_modules
+    from ctxext.scoring.texts import iter_texts
+    from ctxext.training.model import build_training_model
+    from ctxext.training.probe import probe_inputs_for
+
+    overrides = ["model.path=builtin:grown-code-64", "quantization.mode=none"]
+    recipe = load_recipe(ROOT / "recipes" / "default.yaml", overrides)
+    loaded = build_training_model(recipe, "cpu")
+    before = [m.inv_freq.clone() for _, m in rotary_modules(loaded.model)]
+    documents = Dataset.from_dict({"text": list(islice(iter_texts("builtin:stdlib"), 40))})
+    single = SimpleNamespace(distributed_type=DistributedType.NO, num_processes=1)
+    inputs = probe_inputs_for(recipe, loaded, documents, single)
+    checks = {c["template"]: c for c in inputs.window_forms or []}
+    assert checks[0]["kept"] and not checks[1]["kept"] and not checks[2]["kept"], checks
+    assert set(inputs.forms) == {0} and inputs.trials == recipe.train.probe.trials
+    assert inputs.window == 64 and inputs.length == 256
+    line = inputs.forms_line() or ""
+    assert "inside its 64-token window: form 0: 100 %" in line and "asks in form(s) 0" in line, line
+    after = [m.inv_freq for _, m in rotary_modules(loaded.model)]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert loaded.model.config.rope_parameters["rope_type"] == "llama3"
+    # With train.probe.forms: trained, every training form.
+    recipe.train.probe.forms = "trained"
+    assert set(probe_inputs_for(recipe, loaded, documents, single).forms) == {0, 1, 2}
