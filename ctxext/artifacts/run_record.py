@@ -67,6 +67,7 @@ class ProbeRecord(BaseModel):
     patience: int | None = None
     # The key forms asked in, and (train.probe.forms: window) what the base retrieved inside its window.
     forms: list[int] = Field(default_factory=list)
+    depths: list[float] | None = None
     window_forms: list[dict[str, Any]] | None = None
     stopped: Literal["goal", "plateau", "ceiling"]
     stop_step: int

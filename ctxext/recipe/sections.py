@@ -411,6 +411,13 @@ class ProbeSection(Section):
     patience: int | None = Field(
         default=4, gt=0, description="stop after this many probes without a better rate (null: never on a plateau)"
     )
+    depths: int | None = Field(
+        default=5,
+        ge=2,
+        description="the probe's keys stand at this many depths, evenly from 0 to 100 % (5: the evaluation's 0, 25, "
+        "50, 75 and 100 %), and the goal is every depth's (the run's worst depth decides); null: spread over the "
+        "inputs, the goal on all keys together",
+    )
     forms: Literal["window", "trained"] = Field(
         default="window",
         description="window: ask only in the training key forms the base retrieves inside its own window (checked "

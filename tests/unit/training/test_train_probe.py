@@ -14,7 +14,7 @@ from ctxext.artifacts.run import read_run
 from ctxext.errors import CtxextError
 from ctxext.models.builtin import GROWN_DIR
 from ctxext.recipe.schema import load_recipe
-from ctxext.training.probe import ProbeState, decide
+from ctxext.training.probe import ProbeState, decide, score_of
 from ctxext.training.run import train
 from tests.helpers.train import ROOT, accelerate_cmd, adapter_tensors, head_shape_model, run, write_recipe
 
@@ -38,6 +38,17 @@ def test_decide_goal_plateau_and_best():
     assert decide(state, {"rate": 0.95}, goal=0.9, patience=2) == ("goal", True)
 
 
+def test_the_worst_depth_decides():
+    # 95 % of all keys, but one depth at 80 %: not the goal (the target is every depth's), and not better than a
+    # reading whose worst depth is 90 %.
+    state = ProbeState()
+    lopsided = {"rate": 0.95, "score": 0.80}
+    assert decide(state, lopsided, goal=0.9, patience=2) == (None, True)
+    state.best_rate, state.since_best = score_of({"rate": 0.9, "score": 0.9}), 0
+    assert decide(state, lopsided, goal=0.9, patience=1) == ("plateau", False)
+    assert decide(state, {"rate": 0.96, "score": 0.92}, goal=0.9, patience=1) == ("goal", True)
+
+
 def test_a_run_that_has_learned_stops_at_the_first_probe(tmp_path, capsys):
     # Goal 0: whatever the first probe reads meets it.
     result = train_module.train(_recipe(tmp_path, "early", {"interval": 1, "goal": 0.0}))
@@ -46,7 +57,7 @@ def test_a_run_that_has_learned_stops_at_the_first_probe(tmp_path, capsys):
     assert info.steps == 1 and info.probe is not None
     assert info.probe.stopped == "goal" and info.probe.stop_step == 1 and info.probe.best_step == 1
     assert info.probe.fraction is not None and 0 < info.probe.fraction < 1
-    assert "probe: goal 0% reached at step 1 of at most 4" in out
+    assert "probe: goal 0% at every depth reached at step 1 of at most 4" in out
     assert "probe" in out.splitlines()[-1] and "of the run time" in out.splitlines()[-1], out
     curve = json.loads((tmp_path / "early" / "probe.json").read_text())
     assert [r["step"] for r in curve["readings"]] == [1] and curve["readings"][0]["n"] == 8
@@ -56,6 +67,11 @@ def test_a_run_that_has_learned_stops_at_the_first_probe(tmp_path, capsys):
     assert len(by_form) > 1 and sum(n for _, n in by_form.values()) == 8
     assert sum(c for c, _ in by_form.values()) == curve["readings"][0]["correct"]
     assert "by key form " in out
+    # By depth: the evaluation's five depths, as many keys at each as 8 allow; the worst one is the score.
+    by_depth = curve["readings"][0]["by_depth"]
+    assert list(by_depth) == ["0", "25", "50", "75", "100"] and [n for _, n in by_depth.values()] == [2, 2, 2, 1, 1]
+    assert curve["readings"][0]["score"] == min(c / n for c, n in by_depth.values())
+    assert curve["depths"] == [0.0, 0.25, 0.5, 0.75, 1.0] and "; by depth 0 %: " in out
     # The tiny model retrieves no key form inside its window: the probe asks in every training form, and says so.
     assert "the probe asks in form(s) 0, 1, 2, 3 (none is retrieved there" in out, out
     assert info.probe.window_forms is not None and not any(c["kept"] for c in info.probe.window_forms)
@@ -71,7 +87,7 @@ def test_a_run_that_cannot_stops_at_the_ceiling_with_the_best_adapter(tmp_path, 
     out = capsys.readouterr().out
     info = read_run(tmp_path / "ceiling")
     assert info.steps == 3 and info.probe is not None and info.probe.stopped == "ceiling"
-    assert "probe: goal 100% NOT reached by train.max_steps (3)" in out, out
+    assert "probe: goal 100% at every depth NOT reached by train.max_steps (3)" in out, out
     assert [s for s, _, _ in _readings(tmp_path / "ceiling")] == [1, 2, 3]
     # Every probe reads the same (0 %): the first is the best, and the adapter written is step 1's, not step 3's.
     best = info.probe.best_step
@@ -195,7 +211,13 @@ def test_one_key_per_input_probes_every_depth(tmp_path):
     assert inputs.forms == [forms[j % len(forms)] for j in range(8)]  # the forms take turns over the inputs
     depths = sorted(d for ds in inputs.depths for d in ds)
     assert inputs.trials == 8 and len(inputs.sequences) == 8
-    assert depths == pytest.approx([(j + 0.5) / 8 for j in range(8)])
+    # By default at the evaluation's five depths in turn, both ends included (100 %: right before the question).
+    assert ProbeSection().depths == 5
+    assert depths == [0.0, 0.0, 0.25, 0.25, 0.5, 0.5, 0.75, 1.0]
+    # depths: null spreads them over the inputs instead.
+    recipe.train.probe.depths = None
+    spread = sorted(d for ds in build_probe_inputs(recipe, tokenizer, docs).depths for d in ds)
+    assert spread == pytest.approx([(j + 0.5) / 8 for j in range(8)])
 
 
 needs_grown = pytest.mark.skipif(
