@@ -250,9 +250,12 @@ def _probe(recipe: Recipe, launch: Launch, inputs: ProbeInputs) -> Probe:
     forms = inputs.forms_line()
     if forms:
         launch.accelerator.print(forms)
+    grid = inputs.grid
+    where = f" at {len(grid)} depths from 0 to 100 %" if grid else ""
+    goal = f"{probe.settings.goal:.0%}{' at every depth' if grid else ''}"
     launch.accelerator.print(
-        f"probe: {inputs.trials} keys at {inputs.length} tokens every {probe.settings.interval} steps on held-out "
-        f"validation documents (goal {probe.settings.goal:.0%}, patience {probe.settings.patience}, at most "
+        f"probe: {inputs.trials} keys at {inputs.length} tokens{where} every {probe.settings.interval} steps on "
+        f"held-out validation documents (goal {goal}, patience {probe.settings.patience}, at most "
         f"{recipe.train.max_steps} steps)"
     )
     return probe
