@@ -328,9 +328,17 @@ def score_of(reading: dict[str, Any]) -> float:
 
 
 def decide(state: ProbeState, reading: dict[str, Any], goal: float, patience: int | None) -> tuple[str | None, bool]:
-    """What a probe's reading means: ``(stop reason or None, whether it is the best so far)``."""
+    """What a probe's reading means: ``(stop reason or None, whether it is the best so far)``.
+
+    Better is a higher score; at an equal score (32 keys per depth move the worst depth in steps of 3 points, so
+    ties are common), a higher rate over all keys.
+    """
     score = score_of(reading)
-    improved = state.best_rate is None or score > state.best_rate
+    best = next((r for r in state.readings if r["step"] == state.best_step), None)
+    if best is not None:
+        improved = (score, reading["rate"]) > (score_of(best), best["rate"])
+    else:
+        improved = state.best_rate is None or score > state.best_rate
     if score >= goal:
         return "goal", improved
     if not improved and patience is not None and state.since_best + 1 >= patience:

@@ -47,6 +47,10 @@ def test_the_worst_depth_decides():
     state.best_rate, state.since_best = score_of({"rate": 0.9, "score": 0.9}), 0
     assert decide(state, lopsided, goal=0.9, patience=1) == ("plateau", False)
     assert decide(state, {"rate": 0.96, "score": 0.92}, goal=0.9, patience=1) == ("goal", True)
+    # An equal worst depth with more keys retrieved overall is better (the best reading is in the curve).
+    state = ProbeState(readings=[{"step": 80, "rate": 0.96, "score": 0.9375}], best_rate=0.9375, best_step=80)
+    assert decide(state, {"step": 160, "rate": 0.98, "score": 0.9375}, goal=0.95, patience=4) == (None, True)
+    assert decide(state, {"step": 160, "rate": 0.95, "score": 0.9375}, goal=0.95, patience=4) == (None, False)
 
 
 def test_a_run_that_has_learned_stops_at_the_first_probe(tmp_path, capsys):
