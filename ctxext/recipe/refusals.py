@@ -240,6 +240,15 @@ def probe_problems(recipe: Recipe) -> list[Problem]:
         )
     if probe.trials == 0:
         problems.append(("train.probe.trials", "0 trials measure nothing; set at least 1 (or train.probe: null)"))
+    elif probe.depths is not None and probe.trials < probe.depths:
+        problems.append(
+            (
+                "train.probe.trials",
+                f"{probe.trials} keys leave some of train.probe.depths' {probe.depths} depths without one, and the "
+                f"worst depth decides; set at least {probe.depths} (32 per depth tell 90 % from 97 %), or "
+                "train.probe.depths: null",
+            )
+        )
     if probe.interval > cfg.max_steps:
         problems.append(
             (

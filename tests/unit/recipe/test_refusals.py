@@ -70,6 +70,8 @@ CASES = {
                                                      "train.probe.length", "1024 is longer than the model is extended"),
     "a probe of zero trials": ({"train": {"probe": {"trials": 0, "interval": 1}}}, "train.probe.trials",
                                "0 trials measure nothing"),
+    "a probe with a depth left without a key": ({"train": {"probe": {"trials": 3, "interval": 1}}},
+                                                 "train.probe.trials", "3 keys leave some of train.probe.depths' 5"),
     "a probe interval past the step ceiling": ({"train": {"probe": {"interval": 5}}}, "train.probe.interval",
                                                "5 is larger than train.max_steps (1)"),
     "a probe without held-out documents": ({"data": {"path": "builtin:stdlib", "validation_fraction": 0},
