@@ -24,6 +24,7 @@ from ctxext.progress import progress
 from ctxext.search.evolution import Candidate, Evolution, EvolutionSettings, StopSearch, best
 from ctxext.search.log import SearchLog, check_resume, model_fingerprint, read_log
 from ctxext.search.settings import SEARCH_KIND, SearchResult, SearchSettings
+from ctxext.tasks.forms import describe
 
 
 @dataclass
@@ -68,7 +69,6 @@ class SearchSession:
         from ctxext.search.factors import seeds as make_seeds
         from ctxext.search.forms import usable_templates
         from ctxext.search.objective import build_objective
-        from ctxext.tasks.forms import describe
 
         # The clocks start here: the attention-factor scan (when searched) counts as search time.
         start_wall, start_cpu = time.perf_counter(), time.process_time()
