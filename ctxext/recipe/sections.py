@@ -407,9 +407,14 @@ class ProbeSection(Section):
         "lookup, which a base that retrieves one needle may not do: raise it only for a model that does)",
     )
     interval: int = Field(default=100, gt=0, description="optimizer steps between probes (at most train.max_steps)")
-    goal: float = Field(default=0.9, ge=0, le=1, description="stop once this share of the probe's keys is retrieved")
+    goal: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="stop once this share of the probe's keys is retrieved (at every depth with depths set)",
+    )
     patience: int | None = Field(
-        default=4, gt=0, description="stop after this many probes without a better rate (null: never on a plateau)"
+        default=4, gt=0, description="stop after this many probes without a better score (null: never on a plateau)"
     )
     depths: int | None = Field(
         default=5,

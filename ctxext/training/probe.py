@@ -499,8 +499,8 @@ class Probe:
             head = f"probe: goal {goal:.0%}{every} reached at step {step} of at most {self.max_steps}"
         elif why == "plateau":
             head = (
-                f"probe: stopped on a plateau at step {step} ({self.settings.patience} probes without a better rate; "
-                f"goal {goal:.0%} not reached)"
+                f"probe: stopped on a plateau at step {step} ({self.settings.patience} probes without a better one; "
+                f"goal {goal:.0%}{every} not reached)"
             )
         else:
             head = f"probe: goal {goal:.0%}{every} NOT reached by train.max_steps ({self.max_steps})"
