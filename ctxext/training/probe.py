@@ -51,6 +51,11 @@ from ctxext.errors import InputError
 from ctxext.recipe.schema import Recipe
 from ctxext.recipe.sections import PROBE_BATCH_TOKENS
 
+# The probe's filler: as much validation text as the evaluation's haystack reads (200k tokens). The text before a
+# needle decides how hard it is to copy: a filler of four probe lengths (what the probe read before) was two files of
+# the held-out base's 20 validation documents, and its keys right before the question were retrieved 32 of 32 times
+# where the whole split's were 80 of 100 (the evaluation: 82 %).
+HAYSTACK_TOKENS = 200_000
 PROBE_FILE = "probe.json"
 PROBE_PLOT = "probe.png"
 
@@ -116,7 +121,7 @@ def original_window(loaded: Any) -> int:
 
 
 def _validation_haystack(tokenizer: Any, documents: Any, length: int) -> Any:
-    """The probe's filler: the training data's held-out validation documents.
+    """The probe's filler: the training data's held-out validation documents, up to :data:`HAYSTACK_TOKENS` of them.
 
     Raises:
         InputError: there are none.
@@ -127,7 +132,8 @@ def _validation_haystack(tokenizer: Any, documents: Any, length: int) -> Any:
         raise InputError(
             "train.probe: the data has no held-out validation documents to probe on; raise data.validation_fraction"
         )
-    return Haystack.from_texts(tokenizer, iter(documents["text"]), min_tokens=4 * length, name="validation")
+    tokens = max(4 * length, HAYSTACK_TOKENS)
+    return Haystack.from_texts(tokenizer, iter(documents["text"]), min_tokens=tokens, name="validation")
 
 
 def build_probe_inputs(

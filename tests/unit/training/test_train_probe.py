@@ -264,3 +264,20 @@ def test_the_probe_asks_in_the_forms_the_base_retrieves_in_its_window_and_keeps_
     # With train.probe.forms: trained, every training form.
     recipe.train.probe.forms = "trained"
     assert set(probe_inputs_for(recipe, loaded, documents, single).forms) == {0, 1, 2}
+
+
+def test_the_probe_draws_its_filler_from_the_whole_validation_split():
+    # Four probe lengths of text (what it read before) were two files of a 20-file split: keys right before the
+    # question read 32/32 there and 80/100 over the whole split. Now every document up to 200k tokens.
+    from transformers import AutoTokenizer
+
+    from ctxext.models.sources import resolve_model_path
+    from ctxext.training.probe import HAYSTACK_TOKENS, _validation_haystack
+
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path("builtin:grown-code-64")))
+    docs = {"text": [f"def f{i}(x):\n    return x + {i}\n" * 20 for i in range(20)]}
+    from ctxext.tasks.base import encode
+
+    total = sum(len(encode(tokenizer, text + "\n\n")) for text in docs["text"])
+    haystack = _validation_haystack(tokenizer, docs, 64)
+    assert len(haystack.ids) == total and total > 4 * (4 * 64) and HAYSTACK_TOKENS >= 200_000
