@@ -68,6 +68,7 @@ class ProbeRecord(BaseModel):
     # The key forms asked in, and (train.probe.forms: window) what the base retrieved inside its window.
     forms: list[int] = Field(default_factory=list)
     depths: list[float] | None = None
+    filler_tokens: int = 0
     window_forms: list[dict[str, Any]] | None = None
     stopped: Literal["goal", "plateau", "ceiling"]
     stop_step: int

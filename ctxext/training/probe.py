@@ -73,6 +73,7 @@ class ProbeInputs:
     window: int | None = None
     window_seconds: float = 0.0
     grid: list[float] | None = None
+    filler: int = 0
 
     @property
     def trials(self) -> int:
@@ -176,7 +177,7 @@ def build_probe_inputs(
         sequences.append(keyset.ids)
         spans.append(keyset.spans)
         depth_lists.append(keyset.depths)
-    return ProbeInputs(sequences, spans, length, depth_lists, forms, grid=grid)
+    return ProbeInputs(sequences, spans, length, depth_lists, forms, grid=grid, filler=len(haystack.ids))
 
 
 def depth_grid(depths: int | None) -> list[float] | None:
@@ -524,6 +525,7 @@ class Probe:
             "patience": self.settings.patience,
             "forms": sorted(set(self.inputs.forms)),
             "depths": self.inputs.grid,
+            "filler_tokens": self.inputs.filler,
             "window_forms": self.inputs.window_forms,
             "stopped": self.outcome(step),
             "stop_step": step,

@@ -255,8 +255,8 @@ def _probe(recipe: Recipe, launch: Launch, inputs: ProbeInputs) -> Probe:
     goal = f"{probe.settings.goal:.0%}{' at every depth' if grid else ''}"
     launch.accelerator.print(
         f"probe: {inputs.trials} keys at {inputs.length} tokens{where} every {probe.settings.interval} steps on "
-        f"held-out validation documents (goal {goal}, patience {probe.settings.patience}, at most "
-        f"{recipe.train.max_steps} steps)"
+        f"{inputs.filler:,} tokens of held-out validation documents (goal {goal}, patience "
+        f"{probe.settings.patience}, at most {recipe.train.max_steps} steps)"
     )
     return probe
 

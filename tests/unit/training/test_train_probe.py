@@ -76,7 +76,10 @@ def test_a_run_that_has_learned_stops_at_the_first_probe(tmp_path, capsys):
     assert list(by_depth) == ["0", "25", "50", "75", "100"] and [n for _, n in by_depth.values()] == [2, 2, 2, 1, 1]
     assert curve["readings"][0]["score"] == min(c / n for c, n in by_depth.values())
     assert curve["depths"] == [0.0, 0.25, 0.5, 0.75, 1.0] and "; by depth 0 %: " in out
-    assert "probe: 8 keys at 512 tokens at 5 depths from 0 to 100 % every 1 steps" in out and "at every depth" in out
+    assert (
+        "probe: 8 keys at 512 tokens at 5 depths from 0 to 100 % every 1 steps on " in out and "at every depth" in out
+    )
+    assert info.probe.filler_tokens > 0 and f"on {info.probe.filler_tokens:,} tokens of held-out validation" in out
     # The tiny model retrieves no key form inside its window: the probe asks in every training form, and says so.
     assert "the probe asks in form(s) 0, 1, 2, 3 (none is retrieved there" in out, out
     assert info.probe.window_forms is not None and not any(c["kept"] for c in info.probe.window_forms)
