@@ -17,6 +17,8 @@ document; 95 % paired bootstrap). ``--against ARM ...`` adds each arm against th
 they share, at the target (exact McNemar per depth on the same prompts, Holm over the depths). Per seed: the step
 it stopped at and why, the probe's curve, and the training steps' time (the sum over steps of tokens / tokens per
 second from the run's ``metrics.jsonl``: compute, without evaluations or probes) and the probes' time.
+An arm's file (``WORK/NAME/ARM.json``) may carry a ``note`` written by hand: what the default recipe was when the
+arm ran, where the code has changed since (the heading prints it beside the arm's overrides).
 ``--archive DIR`` copies what the reading needs into ``DIR/NAME`` (the evaluations, each fine-tuned seed's with its
 run's summary: a few KB per seed), which reads as the folder does once the run folders (hundreds of MB, on a
 machine that may be replaced) are gone.
@@ -93,6 +95,13 @@ def run_summary(e: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _arm_recipe(info: dict[str, Any]) -> str:
+    """What an arm trained with: its overrides of the default recipe, and (``note``, written by hand into an arm's
+    file) what the default was when it ran, where the code has changed since."""
+    what = " ".join(info["sets"]) or "the default recipe unchanged"
+    return f"{what}; {info['note']}" if info.get("note") else what
+
+
 def seed_line(e: dict[str, Any]) -> str:
     """One seed's run: where and why it stopped, its probe curve, its time."""
     run = run_summary(e)
@@ -102,13 +111,19 @@ def seed_line(e: dict[str, Any]) -> str:
     readings = run["readings"]
     if readings is not None:
         curve = " → ".join(_pct(r["rate"]) for r in readings)
+        best = next((r for r in readings if r["step"] == probe["best_step"]), {})
+        # Runs since the probe judges by depth: their best is the worst depth's rate (all keys' rate beside it).
+        judged = f"all {_pct(best['rate'])} %, worst depth " if "score" in best else ""
         line += (
             f"; probe at {probe['length']} tokens every {probe['interval']} steps ({probe['trials']} trials): "
-            f"{curve} %, best step {probe['best_step']} ({_pct(probe['best_rate'])} %)"
+            f"{curve} %, best step {probe['best_step']} ({judged}{_pct(probe['best_rate'])} %)"
         )
-        forms = next((r.get("by_form") for r in readings if r["step"] == probe["best_step"]), None) or {}
+        forms = best.get("by_form") or {}
         if len(forms) > 1:  # runs since the probe counts keys by form
             line += " by key form " + ", ".join(f"{f}: {_pct(c / n)} %" for f, (c, n) in forms.items())
+        asked = probe.get("forms")
+        if asked and probe.get("window_forms") is not None:  # runs since the probe asks in the base's forms
+            line += f", asked in form(s) {', '.join(map(str, asked))} (the base's in its window)"
     line += f"; training steps {run['steps_seconds'] / 60:.0f} min"
     if probe:
         line += f", probes {probe['seconds'] / 60:.1f} min"
@@ -158,7 +173,7 @@ def read(folder: Path, arm: str, against: list[str] | None = None) -> list[str]:
     if not tuned or [e["seed"] for e in base] != seeds or [e["seed"] for e in start] != seeds:
         raise SystemExit(f"{folder}: the base or llama3 evaluation of a {arm} seed is missing; run it again")
     lines = [
-        f"### {folder.name}: arm `{arm}` ({' '.join(info['sets']) or 'the default recipe unchanged'}), "
+        f"### {folder.name}: arm `{arm}` ({_arm_recipe(info)}), "
         f"{window} → {target} tokens, seeds {', '.join(map(str, seeds))}",
         "",
         "| depth | base in-window | target | arm at target [Wilson 95 %] | passes | llama3 start at target | "
