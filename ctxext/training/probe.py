@@ -479,7 +479,7 @@ class Probe:
 
     @property
     def _judged(self) -> str:
-        """What a best or a goal is of: ``worst depth`` with a depth grid, else all keys (said by nothing)."""
+        """What a best is of, for the lines: ``(worst depth)`` with a depth grid; all keys (said by nothing) without."""
         return "(worst depth) " if self.inputs.grid else ""
 
     def restore_best(self, model: Any, step: int) -> bool:
