@@ -253,10 +253,11 @@ def _probe(recipe: Recipe, launch: Launch, inputs: ProbeInputs) -> Probe:
     grid = inputs.grid
     where = f" at {len(grid)} depths from 0 to 100 %" if grid else ""
     goal = f"{probe.settings.goal:.0%}{' at every depth' if grid else ''}"
+    patience = f"patience {probe.settings.patience}" if probe.settings.patience else "no stop on a plateau"
     launch.accelerator.print(
         f"probe: {inputs.trials} keys at {inputs.length} tokens{where} every {probe.settings.interval} steps on "
-        f"{inputs.filler:,} tokens of held-out validation documents (goal {goal}, patience "
-        f"{probe.settings.patience}, at most {recipe.train.max_steps} steps)"
+        f"{inputs.filler:,} tokens of held-out validation documents (goal {goal}, {patience}, at most "
+        f"{recipe.train.max_steps} steps)"
     )
     return probe
 

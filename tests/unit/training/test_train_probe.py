@@ -96,6 +96,7 @@ def test_a_run_that_cannot_stops_at_the_ceiling_with_the_best_adapter(tmp_path, 
     info = read_run(tmp_path / "ceiling")
     assert info.steps == 3 and info.probe is not None and info.probe.stopped == "ceiling"
     assert "probe: goal 100% at every depth NOT reached by train.max_steps (3)" in out, out
+    assert "(goal 100% at every depth, no stop on a plateau, at most 3 steps)" in out
     assert [s for s, _, _ in _readings(tmp_path / "ceiling")] == [1, 2, 3]
     # Every probe reads the same (0 %): the first is the best, and the adapter written is step 1's, not step 3's.
     best = info.probe.best_step
