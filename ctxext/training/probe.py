@@ -103,14 +103,21 @@ def probe_inputs_for(recipe: Recipe, loaded: Any, documents: Any, accelerator: A
     """
     from ctxext.tasks.forms import describe, kept_templates
 
+    probe, length, window = recipe.train.probe, recipe.probe_length, original_window(loaded)
+    assert probe is not None and length is not None
+    filler = _validation_haystack(loaded.tokenizer, documents, length)
+    # One tokenization of the validation text for both: their fillers are the same below 50k-token probes.
+    window_filler = filler
+    if probe.forms == "window" and _filler_tokens(window) != _filler_tokens(length):
+        window_filler = _validation_haystack(loaded.tokenizer, documents, window)
     t0 = time.perf_counter()
-    checks = check_window_forms(recipe, loaded, documents, accelerator)
+    checks = check_window_forms(recipe, loaded, window_filler, accelerator)
     seconds = time.perf_counter() - t0
     templates = kept_templates(checks) if checks else None
-    inputs = build_probe_inputs(recipe, loaded.tokenizer, documents, templates=templates)
+    inputs = build_probe_inputs(recipe, loaded.tokenizer, documents, templates=templates, haystack=filler)
     if checks is not None:
         inputs.window_forms, inputs.window_seconds = describe(checks), seconds
-        inputs.window = original_window(loaded)
+        inputs.window = window
     return inputs
 
 
@@ -133,12 +140,16 @@ def _validation_haystack(tokenizer: Any, documents: Any, length: int) -> Any:
         raise InputError(
             "train.probe: the data has no held-out validation documents to probe on; raise data.validation_fraction"
         )
-    tokens = max(4 * length, HAYSTACK_TOKENS)
-    return Haystack.from_texts(tokenizer, iter(documents["text"]), min_tokens=tokens, name="validation")
+    return Haystack.from_texts(tokenizer, iter(documents["text"]), min_tokens=_filler_tokens(length), name="validation")
+
+
+def _filler_tokens(length: int) -> int:
+    """How much validation text a filler for ``length``-token inputs reads."""
+    return max(4 * length, HAYSTACK_TOKENS)
 
 
 def build_probe_inputs(
-    recipe: Recipe, tokenizer: Any, documents: Any, templates: list[int] | None = None
+    recipe: Recipe, tokenizer: Any, documents: Any, templates: list[int] | None = None, haystack: Any = None
 ) -> ProbeInputs:
     """The probe's key sets, from the held-out validation documents, seeded by ``train.seed``.
 
@@ -147,6 +158,7 @@ def build_probe_inputs(
         tokenizer: the model's tokenizer.
         documents: the training data's held-out raw documents (a Dataset with a ``text`` column), or ``None``.
         templates: the key forms to ask in (default: every training form, :func:`probe_templates`).
+        haystack: the filler, when the caller has read it already (default: read from ``documents``).
 
     Raises:
         InputError: no held-out documents, or a probe too short for its keys.
@@ -155,7 +167,8 @@ def build_probe_inputs(
 
     probe, length = recipe.train.probe, recipe.probe_length
     assert probe is not None and length is not None
-    haystack = _validation_haystack(tokenizer, documents, length)
+    if haystack is None:
+        haystack = _validation_haystack(tokenizer, documents, length)
     templates = templates or probe_templates(recipe)
     rng = random.Random(f"ctxext-probe-{recipe.train.seed}")
     sequences, spans, depth_lists, forms = [], [], [], []
@@ -198,7 +211,7 @@ def probe_templates(recipe: Recipe) -> list[int]:
     return get_task("needle").training_templates()
 
 
-def check_window_forms(recipe: Recipe, loaded: Any, documents: Any, accelerator: Any) -> list[Any] | None:
+def check_window_forms(recipe: Recipe, loaded: Any, haystack: Any, accelerator: Any) -> list[Any] | None:
     """Which training key forms the base retrieves inside its own window (``train.probe.forms: window``).
 
     The model the run trains, before any step (its adapters add nothing yet), set back to its original RoPE for
@@ -210,7 +223,7 @@ def check_window_forms(recipe: Recipe, loaded: Any, documents: Any, accelerator:
     Args:
         recipe: the recipe (its ``train.probe`` is set).
         loaded: the :class:`ctxext.training.model.TrainingModel`.
-        documents: the held-out validation documents.
+        haystack: the filler read from the held-out validation documents.
         accelerator: the run's accelerator.
 
     Returns:
@@ -227,7 +240,6 @@ def check_window_forms(recipe: Recipe, loaded: Any, documents: Any, accelerator:
     if probe is None or probe.forms == "trained":
         return None
     model, window = loaded.model, original_window(loaded)
-    haystack = _validation_haystack(loaded.tokenizer, documents, window)
     depths = [spread_depths(1, d, 8)[0] for d in range(8)]
     answer_only = accelerator.distributed_type != DistributedType.FSDP
     checks: list[Any] = []
