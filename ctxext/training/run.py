@@ -44,7 +44,8 @@ from ctxext.training.folder import (
 )
 from ctxext.training.launch import Launch, configure_deepspeed, start_accelerator
 from ctxext.training.loop import TrainingDiverged, TrainingLoop, TrainingState
-from ctxext.training.probe import Probe, ProbeInputs, probe_inputs_for
+from ctxext.training.probe import Probe
+from ctxext.training.probe_inputs import ProbeInputs, probe_inputs_for
 from ctxext.training.sequence_parallel import start_sequence_parallel, stop_sequence_parallel
 from ctxext.training.steps import CausalLMWithChunkedLoss, make_optimizer, make_scheduler, micro_batches
 from ctxext.training.stop import StopRequest, stop_on_signals

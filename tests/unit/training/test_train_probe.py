@@ -207,7 +207,7 @@ def test_one_key_per_input_probes_every_depth(tmp_path):
     from transformers import AutoTokenizer
 
     from ctxext.models.sources import resolve_model_path
-    from ctxext.training.probe import build_probe_inputs, probe_templates
+    from ctxext.training.probe_inputs import build_probe_inputs, probe_templates
 
     recipe = _recipe(tmp_path, "depths", {"keys": 1, "interval": 1})
     from ctxext.recipe.sections import ProbeSection
@@ -247,7 +247,7 @@ def test_the_probe_asks_in_the_forms_the_base_retrieves_in_its_window_and_keeps_
     from ctxext.rope.runtime import rotary_modules
     from ctxext.scoring.texts import iter_texts
     from ctxext.training.model import build_training_model
-    from ctxext.training.probe import probe_inputs_for
+    from ctxext.training.probe_inputs import probe_inputs_for
 
     overrides = ["model.path=builtin:grown-code-64", "quantization.mode=none"]
     recipe = load_recipe(ROOT / "recipes" / "default.yaml", overrides)
@@ -276,7 +276,7 @@ def test_the_probe_draws_its_filler_from_the_whole_validation_split():
     from transformers import AutoTokenizer
 
     from ctxext.models.sources import resolve_model_path
-    from ctxext.training.probe import HAYSTACK_TOKENS, _validation_haystack
+    from ctxext.training.probe_inputs import HAYSTACK_TOKENS, _validation_haystack
 
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path("builtin:grown-code-64")))
     docs = {"text": [f"def f{i}(x):\n    return x + {i}\n" * 20 for i in range(20)]}
