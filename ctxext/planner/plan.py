@@ -408,7 +408,7 @@ def plan_recipe(
         plan.notes.append(f"Ulysses all-to-all: {gib:.2f} GiB sent per GPU per step (q, k, v, output; all passes)")
     if device.tflops:
         plan.tokens_per_second = utilization * device.tflops * 1e12 * world / plan.flops_per_token
-    probe = probe_note(recipe, shape, setup, plan)
+    probe = probe_note(recipe, shape, setup, plan, window=_original_window(config))
     if probe:
         plan.notes.append(probe)
     if device.kind == "cpu":
@@ -422,12 +422,15 @@ def plan_recipe(
     return plan
 
 
-def probe_note(recipe: Any, shape: ModelShape, setup: Setup, plan: Plan) -> str | None:
+def probe_note(recipe: Any, shape: ModelShape, setup: Setup, plan: Plan, window: int | None = None) -> str | None:
     """What the adaptive stop's probe (``train.probe``) adds: its forward's memory and its share of the compute.
 
     The probe runs forward passes at the probe length without gradients, one decoder layer's tensors alive at a
     time: the residual stream and its norm, q / attention output, k / v, and the MLP's gate, up and product, for
     the sequences of one pass. Its peak is that beside what the step holds outside its activations and loss.
+    With ``train.probe.forms: window`` it also checks, once before the first step, which key forms the base
+    retrieves inside its ``window`` (:mod:`ctxext.tasks.forms`): at most that many passes per form, at the window's
+    length, so never more memory than a probe's.
     """
     probe, length = recipe.train.probe, recipe.probe_length
     if probe is None or length is None:
@@ -445,11 +448,27 @@ def probe_note(recipe: Any, shape: ModelShape, setup: Setup, plan: Plan) -> str 
     probe_flops = passes * length * forward
     train_flops = probe.interval * plan.tokens_per_step * plan.flops_per_token
     share = probe_flops / (probe_flops + train_flops) if train_flops else 0.0
+    once = ""
+    if probe.forms == "window" and window:
+        from ctxext.tasks.forms import PROBES_PER_DEPTH, WINDOW_DEPTHS
+
+        checks = PROBES_PER_DEPTH * WINDOW_DEPTHS * len(recipe.probe_forms())
+        once = f"; once before the first step, at most {checks} at the base's {window}-token window (its key forms)"
     return (
         f"train.probe: {passes} forward passes at {length} tokens without gradients every {probe.interval} steps: "
         f"~{transient / GIB:.2f} GiB of activations (peak ~{(static + transient) / GIB:.2f} GiB beside the step's "
-        f"{memory.total / GIB:.2f} GiB), ~{share:.1%} of the run's compute"
+        f"{memory.total / GIB:.2f} GiB), ~{share:.1%} of the run's compute{once}"
     )
+
+
+def _original_window(config: Any) -> int | None:
+    """The base's own window (its RoPE's original length), or None where the config has none."""
+    from ctxext.rope.read import read_rope
+
+    try:
+        return int(read_rope(config).original_length)
+    except Exception:  # noqa: BLE001 - a config the RoPE reader does not know only loses the note's last clause
+        return None
 
 
 def cpu_runtime_note() -> str:

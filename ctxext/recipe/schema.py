@@ -153,6 +153,19 @@ class Recipe(Section):
             return None
         return int(probe.length or self.rope.target_length or self.seq_len)
 
+    def probe_forms(self) -> list[int]:
+        """The key forms the adaptive stop's probe may ask in: the mixture's needle templates, else the task's.
+
+        The needle task's training forms, when the mixture names none. The evaluation's held-out forms stay unseen
+        (the probe measures what training teaches, on held-out text).
+        """
+        from ctxext.tasks.registry import get_task
+
+        for source in self.data.mixture or []:
+            if source.task == "needle" and source.templates:
+                return list(source.templates)
+        return get_task("needle").training_templates()
+
     def search_folder(self) -> Path | None:
         """Where the ``search:`` section's search is written: ``search.out``, by default ``<output.dir>/search``."""
         if self.search is None:

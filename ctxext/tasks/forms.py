@@ -21,8 +21,9 @@ from typing import Any
 
 # A form is kept when the base retrieves at least this share of its in-window probes (the default).
 MIN_WINDOW_ACCURACY = 0.5
-# Probes per depth and form (8 depths: 32 probes of the window's length each).
+# Probes per depth and form, at this many depths: 32 probes of the window's length each.
 PROBES_PER_DEPTH = 4
+WINDOW_DEPTHS = 8
 
 
 @dataclass(frozen=True)

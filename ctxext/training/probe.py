@@ -5,7 +5,7 @@ length, teacher-forced (:func:`ctxext.scoring.answers.score_answer_sets`) on key
 (:func:`ctxext.tasks.keyset.make_keyset`: ``keys`` needles per input, one forward scores them all). The key sets are
 built once, from the training data's held-out *validation* documents (never the evaluation's held-out files:
 ``ctxext validate`` refuses training corpora that read them) in the key forms training uses
-(:func:`ctxext.training.probe_inputs.probe_templates`; the evaluation's held-out forms stay unseen), with prompts
+(:meth:`ctxext.recipe.schema.Recipe.probe_forms`; the evaluation's held-out forms stay unseen), with prompts
 drawn from ``train.seed``, so every probe of a run scores the same trials (the curve compares steps, not prompt
 draws) and each training seed gets fresh ones. Each reading also counts the keys by form, and the probe's line shows
 them.

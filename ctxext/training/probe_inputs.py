@@ -119,7 +119,8 @@ def build_probe_inputs(
         recipe: the recipe (its ``train.probe`` is set).
         tokenizer: the model's tokenizer.
         documents: the training data's held-out raw documents (a Dataset with a ``text`` column), or ``None``.
-        templates: the key forms to ask in (default: every training form, :func:`probe_templates`).
+        templates: the key forms to ask in (default: every training form,
+            :meth:`ctxext.recipe.schema.Recipe.probe_forms`).
         haystack: the filler, when the caller has read it already (default: read from ``documents``).
 
     Raises:
@@ -131,7 +132,7 @@ def build_probe_inputs(
     assert probe is not None and length is not None
     if haystack is None:
         haystack = _validation_haystack(tokenizer, documents, length)
-    templates = templates or probe_templates(recipe)
+    templates = templates or recipe.probe_forms()
     rng = random.Random(f"ctxext-probe-{recipe.train.seed}")
     sequences, spans, depth_lists, forms = [], [], [], []
     inputs = math.ceil(probe.trials / probe.keys)
@@ -160,19 +161,6 @@ def depth_grid(depths: int | None) -> list[float] | None:
     return [i / (depths - 1) for i in range(depths)] if depths else None
 
 
-def probe_templates(recipe: Recipe) -> list[int]:
-    """The key forms the probe asks in: the mixture's needle templates, else the needle task's training forms.
-
-    The evaluation's held-out forms stay unseen (the probe measures what training teaches, on held-out text).
-    """
-    from ctxext.tasks.registry import get_task
-
-    for source in recipe.data.mixture or []:
-        if source.task == "needle" and source.templates:
-            return list(source.templates)
-    return get_task("needle").training_templates()
-
-
 def check_window_forms(recipe: Recipe, loaded: Any, haystack: Any, accelerator: Any) -> list[Any] | None:
     """Which training key forms the base retrieves inside its own window (``train.probe.forms: window``).
 
@@ -194,7 +182,7 @@ def check_window_forms(recipe: Recipe, loaded: Any, haystack: Any, accelerator: 
     from accelerate.utils import DistributedType
 
     from ctxext.rope.runtime import RopeSnapshot
-    from ctxext.tasks.forms import PROBES_PER_DEPTH, FormCheck, check_form
+    from ctxext.tasks.forms import PROBES_PER_DEPTH, WINDOW_DEPTHS, FormCheck, check_form
     from ctxext.tasks.keyset import make_keyset, spread_depths
     from ctxext.training.sequence_parallel import attention_unsplit
 
@@ -202,7 +190,7 @@ def check_window_forms(recipe: Recipe, loaded: Any, haystack: Any, accelerator: 
     if probe is None or probe.forms == "trained":
         return None
     model, window = loaded.model, original_window(loaded)
-    depths = [spread_depths(1, d, 8)[0] for d in range(8)]
+    depths = [spread_depths(1, d, WINDOW_DEPTHS)[0] for d in range(WINDOW_DEPTHS)]
     answer_only = accelerator.distributed_type != DistributedType.FSDP
     checks: list[Any] = []
     extended = RopeSnapshot(model)
@@ -212,7 +200,7 @@ def check_window_forms(recipe: Recipe, loaded: Any, haystack: Any, accelerator: 
         if loaded.original_rope is not None:
             loaded.original_rope.apply(model)
         with attention_unsplit(model):
-            for template in probe_templates(recipe):
+            for template in recipe.probe_forms():
                 rng = random.Random(f"ctxext-probe-window-{recipe.train.seed}-{template}")
                 try:
                     # Depth-major, as the check scores them: a depth's probes together.

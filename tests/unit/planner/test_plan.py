@@ -316,3 +316,11 @@ def test_the_adaptive_stops_probe_is_counted():
     assert note.startswith("train.probe: 16 forward passes at 32768 tokens without gradients every 100 steps")
     share = float(re.search(r"~([\d.]+)% of the run's compute", note).group(1))
     assert 0 < share < 15
+    # The in-window check of the key forms (forms: window, the default): 32 passes per training form, once, at the
+    # base's own window (Llama 2: 4,096 tokens); none with forms: trained.
+    forms = len(load_recipe(LLAMA2, []).probe_forms())
+    assert note.endswith(
+        f"once before the first step, at most {32 * forms} at the base's 4096-token window (its key forms)"
+    )
+    plan = _plan(overrides=["train.probe.interval=100", "train.probe.forms=trained"])
+    assert next(n for n in plan.notes if n.startswith("train.probe:")).endswith("of the run's compute")

@@ -207,7 +207,7 @@ def test_one_key_per_input_probes_every_depth(tmp_path):
     from transformers import AutoTokenizer
 
     from ctxext.models.sources import resolve_model_path
-    from ctxext.training.probe_inputs import build_probe_inputs, probe_templates
+    from ctxext.training.probe_inputs import build_probe_inputs
 
     recipe = _recipe(tmp_path, "depths", {"keys": 1, "interval": 1})
     from ctxext.recipe.sections import ProbeSection
@@ -216,7 +216,7 @@ def test_one_key_per_input_probes_every_depth(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(recipe.model.path)))
     docs = {"text": ["def f(x):\n    return x + 1\n" * 40] * 4}
     inputs = build_probe_inputs(recipe, tokenizer, docs)
-    forms = probe_templates(recipe)
+    forms = recipe.probe_forms()
     assert inputs.forms == [forms[j % len(forms)] for j in range(8)]  # the forms take turns over the inputs
     depths = sorted(d for ds in inputs.depths for d in ds)
     assert inputs.trials == 8 and len(inputs.sequences) == 8
