@@ -467,7 +467,7 @@ def _original_window(config: Any) -> int | None:
 
     try:
         return int(read_rope(config).original_length)
-    except Exception:  # noqa: BLE001 - a config the RoPE reader does not know only loses the note's last clause
+    except InputError:  # a RoPE the reader refuses (ctxext extend says why) only loses the note's last clause
         return None
 
 
