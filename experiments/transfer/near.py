@@ -18,6 +18,9 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> None:
     """Score the depth-100 prompts of one arm's seed at growing lengths and show the misses."""
+    from ctxext.cli.quiet import quiet_third_party
+
+    quiet_third_party()
     parser = argparse.ArgumentParser(
         prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -33,7 +36,6 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from ctxext.cli.quiet import quiet_third_party
     from ctxext.models.load import ModelSpec, load_model
     from ctxext.models.temperature import set_attention_temperature
     from ctxext.scoring.texts import iter_texts
@@ -41,7 +43,6 @@ def main(argv: list[str] | None = None) -> None:
     from ctxext.tasks.samples import make_samples
     from experiments.transfer.run import prompt_seed
 
-    quiet_third_party()
     torch.set_num_threads(1)
     folder = Path(args.folder)
     window = json.loads((folder / f"{args.arm}.json").read_text())["window"]
