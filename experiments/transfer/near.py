@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     folder = Path(args.folder)
     window = json.loads((folder / f"{args.arm}.json").read_text())["window"]
-    lengths = args.lengths or [window * k for k in (1, 2, 3, 4)]
+    lengths = sorted(args.lengths or [window * k for k in (1, 2, 3, 4)])  # the misses shown are the last, longest
     tokenizer = AutoTokenizer.from_pretrained(str(folder / "llama3"))
     haystack = Haystack.from_texts(tokenizer, iter_texts("builtin:stdlib"), 200_000, "builtin:stdlib")
     model = load_model(ModelSpec(str(folder / f"{args.arm}-s{args.seed}"), name=args.arm), device="cpu").model.eval()
