@@ -1,10 +1,11 @@
-"""Where a fine-tune misses the key right before the question: its rate by length, and what it copies instead.
+"""Where a fine-tune misses a key (by default the one before the question): its rate by length, and what it copies.
 
     python -m experiments.transfer.near runs/transfer/experiments-heldout-llama-96 --arm default --seed 0
     python -m experiments.transfer.near runs/transfer/grown-mistral-128 --arm default --seed 1 --temperatures 1 1.1
 
 The evaluation's depth 100 % (``experiments.transfer.run``: needle form 0, the seed's prompts, the stdlib
-haystack): the needle about ten tokens before the question, after a prefix of filler that grows with the length.
+haystack): the needle about ten tokens before the question, after a prefix of filler that grows with the length;
+``--depth`` asks at another of its depths (0 % puts the needle first, the filler between it and the question).
 For each attention temperature (the logits' factor; 1 is the run's own) and each length (by default the window and
 2, 3, 4 times it), the teacher-forced rate over ``--trials`` prompts, then, at the longest length, the misses: the
 needle, the text before it, the answer and the greedy tokens the model gives instead. A miss of a copied digit
@@ -17,7 +18,7 @@ from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Score the depth-100 prompts of one arm's seed at growing lengths and show the misses."""
+    """Score one depth's prompts of one arm's seed at growing lengths and show the misses."""
     from ctxext.cli.quiet import quiet_third_party
 
     quiet_third_party()
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("folder", help="a base's folder from experiments.transfer.run (holds llama3/ and ARM-sSEED/)")
     parser.add_argument("--arm", default="default", help="the arm")
     parser.add_argument("--seed", type=int, default=0, help="the training seed (its prompts)")
+    parser.add_argument("--depth", type=float, default=100.0, help="the needle's depth in %% (the evaluation's 0-100)")
     parser.add_argument("--trials", type=int, default=100, help="prompts per length")
     parser.add_argument("--lengths", type=int, nargs="*", help="lengths (default: 1-4 times the window)")
     parser.add_argument("--temperatures", type=float, nargs="*", default=[1.0], help="attention temperatures")
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
                 "needle",
                 haystack,
                 length,
-                100.0,
+                args.depth,
                 trials=args.trials,
                 seed=prompt_seed(args.seed),
                 template=0,
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
                         f"({a - ne} tokens from the needle's end)"
                     )
             rates.append(f"{length}: {correct}/{len(samples)}")
-        print(f"temperature {t:g}, depth 100 %: " + " · ".join(rates), flush=True)
+        print(f"temperature {t:g}, depth {args.depth:g} %: " + " · ".join(rates), flush=True)
         if t == args.temperatures[-1]:
             print("\n".join(misses[: args.show]))
 
