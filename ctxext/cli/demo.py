@@ -339,7 +339,10 @@ def _finetune(run: DemoRun, console: Console) -> None:
     if run.run_dir.exists():
         shutil.rmtree(run.run_dir)
     what = "plain code" if run.kind == "plain" else "code + retrieval tasks + short blocks"
-    console.print(f"[cyan]2/3[/] fine-tuning with nf4 QLoRA on {what}: {run.recipe.train.max_steps} steps")
+    steps = run.recipe.train.max_steps
+    # With the adaptive stop the ceiling is rarely what runs: the demo's base reaches the probe's goal at step 80.
+    length = f"until its probe's goal, at most {steps} steps" if run.recipe.train.probe else f"{steps} steps"
+    console.print(f"[cyan]2/3[/] fine-tuning with nf4 QLoRA on {what}: {length}")
     run_training(run.recipe, command=["ctxext", "demo"])
     if run.recipe.calibrate.when != "never":  # as `ctxext train` does with the recipe's calibrate: section
         from ctxext.cli.train_commands import calibrate_after_training
