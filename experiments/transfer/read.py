@@ -223,7 +223,9 @@ def read(folder: Path, arm: str, against: list[str] | None = None) -> list[str]:
             lines += against_lines(folder, arm, other, tuned, target)
     met = every and in_ok and ppl_ok
     # Answer 1 of issue 37: a claim rests on >= 3 training seeds; fewer is a reading on the way to one.
-    short = f" From {len(tuned)} seed(s): a reading, not a claim (a claim needs 3)." if len(tuned) < MIN_SEEDS else ""
+    short = ""
+    if len(tuned) < MIN_SEEDS:
+        short = f" From {len(tuned)} seed(s): a reading, not a claim (a claim needs {MIN_SEEDS})."
     lines += ["", f"**{'Meets' if met else 'Does not meet'} the relative target** at 4× ({target} tokens).{short}", ""]
     return lines
 
