@@ -304,9 +304,14 @@ class Probe:
             head = f"probe: goal {goal:.0%}{every} NOT reached by train.max_steps ({self.max_steps})"
         return f"{head}; {best}, the adapter is that step's; {cost}"
 
-    def record(self, step: int) -> dict[str, Any]:
-        """``run.json``'s ``probe``: settings, why it stopped, the best probe and the cost."""
+    def record(self, step: int, *, final: bool = True) -> dict[str, Any]:
+        """``run.json``'s ``probe``: settings, why it stopped, the best probe and the cost.
+
+        With ``final=False`` (the curve written after each probe while the run goes on) ``stopped`` and
+        ``stop_step`` are null until a probe decides to stop: a run still training has not hit its ceiling.
+        """
         s = self.state
+        stopped = self.outcome(step) if final else s.stopped
         return {
             "length": self.inputs.length,
             "trials": self.inputs.trials,
@@ -318,8 +323,8 @@ class Probe:
             "depths": self.inputs.grid,
             "filler_tokens": self.inputs.filler,
             "window_forms": self.inputs.window_forms,
-            "stopped": self.outcome(step),
-            "stop_step": step,
+            "stopped": stopped,
+            "stop_step": step if stopped else None,
             "best_step": s.best_step,
             "best_rate": s.best_rate,
             "probes": len(s.readings),
@@ -328,9 +333,9 @@ class Probe:
             "fraction": s.fraction,
         }
 
-    def write_curve(self, out: Path, step: int) -> None:
-        """``probe.json`` (the curve and the record); main process only."""
-        write_json_atomic(out / PROBE_FILE, {**self.record(step), "readings": self.state.readings})
+    def write_curve(self, out: Path, step: int, *, final: bool = True) -> None:
+        """``probe.json`` (the curve and the record; ``final=False`` while the run goes on); main process only."""
+        write_json_atomic(out / PROBE_FILE, {**self.record(step, final=final), "readings": self.state.readings})
 
     def write_plot(self, out: Path) -> str | None:
         """``probe.png`` (rate and its interval by step, the goal); a note instead when matplotlib is missing."""

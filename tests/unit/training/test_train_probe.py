@@ -141,6 +141,10 @@ def test_a_killed_run_resumes_and_stops_at_the_same_step(tmp_path, monkeypatch):
         train_module.train(recipe)
     monkeypatch.setattr(loop_module, "build_inputs", real)
     assert read_run(tmp_path / "killed", allow_incomplete=True).steps == 4
+    # The curve written while the run went on says it has not stopped (not "ceiling" at the last probe's step).
+    curve = json.loads((tmp_path / "killed" / "probe.json").read_text())
+    assert curve["stopped"] is None and curve["stop_step"] is None
+    assert [r["step"] for r in curve["readings"]] == [2, 4]
     resumed = train_module.train(recipe, resume=True)
     a, b = read_run(tmp_path / "straight"), read_run(tmp_path / "killed")
     assert b.steps == a.steps == 6 and b.probe is not None and b.probe.stopped == "plateau"
