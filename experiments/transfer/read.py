@@ -124,8 +124,11 @@ def seed_line(e: dict[str, Any]) -> str:
         if len(forms) > 1:  # runs since the probe counts keys by form
             line += " by key form " + ", ".join(f"{f}: {_pct(c / n)} %" for f, (c, n) in forms.items())
         asked = probe.get("forms")
-        if asked and probe.get("window_forms") is not None:  # runs since the probe asks in the base's forms
-            line += f", asked in form(s) {', '.join(map(str, asked))} (the base's in its window)"
+        checked = probe.get("window_forms")
+        if asked and checked is not None:  # runs since the probe asks in the base's forms
+            # The in-window check keeps the forms the base retrieves; when it keeps none the probe asks in all.
+            why = "the base's in its window" if any(f.get("kept") for f in checked) else "all: the base retrieves none"
+            line += f", asked in form(s) {', '.join(map(str, asked))} ({why})"
     line += f"; training steps {run['steps_seconds'] / 60:.0f} min"
     if probe:
         line += f", probes {probe['seconds'] / 60:.1f} min"
