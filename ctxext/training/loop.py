@@ -281,7 +281,7 @@ class TrainingLoop:
         stop = probe.run(self.counters.step, self.state.model)
         probe.state.tick()
         if self.launch.main:
-            probe.write_curve(self.writer.out, self.counters.step, final=False)
+            probe.write_curve(self.writer.out, self.counters.step)
         return stop
 
     def _step(self, batches: Any) -> dict[str, Any]:

@@ -280,9 +280,13 @@ class Probe:
         load_trainable(self.launch.accelerator.unwrap_model(model), self.state.best_weights)
         return True
 
-    def outcome(self, step: int) -> str:
-        """Why the run stopped, after the loop: ``goal``, ``plateau`` or ``ceiling``."""
-        return self.state.stopped or "ceiling"
+    def outcome(self, step: int) -> str | None:
+        """Why the run stopped at ``step``: ``goal``, ``plateau`` or ``ceiling``; ``None`` while it goes on.
+
+        The loop ends only on a probe's stop or at ``train.max_steps``, so a step before the ceiling with no stop
+        decided is a run still training (``probe.json`` is rewritten after every probe).
+        """
+        return self.state.stopped or ("ceiling" if step >= self.max_steps else None)
 
     def summary_line(self, step: int) -> str:
         """The run's one line on the probe: why it stopped, the best probe, the cost."""
@@ -304,14 +308,10 @@ class Probe:
             head = f"probe: goal {goal:.0%}{every} NOT reached by train.max_steps ({self.max_steps})"
         return f"{head}; {best}, the adapter is that step's; {cost}"
 
-    def record(self, step: int, *, final: bool = True) -> dict[str, Any]:
-        """``run.json``'s ``probe``: settings, why it stopped, the best probe and the cost.
-
-        With ``final=False`` (the curve written after each probe while the run goes on) ``stopped`` and
-        ``stop_step`` are null until a probe decides to stop: a run still training has not hit its ceiling.
-        """
+    def record(self, step: int) -> dict[str, Any]:
+        """``run.json``'s ``probe``: settings, why it stopped (null while the run goes on), the best probe, the cost."""
         s = self.state
-        stopped = self.outcome(step) if final else s.stopped
+        stopped = self.outcome(step)
         return {
             "length": self.inputs.length,
             "trials": self.inputs.trials,
@@ -333,9 +333,9 @@ class Probe:
             "fraction": s.fraction,
         }
 
-    def write_curve(self, out: Path, step: int, *, final: bool = True) -> None:
-        """``probe.json`` (the curve and the record; ``final=False`` while the run goes on); main process only."""
-        write_json_atomic(out / PROBE_FILE, {**self.record(step, final=final), "readings": self.state.readings})
+    def write_curve(self, out: Path, step: int) -> None:
+        """``probe.json`` (the curve and the record); main process only."""
+        write_json_atomic(out / PROBE_FILE, {**self.record(step), "readings": self.state.readings})
 
     def write_plot(self, out: Path) -> str | None:
         """``probe.png`` (rate and its interval by step, the goal); a note instead when matplotlib is missing."""
