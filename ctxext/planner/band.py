@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # measured / planned − 1 over the cells of benchmarks/results/plan_accuracy.json, re-predicted with the current
-# formulas (`python benchmarks/plan_accuracy.py --report-only`): (lowest, highest, cells).
+# formulas (`python -m benchmarks.plan_accuracy --report-only`): (lowest, highest, cells).
 # Rounded outward to whole percents; tests/unit/planner/test_plan_band.py checks that they still cover every cell.
 LIVE_PEAK = (-0.15, 0.04, 12)  # the step's memory above the warm-up, glibc mmap forced (live peak)
 RESIDENT_PEAK = (-0.12, 0.32, 40)  # the process's resident peak (glibc keeps freed heap memory)
