@@ -286,12 +286,22 @@ def run_demo(run: DemoRun, fresh: bool = False, console: Console | None = None) 
     _finetune(run, console)
     report = _evaluate(run, methods, console)
     console.print(comparison_table(report, run.original, run.target))
+    from ctxext.evaluation.target import read_report, reading_lines
+
+    reading = read_report(report, tuned_name(run), "base", run.original, run.target)
+    for line in reading_lines(reading) if reading is not None else []:
+        console.print(line, markup=False, highlight=False)
     report_file = run.report_dir / "report.json"
     console.print(f"report: {run.report_dir / 'report.md'}  (JSON: {report_file})", markup=False, highlight=False)
     for png in sorted(run.report_dir.glob("*.png")):
         console.print(f"plot:   {png}", markup=False, highlight=False)
     console.print(f"[dim]{time.time() - started:.0f} s[/]")
     return report
+
+
+def tuned_name(run: DemoRun) -> str:
+    """The fine-tuned model's name in the demo's report."""
+    return f"{run.recipe.rope.method}×{run.factor}+QLoRA {run.kind}"
 
 
 def _refuse_what_will_not_fit(run: DemoRun) -> None:
@@ -406,11 +416,10 @@ def _evaluate(run: DemoRun, methods: list[str], console: Console) -> dict[str, A
         console.print(f"[cyan]3/3[/] report cached: {plain(run.report_dir / 'report.json')}")
         return cached
     console.print("[cyan]3/3[/] evaluating base (unpatched, past its window), training-free, fine-tuned")
-    method = run.recipe.rope.method
     specs = [
         ModelSpec(run.recipe.model.path, name="base"),
         *(ModelSpec(str(run.out / f"patched-{m}"), name=f"{m}×{run.factor}") for m in methods),
-        ModelSpec(str(run.run_dir), name=f"{method}×{run.factor}+QLoRA {run.kind}"),
+        ModelSpec(str(run.run_dir), name=tuned_name(run)),
     ]
     return run_suite(
         run.suite,

@@ -5,12 +5,13 @@
     python -m experiments.transfer.read runs/transfer/NAME --arm probe --archive experiments/results/transfer-runs
     python -m experiments.transfer.read experiments/results/transfer-runs/NAME --arm probe   # the same reading
 
-The target (relative to the base): at 4× its window, at every depth, retrieval ≥ the lower of 90 % and the base's
-own in-window accuracy at that depth minus 3 points; in-window retrieval no more than 3 points below the base;
-in-window perplexity no more than 3 % above it. The reading: each depth's trials of every seed pooled (≥ 300 with
-3 seeds of 100); a depth passes when the pooled rate meets its target and the Wilson 95 % lower bound is within 5
-points of it. Every seed's prompts are fresh (seeded by the training seed), so pooled trials are distinct prompts
-and the Wilson interval applies as it stands (no prompt is re-scored across seeds: no cluster bootstrap needed).
+The target (relative to the base, :mod:`ctxext.evaluation.target`, which ``ctxext demo`` prints too): at 4× its
+window, at every depth, retrieval ≥ the lower of 90 % and the base's own in-window accuracy at that depth minus 3
+points; in-window retrieval no more than 3 points below the base; in-window perplexity no more than 3 % above it.
+The reading: each depth's trials of every seed pooled (≥ 300 with 3 seeds of 100); a depth passes when the pooled
+rate meets its target and the Wilson 95 % lower bound is within 5 points of it. Every seed's prompts are fresh
+(seeded by the training seed), so pooled trials are distinct prompts and the Wilson interval applies as it stands
+(no prompt is re-scored across seeds: no cluster bootstrap needed).
 Paired tests: the arm against the ``llama3`` training-free start on the same prompts (exact McNemar per depth, Holm
 over the depths), and the in-window perplexity ratio against the base over the documents (the seeds' mean NLL per
 document; 95 % paired bootstrap). ``--against ARM ...`` adds each arm against the other arms named, on the seeds
@@ -32,7 +33,6 @@ from typing import Any
 DEPTHS = [0, 25, 50, 75, 100]
 # Training seeds a claim rests on (issue 37, answer 1).
 MIN_SEEDS = 3
-GOAL, SLACK_IN_WINDOW, SLACK_BOUND, PPL_SLACK = 0.90, 0.03, 0.05, 1.03
 
 
 def load(folder: Path, model: str) -> list[dict[str, Any]]:
@@ -44,20 +44,6 @@ def load(folder: Path, model: str) -> list[dict[str, Any]]:
 def pooled(evals: list[dict[str, Any]], length: int, depth: int) -> list[int]:
     """The cell's outcomes, every seed's in seed order (paired across models of the same seeds)."""
     return [o for e in evals for o in e["needle"][f"{length}/{depth}"]]
-
-
-def target_for(base_rate: float) -> float:
-    """The relative target at one depth."""
-    return min(GOAL, base_rate - SLACK_IN_WINDOW)
-
-
-def verdict(outcomes: list[int], target: float) -> tuple[bool, float, float]:
-    """``(passes, rate, Wilson lower bound)`` of pooled outcomes against a depth's target."""
-    from ctxext.scoring.stats import wilson_interval
-
-    rate = sum(outcomes) / len(outcomes)
-    low = wilson_interval(sum(outcomes), len(outcomes))[0]
-    return rate >= target and low >= target - SLACK_BOUND, rate, low
 
 
 def _pct(x: float) -> str:
@@ -166,6 +152,7 @@ def read(folder: Path, arm: str, against: list[str] | None = None) -> list[str]:
     """The base's reading as markdown lines."""
     import numpy as np
 
+    from ctxext.evaluation.target import MEETS, in_window_kept, perplexity_kept, read_depth
     from ctxext.scoring.stats import holm, mcnemar_exact, paired_ppl_ratio, wilson_interval
 
     info = json.loads((folder / f"{arm}.json").read_text())
@@ -188,9 +175,9 @@ def read(folder: Path, arm: str, against: list[str] | None = None) -> list[str]:
     every, p_values, rows = True, [], []
     for depth in DEPTHS:
         b = pooled(base, window, depth)
-        goal = target_for(sum(b) / len(b))
         t = pooled(tuned, target, depth)
-        ok, rate, low = verdict(t, goal)
+        reading = read_depth(depth, b, t)
+        goal, ok, low = reading.target, reading.state == MEETS, reading.interval[0]
         s = pooled(start, target, depth)
         mc = mcnemar_exact([bool(x) for x in t], [bool(x) for x in s])
         p_values.append(mc["p_value"])
@@ -206,12 +193,12 @@ def read(folder: Path, arm: str, against: list[str] | None = None) -> list[str]:
     b_in = [o for d in DEPTHS for o in pooled(base, window, d)]
     t_in = [o for d in DEPTHS for o in pooled(tuned, window, d)]
     mc_in = mcnemar_exact([bool(x) for x in t_in], [bool(x) for x in b_in])
-    in_ok = sum(t_in) / len(t_in) >= sum(b_in) / len(b_in) - SLACK_IN_WINDOW
+    in_ok = in_window_kept(sum(t_in) / len(t_in), sum(b_in) / len(b_in))
     tuned_nll = np.mean([e["doc_nll"] for e in tuned], axis=0)
     base_nll = np.array(base[0]["doc_nll"])
     counts = np.full(len(base_nll), float(base[0]["tokens_per_doc"]))
     ratio = paired_ppl_ratio(tuned_nll, base_nll, counts, resamples=2000, seed=0)
-    ppl_ok = ratio["ratio"] <= PPL_SLACK
+    ppl_ok = perplexity_kept(ratio["ratio"])
     lines += [
         "",
         f"- In-window retrieval ({window} tokens, all depths): arm {_pct(sum(t_in) / len(t_in))} %, base "

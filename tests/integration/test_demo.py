@@ -51,6 +51,11 @@ def test_demo_quick_end_to_end(tmp_path, cache_root):
         assert {"64", "128", "256"} <= set(model["perplexity"]["by_length"])
         assert len(model["perplexity"]["by_bucket"]) == 8
     assert "needle@256" in result.output and "2 keys@256" in result.output and "report:" in result.output
+    # Under the tables, the fine-tune read against the base's own window, depth by depth, with its verdict.
+    flat = _flat(result)
+    assert "relative target (docs/evaluation.md): llama3×4+QLoRA mix at 256 tokens against the base at 64" in flat
+    assert all(f"depth {d} %:" in flat for d in (10, 30, 50, 70, 90)) and "in its window:" in flat
+    assert "→ " in flat and "2 prompts per depth" in flat
     mixture = json.loads((out / "finetuned" / "mixture.json").read_text())["realised"]
     assert {s["source"] for s in mixture["sources"]} == {"builtin:stdlib", "task:needle", "short:builtin:stdlib"}
     for model in report["models"]:

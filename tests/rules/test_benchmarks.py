@@ -218,15 +218,8 @@ def test_a_sweep_arm_refuses_overrides_that_are_not_a_json_object(capsys) -> Non
         assert "overrides" in capsys.readouterr().err
 
 
-def test_the_transfer_reading_is_issue_37s_relative_target() -> None:
-    read = importlib.import_module("experiments.transfer.read")
-    # The lower of 90 % and the base's own in-window accuracy minus 3 points.
-    assert read.target_for(1.0) == 0.90 and abs(read.target_for(0.88) - 0.85) < 1e-9
-    # 275 of 300 (91.7 %): the rate meets 90 % and the Wilson lower bound (88.0 %) is within 5 points of it.
-    assert read.verdict([1] * 275 + [0] * 25, 0.90)[0]
-    # 269 of 300 (89.7 %) is under the target, whatever its bound; 46 of 50 (92 %) has a bound of 81 %: too wide.
-    assert not read.verdict([1] * 269 + [0] * 31, 0.90)[0]
-    assert not read.verdict([1] * 46 + [0] * 4, 0.90)[0]
+def test_transfer_seeds_ask_fresh_prompts() -> None:
+    # The reading's target is ctxext's own (ctxext.evaluation.target: tests/unit/evaluation/test_target.py).
     run = importlib.import_module("experiments.transfer.run")
     # Every training seed's prompts are fresh: no two seeds share a prompt seed.
     assert len({run.prompt_seed(s) for s in range(10)}) == 10
