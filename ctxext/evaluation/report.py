@@ -165,6 +165,9 @@ def render_markdown(report: EvalReport | dict[str, Any], plots: dict[str, str] |
         if any(m.get(key) for m in raw["models"]):
             section = registered.markdown([m for m in raw["models"] if m.get(key)], raw)
             lines += _with_plots(section, {name: file for name, file in plots.items() if _plot_of(name, key)})
+    from ctxext.evaluation.target import target_markdown
+
+    lines += target_markdown(raw)
     comp = raw.get("comparisons")
     if comp and (comp["comparisons"] or comp["notes"]):
         lines += comparisons_markdown(comp)

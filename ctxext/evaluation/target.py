@@ -166,6 +166,11 @@ def _pct(x: float) -> str:
 
 
 _MARK = {MEETS: "✓", FEW: "✓ on too few trials to tell", MISSES: "✗"}
+_VERDICT = {
+    MEETS: "meets it",
+    FEW: "reaches it, on too few trials to say (raise needle.trials)",
+    MISSES: "does not meet it",
+}
 
 
 def reading_lines(reading: TargetReading) -> list[str]:
@@ -189,11 +194,70 @@ def reading_lines(reading: TargetReading) -> list[str]:
         ratio, low, high = reading.ppl_ratio
         mark = _MARK[MEETS if perplexity_kept(ratio) else MISSES]
         lines.append(f"  perplexity at {reading.original}: ×{ratio:.3f} [{low:.3f}–{high:.3f}], at most ×1.03 {mark}")
-    verdict = {
-        MEETS: "meets it",
-        FEW: "reaches it, on too few trials to say (raise needle.trials)",
-        MISSES: "does not meet it",
-    }[reading.state]
+    verdict = _VERDICT[reading.state]
     per_depth = min(d.trials for d in reading.depths)
     lines.append(f"  → {verdict} ({per_depth} prompts per depth, one run: a claim needs ≥ 300 over 3 training seeds)")
     return lines
+
+
+def report_readings(report: dict[str, Any]) -> list[TargetReading]:
+    """Every extended model of a report against its reference, where the reference is the unextended base.
+
+    The reference (the report's paired comparisons', else its first model) must run at its own window (no RoPE
+    extension); each model extended from that window is read at its extended length. Models, lengths or needle
+    cells that do not fit that shape are left out.
+    """
+    models = report.get("models") or []
+    if not models:
+        return []
+    reference = (report.get("comparisons") or {}).get("reference") or models[0]["name"]
+    base = next((m for m in models if m["name"] == reference), None)
+    rope = (base or {}).get("rope") or {}
+    original = rope.get("original_length")
+    if not original or rope.get("current_length") != original:
+        return []
+    out = []
+    for model in models:
+        extended = model.get("rope") or {}
+        target = extended.get("current_length")
+        if model is base or extended.get("original_length") != original or not target or target <= original:
+            continue
+        reading = read_report(report, model["name"], reference, int(original), int(target))
+        if reading is not None:
+            out.append(reading)
+    return out
+
+
+def target_markdown(report: dict[str, Any]) -> list[str]:
+    """``report.md``'s section: each extended model against the base's own window (empty when none reads)."""
+    readings = report_readings(report)
+    if not readings:
+        return []
+    reference = (report.get("comparisons") or {}).get("reference") or report["models"][0]["name"]
+    lines = [
+        f"## Relative target: each extension against `{reference}` in its own window",
+        "",
+        "At the extended length, every depth ≥ the lower of 90 % and the base's in-window accuracy there minus 3 "
+        "points (met when the Wilson 95 % lower bound is within 5 points too); in the window, retrieval at most 3 "
+        "points and perplexity at most 3 % off the base's. One evaluation is a reading: a claim rests on ≥ 300 "
+        "prompts per depth over 3 training seeds (docs/evaluation.md).",
+        "",
+        "| model | length | "
+        + " | ".join(f"depth {d.depth:g} %" for d in readings[0].depths)
+        + " | in its window | ppl in window | verdict |",
+        "| --- | --- | " + " | ".join("---" for _ in readings[0].depths) + " | --- | --- | --- |",
+    ]
+    for r in readings:
+        cells = []
+        for d in r.depths:
+            low, high = d.interval
+            cells.append(f"{_pct(d.rate)} [{_pct(low)}, {_pct(high)}] vs {_pct(d.target)} {_MARK[d.state]}")
+        correct, trials, base_correct, base_trials = r.in_window
+        kept = _MARK[MEETS if r.in_window_ok else MISSES]
+        inside = f"{_pct(correct / trials)} vs {_pct(base_correct / base_trials)} {kept}"
+        ppl = "-"
+        if r.ppl_ratio is not None:
+            ppl = f"×{r.ppl_ratio[0]:.3f} {_MARK[MEETS if perplexity_kept(r.ppl_ratio[0]) else MISSES]}"
+        row = [r.model, str(r.target), *cells, inside, ppl, _VERDICT[r.state]]
+        lines.append("| " + " | ".join(row) + " |")
+    return [*lines, ""]

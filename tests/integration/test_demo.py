@@ -56,6 +56,7 @@ def test_demo_quick_end_to_end(tmp_path, cache_root):
     assert "relative target (docs/evaluation.md): llama3×4+QLoRA mix at 256 tokens against the base at 64" in flat
     assert all(f"depth {d} %:" in flat for d in (10, 30, 50, 70, 90)) and "in its window:" in flat
     assert "→ " in flat and "2 prompts per depth" in flat
+    assert "## Relative target" in (out / "report" / "report.md").read_text()  # and in report.md, every extension
     mixture = json.loads((out / "finetuned" / "mixture.json").read_text())["realised"]
     assert {s["source"] for s in mixture["sources"]} == {"builtin:stdlib", "task:needle", "short:builtin:stdlib"}
     for model in report["models"]:

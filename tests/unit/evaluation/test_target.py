@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from ctxext.evaluation.target import FEW, MEETS, MISSES, depth_target, read_depth, read_report, reading_lines
+from ctxext.evaluation.target import (
+    FEW,
+    MEETS,
+    MISSES,
+    depth_target,
+    read_depth,
+    read_report,
+    reading_lines,
+    report_readings,
+    target_markdown,
+)
 
 
 def _outcomes(correct: int, trials: int) -> list[int]:
@@ -90,3 +100,25 @@ def test_a_report_without_the_cells_it_needs_reads_as_none():
     report = _report(97, 99, 0.95)
     assert read_report(report, "missing", "base", 64, 256) is None
     assert read_report(report, "tuned", "base", 64, 512) is None  # no cells at that length
+
+
+def _rope(original: int, current: int) -> dict:
+    return {"original_length": original, "current_length": current}
+
+
+def test_a_report_reads_every_model_extended_from_its_unextended_reference():
+    report = _report(97, 99, 0.95)
+    base, tuned = report["models"]
+    base["rope"], tuned["rope"] = _rope(64, 64), _rope(64, 256)
+    # A model of another window, and one not extended, are not readings of this base.
+    other = _model("other", {(64, 10): (1, 1)}) | {"rope": _rope(128, 512)}
+    plain = _model("plain", {(64, 10): (1, 1)}) | {"rope": _rope(64, 64)}
+    report["models"] += [other, plain]
+    assert [r.model for r in report_readings(report)] == ["tuned"]
+    lines = target_markdown(report)
+    assert lines[0] == "## Relative target: each extension against `base` in its own window"
+    row = next(line for line in lines if line.startswith("| tuned |"))
+    assert row.startswith("| tuned | 256 | 97 [92, 99] vs 90 ✓") and row.endswith("| ×0.950 ✓ | meets it |")
+    # A reference that is itself extended is no base to read against: no section.
+    base["rope"] = _rope(64, 256)
+    assert report_readings(report) == [] and target_markdown(report) == []
