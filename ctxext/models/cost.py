@@ -62,9 +62,9 @@ class ForwardClock:
     def measure(cls, model: Any, length: int = 256, repeats: int = 3) -> ForwardClock:
         """The fastest of ``repeats`` forwards over ``length`` random tokens (last position's logits only) on ``model``.
 
-        One timing on shared cores is noisy: in a demo run right after its fine-tune, one 64-token forward took 30×
-        its usual time and the calibration estimate said 1h32m for about 3 minutes of work. The fastest of a few is
-        what the model costs when it gets the cores; the estimate's rounding covers the rest.
+        One timing on shared cores is noisy: in a demo run right after its fine-tune, on cores other jobs held, the
+        calibration estimate from one timed forward said 1h32m for what then took 79 s (from the fastest of 3: 1m04s).
+        The fastest of a few is what the model costs when it gets the cores; the estimate's rounding covers the rest.
 
         Args:
             model: a causal LM (a peft wrapper too), in eval mode.
