@@ -188,12 +188,14 @@ def reading_lines(reading: TargetReading) -> list[str]:
     correct, trials, base_correct, base_trials = reading.in_window
     lines.append(
         f"  in its window: {_pct(correct / trials)} % vs the base's {_pct(base_correct / base_trials)} %, at most "
-        f"3 points below {_MARK[MEETS if reading.in_window_ok else MISSES]}"
+        f"{_pct(IN_WINDOW_SLACK)} points below {_MARK[MEETS if reading.in_window_ok else MISSES]}"
     )
     if reading.ppl_ratio is not None:
         ratio, low, high = reading.ppl_ratio
         mark = _MARK[MEETS if perplexity_kept(ratio) else MISSES]
-        lines.append(f"  perplexity at {reading.original}: ×{ratio:.3f} [{low:.3f}–{high:.3f}], at most ×1.03 {mark}")
+        lines.append(
+            f"  perplexity at {reading.original}: ×{ratio:.3f} [{low:.3f}–{high:.3f}], at most ×{PPL_SLACK:g} {mark}"
+        )
     verdict = _VERDICT[reading.state]
     per_depth = min(d.trials for d in reading.depths)
     lines.append(f"  → {verdict} ({per_depth} prompts per depth, one run: a claim needs ≥ 300 over 3 training seeds)")
