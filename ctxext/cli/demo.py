@@ -286,11 +286,12 @@ def run_demo(run: DemoRun, fresh: bool = False, console: Console | None = None) 
     _finetune(run, console)
     report = _evaluate(run, methods, console)
     console.print(comparison_table(report, run.original, run.target))
-    from ctxext.evaluation.target import read_report, reading_lines
+    from ctxext.evaluation.target import reading_lines, report_readings
 
-    reading = read_report(report, tuned_name(run), "base", run.original, run.target)
-    for line in reading_lines(reading) if reading is not None else []:
-        console.print(line, markup=False, highlight=False)
+    # The fine-tune's row of report.md's relative-target section (the base is the report's reference).
+    for reading in (r for r in report_readings(report) if r.model == tuned_name(run)):
+        for line in reading_lines(reading):
+            console.print(line, markup=False, highlight=False)
     report_file = run.report_dir / "report.json"
     console.print(f"report: {run.report_dir / 'report.md'}  (JSON: {report_file})", markup=False, highlight=False)
     for png in sorted(run.report_dir.glob("*.png")):

@@ -153,7 +153,7 @@ def read(folder: Path, arm: str, against: list[str] | None = None) -> list[str]:
     import numpy as np
 
     from ctxext.evaluation.target import MEETS, in_window_kept, perplexity_kept, read_depth
-    from ctxext.scoring.stats import holm, mcnemar_exact, paired_ppl_ratio, wilson_interval
+    from ctxext.scoring.stats import holm, mcnemar_exact, paired_ppl_ratio
 
     info = json.loads((folder / f"{arm}.json").read_text())
     window, target = info["window"], info["target"]
@@ -172,23 +172,21 @@ def read(folder: Path, arm: str, against: list[str] | None = None) -> list[str]:
         "arm vs start (McNemar +/−) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    every, p_values, rows = True, [], []
+    p_values, rows = [], []
     for depth in DEPTHS:
-        b = pooled(base, window, depth)
         t = pooled(tuned, target, depth)
-        reading = read_depth(depth, b, t)
-        goal, ok, low = reading.target, reading.state == MEETS, reading.interval[0]
+        reading = read_depth(depth, pooled(base, window, depth), t)
         s = pooled(start, target, depth)
         mc = mcnemar_exact([bool(x) for x in t], [bool(x) for x in s])
         p_values.append(mc["p_value"])
-        every &= ok
-        rows.append((depth, b, goal, t, low, ok, s, mc))
-    for (depth, b, goal, t, low, ok, s, mc), p in zip(rows, holm(p_values), strict=True):
-        high = wilson_interval(sum(t), len(t))[1]
+        rows.append((reading, s, mc))
+    every = all(reading.state == MEETS for reading, _, _ in rows)
+    for (r, s, mc), p in zip(rows, holm(p_values), strict=True):
+        low, high = r.interval
         lines.append(
-            f"| {depth} % | {_pct(sum(b) / len(b))} (n={len(b)}) | {_pct(goal)} | {_pct(sum(t) / len(t))} "
-            f"[{_pct(low)}, {_pct(high)}] (n={len(t)}) | {'✓' if ok else '✗'} | {_pct(sum(s) / len(s))} | "
-            f"+{mc['only_a']}/−{mc['only_b']}, Holm p = {p:.2g} |"
+            f"| {r.depth:g} % | {_pct(r.base_rate)} (n={r.base_trials}) | {_pct(r.target)} | {_pct(r.rate)} "
+            f"[{_pct(low)}, {_pct(high)}] (n={r.trials}) | {'✓' if r.state == MEETS else '✗'} | "
+            f"{_pct(sum(s) / len(s))} | +{mc['only_a']}/−{mc['only_b']}, Holm p = {p:.2g} |"
         )
     b_in = [o for d in DEPTHS for o in pooled(base, window, d)]
     t_in = [o for d in DEPTHS for o in pooled(tuned, window, d)]
