@@ -283,6 +283,29 @@ def test_a_transfer_page_is_what_its_archive_reads(page: Path) -> None:
     assert body[: len(lines)] == lines, f"{page.name} differs from its archive's reading: rewrite it with its command"
 
 
+def test_replaying_the_recipes_goal_rule_stops_every_archived_run_where_it_stopped() -> None:
+    # The replay (experiments.transfer.goals) judges by the recipe's own rule: on every archived run since the probe
+    # counts depths it must find the recorded goal stops and no others, or its other rules' numbers mean nothing.
+    goals = importlib.import_module("experiments.transfer.goals")
+    checked = 0
+    for path in sorted((ROOT / "experiments/results/transfer-runs").glob("*/eval-*-s*.json")):
+        run = json.loads(path.read_text()).get("run") or {}
+        if not run.get("readings") or "by_depth" not in run["readings"][0]:
+            continue
+        hit, probe = goals.replay(run, "worst", 0.0), run["probe"]
+        assert (hit["step"] if hit else None) == (probe["stop_step"] if probe["stopped"] == "goal" else None), path
+        checked += 1
+    assert checked >= 50
+    # A reading at 31/32 at four depths and 29/32 at one: below the recipe's goal, at the pooled rule's.
+    reading = {
+        "rate": 153 / 160,
+        "score": 29 / 32,
+        "by_depth": {"0": [31, 32], "25": [31, 32], "50": [29, 32], "75": [31, 32], "100": [31, 32]},
+    }
+    assert not goals.worst(reading, 0.95, 0.05) and goals.pooled(reading, 0.95, 0.05)
+    assert not goals.pooled(reading, 0.95, 0.03)
+
+
 def test_the_forms_reading_pairs_models_on_the_same_prompts() -> None:
     forms = importlib.import_module("experiments.transfer.forms")
     depths = forms.DEPTHS
