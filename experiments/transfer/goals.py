@@ -8,9 +8,10 @@ each with the keys retrieved at every depth. The adaptive stop judges a reading 
 rule: :func:`ctxext.training.probe.score_of` ≥ ``train.probe.goal``); with 32 trials per depth that reading is
 noisy (a model at 96 % at every depth passes a given probe with probability ~0.1), so runs near the goal go on to
 the ceiling. This replays each run's curve under a rule from :data:`RULES` and says, per run, the step it would have
-stopped at and what the probe read there, and in all, the training steps it would have saved. It cannot say what
-the evaluation would have read: a run whose replayed stop keeps another adapter than the one evaluated (marked
-``other adapter``) needs training again to be judged.
+stopped at and what the probe read there, and in all, the training steps it would have saved (a run that never meets
+the rule trains to where it stopped). It cannot say what the evaluation would have read: a run stopped by the rule
+keeps the adapter of the reading that met it, and where that is not the one evaluated (``other adapter``) the run
+needs training again to be judged.
 """
 
 import argparse
@@ -65,15 +66,17 @@ def lines(folders: list[Path], rule: str, margin: float, arms: list[str] | None 
             stop = hit["step"] if hit else probe["stop_step"]
             trained += probe["stop_step"]
             replayed += min(stop, probe["stop_step"])
-            where = "the ceiling"
+            where = f"never met: {probe['stopped']} at {probe['stop_step']}"
             if hit:
-                depths = "/".join(str(c) for c, _ in _counts(hit))
+                depths = ", ".join(f"{c}/{n}" for c, n in _counts(hit))
                 same = "same adapter" if hit["step"] == probe["best_step"] else "other adapter"
-                where = f"step {hit['step']} (all {100 * hit['rate']:.0f} %, by depth {depths} of 32; {same})"
+                where = f"step {hit['step']} (all {100 * hit['rate']:.0f} %, by depth {depths}; {same})"
             out.append(
                 f"| {folder.name} | {e['model']} | {e['seed']} | {probe['stopped']} at {probe['stop_step']}, "
                 f"best {probe['best_step']} | {where} |"
             )
+    if not out:
+        return ["No fine-tuned run with a probe that counts keys by depth in these folders."]
     head = [f"| base | arm | seed | recorded stop | `{rule}` stop |", "| --- | --- | --- | --- | --- |"]
     tail = (
         f"Training steps: {trained} recorded, {replayed} under `{rule}` ({100 * (1 - replayed / trained):.0f} % fewer)."
