@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ctxext.training.probe import score_of
+from experiments.transfer.read import run_summary
 
 
 def _counts(reading: dict[str, Any]) -> list[tuple[int, int]]:
@@ -34,9 +35,7 @@ def worst(reading: dict[str, Any], goal: float, margin: float) -> bool:
 
 def pooled(reading: dict[str, Any], goal: float, margin: float) -> bool:
     """All depths' keys together reach the goal, and no depth is more than ``margin`` below it."""
-    counts = _counts(reading)
-    rate = sum(c for c, _ in counts) / sum(n for _, n in counts)
-    return rate >= goal and all(c / n >= goal - margin for c, n in counts)
+    return reading["rate"] >= goal and all(c / n >= goal - margin for c, n in _counts(reading))
 
 
 RULES: dict[str, Callable[[dict[str, Any], float, float], bool]] = {"worst": worst, "pooled": pooled}
@@ -55,10 +54,10 @@ def lines(folders: list[Path], rule: str, margin: float, arms: list[str] | None 
     for folder in folders:
         for path in sorted(folder.glob("eval-*-s*.json")):
             e = json.loads(path.read_text())
-            if arms and e["model"] not in arms:
+            if e["model"] in ("base", "llama3") or (arms and e["model"] not in arms):
                 continue
-            run = e.get("run") or {}
-            readings = run.get("readings") or []
+            run = run_summary(e)  # the archived summary, or the run folder's record and probe curve
+            readings = run["readings"] or []
             if not readings or "by_depth" not in readings[0]:
                 continue  # no fine-tune, or a probe from before depths were counted
             probe = run["probe"]
