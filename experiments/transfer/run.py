@@ -73,6 +73,28 @@ def train_seed(base: str, arm: str, sets: list[str], seed: int, folder: Path) ->
     return run_dir
 
 
+def shared_start(base: str, target: int, start: Path, log: Path, poll: float = 5.0, patience: float = 600.0) -> None:
+    """The ``llama3`` start every seed of a base shares, built once.
+
+    Two runs of one base started together (one seed each, side by side) would both build it; the second ``ctxext
+    extend`` is refused by the folder's lock. So a run that finds the lock held waits for the holder's folder, at
+    most ``patience`` seconds (building it takes seconds); then it extends anyway, which clears a lock whose holder
+    is gone or names the one still running.
+    """
+    from ctxext.artifacts.lock import lock_path
+
+    deadline = time.time() + patience
+    waiting = False
+    while not (start / "config.json").is_file():
+        if not lock_path(start).is_file() or time.time() > deadline:
+            _ctxext(["extend", base, "--method", "llama3", "--target-length", str(target), "--out", str(start)], log)
+            return
+        if not waiting:
+            print(f"waiting for another run to write {start}", flush=True)
+            waiting = True
+        time.sleep(poll)
+
+
 def needle_outcomes(
     loaded: Any, lengths: list[int], seed: int, trials: int, hay: Any, form: int = 0
 ) -> dict[str, list[int]]:
@@ -160,9 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     arm_file = folder / f"{args.arm}.json"
     arm_file.write_text(json.dumps({"arm": args.arm, "sets": args.sets, "target": target, "window": window}) + "\n")
     start = folder / "llama3"
-    if not (start / "config.json").is_file():
-        _ctxext(["extend", args.base, "--method", "llama3", "--target-length", str(target), "--out", str(start)],
-                folder / "commands.log")  # fmt: skip
+    shared_start(args.base, target, start, folder / "commands.log")
     print(f"{args.base}: window {window}, target {target}; arm {args.arm} {' '.join(args.sets)}", flush=True)
     for seed in args.seeds:
         run_dir = train_seed(args.base, args.arm, args.sets, seed, folder)

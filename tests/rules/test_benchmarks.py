@@ -226,6 +226,30 @@ def test_transfer_seeds_ask_fresh_prompts() -> None:
     assert run.base_name("builtin:grown-code-64") == "grown-code-64"
 
 
+@pytest.mark.parametrize(
+    ("locked", "patience", "extends"), [(False, 60.0, True), (True, 60.0, False), (True, 0.0, True)]
+)
+def test_seeds_run_side_by_side_build_the_start_once(tmp_path, monkeypatch, locked, patience, extends) -> None:
+    # A run that finds another run writing the shared start waits for it instead of failing on the folder's lock;
+    # with no writer (or once its patience is spent) it extends itself.
+    import threading
+
+    from ctxext.artifacts.lock import lock_path
+
+    run = importlib.import_module("experiments.transfer.run")
+    start = tmp_path / "llama3"
+    calls: list[list[str]] = []
+    monkeypatch.setattr(run, "_ctxext", lambda args, log: calls.append(args) or 0.0)
+    if locked:
+        lock_path(start).write_text("{}")
+        start.mkdir()
+        threading.Timer(0.2, lambda: (start / "config.json").write_text("{}")).start()
+    run.shared_start("builtin:grown-code-64", 256, start, tmp_path / "commands.log", poll=0.05, patience=patience)
+    assert bool(calls) == extends
+    if extends:
+        assert calls[0][:2] == ["extend", "builtin:grown-code-64"]
+
+
 def test_the_transfer_reading_times_the_training_steps(tmp_path) -> None:
     read = importlib.import_module("experiments.transfer.read")
     rows = [
