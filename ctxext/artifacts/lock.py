@@ -126,6 +126,17 @@ def _stale_reason(path: Path, holder: dict[str, Any]) -> str | None:
     return None if _alive(holder) else f"{describe_holder(holder)}; that process is no longer running"
 
 
+def held(folder: str | Path) -> bool:
+    """Whether another writer may hold ``folder``'s lock now: the file is there and not stale.
+
+    A lock whose holder is gone on this host is not held (the next writer clears it); one taken on another host
+    counts as held, since it cannot be checked from here.
+    """
+    path = lock_path(folder)
+    holder = _read(path)
+    return holder is not None and _stale_reason(path, holder) is None
+
+
 def _clear_stale(path: Path, holder: dict[str, Any]) -> bool:
     """Remove a stale lock, unless another process replaced it meanwhile; whether it was removed."""
     # Renamed first, then checked: two processes clearing the same stale lock must not remove a fresh one.

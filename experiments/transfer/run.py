@@ -77,16 +77,16 @@ def shared_start(base: str, target: int, start: Path, log: Path, poll: float = 5
     """The ``llama3`` start every seed of a base shares, built once.
 
     Two runs of one base started together (one seed each, side by side) would both build it; the second ``ctxext
-    extend`` is refused by the folder's lock. So a run that finds the lock held waits for the holder's folder, at
-    most ``patience`` seconds (building it takes seconds); then it extends anyway, which clears a lock whose holder
-    is gone or names the one still running.
+    extend`` is refused by the folder's lock. So a run that finds the lock held by a live writer waits for its
+    folder, at most ``patience`` seconds (building it takes seconds); with no live writer (or once its patience is
+    spent) it extends itself, which clears a stale lock or names the writer still running.
     """
-    from ctxext.artifacts.lock import lock_path
+    from ctxext.artifacts.lock import held
 
     deadline = time.time() + patience
     waiting = False
     while not (start / "config.json").is_file():
-        if not lock_path(start).is_file() or time.time() > deadline:
+        if not held(start) or time.time() > deadline:
             _ctxext(["extend", base, "--method", "llama3", "--target-length", str(target), "--out", str(start)], log)
             return
         if not waiting:

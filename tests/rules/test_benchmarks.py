@@ -227,11 +227,14 @@ def test_transfer_seeds_ask_fresh_prompts() -> None:
 
 
 @pytest.mark.parametrize(
-    ("locked", "patience", "extends"), [(False, 60.0, True), (True, 60.0, False), (True, 0.0, True)]
+    ("holder", "patience", "extends"),
+    [(None, 60.0, True), ("live", 60.0, False), ("live", 0.0, True), ("gone", 60.0, True)],
 )
-def test_seeds_run_side_by_side_build_the_start_once(tmp_path, monkeypatch, locked, patience, extends) -> None:
-    # A run that finds another run writing the shared start waits for it instead of failing on the folder's lock;
-    # with no writer (or once its patience is spent) it extends itself.
+def test_seeds_run_side_by_side_build_the_start_once(tmp_path, monkeypatch, holder, patience, extends) -> None:
+    # A run that finds another live run writing the shared start waits for it instead of failing on the folder's
+    # lock; with no writer, a writer that is gone, or once its patience is spent, it extends itself.
+    import os
+    import socket
     import threading
 
     from ctxext.artifacts.lock import lock_path
@@ -240,8 +243,10 @@ def test_seeds_run_side_by_side_build_the_start_once(tmp_path, monkeypatch, lock
     start = tmp_path / "llama3"
     calls: list[list[str]] = []
     monkeypatch.setattr(run, "_ctxext", lambda args, log: calls.append(args) or 0.0)
-    if locked:
-        lock_path(start).write_text("{}")
+    if holder:
+        # This process stands in for the live writer; a pid past the kernel's limit for one that is gone.
+        pid = os.getpid() if holder == "live" else 2**22 + 1
+        lock_path(start).write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
         start.mkdir()
         threading.Timer(0.2, lambda: (start / "config.json").write_text("{}")).start()
     run.shared_start("builtin:grown-code-64", 256, start, tmp_path / "commands.log", poll=0.05, patience=patience)
