@@ -58,6 +58,22 @@ DOCS = ("builtin.txt", "options.txt", "syntax.txt", "eval.txt", "pi_netrw.txt")
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "recipes/smollm2-32k.yaml"  # the fine-tune's, relative to the repository
+# The second fine-tune: ctxext's default recipe (the demo's, one file for any base) with only what this CPU's scale
+# needs. Rows of 4,096 PoSE tokens (the default trains rows of the target length: 32,768 here, ~9 min per forward
+# on this CPU), 4 of them per step for 30 steps as the journey's own fine-tune, so both see the same tokens; no
+# adaptive probe (a probe at 32,768 tokens costs more than the steps it watches here: recipes/smollm2-32k.yaml);
+# needle rows from 1,024 tokens (the default's `1x`, 8,192, is longer than a 4,096-token row); 3 warm-up steps of
+# 30 (the default's 12 are for runs of hundreds of steps); a checkpoint every 5 steps and held-out loss every 10.
+# Gradient checkpointing on: the step plans 16.3 GiB without it (9.3 with), too close to this shared machine's RAM.
+DEFAULT_RECIPE = "recipes/default.yaml"
+DEFAULT_AT_CPU_SCALE = (
+    "train.seq_len=4096", "train.pose.chunks=2", "train.micro_batch_size=1", "train.gradient_accumulation_steps=4",
+    "train.max_steps=30", "train.warmup_steps=3", "train.probe=null", "data.mixture.1.min_length=1024",
+    "train.save_every=5", "train.eval_every=10", "train.gradient_checkpointing=true",
+)  # fmt: skip
+# The variants that train (calibrated: the `finetuned` run after `ctxext calibrate`) and the stage each one's
+# training time is stored under.
+TRAINED = {"finetuned": "train", "finetuned-default": "train-default", "calibrated": "train"}
 JSON_FILE = RESULTS / "real_model.json"
 PAGE = RESULTS / "real_model.md"
 BUCKETS = 8
@@ -102,6 +118,7 @@ def variants() -> dict[str, int | None]:
             out[f"{method}-{target // 1024}k"] = target
     out[f"longrope-{MID // 1024}k"] = MID
     out["finetuned"] = TARGET
+    out["finetuned-default"] = TARGET
     if DEVICE != "cpu":
         # `ctxext calibrate` at the target with trials that could detect a temperature's effect costs far more than
         # the fine-tune on a CPU (`ctxext train` says its estimate when it skips the calibration): the GPU check's.
@@ -117,7 +134,7 @@ def plan_cells() -> list[Cell]:
             continue
         # In-window cost (the variant inside the base's window), then the variant's own target.
         inside = [] if name.startswith("dynamic") else [Cell(name, ORIGINAL)]
-        if name in ("finetuned", "calibrated"):
+        if name in TRAINED:
             # The half-way length first: its paired test costs a third of the target's.
             cells += [*inside, Cell(name, MID), Cell(name, target)]
             continue
@@ -252,22 +269,26 @@ def prepare(name: str, work: Path, store: dict[str, Any], opts: argparse.Namespa
             "--samples", "2", "--population", "6", "--generations", "1", "--attention-factor", "1",
             "--window-docs", "8", "--no-report",
         ]  # fmt: skip
-    elif name in ("finetuned", "calibrated"):
-        out = work / "finetuned"
+    elif name in TRAINED:
+        out = work / ("finetuned" if name == "calibrated" else name)
+        recipe, extra = (
+            (DEFAULT_RECIPE, DEFAULT_AT_CPU_SCALE)
+            if name == "finetuned-default"
+            else (opts.recipe, opts.train_override)
+        )
         cmd = [
-            "train", opts.recipe, f"model.path={BASE}", f"rope.target_length={TARGET}", f"output.dir={out}",
-            *opts.train_override,
+            "train", recipe, f"model.path={BASE}", f"rope.target_length={TARGET}", f"output.dir={out}", *extra,
         ]  # fmt: skip
     else:
         method = name.split("-")[0]
         cmd = ["extend", BASE, "--method", method, "--target-length", str(target), "--out", str(out)]
-    trains = name in ("finetuned", "calibrated")
+    trains = name in TRAINED
     record = out / "run.json"
     if trains and (not record.is_file() or json.loads(record.read_text()).get("status") != "complete"):
         # A run stopped earlier (SIGTERM checkpoints at a step boundary) continues; its steps' own times add up.
         resumed = record.is_file()
         _ctxext([*cmd, "--resume"] if resumed else cmd, log)
-        stages["train"] = {**_training_stage(out), "command": "ctxext " + " ".join(cmd), "resumed": resumed}
+        stages[TRAINED[name]] = {**_training_stage(out), "command": "ctxext " + " ".join(cmd), "resumed": resumed}
         _save(store)
     elif not trains and not (out / "config.json").is_file():
         seconds = _ctxext(cmd, log)
@@ -395,7 +416,7 @@ def _load(name: str, ref: str) -> Any:
     from ctxext.models.load import ModelSpec, load_model
 
     # The fine-tune "before calibrate" is measured without any calibration record the run may have by then.
-    return load_model(ModelSpec(ref, name=name), device=DEVICE, calibrated=name != "finetuned")
+    return load_model(ModelSpec(ref, name=name), device=DEVICE, calibrated=name == "calibrated")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -736,6 +757,15 @@ def _comparisons(store: dict[str, Any]) -> list[str]:
         if tuned in cells and untrained in cells:
             lines.append(f"- {length} tokens, fine-tuned vs its training-free start ({start}): "
                          f"{_paired(cells[tuned], cells[untrained])}")  # fmt: skip
+    # The default recipe's fine-tune against the journey's (the same tokens) and against its own start.
+    default_start = f"{_recipe_method(ROOT / DEFAULT_RECIPE)}-{TARGET // 1024}k"
+    for length in (ORIGINAL, MID, TARGET):
+        mine = f"finetuned-default@{length}:keys"
+        for other, what in (("finetuned", "the journey's fine-tune"), (default_start, "its training-free start")):
+            theirs = f"{other}@{length}:keys"
+            if mine in cells and theirs in cells:
+                lines.append(f"- {length} tokens, the default recipe's fine-tune vs {what} ({other}): "
+                             f"{_paired(cells[mine], cells[theirs])}")  # fmt: skip
     base = cells.get(f"base@{ORIGINAL}:keys")
     for name in [v for v in variants() if v != "base"]:
         key = f"{name}@{ORIGINAL}:keys"
