@@ -28,6 +28,7 @@ other settings is refused, never shown as if it were this run's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import shutil
@@ -276,8 +277,7 @@ def run_demo(run: DemoRun, fresh: bool = False, console: Console | None = None) 
     if not fresh:  # a cache of another recipe or suite is refused before anything is written
         cached = _cached_run(run)
         _cached_report(run)
-    if not cached:
-        _refuse_what_will_not_fit(run)
+    run = _as_cached(run) if cached else _fit_to_this_machine(run, console)
     prepare_demo_folder(run.out, fresh)
     started = time.time()
     model, method = run.recipe.model.path, run.recipe.rope.method
@@ -305,21 +305,40 @@ def tuned_name(run: DemoRun) -> str:
     return f"{run.recipe.rope.method}×{run.factor}+QLoRA {run.kind}"
 
 
-def _refuse_what_will_not_fit(run: DemoRun) -> None:
-    """Refuse, before anything is written, a fine-tune the memory plan says this machine cannot hold.
+def _fit_to_this_machine(run: DemoRun, console: Console) -> DemoRun:
+    """The run with what its recipe leaves to the machine decided, or refused when it will not fit even so.
 
-    With ``model.path`` any base runs the default recipe at 4× its window: a large one needs memory levers
-    (or a GPU) that the demo's small base does not. ``ctxext train`` warns and starts; the demo refuses, since
-    a demo that swaps for hours is worse than one line naming the overrides that fit.
+    Refused before anything is written, when the memory plan says this machine cannot hold the fine-tune.
+
+    With ``model.path`` any base runs the default recipe at 4× its window: a large one needs recomputation and a
+    smaller micro-batch (decided here, said on one line) or memory levers (or a GPU) that the demo's small base does
+    not. ``ctxext train`` warns and starts; the demo refuses, since a demo that swaps for hours is worse than one
+    line naming the overrides that fit.
     """
-    from ctxext.cli.train_commands import memory_problem
+    from ctxext.cli.train_commands import fit_to_this_machine
 
     try:
-        problem = memory_problem(run.recipe, run.plan_command)
+        fit = fit_to_this_machine(run.recipe, run.plan_command)
     except InputError:
-        return  # a run that cannot be planned is not refused on a guess (ctxext train warns the same way)
-    if problem:
-        raise InputError(f"the demo's fine-tune: {problem} Add the overrides to `ctxext demo` (nothing was written).")
+        return run  # a run that cannot be planned is not refused on a guess (ctxext train warns the same way)
+    if fit.problem:
+        raise InputError(
+            f"the demo's fine-tune: {fit.problem} Add the overrides to `ctxext demo` (nothing was written)."
+        )
+    if fit.line and not fit.as_given:  # the demo's own base fits as given: nothing to say then
+        console.print(fit.line, markup=False, highlight=False, soft_wrap=True)
+    return dataclasses.replace(run, recipe=fit.recipe)
+
+
+def _as_cached(run: DemoRun) -> DemoRun:
+    """The run with the choices its cached fine-tune made for what the recipe leaves to the machine."""
+    import yaml
+
+    from ctxext.planner.autofit import saved_overrides, with_overrides
+    from ctxext.training.folder import RECIPE_FILE
+
+    saved = yaml.safe_load((run.run_dir / RECIPE_FILE).read_text()) or {}
+    return dataclasses.replace(run, recipe=with_overrides(run.recipe, saved_overrides(run.recipe, saved)))
 
 
 def _extend(run: DemoRun, console: Console) -> list[str]:
@@ -375,7 +394,7 @@ def _cached_run(run: DemoRun) -> bool:
         read_run(run.run_dir)
     except InputError:
         return False
-    diffs = recipe_diffs((run.run_dir / RECIPE_FILE).read_text(), dump_recipe(run.recipe))
+    diffs = recipe_diffs((run.run_dir / RECIPE_FILE).read_text(), dump_recipe(_as_cached(run).recipe))
     if diffs:
         raise InputError(
             f"--out: the fine-tune cached in {run.run_dir} was trained with another recipe ({'; '.join(diffs)}); "

@@ -111,6 +111,8 @@ def _print_plan(plan: Any) -> None:
     s, dev = plan.setup, plan.device
     console.print(_header(plan), markup=False)
     console.print(f"[dim]config: {plain(plan.config_source)}[/]")
+    if plan.choice:  # what the recipe left to the machine, decided for this device (the table plans that)
+        console.print(plain(plan.choice.line), markup=False, soft_wrap=True)
     console.print(_memory_table(plan))
     _verdict(plan)
     if plan.tokens_per_second:

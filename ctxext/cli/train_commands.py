@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -100,7 +101,7 @@ def train(
 
     cfg = parsed.train
     check_split_launch(cfg.sequence_parallel_size, int(os.environ.get("WORLD_SIZE", "1")), cfg.context_parallel_size)
-    _check_memory(parsed, strict, str(recipe))
+    parsed = _check_memory(parsed, strict, str(recipe), resume)
     searched = None
     if parsed.search is not None:
         # A search: section finds the longrope factors first (in output.dir/search); training starts from them.
@@ -176,18 +177,8 @@ def calibrate_after_training(run_dir: Path, section: Any) -> dict[str, Any] | No
     return record
 
 
-def memory_problem(recipe: Any, command: str) -> str | None:
-    """What the plan says when ``recipe`` will not fit this machine (``None`` when it fits).
-
-    The message names the overrides that would make it fit and ``command`` (``ctxext plan RECIPE.yaml``), which
-    shows the breakdown.
-
-    Raises:
-        InputError: the run could not be planned (the caller decides whether that matters).
-    """
-    from ctxext.planner.plan import plan_on_this_machine
-
-    result = plan_on_this_machine(recipe)
+def _problem(result: Any, command: str) -> str | None:
+    """What a plan says when its run will not fit (``None`` when it fits), naming the overrides that would."""
     if result.fits:
         return None
     needed, have = result.memory.total / 2**30, result.device.memory / 2**30
@@ -200,20 +191,73 @@ def memory_problem(recipe: Any, command: str) -> str | None:
     )
 
 
-def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml") -> None:
-    """Plan the recipe on this machine before training; warn (or, strict, refuse) when it will not fit."""
+@dataclass
+class MachineFit:
+    """A recipe planned on this machine, with what it left to the machine decided.
+
+    Attributes:
+        recipe: the recipe to train (the settings it left to the machine set, :mod:`ctxext.planner.autofit`).
+        line: that decision, in one line (``None``: the recipe left nothing to decide).
+        as_given: nothing was lowered or turned on to fit.
+        problem: what the plan says when the run will still not fit (``None``: it fits).
+    """
+
+    recipe: Any
+    line: str | None = None
+    as_given: bool = True
+    problem: str | None = None
+
+
+def fit_to_this_machine(recipe: Any, command: str, resume: bool = False) -> MachineFit:
+    """Plan ``recipe`` on this machine: decide what it leaves to the machine, and say whether it will fit.
+
+    ``--resume`` keeps the choice the run made when it started (its ``recipe.yaml``): its batches, and so its data
+    order, do not depend on the memory of the machine it continues on.
+
+    Raises:
+        InputError: the run could not be planned (the caller decides whether that matters).
+    """
+    import yaml
+
+    from ctxext.planner.autofit import left_to_machine, saved_overrides, with_overrides
+    from ctxext.planner.plan import plan_on_this_machine
+    from ctxext.training.folder import RECIPE_FILE
+
+    saved = Path(recipe.output.dir) / RECIPE_FILE
+    if resume and left_to_machine(recipe) and saved.is_file():
+        kept = saved_overrides(recipe, yaml.safe_load(saved.read_text()) or {})
+        recipe = with_overrides(recipe, kept)
+        said = ", ".join(f"{k} {str(v).lower()}" for k, v in kept.items())
+        line: str | None = f"settings left to the machine: {said or 'as given'}, as the run chose when it started"
+        return MachineFit(recipe, line, True, _problem(plan_on_this_machine(recipe, decide=False), command))
+    result = plan_on_this_machine(recipe)
+    if result.choice is None:
+        return MachineFit(recipe, problem=_problem(result, command))
+    fitted = with_overrides(recipe, result.choice.overrides)
+    return MachineFit(fitted, result.choice.line, result.choice.as_given, _problem(result, command))
+
+
+def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml", resume: bool = False) -> Any:
+    """Plan the recipe on this machine before training; returns the recipe to train.
+
+    What the recipe leaves to the machine is decided (and said on one line); a run that will not fit is warned
+    about (or, strict, refused).
+    """
     from ctxext.errors import InputError
 
     main_process = os.environ.get("RANK", "0") == "0"
     try:
-        message = memory_problem(recipe, f"ctxext plan {shlex.quote(str(path))}")
+        fit = fit_to_this_machine(recipe, f"ctxext plan {shlex.quote(str(path))}", resume)
     except InputError as exc:
         if main_process:
             err_console.print(f"[yellow]warning:[/] could not plan the memory of this run: {plain(exc)}")
-        return
-    if message is None:
-        return
+        return recipe
+    if fit.line and main_process:
+        print_line(fit.line)
+    if fit.problem is None:
+        return fit.recipe
     if strict:
-        raise InputError(message + " (--strict: not started)")
+        raise InputError(fit.problem + " (--strict: not started)")
     if main_process:
-        err_console.print(f"[yellow]warning:[/] {plain(message)}")
+        err_console.print(f"[yellow]warning:[/] {plain(fit.problem)}")
+    return fit.recipe

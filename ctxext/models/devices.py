@@ -134,12 +134,27 @@ def _meminfo_kb(field: str) -> int:
     return 0
 
 
-def cpu_device() -> Device:
-    """This machine's CPU and RAM: what is available now (``MemAvailable``), fp32 compute."""
+def cpu_device(processes: int = 1) -> Device:
+    """This machine's CPU and RAM: what is available now (``MemAvailable``), fp32 compute.
+
+    Args:
+        processes: the processes of a launch that share this machine. With more than one, each gets its share of
+            the total RAM: what is available changes from moment to moment, and every process of a launch must
+            plan the same (what ``ctxext train`` decides from the plan, :mod:`ctxext.planner.autofit`).
+    """
     kb = _meminfo_kb("MemAvailable") or _meminfo_kb("MemTotal")
     if not kb:
         kb = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 1024
     total = _meminfo_kb("MemTotal") or kb
+    if processes > 1:
+        kb = total // processes
+        return Device(
+            name=f"CPU RAM ({kb / 2**20:.1f} GiB: 1/{processes} of {total / 2**20:.1f})",
+            memory=kb * 1024,
+            tflops=None,
+            kind="cpu",
+            note=f"no GPU: planned against this machine's RAM, shared by {processes} processes",
+        )
     return Device(
         name=f"CPU RAM ({kb / 2**20:.1f} of {total / 2**20:.1f} GiB available)",
         memory=kb * 1024,

@@ -11,6 +11,7 @@ steps and published figures in ``docs/results-planning.md``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ from typing import Any
 from ctxext.errors import InputError
 from ctxext.models.devices import GIB, Device
 from ctxext.planner.advice import Advice, advise, replication_notes
+from ctxext.planner.autofit import Choice, choose, left_to_machine, with_overrides
 from ctxext.planner.band import Band, band_of
-from ctxext.planner.fit import CPU_RUNTIME, device_footprint, longest_fit, usable
+from ctxext.planner.fit import CPU_RUNTIME, device_footprint, longest_fit, upper, usable
 from ctxext.planner.footprint import Footprint, ModelShape, Setup
 from ctxext.planner.levers import lever_effects, lever_fields
 from ctxext.planner.setup import shape_names
@@ -56,6 +58,7 @@ class Plan:
     levers: list[Any] = field(default_factory=list)
     mode: str = "qlora"
     band: Band | None = None
+    choice: Choice | None = None
 
     @property
     def wall_seconds(self) -> float | None:
@@ -100,6 +103,7 @@ class Plan:
             "what_if_gib": {k: v / GIB for k, v in self.what_if.items()},
             "levers": [e.to_dict() for e in self.levers],
             "notes": self.notes + self.memory.notes,
+            "left_to_machine": dataclasses.asdict(self.choice) if self.choice else None,
         }
 
 
@@ -259,7 +263,7 @@ def setup_for(
         lora_targets=() if full else targets,
         extra_trainable=() if full else extras,
         optimizer=optimizer,
-        checkpointing=train.gradient_checkpointing,
+        checkpointing=train.checkpointing,
         attention=attention,
         loss=loss,
         loss_chunk=train.loss_chunk_size,
@@ -323,6 +327,17 @@ def what_if(shape: ModelShape, setup: Setup, device: Device) -> dict[str, int]:
     }
 
 
+def _setup_of(recipe: Any, args: tuple[Any, ...]) -> Setup:
+    return setup_for(recipe, *args)
+
+
+def _choose(recipe: Any, shape: ModelShape, device: Device, setup_of: Any) -> Choice:
+    """What the recipe leaves to the machine (auto checkpointing, a micro-batch that may shrink), for ``device``."""
+    return choose(
+        recipe, setup_of, lambda s: upper(device_footprint(shape, s, device).total, device), usable(device), device.name
+    )
+
+
 def plan_recipe(
     recipe: Any,
     device: Device,
@@ -338,6 +353,7 @@ def plan_recipe(
     config_source: str | None = None,
     mode: str | None = None,
     offload_optimizer: bool = False,
+    decide: bool = True,
 ) -> Plan:
     """Plan a validated recipe on ``num_gpus × nodes`` devices.
 
@@ -356,6 +372,7 @@ def plan_recipe(
         config_source: where ``config`` came from, for the report.
         mode: ``qlora``, ``lora`` or ``full`` (``None``: the recipe's).
         offload_optimizer: a full fine-tune's optimizer states in host memory.
+        decide: plan what the recipe leaves to the machine as decided for ``device`` (:mod:`.autofit`), not as given.
 
     Returns:
         The :class:`Plan`.
@@ -373,7 +390,12 @@ def plan_recipe(
         )
     shape = ModelShape.from_config(config)
     world = num_gpus * nodes
-    setup = setup_for(recipe, device, world, sharding, loss, mode, offload_optimizer)
+
+    setup_of = functools.partial(_setup_of, args=(device, world, sharding, loss, mode, offload_optimizer))
+    choice = _choose(recipe, shape, device, setup_of) if decide and left_to_machine(recipe) else None
+    if choice is not None:
+        recipe = with_overrides(recipe, choice.overrides)
+    setup = setup_of(recipe)
     _check_heads(shape, setup)
     memory = device_footprint(shape, setup, device)
     band = band_of(memory.total, device.kind)
@@ -390,6 +412,7 @@ def plan_recipe(
         max_steps=recipe.train.max_steps,
         mode=setup_mode(setup),
         band=band,
+        choice=choice,
     )
     plan.notes += replication_notes(shape, setup, device)
     if search:
@@ -506,7 +529,7 @@ def this_device() -> tuple[Device, int, str | None]:
     elif os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         sharding = "zero3"
     if not torch.cuda.is_available():
-        return cpu_device(), world, sharding
+        return cpu_device(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)), world, sharding
     index = int(os.environ.get("LOCAL_RANK", "0") or 0) % torch.cuda.device_count()
     props = torch.cuda.get_device_properties(index)
     name = props.name.lower()
@@ -514,8 +537,10 @@ def this_device() -> tuple[Device, int, str | None]:
     return Device(name=props.name, memory=int(props.total_memory), tflops=tflops, kind="cuda"), world, sharding
 
 
-def plan_on_this_machine(recipe: Any) -> Plan:
+def plan_on_this_machine(recipe: Any, decide: bool = True) -> Plan:
     """The plan of a recipe on the device and launch this process is in (what ``ctxext train`` checks first).
+
+    ``decide``: as :func:`plan_recipe`'s.
 
     Raises:
         InputError: the model's config cannot be read (the caller decides whether that matters).
@@ -525,4 +550,6 @@ def plan_on_this_machine(recipe: Any) -> Plan:
         sharding = None
         recipe = recipe.model_copy(deep=True)
         recipe.train.context_parallel_size = 1
-    return plan_recipe(recipe, device, num_gpus=world, sharding=sharding, search=False, advise_changes=True)
+    return plan_recipe(
+        recipe, device, num_gpus=world, sharding=sharding, search=False, advise_changes=True, decide=decide
+    )

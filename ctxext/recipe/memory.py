@@ -43,6 +43,13 @@ class MemorySection(BaseModel):
         default=True,
         description="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for the run (CUDA; less fragmentation)",
     )
+    fit_micro_batch: bool = Field(
+        default=True,
+        description="where `ctxext train`'s plan of the step on its machine does not fit, lower "
+        "train.micro_batch_size to the largest divisor that fits and raise train.gradient_accumulation_steps by "
+        "the same factor (a step sees the same rows), before train.gradient_checkpointing: auto turns on; "
+        "decided once when the run starts (not under DeepSpeed, which takes accumulation 1)",
+    )
 
     @field_validator("tiled_mlp")
     @classmethod
@@ -132,5 +139,5 @@ def recipe_levers(recipe: Any, device_type: str, compute_dtype: str) -> Levers:
         device_type=device_type,
         compute_dtype=compute_dtype,
         quantized=recipe.quantization.mode != "none",
-        checkpointing=recipe.train.gradient_checkpointing,
+        checkpointing=recipe.train.checkpointing,
     )

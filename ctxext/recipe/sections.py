@@ -451,7 +451,11 @@ class TrainSection(Section):
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     optimizer: Literal["auto", "adamw", "paged_adamw_8bit"] = "auto"
     seed: int = 42
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: Literal["auto"] | bool = Field(
+        default=True,
+        description="recompute activations in the backward pass (auto: only where `ctxext train`'s plan of the "
+        "step on its machine does not fit without it, decided once when the run starts; docs/planning.md)",
+    )
     loss_chunk_size: int = Field(default=1024, gt=0, description="tokens per chunk of the chunked cross-entropy")
     log_every: int = keeping_field("steps between metrics lines", default=1, gt=0)
     eval_every: int | None = Field(default=None, gt=0)
@@ -482,6 +486,15 @@ class TrainSection(Section):
         description="adaptive stop: probe retrieval at the target length, keep the best adapter, stop at the goal "
         "or a plateau (train.max_steps is the ceiling)",
     )
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether the run recomputes activations.
+
+        ``auto`` that no plan has decided (a library caller of :func:`ctxext.training.run.train`) is off, as on
+        every machine where the step fits.
+        """
+        return self.gradient_checkpointing is True
 
 
 class EvalSection(Section):

@@ -247,7 +247,7 @@ def build_training_model(recipe: Any, device: torch.device | str = "cpu", sharde
         )
     else:
         verify_model_rope(model)
-    quantized, ckpt = recipe.quantization.mode != "none", recipe.train.gradient_checkpointing
+    quantized, ckpt = recipe.quantization.mode != "none", recipe.train.checkpointing
     extra: list[str] = []
     if full:
         peft_model = prepare_full(model, ckpt, levers)

@@ -133,7 +133,8 @@ def test_bad_input_exits_2_naming_it_and_writes_nothing(tmp_path, cache_root, ar
 
 def test_a_fine_tune_that_will_not_fit_is_refused_before_anything_is_written(tmp_path, cache_root):
     out = tmp_path / "demo"
-    result = CliRunner().invoke(app, ["demo", "--out", str(out), "train.micro_batch_size=20000"])
+    overrides = ["train.micro_batch_size=20000", "train.memory.fit_micro_batch=false"]  # not fitted: as given
+    result = CliRunner().invoke(app, ["demo", "--out", str(out), *overrides])
     text = _flat(result)
     assert result.exit_code == 2, result.output
     assert "will probably run out of memory" in text and "train.micro_batch_size=1" in text

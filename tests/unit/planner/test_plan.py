@@ -164,7 +164,7 @@ def test_512k_on_one_80gb_gpu_gets_advice_that_fits_when_replanned():
 
 def test_advice_for_a_plain_setup_lists_the_usual_fixes():
     overrides = ["train.gradient_checkpointing=false", "train.micro_batch_size=2", "train.optimizer=adamw"]
-    plan = _plan(overrides=overrides)
+    plan = _plan(overrides=[*overrides, "train.memory.fit_micro_batch=false"])  # the plain setup, as given
     summaries = " | ".join(a.summary for a in plan.advice)
     assert "gradient checkpointing" in summaries and "micro-batch" in summaries
     for advice in plan.advice:
