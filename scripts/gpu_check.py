@@ -53,6 +53,11 @@ SPLIT_TESTS = [
 # A full fine-tune (train.mode: full: fp32 master weights and AdamW states, bf16 compute) launched with the shipped
 # FSDP2 and DeepSpeed ZeRO-3 accelerate configs, against one unsharded process; runs on 1 GPU (one shard) or 2.
 FULL_TESTS = ["tests/unit/training/test_train_gpu.py::test_full_fine_tune_sharded_trains_as_one_process"]
+# The default recipe on the real checkpoint at its target (SmolLM2-135M, 32,768 tokens) with no memory flag: what
+# `ctxext train` decides from the plan (train.gradient_checkpointing: auto) trains one step within the GPU.
+FIT_TESTS = [
+    "tests/integration/test_real_model.py::test_the_default_recipe_trains_the_real_checkpoint_at_its_target_on_one_gpu"
+]
 
 
 def save_model(folder: Path, layers: int, device: str = "cuda", shape: dict[str, int] | None = None) -> None:
@@ -386,7 +391,9 @@ def main() -> int:
     print(line, flush=True)
     line, full_ok = tests_check("full fine-tune (FSDP2, ZeRO-3)", FULL_TESTS, 1)
     print(line, flush=True)
-    return 0 if len(results) == len(names) and split_ok and full_ok and not failed else 1
+    line, fit_ok = tests_check("default recipe on SmolLM2 at 32k (auto memory)", FIT_TESTS, 1)
+    print(line, flush=True)
+    return 0 if len(results) == len(names) and split_ok and full_ok and fit_ok and not failed else 1
 
 
 if __name__ == "__main__":

@@ -197,7 +197,8 @@ class MachineFit:
 
     Attributes:
         recipe: the recipe to train (the settings it left to the machine set, :mod:`ctxext.planner.autofit`).
-        line: that decision, in one line (``None``: the recipe left nothing to decide).
+        line: that decision, in one line (``None``: nothing worth saying: the recipe left nothing to decide, or only
+            a micro-batch that fits as given).
         as_given: nothing was lowered or turned on to fit.
         problem: what the plan says when the run will still not fit (``None``: it fits).
     """
@@ -219,22 +220,26 @@ def fit_to_this_machine(recipe: Any, command: str, resume: bool = False) -> Mach
     """
     import yaml
 
-    from ctxext.planner.autofit import left_to_machine, saved_overrides, with_overrides
+    from ctxext.planner.autofit import left_to_machine, saved_overrides, value_of, with_overrides
     from ctxext.planner.plan import plan_on_this_machine
     from ctxext.training.folder import RECIPE_FILE
 
     saved = Path(recipe.output.dir) / RECIPE_FILE
     if resume and left_to_machine(recipe) and saved.is_file():
         kept = saved_overrides(recipe, yaml.safe_load(saved.read_text()) or {})
+        changed = [f"{k} {str(v).lower()}" for k, v in kept.items() if value_of(recipe, k) != v]
         recipe = with_overrides(recipe, kept)
-        said = ", ".join(f"{k} {str(v).lower()}" for k, v in kept.items())
-        line: str | None = f"settings left to the machine: {said or 'as given'}, as the run chose when it started"
-        return MachineFit(recipe, line, True, _problem(plan_on_this_machine(recipe, decide=False), command))
+        line = f"settings left to the machine: {', '.join(changed)}, as the run chose when it started"
+        problem = _problem(plan_on_this_machine(recipe, decide=False), command)
+        return MachineFit(recipe, line if changed else None, not changed, problem)
     result = plan_on_this_machine(recipe)
-    if result.choice is None:
+    choice = result.choice
+    if choice is None:
         return MachineFit(recipe, problem=_problem(result, command))
-    fitted = with_overrides(recipe, result.choice.overrides)
-    return MachineFit(fitted, result.choice.line, result.choice.as_given, _problem(result, command))
+    # Said when something was given up, or what `auto` came to; a micro-batch that fits as given goes unsaid.
+    said = not choice.as_given or recipe.train.gradient_checkpointing == "auto"
+    fitted = with_overrides(recipe, choice.overrides)
+    return MachineFit(fitted, choice.line if said else None, choice.as_given, _problem(result, command))
 
 
 def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml", resume: bool = False) -> Any:

@@ -133,7 +133,7 @@ def choose(
         if peaks[-1] <= usable:
             break
     peak, room = peaks[-1], f"{usable / gib:.1f} usable GiB on {device}"
-    changed = [f"{k} {_text(train, k)} → {_text_value(v)}" for k, v in overrides.items() if _value(train, k) != v]
+    changed = [f"{k} {_text(recipe, k)} → {_text_value(v)}" for k, v in overrides.items() if value_of(recipe, k) != v]
     same_rows = " (the same rows per step)" if overrides.get(MICRO_BATCH, mb0) != mb0 else ""
     if peak > usable:
         line = (
@@ -154,12 +154,13 @@ def choose(
     return Choice(overrides=overrides, line=line, fits=peak <= usable, as_given=len(peaks) == 1)
 
 
-def _value(train: Any, key: str) -> Any:
-    return getattr(train, key.split(".", 1)[1])
+def value_of(recipe: Any, key: str) -> Any:
+    """A recipe's value of one of :data:`KEYS`."""
+    return getattr(recipe.train, key.split(".", 1)[1])
 
 
-def _text(train: Any, key: str) -> str:
-    return _text_value(_value(train, key))
+def _text(recipe: Any, key: str) -> str:
+    return _text_value(value_of(recipe, key))
 
 
 def _text_value(value: Any) -> str:

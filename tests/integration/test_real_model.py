@@ -207,3 +207,25 @@ def test_extending_to_32k_writes_the_papers_frequencies(real, tmp_path):
         runtime = LlamaRotaryEmbedding(config).inv_freq.double()
         expected = _formula_inv_freq(method, rope, config.head_dim, 8192)
         torch.testing.assert_close(runtime, expected, rtol=1e-5, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_default_recipe_trains_the_real_checkpoint_at_its_target_on_one_gpu(real, tmp_path):
+    """The default recipe at 4× this model's window (32,768 tokens, 8 rows a step) with no memory flag: as given it
+    plans ~700 GiB on an 80 GB GPU, so `ctxext train` turns recomputation on (the plan's choice), says so, and
+    the step's measured peak is under the GPU's memory (scripts/gpu_check.py runs this)."""
+    import yaml
+
+    out = tmp_path / "run"
+    args = ["train", "recipes/default.yaml", f"model.path={REF}", "train.max_steps=1", "train.probe=null",
+            f"output.dir={out}", "--strict"]  # fmt: skip
+    result = runner.invoke(app, args, env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "settings left to the machine: train.gradient_checkpointing auto → true" in flat(result.output)
+    saved = yaml.safe_load((out / "recipe.yaml").read_text())["train"]
+    assert saved["gradient_checkpointing"] is True
+    assert saved["micro_batch_size"] * saved["gradient_accumulation_steps"] == 8
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    peak = max(s.get("peak_mem_mb") or 0 for s in steps) * 2**20
+    assert 0 < peak < torch.cuda.get_device_properties(0).total_memory
