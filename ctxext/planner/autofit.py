@@ -141,10 +141,10 @@ def choose(
             f"save, and the step still plans {peak / gib:.1f} GiB at its band's upper end, of {room}"
         )
     elif len(peaks) == 1:
-        what = ", ".join(changed) or "as given"
+        how = "without recomputation, " if auto else ""
         line = (
-            f"settings left to the machine: {what}: the step fits without recomputation or a smaller "
-            f"micro-batch ({peak / gib:.1f} GiB at its band's upper end, of {room})"
+            f"settings left to the machine: {', '.join(changed) or 'as given'}: the step fits {how}with the "
+            f"recipe's micro-batch ({peak / gib:.1f} GiB at its band's upper end, of {room})"
         )
     else:
         line = (

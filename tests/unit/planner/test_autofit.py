@@ -33,7 +33,7 @@ def test_auto_checkpointing_stays_off_where_the_step_fits(tiny_model_dir):
     assert plan.choice is not None and plan.choice.as_given and plan.choice.fits
     assert plan.choice.overrides == {CHECKPOINTING: False, MICRO_BATCH: 2, ACCUMULATION: 1}
     assert not plan.setup.checkpointing and plan.setup.micro_batch == 2
-    assert "train.gradient_checkpointing auto → false: the step fits" in plan.choice.line
+    assert "train.gradient_checkpointing auto → false: the step fits without recomputation" in plan.choice.line
 
 
 def test_a_smaller_micro_batch_is_tried_before_recomputation():
