@@ -392,11 +392,11 @@ def plan_recipe(
     world = num_gpus * nodes
 
     setup_of = functools.partial(_setup_of, args=(device, world, sharding, loss, mode, offload_optimizer))
+    _check_heads(shape, setup_of(recipe))  # before any plan: a split the heads refuse (the choice keeps the split)
     choice = _choose(recipe, shape, device, setup_of) if decide and left_to_machine(recipe) else None
     if choice is not None:
         recipe = with_overrides(recipe, choice.overrides)
     setup = setup_of(recipe)
-    _check_heads(shape, setup)
     memory = device_footprint(shape, setup, device)
     band = band_of(memory.total, device.kind)
     ok = band.high <= usable(device)
