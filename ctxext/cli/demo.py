@@ -321,12 +321,12 @@ def _fit_to_this_machine(run: DemoRun, console: Console) -> DemoRun:
         fit = fit_to_this_machine(run.recipe, run.plan_command)
     except InputError:
         return run  # a run that cannot be planned is not refused on a guess (ctxext train warns the same way)
+    if fit.line and not fit.as_given:  # the demo's own base fits as given: nothing to say then
+        console.print(fit.line, markup=False, highlight=False, soft_wrap=True)
     if fit.problem:
         raise InputError(
             f"the demo's fine-tune: {fit.problem} Add the overrides to `ctxext demo` (nothing was written)."
         )
-    if fit.line and not fit.as_given:  # the demo's own base fits as given: nothing to say then
-        console.print(fit.line, markup=False, highlight=False, soft_wrap=True)
     return dataclasses.replace(run, recipe=fit.recipe)
 
 

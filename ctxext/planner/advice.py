@@ -107,6 +107,8 @@ def _split_advice(shape: ModelShape, setup: Setup, device: Device, max_cp: int) 
         if shape.heads % k == 0 and fits(shape, _with_sp(setup, k), device):
             found.append(("sequence parallelism (Ulysses)", "sequence_parallel_size", k, _with_sp(setup, k)))
             break
+    if device.kind != "cuda":  # torch's ring attention runs on CUDA only
+        return found
     k = 2 * setup.context_parallel
     while k <= max_cp and not fits(shape, _with_cp(setup, k), device):
         k *= 2
@@ -152,15 +154,17 @@ def advise(shape: ModelShape, setup: Setup, device: Device, max_cp: int = 64) ->
         # A split of the recipe as it is; with the other changes only if it alone does not get there.
         for start, extra in ((setup, []), (combined, overrides_all)):
             found = _split_advice(shape, start, device, max_cp)
+            # On a CPU a split is processes on this machine (gloo), not GPUs.
+            units = "GPUs" if device.kind == "cuda" else "processes"
             for name, key, k, candidate in found:
                 ulysses = key == "sequence_parallel_size"
                 config = "multi_gpu_ddp.yaml" if ulysses else "fsdp2.yaml"
                 result.append(
                     plan_one(
-                        f"{name} over {k} GPUs (each holds {setup.seq_len // k:,} tokens of a sequence)"
+                        f"{name} over {k} {units} (each holds {setup.seq_len // k:,} tokens of a sequence)"
                         + (" with the changes above" if extra else ""),
                         [*extra, f"train.{key}={k}"],
-                        f"{candidate.world} GPUs: accelerate launch --config_file configs/accelerate/{config} "
+                        f"{candidate.world} {units}: accelerate launch --config_file configs/accelerate/{config} "
                         f"--num_processes {candidate.world}"
                         + (" (pip install 'ctxext[deepspeed]')" if ulysses else ""),
                         candidate,

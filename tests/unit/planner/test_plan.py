@@ -324,3 +324,13 @@ def test_the_adaptive_stops_probe_is_counted():
     )
     plan = _plan(overrides=["train.probe.interval=100", "train.probe.forms=trained"])
     assert next(n for n in plan.notes if n.startswith("train.probe:")).endswith("of the run's compute")
+
+
+def test_on_a_cpu_a_split_is_offered_over_processes_and_never_as_ring_attention(tiny_model_dir):
+    # Ring attention (context parallelism) runs on CUDA only; Ulysses runs over gloo, one process each.
+    big = [f"model.path={tiny_model_dir}", "rope.target_length=131072", "train.seq_len=131072"]
+    plan = _plan("recipes/tiny-cpu.yaml", big, device=Device("small CPU", int(1.5 * GIB), None, "cpu"), search=False)
+    splits = [a for a in plan.advice if "parallelism" in a.summary]
+    assert not plan.fits and splits
+    assert all("processes" in a.summary and "GPUs" not in a.summary + a.launch for a in splits)
+    assert not any("context parallelism" in a.summary for a in splits)
