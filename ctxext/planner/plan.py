@@ -390,7 +390,6 @@ def plan_recipe(
         )
     shape = ModelShape.from_config(config)
     world = num_gpus * nodes
-
     setup_of = functools.partial(_setup_of, args=(device, world, sharding, loss, mode, offload_optimizer))
     _check_heads(shape, setup_of(recipe))  # before any plan: a split the heads refuse (the choice keeps the split)
     choice = _choose(recipe, shape, device, setup_of) if decide and left_to_machine(recipe) else None
