@@ -64,6 +64,9 @@ class ProbeRecord(BaseModel):
     keys: int
     interval: int
     goal: float
+    # How a reading met the goal (train.probe.rule; runs before it was recorded used `worst`).
+    rule: Literal["worst", "pooled"] = "worst"
+    margin: float = 0.05
     patience: int | None = None
     # The key forms asked in, and (train.probe.forms: window) what the base retrieved inside its window.
     forms: list[int] = Field(default_factory=list)

@@ -416,6 +416,13 @@ class ProbeSection(Section):
     patience: int | None = Field(
         default=4, gt=0, description="stop after this many probes without a better score (null: never on a plateau)"
     )
+    rule: Literal["worst", "pooled"] = Field(
+        default="worst",
+        description="with depths: worst: the worst depth meets the goal (the target is every depth's); pooled: all "
+        "keys together meet it and no depth is more than train.probe.margin below it (replayed on the transfer "
+        "runs it stops 38 % sooner; its adapters are not yet evaluated)",
+    )
+    margin: float = Field(default=0.05, ge=0, le=1, description="pooled: how far below the goal a depth may read")
     depths: int | None = Field(
         default=5,
         ge=2,

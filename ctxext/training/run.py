@@ -253,7 +253,7 @@ def _probe(recipe: Recipe, launch: Launch, inputs: ProbeInputs) -> Probe:
         launch.accelerator.print(forms)
     grid = inputs.grid
     where = f" at {len(grid)} depths from 0 to 100 %" if grid else ""
-    goal = f"{probe.settings.goal:.0%}{' at every depth' if grid else ''}"
+    goal = f"{probe.settings.goal:.0%}{probe.every}"
     patience = f"patience {probe.settings.patience}" if probe.settings.patience else "no stop on a plateau"
     launch.accelerator.print(
         f"probe: {inputs.trials} keys at {inputs.length} tokens{where} every {probe.settings.interval} steps on "

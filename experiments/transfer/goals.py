@@ -4,23 +4,22 @@
     python -m experiments.transfer.goals experiments/results/transfer-runs/* --rule pooled --margin 0.05
 
 Every fine-tuned seed of ``experiments.transfer.run`` (its folder, or its archive) carries its probe's readings,
-each with the keys retrieved at every depth. The adaptive stop judges a reading by its worst depth (the recipe's
-rule: :func:`ctxext.training.probe.score_of` ≥ ``train.probe.goal``); with 32 trials per depth that reading is
-noisy (a model at 96 % at every depth passes a given probe with probability ~0.1), so runs near the goal go on to
-the ceiling. This replays each run's curve under a rule from :data:`RULES` and says, per run, the step it would have
-stopped at and what the probe read there, and in all, the training steps it would have saved (a run that never meets
-the rule trains to where it stopped). It cannot say what the evaluation would have read: a run stopped by the rule
-keeps the adapter of the reading that met it, and where that is not the one evaluated (``other adapter``) the run
-needs training again to be judged.
+each with the keys retrieved at every depth. The adaptive stop judges a reading by its worst depth (the default
+``train.probe.rule``, ``worst``); with 32 trials per depth that reading is noisy (a model at 96 % at every depth
+passes a given probe with probability ~0.1), so runs near the goal go on to the ceiling. This replays each run's
+curve under a rule of :data:`ctxext.training.probe.GOAL_RULES` (the recipe's ``train.probe.rule``, one
+implementation) and says, per run, the step it would have stopped at and what the probe read there, and in all,
+the training steps it would have saved (a run that never meets the rule trains to where it stopped). It cannot say
+what the evaluation would have read: a run stopped by the rule keeps the adapter of the reading that met it, and
+where that is not the one evaluated (``other adapter``) the run needs training again to be judged.
 """
 
 import argparse
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ctxext.training.probe import score_of
+from ctxext.training.probe import GOAL_RULES
 from experiments.transfer.read import run_summary
 
 
@@ -28,24 +27,11 @@ def _counts(reading: dict[str, Any]) -> list[tuple[int, int]]:
     return [(int(c), int(n)) for c, n in reading["by_depth"].values()]
 
 
-def worst(reading: dict[str, Any], goal: float, margin: float) -> bool:
-    """The recipe's rule: the worst depth's rate reaches the goal."""
-    return score_of(reading) >= goal
-
-
-def pooled(reading: dict[str, Any], goal: float, margin: float) -> bool:
-    """All depths' keys together reach the goal, and no depth is more than ``margin`` below it."""
-    return reading["rate"] >= goal and all(c / n >= goal - margin for c, n in _counts(reading))
-
-
-RULES: dict[str, Callable[[dict[str, Any], float, float], bool]] = {"worst": worst, "pooled": pooled}
-
-
 def replay(run: dict[str, Any], rule: str, margin: float) -> dict[str, Any] | None:
     """One run's replayed stop: the first reading the rule calls the goal, or ``None`` (the run's ceiling)."""
     probe = run["probe"]
-    judge = RULES[rule]
-    return next((r for r in run["readings"] if judge(r, probe["goal"], margin)), None)
+    judge = GOAL_RULES[rule]
+    return next((r for r in run["readings"] if judge.met(r, probe["goal"], margin)), None)
 
 
 def lines(folders: list[Path], rule: str, margin: float, arms: list[str] | None = None) -> list[str]:
@@ -92,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         prog=f"python -m {__spec__.name}", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("folders", nargs="+", type=Path, help="runs/transfer/NAME folders or their archives")
-    parser.add_argument("--rule", choices=sorted(RULES), default="pooled", help="the goal rule to replay")
+    parser.add_argument("--rule", choices=sorted(GOAL_RULES), default="pooled", help="the goal rule to replay")
     parser.add_argument("--arm", nargs="+", help="only these arms (default: every fine-tuned one)")
     parser.add_argument("--margin", type=float, default=0.05, help="`pooled`: how far below the goal a depth may be")
     args = parser.parse_args(argv)

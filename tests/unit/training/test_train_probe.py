@@ -289,3 +289,26 @@ def test_the_probe_draws_its_filler_from_the_whole_validation_split():
     total = sum(len(encode(tokenizer, text + "\n\n")) for text in docs["text"])
     haystack = _validation_haystack(tokenizer, docs, 64)
     assert len(haystack.ids) == total and total > 4 * (4 * 64) and HAYSTACK_TOKENS >= 200_000
+
+
+def test_the_pooled_rule_takes_all_keys_with_a_floor_under_each_depth():
+    # 95 % of all keys with one depth at 91 %: the goal under `pooled` (floor 90 %), not under `worst`.
+    near = {"step": 160, "rate": 0.95, "score": 0.91, "by_depth": {"0": [31, 32], "50": [29, 32], "100": [31, 32]}}
+    assert decide(ProbeState(), near, goal=0.95, patience=None)[0] is None
+    assert decide(ProbeState(), near, goal=0.95, patience=None, rule="pooled", margin=0.05) == ("goal", True)
+    # One depth below the floor is not the goal, however many keys the others retrieve.
+    low = {"step": 80, "rate": 0.97, "score": 0.875, "by_depth": {"0": [32, 32], "50": [28, 32], "100": [32, 32]}}
+    assert decide(ProbeState(), low, goal=0.95, patience=None, rule="pooled", margin=0.05) == (None, True)
+    # The reading that meets it is the adapter kept, though an earlier one retrieved more keys in all.
+    state = ProbeState(readings=[low], best_rate=0.97, best_step=80)
+    assert decide(state, near, goal=0.95, patience=None, rule="pooled", margin=0.05) == ("goal", True)
+    # Without the goal, better under `pooled` is more keys in all.
+    assert decide(state, {**near, "rate": 0.93}, goal=0.95, patience=None, rule="pooled")[1] is False
+
+
+def test_a_run_stops_under_the_pooled_rule_and_records_it(tmp_path, capsys):
+    train_module.train(_recipe(tmp_path, "pooled", {"interval": 1, "goal": 0.0, "rule": "pooled", "margin": 0.0}))
+    info = read_run(tmp_path / "pooled")
+    assert info.steps == 1 and info.probe is not None and info.probe.stopped == "goal"
+    assert (info.probe.rule, info.probe.margin) == ("pooled", 0.0)
+    assert "goal 0% over all keys, no depth below 0% reached at step 1" in capsys.readouterr().out
