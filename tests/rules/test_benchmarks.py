@@ -331,8 +331,11 @@ def test_replaying_the_recipes_goal_rule_stops_every_archived_run_where_it_stopp
         "score": 29 / 32,
         "by_depth": {"0": [31, 32], "25": [31, 32], "50": [29, 32], "75": [31, 32], "100": [31, 32]},
     }
-    assert not goals.worst(reading, 0.95, 0.05) and goals.pooled(reading, 0.95, 0.05)
-    assert not goals.pooled(reading, 0.95, 0.03)
+    from ctxext.training.probe import GOAL_RULES
+
+    worst, pooled = GOAL_RULES["worst"].met, GOAL_RULES["pooled"].met
+    assert not worst(reading, 0.95, 0.05) and pooled(reading, 0.95, 0.05)
+    assert not pooled(reading, 0.95, 0.03)
 
 
 def test_the_forms_reading_pairs_models_on_the_same_prompts() -> None:
