@@ -139,6 +139,16 @@ def distance_lines(recipe: Recipe, source: str = "recipe") -> list[str]:
             f"percent per eighth: {' '.join(f'{p:.1f}' for p in d['eighths_percent'])} (expected "
             f"{' '.join(f'{p:.1f}' for p in d['expected_percent'])})",
             f"{key} needle positions ({d['placement']}), percent per eighth: "
-            f"{' '.join(f'{p:.1f}' for p in d['position_eighths_percent'])}",
+            f"{' '.join(f'{p:.1f}' for p in d['position_eighths_percent'])}" + _packed_pose(recipe, d["span"]),
         ]
     return lines
+
+
+def _packed_pose(recipe: Recipe, span: int) -> str:
+    """A hint when PoSE rows pack their needles: none sits past the row's own tokens, where evaluation puts them."""
+    if recipe.data.task_position != "packed" or recipe.train.pose is None:
+        return ""
+    return (
+        f" (packed with PoSE: no needle sits past position {recipe.seq_len:,} of {span:,}; "
+        "data.task_position=uniform spreads them, docs/training.md)"
+    )

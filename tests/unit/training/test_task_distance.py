@@ -151,6 +151,9 @@ def test_validate_shows_the_histogram_and_refuses_an_unmeetable_span(tmp_path):
     assert len(lines) == 1 and "0–512 positions (PoSE)" in lines[0]
     shares = [float(x) for x in lines[0].split("eighth: ")[1].split(" (")[0].split()]
     assert len(shares) == 8 and all(abs(x - 12.5) <= 2 for x in shares)
+    assert "packed with PoSE" not in result.output  # the shipped recipe places needles uniformly
+    packed = CliRunner().invoke(app, ["validate", shipped, "data.task_position=packed"], env={"COLUMNS": "400"})
+    assert "(packed with PoSE: no needle sits past position 128 of 512;" in " ".join(packed.output.split())
     raw = yaml.safe_load(open(shipped).read())
     raw["train"].pop("pose")  # without PoSE the span is the longest sample: 40 tokens cannot reach its far end
     raw["data"]["mixture"][1].update(min_length=32, max_length=40)
