@@ -26,7 +26,9 @@ that needed more training.
 
 After each probe the main process decides, and every process applies its decision (so all stop at the same step):
 
-* the score (the worst depth's rate; all keys' with ``depths: null``) reaches ``goal`` → stop (``goal``);
+* the score (the worst depth's rate; all keys' with ``depths: null``) reaches ``goal`` → stop (``goal``); with
+  ``train.probe.rule: pooled``, all keys' rate reaches it and no depth is more than ``margin`` below it
+  (:data:`GOAL_RULES`; the reading that stops the run is the adapter kept);
 * a better score than every earlier probe → the trainable weights are kept as the best (in memory, and in every
   checkpoint); otherwise ``patience`` probes without a better score → stop (``plateau``);
 * ``train.max_steps`` is the ceiling (``ceiling``: the goal was not reached, said in one line).
