@@ -213,8 +213,8 @@ def test_extending_to_32k_writes_the_papers_frequencies(real, tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_default_recipe_trains_the_real_checkpoint_at_its_target_on_one_gpu(real, tmp_path):
     """The default recipe at 4× this model's window (32,768 tokens, 8 rows a step) with no memory flag: as given it
-    plans ~700 GiB on an 80 GB GPU, so `ctxext train` turns recomputation on (the plan's choice), says so, and
-    the step's measured peak is under the GPU's memory (scripts/gpu_check.py runs this)."""
+    plans ~700 GiB per GPU, so `ctxext train` gives something up (on an H100 recomputation, on an H200 a micro-batch
+    of one row), says so, and the step's measured peak is under the GPU's memory (scripts/gpu_check.py runs this)."""
     import yaml
 
     out = tmp_path / "run"
@@ -222,9 +222,10 @@ def test_the_default_recipe_trains_the_real_checkpoint_at_its_target_on_one_gpu(
             f"output.dir={out}", "--strict"]  # fmt: skip
     result = runner.invoke(app, args, env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output
-    assert "settings left to the machine: train.gradient_checkpointing auto → true" in flat(result.output)
+    assert "settings left to the machine: train.gradient_checkpointing auto →" in flat(result.output)
     saved = yaml.safe_load((out / "recipe.yaml").read_text())["train"]
-    assert saved["gradient_checkpointing"] is True
+    assert isinstance(saved["gradient_checkpointing"], bool)
+    assert (saved["gradient_checkpointing"], saved["micro_batch_size"]) != (False, 8)  # something was given up
     assert saved["micro_batch_size"] * saved["gradient_accumulation_steps"] == 8
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     peak = max(s.get("peak_mem_mb") or 0 for s in steps) * 2**20
