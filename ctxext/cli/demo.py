@@ -273,11 +273,11 @@ def run_demo(run: DemoRun, fresh: bool = False, console: Console | None = None) 
     console = console or Console()
     for warning in run.warnings:
         err_console.print(f"[yellow]warning:[/] {plain(warning)}", soft_wrap=True)
-    cached = False
+    cached = None
     if not fresh:  # a cache of another recipe or suite is refused before anything is written
         cached = _cached_run(run)
         _cached_report(run)
-    run = _as_cached(run) if cached else _fit_to_this_machine(run, console)
+    run = cached or _fit_to_this_machine(run, console)
     prepare_demo_folder(run.out, fresh)
     started = time.time()
     model, method = run.recipe.model.path, run.recipe.rope.method
@@ -330,17 +330,6 @@ def _fit_to_this_machine(run: DemoRun, console: Console) -> DemoRun:
     return dataclasses.replace(run, recipe=fit.recipe)
 
 
-def _as_cached(run: DemoRun) -> DemoRun:
-    """The run with the choices its cached fine-tune made for what the recipe leaves to the machine."""
-    import yaml
-
-    from ctxext.planner.autofit import saved_overrides, with_overrides
-    from ctxext.training.folder import RECIPE_FILE
-
-    saved = yaml.safe_load((run.run_dir / RECIPE_FILE).read_text()) or {}
-    return dataclasses.replace(run, recipe=with_overrides(run.recipe, saved_overrides(run.recipe, saved)))
-
-
 def _extend(run: DemoRun, console: Console) -> list[str]:
     """1-2. Training-free extension: plain model folders that vanilla transformers loads; returns the methods."""
     from ctxext.models.folder import extend_folder
@@ -380,12 +369,15 @@ def _finetune(run: DemoRun, console: Console) -> None:
         calibrate_after_training(run.run_dir, run.recipe.calibrate)
 
 
-def _cached_run(run: DemoRun) -> bool:
-    """Whether the demo folder holds the complete fine-tune of this recipe.
+def _cached_run(run: DemoRun) -> DemoRun | None:
+    """The run as the demo folder's complete fine-tune of this recipe made it (``None``: no such fine-tune).
+
+    What the recipe leaves to the machine is taken as that fine-tune chose it.
 
     Raises:
         InputError: it holds a complete fine-tune of another recipe (reusing it would show the wrong row).
     """
+    from ctxext.cli.train_commands import as_the_run_chose
     from ctxext.recipe.schema import dump_recipe
     from ctxext.training.folder import RECIPE_FILE, recipe_diffs
     from ctxext.training.run import read_run
@@ -393,14 +385,15 @@ def _cached_run(run: DemoRun) -> bool:
     try:
         read_run(run.run_dir)
     except InputError:
-        return False
-    diffs = recipe_diffs((run.run_dir / RECIPE_FILE).read_text(), dump_recipe(_as_cached(run).recipe))
+        return None
+    cached = dataclasses.replace(run, recipe=as_the_run_chose(run.recipe, run.run_dir)[0])
+    diffs = recipe_diffs((run.run_dir / RECIPE_FILE).read_text(), dump_recipe(cached.recipe))
     if diffs:
         raise InputError(
             f"--out: the fine-tune cached in {run.run_dir} was trained with another recipe ({'; '.join(diffs)}); "
             "add --fresh to recompute the demo, or choose another --out"
         )
-    return True
+    return cached
 
 
 def _cached_report(run: DemoRun) -> dict[str, Any] | None:

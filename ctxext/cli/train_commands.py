@@ -218,17 +218,15 @@ def fit_to_this_machine(recipe: Any, command: str, resume: bool = False) -> Mach
     Raises:
         InputError: the run could not be planned (the caller decides whether that matters).
     """
-    import yaml
-
-    from ctxext.planner.autofit import left_to_machine, saved_overrides, value_of, with_overrides
+    from ctxext.planner.autofit import left_to_machine, value_of, with_overrides
     from ctxext.planner.plan import plan_on_this_machine
     from ctxext.training.folder import RECIPE_FILE
 
-    saved = Path(recipe.output.dir) / RECIPE_FILE
-    if resume and left_to_machine(recipe) and saved.is_file():
-        kept = saved_overrides(recipe, yaml.safe_load(saved.read_text()) or {})
+    out = Path(recipe.output.dir)
+    if resume and left_to_machine(recipe) and (out / RECIPE_FILE).is_file():
+        chosen, kept = as_the_run_chose(recipe, out)
         changed = [f"{k} {str(v).lower()}" for k, v in kept.items() if value_of(recipe, k) != v]
-        recipe = with_overrides(recipe, kept)
+        recipe = chosen
         line = f"settings left to the machine: {', '.join(changed)}, as the run chose when it started"
         problem = _problem(plan_on_this_machine(recipe, decide=False), command)
         return MachineFit(recipe, line if changed else None, not changed, problem)
@@ -240,6 +238,21 @@ def fit_to_this_machine(recipe: Any, command: str, resume: bool = False) -> Mach
     said = not choice.as_given or recipe.train.gradient_checkpointing == "auto"
     fitted = with_overrides(recipe, choice.overrides)
     return MachineFit(fitted, choice.line if said else None, choice.as_given, _problem(result, command))
+
+
+def as_the_run_chose(recipe: Any, folder: Path) -> tuple[Any, dict[str, Any]]:
+    """``recipe`` with the choices the run in ``folder`` made (its ``recipe.yaml``) for what it leaves to the machine.
+
+    Returns:
+        The recipe with those choices set, and the choices (recipe key → value).
+    """
+    import yaml
+
+    from ctxext.planner.autofit import saved_overrides, with_overrides
+    from ctxext.training.folder import RECIPE_FILE
+
+    kept = saved_overrides(recipe, yaml.safe_load((folder / RECIPE_FILE).read_text()) or {})
+    return with_overrides(recipe, kept), kept
 
 
 def _check_memory(recipe: Any, strict: bool, path: str = "RECIPE.yaml", resume: bool = False) -> Any:
